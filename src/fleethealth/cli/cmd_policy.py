@@ -1,0 +1,30 @@
+"""`fleethealth policy show|check`: print the default policy or validate a policy file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from fleethealth.cli.common import fail
+from fleethealth.policy import PolicyError, default_policy_text, load_policy
+
+
+def register(app: typer.Typer) -> None:
+    policy_app = typer.Typer(help="Show or validate the health policy.", no_args_is_help=True)
+
+    @policy_app.command("show")
+    def show() -> None:
+        """Print the documented default policy (a starting point for your own)."""
+        typer.echo(default_policy_text(), nl=False)
+
+    @policy_app.command("check")
+    def check(path: Path) -> None:
+        """Validate a policy file; errors name the key and the line."""
+        try:
+            p = load_policy(path)
+        except PolicyError as e:
+            fail(str(e))
+        typer.echo(f"ok: {path}: {len(p.signals)} signals, version {p.version_tag}")
+
+    app.add_typer(policy_app, name="policy")

@@ -1,0 +1,313 @@
+"""The policy: one YAML file, validated with pydantic, that says how signals become scores and scores
+become decisions. The shipped default (``data/default-policy.yaml``) is documented in the README.
+
+Loading never raises a traceback at a user: ``load_policy`` raises ``PolicyError`` whose message names
+the key path and the line in the file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+Shape = Literal["gate", "ramp", "peer", "slo", "flag", "xid"]
+Direction = Literal["higher", "lower"]
+Aggregation = Literal["min", "gmean", "mean"]
+EntityName = Literal["gpu", "node", "replica", "rank"]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SloWindow(Strict):
+    long_s: float = Field(gt=0)
+    short_s: float = Field(gt=0)
+    factor: float = Field(gt=1)
+
+
+class SignalSpec(Strict):
+    """One signal: which metric, which entity it describes, and the shape that turns it into [0, 1]."""
+
+    name: str
+    metric: str
+    category: str
+    shape: Shape
+    entities: list[EntityName] = Field(default_factory=lambda: ["gpu"])
+    kind: Literal["gauge", "counter"] = "gauge"
+    weight: float = Field(default=1.0, gt=0)
+    expected: bool = True  # absent => lowers confidence; False for optional fields (ECC, NVLink, ...)
+    max_age_s: float | None = Field(default=None, gt=0)  # default: freshness.max_age_s
+    rate_window_s: float | None = Field(default=None, gt=0)  # counters: default freshness.rate_window_s
+    worse_if: Direction = "higher"
+    # gate: value > above (or value in values) forces 0
+    above: float | None = None
+    values: list[float] | None = None
+    # ramp
+    warn: float | None = None
+    crit: float | None = None
+    # peer
+    peer_by: list[str] = Field(default_factory=list)
+    k_warn: float | None = None
+    k_crit: float | None = None
+    min_peers: int | None = Field(default=None, ge=2)
+    min_rel_dev: float = Field(default=0.0, ge=0)  # ignore deviations smaller than this share of the median
+    mad_floor_rel: float = Field(default=0.001, ge=0)
+    # flag: a fact for the decisions layer; value > above raises the flag and scores `flag_score`
+    flag: str | None = None
+    flag_score: float = Field(default=1.0, ge=0, le=1)
+    value_flags: dict[int, str] = Field(default_factory=dict)  # flag name per exact value (enums)
+    # slo: error ratio (errors/requests counters) or latency (histogram base name and threshold)
+    requests_metric: str | None = None
+    threshold_s: float | None = Field(default=None, gt=0)
+    objective: float | None = Field(default=None, gt=0, lt=1)
+    # xid: application-level Xids are not gated here (decisions attribute them to jobs first)
+    xid_window_s: float | None = Field(default=None, gt=0)
+
+    @model_validator(mode="after")
+    def _shape_params(self) -> SignalSpec:
+        if self.shape == "ramp":
+            if self.warn is None or self.crit is None:
+                raise ValueError("a ramp needs both 'warn' and 'crit'")
+            if self.worse_if == "higher" and not self.crit > self.warn:
+                raise ValueError("a ramp that is worse when higher needs crit > warn")
+            if self.worse_if == "lower" and not self.crit < self.warn:
+                raise ValueError("a ramp that is worse when lower needs crit < warn")
+        if self.shape == "gate" and self.above is None and self.values is None:
+            raise ValueError("a gate needs 'above' or 'values'")
+        if self.shape == "peer" and not self.peer_by:
+            raise ValueError("a peer signal needs 'peer_by' (labels that pick peers doing the same work)")
+        if self.shape == "flag" and self.flag is None and not self.value_flags:
+            raise ValueError("a flag signal needs 'flag' or 'value_flags'")
+        if self.shape == "slo" and self.requests_metric is None:
+            raise ValueError("an slo signal needs 'requests_metric' (the request counter)")
+        if self.k_warn is not None and self.k_crit is not None and not self.k_crit > self.k_warn:
+            raise ValueError("k_crit must be greater than k_warn")
+        return self
+
+
+class Freshness(Strict):
+    max_age_s: float = Field(default=90.0, gt=0)
+    rate_window_s: float = Field(default=300.0, gt=0)
+    future_skew_s: float = Field(default=30.0, ge=0)  # samples further in the future are clock skew
+
+
+class PeerDefaults(Strict):
+    k_warn: float = 3.0
+    k_crit: float = 6.0
+    min_peers: int = Field(default=5, ge=2)
+
+
+class SloDefaults(Strict):
+    objective: float = Field(default=0.99, gt=0, lt=1)
+    windows: list[SloWindow] = Field(
+        default_factory=lambda: [
+            SloWindow(long_s=3600, short_s=300, factor=14.4),
+            SloWindow(long_s=21600, short_s=1800, factor=6.0),
+        ]
+    )
+
+
+class XidPolicy(Strict):
+    # Buckets of NVIDIA's catalog whose immediate action makes correct work impossible until a reset.
+    gate_buckets: list[str] = Field(default_factory=lambda: ["RESET_GPU", "RESTART_BM", "RESTART_VM"])
+    # Always gated whatever the catalog says (fallen off the bus, DBE, remap failure, ...).
+    gate_xids: list[int] = Field(default_factory=lambda: [48, 62, 64, 74, 79, 95, 119, 120, 140])
+    # Application-level: attributed to the job first; the decisions layer may blame the node.
+    app_xids: list[int] = Field(default_factory=lambda: [13, 31, 43, 45, 94])
+    # A pending row remap: schedule a reset, not a repair.
+    reset_xids: list[int] = Field(default_factory=lambda: [63])
+    window_s: float = Field(default=600.0, gt=0)
+
+
+class Lifecycle(Strict):
+    """Thresholds and dwell times of the node/replica state machine (hysteresis: exits stricter)."""
+
+    flag_below: float = Field(default=0.9, ge=0, le=1)  # READY but flagged
+    degraded_below: float = Field(default=0.7, ge=0, le=1)
+    degraded_dwell_s: float = Field(default=120.0, ge=0)
+    ready_above: float = Field(default=0.85, ge=0, le=1)  # way back from DEGRADED
+    ready_dwell_s: float = Field(default=600.0, ge=0)
+    quarantine_below: float = Field(default=0.3, ge=0, le=1)
+    quarantine_dwell_s: float = Field(default=300.0, ge=0)
+    min_confidence: float = Field(default=0.5, ge=0, le=1)  # never act below this
+    drain_timeout_s: float = Field(default=900.0, gt=0)
+    recovering_dwell_s: float = Field(default=1800.0, ge=0)
+    recovering_ok_above: float = Field(default=0.9, ge=0, le=1)
+    max_recoveries: int = Field(default=3, ge=1)
+    recovery_window_s: float = Field(default=7 * 86400.0, gt=0)
+    active_test: list[str] = Field(default_factory=lambda: ["dcgm_diag_r2", "nccl_bandwidth"])
+    warming_s: float = Field(default=60.0, ge=0)
+
+    @model_validator(mode="after")
+    def _hysteresis(self) -> Lifecycle:
+        if not self.quarantine_below < self.degraded_below:
+            raise ValueError("quarantine_below must be lower than degraded_below")
+        if not self.ready_above > self.degraded_below:
+            raise ValueError("ready_above must be higher than degraded_below (hysteresis)")
+        if not self.ready_dwell_s >= self.degraded_dwell_s:
+            raise ValueError("ready_dwell_s must be at least degraded_dwell_s (the way back is slower)")
+        return self
+
+
+class Budgets(Strict):
+    quarantine_fraction_per_hour: float = Field(default=0.02, ge=0, le=1)
+    quarantine_min_per_hour: int = Field(default=1, ge=0)
+    window_s: float = Field(default=3600.0, gt=0)
+    max_per_tp_group: int = Field(default=1, ge=0)
+
+
+class Fleet(Strict):
+    """Fleet-wide confidence: many entities losing confidence together is a telemetry problem."""
+
+    low_confidence_fraction: float = Field(default=0.2, gt=0, le=1)
+    min_entities: int = Field(default=5, ge=1)
+
+
+class Attribution(Strict):
+    app_xid_distinct_jobs: int = Field(default=2, ge=1)
+    app_xid_window_s: float = Field(default=6 * 3600.0, gt=0)
+    version_labels: list[str] = Field(default_factory=lambda: ["driver_version", "build", "kernel_version"])
+    version_min_entities: int = Field(default=3, ge=2)
+    version_fraction: float = Field(default=0.5, gt=0, le=1)
+
+
+class Router(Strict):
+    hold_s: float = Field(default=120.0, ge=0)  # hold last weight while confidence is low
+    drain_step: float = Field(default=0.1, gt=0, le=1)  # then lower by this much per cycle
+    min_weight: float = Field(default=0.0, ge=0, le=1)
+
+
+class Policy(Strict):
+    version: str = "default"
+    freshness: Freshness = Field(default_factory=Freshness)
+    peer: PeerDefaults = Field(default_factory=PeerDefaults)
+    slo: SloDefaults = Field(default_factory=SloDefaults)
+    xid: XidPolicy = Field(default_factory=XidPolicy)
+    aggregation: dict[Literal["training", "serving", "remediation"], Aggregation] = Field(
+        default_factory=lambda: {"training": "min", "remediation": "min", "serving": "gmean"}
+    )
+    signals: list[SignalSpec]
+    lifecycle: Lifecycle = Field(default_factory=Lifecycle)
+    budgets: Budgets = Field(default_factory=Budgets)
+    fleet: Fleet = Field(default_factory=Fleet)
+    attribution: Attribution = Field(default_factory=Attribution)
+    router: Router = Field(default_factory=Router)
+    # Labels that name the node of a sample, in order of preference.
+    node_labels: list[str] = Field(default_factory=lambda: ["Hostname", "node", "hostname", "instance"])
+    replica_labels: list[str] = Field(default_factory=lambda: ["replica", "pod", "instance"])
+
+    @field_validator("signals")
+    @classmethod
+    def _unique(cls, v: list[SignalSpec]) -> list[SignalSpec]:
+        seen: set[str] = set()
+        for s in v:
+            if s.name in seen:
+                raise ValueError(f"signal name '{s.name}' is used twice")
+            seen.add(s.name)
+        return v
+
+    @property
+    def digest(self) -> str:
+        return hashlib.sha256(self.model_dump_json().encode()).hexdigest()[:12]
+
+    @property
+    def version_tag(self) -> str:
+        return f"{self.version}@{self.digest}"
+
+    def signal(self, name: str) -> SignalSpec:
+        for s in self.signals:
+            if s.name == name:
+                return s
+        raise KeyError(name)
+
+
+class PolicyError(Exception):
+    """A policy that cannot be used; the message names the key and the line."""
+
+
+def _line_of(node: yaml.Node | None, loc: tuple[Any, ...]) -> int | None:
+    """Follow a pydantic error location through the YAML node tree to a 1-based line number."""
+    line = None if node is None else node.start_mark.line + 1
+    for part in loc:
+        if isinstance(node, yaml.MappingNode):
+            nxt = None
+            for k, v in node.value:
+                if k.value == str(part):
+                    nxt = v
+                    line = k.start_mark.line + 1
+                    break
+            if nxt is None:
+                return line
+            node = nxt
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
+            node = node.value[part]
+            line = node.start_mark.line + 1
+        else:
+            return line
+    return line
+
+
+def _loc_name(loc: tuple[Any, ...], data: Any) -> str:
+    out: list[str] = []
+    cur = data
+    for part in loc:
+        if isinstance(part, int):
+            name = None
+            if isinstance(cur, list) and part < len(cur) and isinstance(cur[part], dict):
+                name = cur[part].get("name")
+            out.append(f"[{part}]" + (f"({name})" if name else ""))
+            cur = cur[part] if isinstance(cur, list) and part < len(cur) else None
+        else:
+            out.append(("." if out else "") + str(part))
+            cur = cur.get(part) if isinstance(cur, dict) else None
+    return "".join(out) or "<top>"
+
+
+def parse_policy(text: str, source: str = "<policy>") -> Policy:
+    try:
+        node = yaml.compose(text)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"{source}:{mark.line + 1}" if mark else source
+        raise PolicyError(f"{where}: not valid YAML: {getattr(e, 'problem', e)}") from None
+    if not isinstance(data, dict):
+        raise PolicyError(f"{source}: a policy is a YAML mapping with at least a 'signals' list")
+    try:
+        return Policy.model_validate(data)
+    except ValidationError as e:
+        msgs = []
+        for err in e.errors():
+            loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+            line = _line_of(node, loc)
+            key = _loc_name(loc, data)
+            msg = err["msg"].removeprefix("Value error, ")
+            msgs.append(f"{source}:{line or '?'}: {key}: {msg}")
+        raise PolicyError("invalid policy\n  " + "\n  ".join(msgs)) from None
+
+
+def load_policy(path: str | Path | None = None) -> Policy:
+    if path is None:
+        return default_policy()
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise PolicyError(f"{p}: cannot read policy: {e.strerror or e}") from None
+    return parse_policy(text, str(p))
+
+
+def default_policy_text() -> str:
+    return resources.files("fleethealth").joinpath("data/default-policy.yaml").read_text()
+
+
+@lru_cache(maxsize=1)
+def default_policy() -> Policy:
+    return parse_policy(default_policy_text(), "default-policy.yaml")

@@ -1,0 +1,183 @@
+"""The columnar snapshot every source produces and the scoring engine consumes.
+
+A snapshot is a bag of samples: (metric, series, value, timestamp). Series are interned label sets, so a
+fleet of 100k GPUs with 25 metrics each carries 100k label sets, not 2.5M dictionaries. The engine never
+sees text: sources parse, the snapshot stores numbers and ids.
+
+A snapshot may carry several samples per series (a window of history); counters need that to become rates.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+LabelSet = tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class InputIssue:
+    """A piece of input that became missing data instead of a signal: where it was and why."""
+
+    source: str
+    line: int
+    reason: str
+    text: str = ""
+
+    def __str__(self) -> str:
+        where = f"{self.source}:{self.line}" if self.line else self.source
+        return f"{where}: {self.reason}" + (f": {self.text[:120]}" if self.text else "")
+
+
+def freeze_labels(labels: Mapping[str, str]) -> LabelSet:
+    return tuple(sorted((str(k), str(v)) for k, v in labels.items()))
+
+
+@dataclass(slots=True)
+class Snapshot:
+    """Columnar samples observed up to ``at``.
+
+    metric_ids[i] indexes ``metrics``; series_ids[i] indexes ``labelsets``. Values are float64 with NaN
+    never stored (bad values are dropped at the source and recorded in ``issues``).
+    """
+
+    at: float
+    metrics: list[str]
+    labelsets: list[LabelSet]
+    metric_ids: np.ndarray
+    series_ids: np.ndarray
+    values: np.ndarray
+    ts: np.ndarray
+    issues: list[InputIssue] = field(default_factory=list)
+    # Per-source errors (a dead exporter, an unreadable file): their entities go stale, never healthy.
+    source_errors: list[InputIssue] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return int(self.values.shape[0])
+
+    @staticmethod
+    def empty(at: float) -> Snapshot:
+        return Snapshot(
+            at=at,
+            metrics=[],
+            labelsets=[],
+            metric_ids=np.zeros(0, np.int32),
+            series_ids=np.zeros(0, np.int32),
+            values=np.zeros(0, np.float64),
+            ts=np.zeros(0, np.float64),
+        )
+
+    def labels(self, series_id: int) -> dict[str, str]:
+        return dict(self.labelsets[series_id])
+
+    def metric_index(self) -> dict[str, int]:
+        return {m: i for i, m in enumerate(self.metrics)}
+
+    def rows(self) -> Iterable[tuple[str, dict[str, str], float, float]]:
+        """Slow row view for tests, exports and explanation; never on the hot path."""
+        for m, s, v, t in zip(
+            self.metric_ids.tolist(), self.series_ids.tolist(), self.values.tolist(), self.ts.tolist(), strict=True
+        ):
+            yield self.metrics[m], dict(self.labelsets[s]), v, t
+
+    def with_at(self, at: float) -> Snapshot:
+        return Snapshot(
+            at, self.metrics, self.labelsets, self.metric_ids, self.series_ids, self.values, self.ts,
+            list(self.issues), list(self.source_errors),
+        )
+
+
+class SnapshotBuilder:
+    """Accumulates samples with interned metric names and label sets, then freezes into a Snapshot."""
+
+    def __init__(self) -> None:
+        self.metrics: list[str] = []
+        self._metric_ix: dict[str, int] = {}
+        self.labelsets: list[LabelSet] = []
+        self._labelset_ix: dict[LabelSet, int] = {}
+        self._m: list[int] = []
+        self._s: list[int] = []
+        self._v: list[float] = []
+        self._t: list[float] = []
+        self._chunks: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
+        self.issues: list[InputIssue] = []
+        self.source_errors: list[InputIssue] = []
+
+    def metric_id(self, name: str) -> int:
+        ix = self._metric_ix.get(name)
+        if ix is None:
+            ix = self._metric_ix[name] = len(self.metrics)
+            self.metrics.append(name)
+        return ix
+
+    def series_id(self, labels: LabelSet | Mapping[str, str]) -> int:
+        key = labels if isinstance(labels, tuple) else freeze_labels(labels)
+        ix = self._labelset_ix.get(key)
+        if ix is None:
+            ix = self._labelset_ix[key] = len(self.labelsets)
+            self.labelsets.append(key)
+        return ix
+
+    def add(self, metric: str, labels: LabelSet | Mapping[str, str], value: float, ts: float) -> None:
+        self._m.append(self.metric_id(metric))
+        self._s.append(self.series_id(labels))
+        self._v.append(float(value))
+        self._t.append(float(ts))
+
+    def add_arrays(self, metric_ids: np.ndarray, series_ids: np.ndarray, values: np.ndarray, ts: np.ndarray) -> None:
+        """Bulk add with ids already obtained from ``metric_id``/``series_id``."""
+        self._chunks.append(
+            (
+                np.asarray(metric_ids, np.int32),
+                np.asarray(series_ids, np.int32),
+                np.asarray(values, np.float64),
+                np.asarray(ts, np.float64),
+            )
+        )
+
+    def extend_snapshot(self, snap: Snapshot) -> None:
+        """Merge another snapshot's samples, re-interning its ids into this builder."""
+        if len(snap) == 0 and not snap.issues and not snap.source_errors:
+            return
+        mmap = np.array([self.metric_id(m) for m in snap.metrics] or [0], np.int32)
+        smap = np.array([self.series_id(ls) for ls in snap.labelsets] or [0], np.int32)
+        if len(snap):
+            self.add_arrays(mmap[snap.metric_ids], smap[snap.series_ids], snap.values, snap.ts)
+        self.issues.extend(snap.issues)
+        self.source_errors.extend(snap.source_errors)
+
+    def build(self, at: float) -> Snapshot:
+        parts_m = [np.asarray(self._m, np.int32)] + [c[0] for c in self._chunks]
+        parts_s = [np.asarray(self._s, np.int32)] + [c[1] for c in self._chunks]
+        parts_v = [np.asarray(self._v, np.float64)] + [c[2] for c in self._chunks]
+        parts_t = [np.asarray(self._t, np.float64)] + [c[3] for c in self._chunks]
+        return Snapshot(
+            at=at,
+            metrics=list(self.metrics),
+            labelsets=list(self.labelsets),
+            metric_ids=np.concatenate(parts_m),
+            series_ids=np.concatenate(parts_s),
+            values=np.concatenate(parts_v),
+            ts=np.concatenate(parts_t),
+            issues=list(self.issues),
+            source_errors=list(self.source_errors),
+        )
+
+
+def merge_snapshots(snaps: Sequence[Snapshot], at: float | None = None) -> Snapshot:
+    b = SnapshotBuilder()
+    for s in snaps:
+        b.extend_snapshot(s)
+    when = at if at is not None else max((s.at for s in snaps), default=0.0)
+    return b.build(when)
+
+
+def window(snap: Snapshot, start: float, end: float) -> Snapshot:
+    """Samples with start < ts <= end (ids and interning unchanged)."""
+    keep = (snap.ts > start) & (snap.ts <= end)
+    return Snapshot(
+        end, snap.metrics, snap.labelsets, snap.metric_ids[keep], snap.series_ids[keep], snap.values[keep],
+        snap.ts[keep], list(snap.issues), list(snap.source_errors),
+    )
