@@ -8,6 +8,7 @@ the key path and the line in the file.
 from __future__ import annotations
 
 import hashlib
+import re
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
@@ -42,6 +43,12 @@ class SignalSpec(Strict):
     entities: list[EntityName] = Field(default_factory=lambda: ["gpu"])
     kind: Literal["gauge", "counter"] = "gauge"
     weight: float = Field(default=1.0, gt=0)
+    # Only samples whose labels fully match these regular expressions (e.g. {status: "5.."}).
+    match: dict[str, str] = Field(default_factory=dict)
+    # Signals of one family come from one exporter; an entity expects a family's signals only once it
+    # has been seen in that family (a rank-timing-only fleet does not expect DCGM fields), and then a
+    # dead exporter lowers confidence instead of vanishing. Default: the metric's prefix (DCGM, vllm...).
+    family: str | None = None
     expected: bool = True  # absent => lowers confidence; False for optional fields (ECC, NVLink, ...)
     max_age_s: float | None = Field(default=None, gt=0)  # default: freshness.max_age_s
     rate_window_s: float | None = Field(default=None, gt=0)  # counters: default freshness.rate_window_s
@@ -69,6 +76,22 @@ class SignalSpec(Strict):
     objective: float | None = Field(default=None, gt=0, lt=1)
     # xid: application-level Xids are not gated here (decisions attribute them to jobs first)
     xid_window_s: float | None = Field(default=None, gt=0)
+
+    @field_validator("match")
+    @classmethod
+    def _regexes(cls, v: dict[str, str]) -> dict[str, str]:
+        for k, rx in v.items():
+            try:
+                re.compile(rx)
+            except re.error as e:
+                raise ValueError(f"match.{k}: not a regular expression: {e}") from None
+        return v
+
+    @property
+    def family_name(self) -> str:
+        if self.family:
+            return self.family
+        return re.split(r"[_:]", self.metric, maxsplit=1)[0]
 
     @model_validator(mode="after")
     def _shape_params(self) -> SignalSpec:
@@ -200,6 +223,14 @@ class Policy(Strict):
     attribution: Attribution = Field(default_factory=Attribution)
     router: Router = Field(default_factory=Router)
     # Labels that name the node of a sample, in order of preference.
+    # Labels copied from samples onto tuples (what decisions correlate on: pool, version, job ...).
+    metadata_labels: list[str] = Field(
+        default_factory=lambda: [
+            "pool", "rack", "tp_group", "driver_version", "DCGM_FI_DRIVER_VERSION", "kernel_version",
+            "build", "job", "pod", "namespace", "modelName", "model_name", "model", "UUID", "pci_bus_id",
+            "node", "zone",
+        ]
+    )
     node_labels: list[str] = Field(default_factory=lambda: ["Hostname", "node", "hostname", "instance"])
     replica_labels: list[str] = Field(default_factory=lambda: ["replica", "pod", "instance"])
 

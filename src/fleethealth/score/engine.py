@@ -1,0 +1,960 @@
+"""The scoring engine: a whole fleet snapshot -> one health tuple per GPU, node, replica and rank.
+
+Theory of operation
+-------------------
+1. Resolve: every interned label set is mapped once to its entity keys (gpu ``node/gpuN``, node, replica,
+   rank ``job/rankN``). Label sets are shared by all metrics of a GPU, so this is ~one dictionary lookup
+   per GPU, cached across cycles when the snapshot's label-set list is reused (history, simulator).
+2. Evaluate each policy signal for each entity kind it describes, on arrays: the latest fresh sample per
+   series (gauges) or a reset-aware rate over the window (counters), reduced per entity, then shaped into
+   a sub-score in [0, 1] (gate, ramp, peer robust z with grouped median/MAD by sorting, SLO burn rate).
+   Missing or stale data is NaN: never a score.
+3. Aggregate per entity on an entities x signals matrix: hard gates first (a fresh gate at 0 forces 0),
+   weighted mean inside a category, then min (or geometric mean, or mean for baselines) across
+   categories. Confidence is the share of *expected* signals that are fresh; no fresh data -> unknown.
+4. A node is the weakest of its GPUs and its node-wide signals; the tuple names the worst GPU.
+
+The result (``FleetHealth``) is columnar; ``HealthTuple`` objects are built lazily on access so that a
+100k-GPU fleet scores in a fraction of a second. Pure: no I/O, no clock; ``now`` is an argument.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+
+from fleethealth.policy import Policy, SignalSpec
+from fleethealth.score import shapes
+from fleethealth.score.health import REASON_NO_FRESH_DATA, EntityKind, HealthTuple, SignalDetail
+from fleethealth.signals.snapshot import InputIssue, LabelSet, Snapshot
+from fleethealth.signals.xid import classify_xid
+
+Consumer = Literal["training", "serving", "remediation"]
+CONSUMERS: tuple[str, ...] = ("training", "serving", "remediation")
+NODE_INFO_METRIC = "fleethealth_node_info"
+REPLICA_INFO_METRIC = "fleethealth_replica_info"
+KINDS: tuple[EntityKind, ...] = ("gpu", "node", "replica", "rank")
+_GPU_SPECIFIC = {"UUID", "pci_bus_id", "gpu", "device", "job", "pod", "container", "rank", "peer_group", "xid", "le"}
+_COUNTER_SUFFIXES = ("_total", "_count", "_bucket", "_sum")
+
+
+# --------------------------------------------------------------------------------------------------
+# Label-set resolution (cached, incremental)
+# --------------------------------------------------------------------------------------------------
+class _Resolver:
+    """Maps label sets to entity key ids. Append-only: re-used while the snapshot's label-set list
+    only grows (the history and the simulator keep one list), so each label set is resolved once."""
+
+    def __init__(self, node_labels: Sequence[str], replica_labels: Sequence[str]) -> None:
+        self.node_labels = tuple(node_labels)
+        self.replica_labels = tuple(replica_labels)
+        self.n = 0
+        self.key_names: list[str] = []
+        self.key_ix: dict[str, int] = {}
+        self.key_node: list[int] = []  # key id -> node key id (for gpu keys), else -1
+        self.cols: dict[str, list[int]] = {k: [] for k in KINDS}
+        self.arr: dict[str, np.ndarray] = {}
+        self.labelsets: list[LabelSet] | None = None
+
+    def _kid(self, name: str, node_kid: int = -1) -> int:
+        ix = self.key_ix.get(name)
+        if ix is None:
+            ix = self.key_ix[name] = len(self.key_names)
+            self.key_names.append(name)
+            self.key_node.append(node_kid)
+        return ix
+
+    def update(self, labelsets: list[LabelSet]) -> None:
+        if len(labelsets) == self.n:
+            return
+        gpu_c, node_c, rep_c, rank_c = (self.cols[k] for k in KINDS)
+        for ls in labelsets[self.n :]:
+            d = dict(ls)
+            node = None
+            for k in self.node_labels:
+                node = d.get(k)
+                if node:
+                    break
+            node_kid = self._kid("node:" + node) if node else -1
+            node_c.append(node_kid)
+            g = d.get("gpu")
+            gpu_c.append(self._kid(f"gpu:{node}/gpu{g}", node_kid) if (node and g is not None and g != "") else -1)
+            rep = None
+            for k in self.replica_labels:
+                rep = d.get(k)
+                if rep:
+                    break
+            rep_c.append(self._kid("replica:" + rep) if rep else -1)
+            job, rank = d.get("job"), d.get("rank")
+            rank_c.append(self._kid(f"rank:{job}/rank{rank}") if (job and rank is not None and rank != "") else -1)
+        self.n = len(labelsets)
+        self.arr = {k: np.asarray(v, np.int64) for k, v in self.cols.items()}
+        self.labelsets = labelsets
+
+
+_RESOLVERS: dict[tuple[int, tuple[str, ...], tuple[str, ...]], _Resolver] = {}
+
+
+def _resolver_for(snap: Snapshot, policy: Policy) -> _Resolver:
+    key = (id(snap.labelsets), tuple(policy.node_labels), tuple(policy.replica_labels))
+    r = _RESOLVERS.get(key)
+    # Identity alone could be recycled after garbage collection: also require the list object to match
+    # and never to have shrunk or been rewritten (first label set unchanged).
+    if r is None or r.labelsets is not snap.labelsets or len(snap.labelsets) < r.n:
+        r = _Resolver(policy.node_labels, policy.replica_labels)
+        if len(_RESOLVERS) >= 8:
+            _RESOLVERS.pop(next(iter(_RESOLVERS)))
+        _RESOLVERS[key] = r
+    r.update(snap.labelsets)
+    return r
+
+
+# --------------------------------------------------------------------------------------------------
+# Per-signal evaluation
+# --------------------------------------------------------------------------------------------------
+@dataclass
+class _SignalResult:
+    """Per entity of one kind: sub-score (NaN = missing), raw, rate, z, age, seen (any sample)."""
+
+    sub: np.ndarray
+    raw: np.ndarray
+    rate: np.ndarray
+    z: np.ndarray
+    age: np.ndarray
+    seen: np.ndarray
+    flags: list[tuple[int, str]] = field(default_factory=list)
+    notes: dict[int, str] = field(default_factory=dict)
+
+
+def _is_counter(spec: SignalSpec) -> bool:
+    return spec.kind == "counter"
+
+
+def _latest_per_series(series: np.ndarray, ts: np.ndarray) -> np.ndarray:
+    """Positions (into the given arrays) of the latest sample of each series."""
+    if series.size == 0:
+        return np.zeros(0, np.int64)
+    order = np.lexsort((ts, series))
+    s = series[order]
+    last = np.ones(s.size, bool)
+    last[:-1] = s[1:] != s[:-1]
+    return order[last]
+
+
+def _increase_per_series(
+    series: np.ndarray, values: np.ndarray, ts: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Reset-aware increase per series (like PromQL): a drop means the counter restarted from 0.
+
+    Returns (series ids, increase, first ts, last ts, last value); series with one sample have NaN.
+    """
+    order = np.lexsort((ts, series))
+    s, v, t = series[order], values[order], ts[order]
+    if s.size == 0:
+        e = np.zeros(0)
+        return np.zeros(0, np.int64), e, e, e, e
+    start = np.ones(s.size, bool)
+    start[1:] = s[1:] != s[:-1]
+    starts = np.flatnonzero(start)
+    ends = np.concatenate((starts[1:], [s.size])) - 1
+    d = np.diff(v, prepend=v[0])
+    d = np.where(d < 0, v, d)  # reset: the new value is what was counted since the restart
+    d[start] = 0.0
+    inc = np.add.reduceat(d, starts)
+    t0, t1 = t[starts], t[ends]
+    one = starts == ends
+    inc = inc.astype(np.float64)
+    inc[one] = np.nan
+    return s[starts], inc, t0, t1, v[ends]
+
+
+class _Ctx:
+    """Everything one scoring call shares: snapshot views sorted by metric, the resolver, entities."""
+
+    def __init__(self, snap: Snapshot, policy: Policy, now: float) -> None:
+        self.snap = snap
+        self.policy = policy
+        self.now = now
+        self.issues: list[InputIssue] = []
+        skew = policy.freshness.future_skew_s
+        ok = snap.ts <= now + skew
+        n_future = int((~ok).sum())
+        if n_future:
+            self.issues.append(
+                InputIssue("<snapshot>", 0, f"{n_future} samples are more than {skew:g}s in the future (clock skew): ignored")
+            )
+        ok &= ~np.isnan(snap.values)
+        idx = np.flatnonzero(ok)
+        order = idx[np.argsort(snap.metric_ids[idx], kind="stable")]
+        self.order = order
+        mids = snap.metric_ids[order]
+        self.metric_ix = snap.metric_index()
+        self.bounds: dict[int, tuple[int, int]] = {}
+        if order.size:
+            uniq, first = np.unique(mids, return_index=True)
+            last = np.concatenate((first[1:], [order.size]))
+            for u, a, b in zip(uniq.tolist(), first.tolist(), last.tolist(), strict=True):
+                self.bounds[u] = (a, b)
+        self.resolver = _resolver_for(snap, policy)
+        self._match_cache: dict[tuple[str, tuple[tuple[str, str], ...]], np.ndarray] = {}
+
+    def samples(self, metric: str, match: Mapping[str, str] | None = None) -> np.ndarray:
+        mid = self.metric_ix.get(metric)
+        if mid is None or mid not in self.bounds:
+            return np.zeros(0, np.int64)
+        a, b = self.bounds[mid]
+        idx = self.order[a:b]
+        if match:
+            ser = self.snap.series_ids[idx]
+            uniq = np.unique(ser)
+            rx = {k: re.compile(v) for k, v in match.items()}
+            good = np.array(
+                [all(r.fullmatch(dict(self.snap.labelsets[u]).get(k, "")) for k, r in rx.items()) for u in uniq.tolist()],
+                bool,
+            )
+            keep = np.isin(ser, uniq[good])
+            idx = idx[keep]
+        return idx
+
+
+@dataclass
+class _KindTable:
+    kind: EntityKind
+    key_ids: np.ndarray  # resolver key id per entity
+    lut: np.ndarray  # resolver key id -> entity index (-1)
+    names: list[str]
+
+
+def _entity_tables(ctx: _Ctx, policy: Policy, inventory: Mapping[str, Sequence[str]] | None) -> dict[str, _KindTable]:
+    r = ctx.resolver
+    found: dict[str, list[np.ndarray]] = {k: [] for k in KINDS}
+    for spec in policy.signals:
+        idx = ctx.samples(spec.metric)
+        if idx.size == 0:
+            continue
+        ser = ctx.snap.series_ids[idx]
+        for kind in spec.entities:
+            kid = r.arr[kind][ser]
+            found[kind].append(np.unique(kid[kid >= 0]))
+    # gpus imply their nodes
+    if found["gpu"]:
+        g = np.unique(np.concatenate(found["gpu"]))
+        found["gpu"] = [g]
+        kn = np.asarray(r.key_node, np.int64)[g] if g.size else np.zeros(0, np.int64)
+        found["node"].append(kn[kn >= 0])
+    if inventory:
+        for kind, names in inventory.items():
+            if kind not in found:
+                continue
+            ids = []
+            for name in names:
+                if kind == "gpu" and "/gpu" in name:
+                    node = name.rsplit("/gpu", 1)[0]
+                    ids.append(r._kid(f"gpu:{name}", r._kid("node:" + node)))
+                else:
+                    ids.append(r._kid(f"{kind}:{name}"))
+            found[kind].append(np.asarray(ids, np.int64))
+    out: dict[str, _KindTable] = {}
+    n_keys = len(r.key_names)
+    for kind in KINDS:
+        ids = np.unique(np.concatenate(found[kind])) if found[kind] else np.zeros(0, np.int64)
+        lut = np.full(n_keys, -1, np.int64)
+        lut[ids] = np.arange(ids.size)
+        names = [r.key_names[i].split(":", 1)[1] for i in ids.tolist()]
+        out[kind] = _KindTable(kind, ids, lut, names)
+    return out
+
+
+def _reduce_worst(ent: np.ndarray, vals: np.ndarray, n: int, higher_worse: bool) -> np.ndarray:
+    out = np.full(n, np.nan)
+    if ent.size:
+        if higher_worse:
+            np.fmax.at(out, ent, vals)
+        else:
+            np.fmin.at(out, ent, vals)
+    return out
+
+
+def _evaluate(ctx: _Ctx, spec: SignalSpec, kind: EntityKind, table: _KindTable) -> _SignalResult:
+    n = len(table.names)
+    pol = ctx.policy
+    nan = np.full(n, np.nan)
+    res = _SignalResult(nan.copy(), nan.copy(), nan.copy(), nan.copy(), nan.copy(), np.zeros(n, bool))
+    snap = ctx.snap
+    idx = ctx.samples(spec.metric, spec.match)
+    if spec.shape == "slo":
+        return _evaluate_slo(ctx, spec, kind, table, res)
+    if idx.size == 0:
+        return res
+    ser = snap.series_ids[idx]
+    kid = ctx.resolver.arr[kind][ser]
+    ent = np.where(kid >= 0, table.lut[np.maximum(kid, 0)], -1)
+    keep = ent >= 0
+    idx, ser, ent = idx[keep], ser[keep], ent[keep]
+    if idx.size == 0:
+        return res
+    res.seen[ent] = True
+    max_age = spec.max_age_s or pol.freshness.max_age_s
+    now = ctx.now
+    if spec.shape == "xid":
+        return _evaluate_xid(ctx, spec, idx, ser, ent, res)
+    vals, ts = snap.values[idx], snap.ts[idx]
+    higher_worse = spec.worse_if == "higher"
+    if _is_counter(spec):
+        window = spec.rate_window_s or pol.freshness.rate_window_s
+        inw = ts > now - window
+        s_ids, inc, t0, t1, _ = _increase_per_series(ser[inw], vals[inw], ts[inw])
+        dt = t1 - t0
+        with np.errstate(invalid="ignore", divide="ignore"):
+            rate = np.where(dt > 0, inc / np.where(dt > 0, dt, 1.0), np.nan)
+        fresh = (now - t1) <= max_age
+        rate = np.where(fresh, rate, np.nan)
+        # series -> entity: counters of one entity add up (e.g. per-link NVLink counters)
+        first_pos = {}
+        ent_of_series = np.full(int(ser.max()) + 1, -1, np.int64)
+        ent_of_series[ser] = ent
+        e = ent_of_series[s_ids]
+        good = ~np.isnan(rate)
+        if good.any():
+            acc = np.zeros(n)
+            cnt = np.zeros(n)
+            np.add.at(acc, e[good], rate[good])
+            np.add.at(cnt, e[good], 1)
+            res.rate = np.where(cnt > 0, acc, np.nan)
+        age = np.full(n, np.nan)
+        if s_ids.size:
+            np.fmin.at(age, e, now - t1)
+        # latest raw value per entity, for explanation
+        lp = _latest_per_series(ser, ts)
+        res.raw = _reduce_worst(ent[lp], vals[lp], n, True)
+        res.age = np.where(np.isnan(age), _reduce_worst(ent[lp], now - ts[lp], n, False), age)
+        x = res.rate
+        del first_pos
+    else:
+        lp = _latest_per_series(ser, ts)
+        age_s = now - ts[lp]
+        fresh = age_s <= max_age
+        res.age = _reduce_worst(ent[lp], np.maximum(age_s, 0.0), n, False)
+        lpf = lp[fresh]
+        res.raw = _reduce_worst(ent[lpf], vals[lpf], n, higher_worse)
+        x = res.raw
+        if spec.shape == "peer":
+            res.raw = res.raw.copy()
+    sub = _shape(ctx, spec, kind, x, ser, ent, lp if not _is_counter(spec) else None, res, n)
+    res.sub = sub
+    return res
+
+
+def _shape(
+    ctx: _Ctx, spec: SignalSpec, kind: EntityKind, x: np.ndarray, ser: np.ndarray, ent: np.ndarray,
+    lp: np.ndarray | None, res: _SignalResult, n: int,
+) -> np.ndarray:
+    pol = ctx.policy
+    if spec.shape == "ramp":
+        assert spec.warn is not None and spec.crit is not None
+        return shapes.ramp(x, spec.warn, spec.crit)
+    if spec.shape == "gate":
+        sub = shapes.gate(x, spec.above, spec.values)
+        if spec.value_flags:
+            for e in np.flatnonzero(~np.isnan(x)).tolist():
+                f = spec.value_flags.get(int(x[e]))
+                if f:
+                    res.flags.append((e, f))
+        for e in np.flatnonzero(sub == 0).tolist():
+            res.notes[e] = f"gate fired: {spec.metric}={x[e]:g}"
+        return sub
+    if spec.shape == "flag":
+        sub = np.where(np.isnan(x), np.nan, 1.0)
+        raised = np.zeros(n, bool)
+        if spec.above is not None:
+            with np.errstate(invalid="ignore"):
+                raised = x > spec.above
+        sub = np.where(raised, spec.flag_score, sub)
+        for e in np.flatnonzero(raised).tolist():
+            if spec.flag:
+                res.flags.append((e, spec.flag))
+        if spec.value_flags:
+            for e in np.flatnonzero(~np.isnan(x)).tolist():
+                f = spec.value_flags.get(int(x[e]))
+                if f:
+                    res.flags.append((e, f))
+        return sub
+    if spec.shape == "peer":
+        # Peer group of an entity: the peer labels of the label set its (latest) sample came from.
+        snap = ctx.snap
+        assert lp is not None
+        src_series = np.full(n, -1, np.int64)
+        src_series[ent[lp]] = ser[lp]
+        have = (~np.isnan(x)) & (src_series >= 0)
+        ents = np.flatnonzero(have)
+        if ents.size == 0:
+            return np.full(n, np.nan)
+        uniq_ser, inv = np.unique(src_series[ents], return_inverse=True)
+        pk: dict[tuple[str, ...], int] = {}
+        gid_of_ser = np.empty(uniq_ser.size, np.int64)
+        for i, s in enumerate(uniq_ser.tolist()):
+            d = dict(snap.labelsets[s])
+            key = tuple(d.get(lbl, "") for lbl in spec.peer_by)
+            gid_of_ser[i] = pk.setdefault(key, len(pk))
+        groups = gid_of_ser[inv]
+        k_warn = spec.k_warn if spec.k_warn is not None else pol.peer.k_warn
+        k_crit = spec.k_crit if spec.k_crit is not None else pol.peer.k_crit
+        min_peers = spec.min_peers if spec.min_peers is not None else pol.peer.min_peers
+        z, _med, _mad, counts = shapes.peer_robust_z(
+            x[ents], groups, len(pk), worse_if=spec.worse_if, min_rel_dev=spec.min_rel_dev,
+            mad_floor_rel=spec.mad_floor_rel,
+        )
+        small = counts[groups] < min_peers
+        z = np.where(small, np.nan, z)
+        zz = np.full(n, np.nan)
+        zz[ents] = z
+        res.z = zz
+        for e in ents[small].tolist():
+            res.notes[e] = f"too few peers (< {min_peers}) in its group: not scored"
+            res.flags.append((e, f"too_few_peers:{spec.name}"))
+        return shapes.ramp(zz, k_warn, k_crit)
+    raise AssertionError(f"unhandled shape {spec.shape}")
+
+
+def _evaluate_xid(
+    ctx: _Ctx, spec: SignalSpec, idx: np.ndarray, ser: np.ndarray, ent: np.ndarray, res: _SignalResult
+) -> _SignalResult:
+    """Xids from DCGM's last-Xid gauge (value = the Xid) or a per-xid counter (label ``xid``)."""
+    pol, snap, now = ctx.policy, ctx.snap, ctx.now
+    xp = pol.xid
+    window = spec.xid_window_s or xp.window_s
+    max_age = spec.max_age_s or pol.freshness.max_age_s
+    n = res.sub.size
+    vals, ts = snap.values[idx], snap.ts[idx]
+    # Fresh evidence that the source is alive: sub-score 1 unless an Xid gates it.
+    lp = _latest_per_series(ser, ts)
+    age_s = now - ts[lp]
+    res.age = _reduce_worst(ent[lp], np.maximum(age_s, 0.0), n, False)
+    fresh_e = np.zeros(n, bool)
+    fresh_e[ent[lp][age_s <= max_age]] = True
+    codes: list[tuple[int, int]] = []  # (entity, xid)
+    if spec.kind == "gauge":
+        # Last-Xid value: any nonzero value seen within the Xid window counts as an occurrence.
+        w = (ts > now - window) & (vals > 0)
+        for e, v in set(zip(ent[w].tolist(), vals[w].astype(np.int64).tolist(), strict=True)):
+            codes.append((e, v))
+        res.raw = _reduce_worst(ent[lp][age_s <= max_age], vals[lp][age_s <= max_age], n, True)
+    else:
+        inw = ts > now - window
+        s_ids, inc, _t0, _t1, _ = _increase_per_series(ser[inw], vals[inw], ts[inw])
+        hit = np.flatnonzero(np.nan_to_num(inc) > 0)
+        ent_of_series = {s: e for s, e in zip(ser.tolist(), ent.tolist(), strict=True)}
+        for i in hit.tolist():
+            s = int(s_ids[i])
+            x = dict(snap.labelsets[s]).get("xid", "")
+            try:
+                codes.append((ent_of_series[s], int(float(x))))
+            except ValueError:
+                ctx.issues.append(InputIssue("<snapshot>", 0, f"{spec.metric}: xid label is not a number", x))
+        res.raw = np.where(fresh_e, 0.0, np.nan)
+    sub = np.where(fresh_e, 1.0, np.nan)
+    for e, code in sorted(codes):
+        cls = classify_xid(code, xp.gate_buckets, xp.gate_xids, xp.app_xids, xp.reset_xids)
+        res.flags.append((e, f"xid:{code}"))
+        sub[e] = sub[e] if not np.isnan(sub[e]) else 1.0
+        if cls == "gate":
+            sub[e] = 0.0
+            res.notes[e] = f"Xid {code} gates the GPU (needs reset or reboot)"
+        elif cls == "reset":
+            res.flags.append((e, "row_remap_pending"))
+        elif cls == "unknown":
+            res.flags.append((e, f"xid_unknown:{code}"))
+            ctx.issues.append(InputIssue("<snapshot>", 0, f"unknown Xid {code}: not in NVIDIA's catalog; counted, not scored"))
+        res.raw[e] = float(code) if np.isnan(res.raw[e]) or res.raw[e] == 0 else res.raw[e]
+    res.sub = sub
+    return res
+
+
+def _evaluate_slo(ctx: _Ctx, spec: SignalSpec, kind: EntityKind, table: _KindTable, res: _SignalResult) -> _SignalResult:
+    """Error ratio (``metric`` errors / ``requests_metric``) or latency (histogram ``metric``_bucket at
+    ``threshold_s``) against the SLO, as multi-window burn rates."""
+    pol, snap, now = ctx.policy, ctx.snap, ctx.now
+    n = res.sub.size
+    objective = spec.objective or pol.slo.objective
+    max_age = spec.max_age_s or pol.freshness.max_age_s
+    assert spec.requests_metric is not None
+    req_idx = ctx.samples(spec.requests_metric)
+    if spec.threshold_s is not None:
+        bidx = ctx.samples(spec.metric + "_bucket", spec.match)
+        # pick, per series family, the largest bucket bound <= threshold
+        les: dict[int, float] = {}
+        for s in np.unique(snap.series_ids[bidx]).tolist():
+            le = dict(snap.labelsets[s]).get("le")
+            try:
+                les[s] = float(le) if le is not None else math.nan
+            except ValueError:
+                les[s] = math.nan
+        good_bounds = [v for v in les.values() if not math.isnan(v) and v <= spec.threshold_s + 1e-12]
+        if not good_bounds:
+            return res
+        bound = max(good_bounds)
+        chosen = np.array([s for s, v in les.items() if v == bound], np.int64)
+        good_idx = bidx[np.isin(snap.series_ids[bidx], chosen)]
+    else:
+        good_idx = ctx.samples(spec.metric, spec.match)
+    if req_idx.size == 0:
+        return res
+
+    def per_entity(idx: np.ndarray, start: float) -> tuple[np.ndarray, np.ndarray]:
+        """increase per entity over (start, now] and the age of the last sample."""
+        inc_e = np.full(n, np.nan)
+        age_e = np.full(n, np.nan)
+        if idx.size == 0:
+            return inc_e, age_e
+        ser = snap.series_ids[idx]
+        kid = ctx.resolver.arr[kind][ser]
+        ent = np.where(kid >= 0, table.lut[np.maximum(kid, 0)], -1)
+        ts = snap.ts[idx]
+        keep = (ent >= 0) & (ts > start)
+        s_ids, inc, _t0, t1, _ = _increase_per_series(ser[keep], snap.values[idx][keep], ts[keep])
+        if s_ids.size == 0:
+            return inc_e, age_e
+        e_of_s = dict(zip(ser[keep].tolist(), ent[keep].tolist(), strict=True))
+        e = np.array([e_of_s[s] for s in s_ids.tolist()], np.int64)
+        ok = ~np.isnan(inc)
+        acc = np.zeros(n)
+        cnt = np.zeros(n)
+        np.add.at(acc, e[ok], inc[ok])
+        np.add.at(cnt, e[ok], 1)
+        inc_e = np.where(cnt > 0, acc, np.nan)
+        np.fmin.at(age_e, e, now - t1)
+        return inc_e, age_e
+
+    # seen / freshness from the request counter
+    ser_all = snap.series_ids[req_idx]
+    kid_all = ctx.resolver.arr[kind][ser_all]
+    ent_all = np.where(kid_all >= 0, table.lut[np.maximum(kid_all, 0)], -1)
+    res.seen[ent_all[ent_all >= 0]] = True
+    burns: list[tuple[np.ndarray, np.ndarray, float]] = []
+    last_total = None
+    for w in pol.slo.windows:
+        pair = []
+        for win in (w.long_s, w.short_s):
+            total, age = per_entity(req_idx, now - win)
+            good, _ = per_entity(good_idx, now - win)
+            if spec.threshold_s is not None:
+                bad = np.where(np.isnan(good), np.where(total > 0, np.nan, 0.0), total - good)
+                bad = np.clip(bad, 0.0, None)
+            else:
+                bad = np.where(np.isnan(good), 0.0, good)  # no error samples in window: no errors
+            pair.append(shapes.burn_rate(bad, total, objective))
+            if last_total is None:
+                res.age = age
+                last_total = total
+        burns.append((pair[0], pair[1], w.factor))
+    sub = shapes.slo_score(burns)
+    fresh = res.age <= max_age
+    sub = np.where(fresh, sub, np.nan)
+    res.sub = sub
+    # explanation: burn rate of the fastest pair's short window
+    res.rate = burns[0][1]
+    res.raw = burns[0][0]
+    return res
+
+
+# --------------------------------------------------------------------------------------------------
+# Aggregation
+# --------------------------------------------------------------------------------------------------
+@dataclass
+class KindScores:
+    """Columnar scores of every entity of one kind."""
+
+    kind: EntityKind
+    names: list[str]
+    signals: list[SignalSpec]
+    sub: np.ndarray  # entities x signals
+    raw: np.ndarray
+    rate: np.ndarray
+    z: np.ndarray
+    age: np.ndarray
+    expected: np.ndarray  # entities x signals (bool)
+    categories: list[str]
+    cat: np.ndarray  # entities x categories
+    value: np.ndarray  # NaN = unknown
+    confidence: np.ndarray
+    worst: np.ndarray  # category index or -1
+    reason: list[str]
+    flags: dict[int, list[str]]
+    notes: dict[tuple[int, int], str]
+    worst_member: dict[int, str] = field(default_factory=dict)
+    member_of: np.ndarray | None = None  # for gpu: node index
+
+
+def _cross_category(cat: np.ndarray, how: str) -> tuple[np.ndarray, np.ndarray]:
+    n, c = cat.shape
+    have = ~np.isnan(cat)
+    any_ = have.any(axis=1)
+    filled = np.where(have, cat, np.inf)
+    worst = np.where(any_, filled.argmin(axis=1), -1) if c else np.full(n, -1)
+    if c == 0:
+        return np.full(n, np.nan), worst
+    if how == "min":
+        val = np.where(any_, filled.min(axis=1), np.nan)
+    elif how == "gmean":
+        logs = np.where(have, np.log(np.maximum(np.where(have, cat, 1.0), 1e-300)), 0.0)
+        k = have.sum(axis=1)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            val = np.where(any_, np.exp(logs.sum(axis=1) / np.maximum(k, 1)), np.nan)
+        val = np.where(any_ & (filled.min(axis=1) == 0), 0.0, val)
+    else:  # mean: only for baselines (averages away a fatal category)
+        with np.errstate(invalid="ignore"):
+            val = np.where(any_, np.nanmean(np.where(have, cat, np.nan), axis=1), np.nan)
+    return val, worst
+
+
+def _aggregate(
+    kind: EntityKind, names: list[str], specs: list[SignalSpec], results: list[_SignalResult], how: str,
+    categories: list[str],
+) -> KindScores:
+    n = len(names)
+    m = len(specs)
+
+    def stack(attr: str) -> np.ndarray:
+        if m == 0:
+            return np.zeros((n, 0))
+        return np.column_stack([getattr(r, attr) for r in results])
+
+    sub, raw, rate, z, age = (stack(a) for a in ("sub", "raw", "rate", "z", "age"))
+    seen = stack("seen").astype(bool) if m else np.zeros((n, 0), bool)
+    fresh = ~np.isnan(sub)
+    fams = sorted({s.family_name for s in specs})
+    fam_ix = np.array([fams.index(s.family_name) for s in specs], np.int64)
+    fam_seen = np.zeros((n, len(fams)), bool)
+    for j in range(m):
+        fam_seen[:, fam_ix[j]] |= seen[:, j]
+    exp_flag = np.array([s.expected for s in specs], bool)
+    expected = (exp_flag[None, :] & fam_seen[:, fam_ix]) | fresh if m else np.zeros((n, 0), bool)
+    n_exp = expected.sum(axis=1)
+    n_fresh = (fresh & expected).sum(axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        confidence = np.where(n_exp > 0, n_fresh / np.maximum(n_exp, 1), 0.0)
+
+    cat_ix = np.array([categories.index(s.category) for s in specs], np.int64)
+    w = np.array([s.weight for s in specs], np.float64)
+    cat = np.full((n, len(categories)), np.nan)
+    subz = np.where(fresh, sub, 0.0)
+    for c in range(len(categories)):
+        cols = np.flatnonzero(cat_ix == c)
+        if cols.size == 0:
+            continue
+        wsum = (fresh[:, cols] * w[cols]).sum(axis=1)
+        tot = (subz[:, cols] * w[cols]).sum(axis=1)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            cat[:, c] = np.where(wsum > 0, tot / np.where(wsum > 0, wsum, 1.0), np.nan)
+    value, worst = _cross_category(cat, how)
+
+    is_gate = np.array([s.shape in ("gate", "xid") for s in specs], bool)
+    gate_hit = fresh & is_gate[None, :] & (sub == 0) if m else np.zeros((n, 0), bool)
+    gated = gate_hit.any(axis=1) if m else np.zeros(n, bool)
+    first_gate = gate_hit.argmax(axis=1) if m else np.zeros(n, np.int64)
+    value = np.where(gated, 0.0, value)
+    confidence = np.where(gated, 1.0, confidence)
+    worst = np.where(gated, cat_ix[first_gate] if m else -1, worst)
+
+    prefix = "min" if how == "min" else how
+    reason: list[str] = []
+    gated_l, worst_l, val_nan = gated.tolist(), worst.tolist(), np.isnan(value).tolist()
+    fg = first_gate.tolist()
+    for i in range(n):
+        if gated_l[i]:
+            reason.append(f"gate:{specs[fg[i]].name}")
+        elif val_nan[i]:
+            reason.append(REASON_NO_FRESH_DATA)
+        else:
+            reason.append(f"{prefix}:{categories[worst_l[i]]}")
+    worst = np.where(np.isnan(value), -1, worst)
+    flags: dict[int, list[str]] = {}
+    notes: dict[tuple[int, int], str] = {}
+    for j, r in enumerate(results):
+        for e, f in r.flags:
+            lst = flags.setdefault(e, [])
+            if f not in lst:
+                lst.append(f)
+        for e, note in r.notes.items():
+            notes[(e, j)] = note
+    return KindScores(
+        kind, names, specs, sub, raw, rate, z, age, expected, categories, cat, value, confidence, worst,
+        reason, flags, notes,
+    )
+
+
+def _roll_up_nodes(gpu: KindScores, node: KindScores, gpu_node: np.ndarray) -> None:
+    """A node is the weakest of its GPUs and its node-wide signals (min; never averaged away)."""
+    nn = len(node.names)
+    if gpu_node.size == 0 or nn == 0:
+        return
+    # per category: min over GPUs and the node's own
+    cat_names = node.categories
+    for ci, cname in enumerate(gpu.categories):
+        if cname not in cat_names:
+            cat_names.append(cname)
+            node.cat = np.column_stack([node.cat, np.full(nn, np.nan)])
+        cj = cat_names.index(cname)
+        col = node.cat[:, cj].copy()
+        np.fmin.at(col, gpu_node, gpu.cat[:, ci])
+        node.cat[:, cj] = col
+    # value: min over known GPU values and the node's own value
+    own = node.value.copy()
+    v = node.value.copy()
+    np.fmin.at(v, gpu_node, gpu.value)
+    # worst GPU per node: lowest value, gated first
+    gv = np.where(np.isnan(gpu.value), np.inf, gpu.value)
+    gated = np.array([r.startswith("gate:") for r in gpu.reason])
+    order = np.lexsort((~gated, gv, gpu_node))
+    first = np.ones(order.size, bool)
+    first[1:] = gpu_node[order][1:] != gpu_node[order][:-1]
+    best = order[first]  # worst gpu index for each node present
+    # confidence: share of expected signals fresh over the node's GPUs and its own signals
+    g_exp = gpu.expected.sum(axis=1).astype(np.float64)
+    g_fresh = (gpu.expected & ~np.isnan(gpu.sub)).sum(axis=1).astype(np.float64)
+    gated_gpu = gated
+    n_exp = node.expected.sum(axis=1).astype(np.float64)
+    n_fresh = (node.expected & ~np.isnan(node.sub)).sum(axis=1).astype(np.float64)
+    np.add.at(n_exp, gpu_node, g_exp)
+    np.add.at(n_fresh, gpu_node, g_fresh)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        conf = np.where(n_exp > 0, n_fresh / np.maximum(n_exp, 1), 0.0)
+    node_gated = np.array([r.startswith("gate:") for r in node.reason])
+    any_gpu_gate = np.zeros(nn, bool)
+    np.logical_or.at(any_gpu_gate, gpu_node, gated_gpu)
+    conf = np.where(node_gated | any_gpu_gate, 1.0, conf)
+    node.confidence = conf
+    for g in best.tolist():
+        ni = int(gpu_node[g])
+        gval = gpu.value[g]
+        if node_gated[ni]:
+            continue
+        if np.isnan(gval):
+            continue
+        if gated_gpu[g] or np.isnan(own[ni]) or gval < own[ni]:
+            node.reason[ni] = gpu.reason[g]
+            node.worst[ni] = cat_names.index(gpu.categories[gpu.worst[g]]) if gpu.worst[g] >= 0 else -1
+            node.worst_member[ni] = gpu.names[g]
+    node.value = np.where(node_gated, 0.0, v)
+    node.value = np.where(any_gpu_gate, 0.0, node.value)
+    for ni in np.flatnonzero(np.isnan(node.value)).tolist():
+        node.reason[ni] = REASON_NO_FRESH_DATA
+        node.worst[ni] = -1
+    # node flags: union of its GPUs' flags
+    for g, fl in gpu.flags.items():
+        ni = int(gpu_node[g])
+        lst = node.flags.setdefault(ni, [])
+        for f in fl:
+            if f not in lst:
+                lst.append(f)
+
+
+# --------------------------------------------------------------------------------------------------
+# Public API
+# --------------------------------------------------------------------------------------------------
+class _LazyTuples(Mapping[str, HealthTuple]):
+    def __init__(self, fh: FleetHealth) -> None:
+        self._fh = fh
+        self._cache: dict[str, HealthTuple] = {}
+
+    def __getitem__(self, key: str) -> HealthTuple:
+        t = self._cache.get(key)
+        if t is None:
+            loc = self._fh._index.get(key)
+            if loc is None:
+                raise KeyError(key)
+            t = self._cache[key] = self._fh._build(*loc)
+        return t
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._fh._index)
+
+    def __len__(self) -> int:
+        return len(self._fh._index)
+
+
+class FleetHealth:
+    """Health of every entity at ``now`` for one consumer. Columnar inside (``kinds``), tuples on demand.
+
+    Entity ids: gpu ``node/gpuN``, node ``node``, replica, rank ``job/rankN``. Should two kinds share a
+    name (a replica called like a node), the later kind's id is prefixed ``kind:``.
+    """
+
+    def __init__(
+        self, now: float, consumer: str, policy_version: str, kinds: dict[str, KindScores],
+        meta: dict[str, dict[int, dict[str, str]]], issues: list[InputIssue],
+    ) -> None:
+        self.now = now
+        self.consumer = consumer
+        self.policy_version = policy_version
+        self.kinds = kinds
+        self.meta = meta
+        self.issues = issues
+        self._index: dict[str, tuple[str, int]] = {}
+        for kind in KINDS:
+            ks = kinds.get(kind)
+            if ks is None:
+                continue
+            for i, name in enumerate(ks.names):
+                key = name if name not in self._index else f"{kind}:{name}"
+                self._index[key] = (kind, i)
+        self.tuples: Mapping[str, HealthTuple] = _LazyTuples(self)
+
+    def _build(self, kind: str, i: int) -> HealthTuple:
+        ks = self.kinds[kind]
+        v = ks.value[i]
+        details = []
+        for j, s in enumerate(ks.signals):
+            if not (ks.expected[i, j] or not np.isnan(ks.age[i, j])):
+                continue
+
+            def f(a: np.ndarray, j: int = j) -> float | None:
+                x = a[i, j]
+                return None if np.isnan(x) else float(x)
+
+            details.append(
+                SignalDetail(
+                    s.name, s.category, s.shape, f(ks.raw), f(ks.rate), f(ks.z), f(ks.sub), f(ks.age), s.weight,
+                    ks.notes.get((i, j), "" if not np.isnan(ks.sub[i, j]) else ("stale" if not np.isnan(ks.age[i, j]) else "missing")),
+                )
+            )
+        cats = {c: (None if np.isnan(ks.cat[i, k]) else float(ks.cat[i, k])) for k, c in enumerate(ks.categories)}
+        cats = {c: x for c, x in cats.items() if x is not None or any(s.category == c for s in ks.signals)}
+        w = int(ks.worst[i])
+        return HealthTuple(
+            entity=ks.names[i], kind=ks.kind, value=None if np.isnan(v) else float(v),
+            confidence=float(ks.confidence[i]), worst=ks.categories[w] if w >= 0 else None, reason=ks.reason[i],
+            categories=cats, details=tuple(details), labels=self.meta.get(kind, {}).get(i, {}),
+            worst_member=ks.worst_member.get(i), flags=tuple(ks.flags.get(i, ())), ts=self.now,
+        )
+
+    def by_kind(self, kind: str) -> list[HealthTuple]:
+        ks = self.kinds.get(kind)
+        if ks is None:
+            return []
+        return [self._build(kind, i) for i in range(len(ks.names))]
+
+    def get(self, entity: str) -> HealthTuple | None:
+        try:
+            return self.tuples[entity]
+        except KeyError:
+            return None
+
+    def __iter__(self) -> Iterator[HealthTuple]:
+        for key in self._index:
+            yield self.tuples[key]
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    def summary(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for kind, ks in self.kinds.items():
+            if not ks.names:
+                continue
+            known = ~np.isnan(ks.value)
+            out[kind] = {
+                "entities": len(ks.names),
+                "unknown": int((~known).sum()),
+                "below_0.7": int((known & (np.nan_to_num(ks.value, nan=1.0) < 0.7)).sum()),
+                "mean_confidence": float(ks.confidence.mean()) if ks.names else None,
+            }
+        return out
+
+
+def _metadata(ctx: _Ctx, policy: Policy, tables: dict[str, _KindTable], gpu_node: np.ndarray) -> dict[str, dict[int, dict[str, str]]]:
+    """Metadata labels per entity (pool, versions, job ...) from the samples' label sets and info metrics."""
+    snap, r = ctx.snap, ctx.resolver
+    wanted = set(policy.metadata_labels)
+    out: dict[str, dict[int, dict[str, str]]] = {k: {} for k in KINDS}
+    seen_pairs: set[tuple[str, int, int]] = set()
+    for spec in policy.signals:
+        idx = ctx.samples(spec.metric)
+        if idx.size == 0:
+            continue
+        for kind in spec.entities:
+            ser = np.unique(ctx.snap.series_ids[idx])
+            kid = r.arr[kind][ser]
+            ent = np.where(kid >= 0, tables[kind].lut[np.maximum(kid, 0)], -1)
+            for s, e in zip(ser.tolist(), ent.tolist(), strict=True):
+                if e < 0 or (kind, e, s) in seen_pairs:
+                    continue
+                seen_pairs.add((kind, e, s))
+                d = out[kind].setdefault(e, {})
+                for k, v in snap.labelsets[s]:
+                    if k in wanted and k not in d:
+                        d[k] = v
+    # GPUs pass their non-GPU-specific metadata to their node
+    for g, d in out["gpu"].items():
+        if g < gpu_node.size and gpu_node[g] >= 0:
+            nd = out["node"].setdefault(int(gpu_node[g]), {})
+            for k, v in d.items():
+                if k not in _GPU_SPECIFIC and k not in nd:
+                    nd[k] = v
+    for metric, kind, key_label in ((NODE_INFO_METRIC, "node", None), (REPLICA_INFO_METRIC, "replica", None)):
+        del key_label
+        idx = ctx.samples(metric)
+        for s in np.unique(snap.series_ids[idx]).tolist():
+            kid = int(r.arr[kind][s])
+            if kid < 0:
+                continue
+            e = int(tables[kind].lut[kid]) if kid < tables[kind].lut.size else -1
+            if e < 0:
+                continue
+            d = out[kind].setdefault(e, {})
+            for k, v in snap.labelsets[s]:
+                d[k] = v
+    # canonical names the decisions layer correlates on
+    for kind in ("node", "gpu"):
+        for d in out[kind].values():
+            if "driver_version" not in d and "DCGM_FI_DRIVER_VERSION" in d:
+                d["driver_version"] = d["DCGM_FI_DRIVER_VERSION"]
+    return out
+
+
+def score_snapshot(
+    snapshot: Snapshot,
+    policy: Policy,
+    now: float,
+    consumer: str = "remediation",
+    inventory: Mapping[str, Sequence[str]] | None = None,
+    aggregation: str | None = None,
+) -> FleetHealth:
+    """Score every entity in ``snapshot`` as of ``now`` for one consumer.
+
+    ``inventory`` names entities that must get a tuple even with no samples at all (known nodes whose
+    exporter vanished): they come out unknown, never healthy. ``aggregation`` overrides the consumer's
+    cross-category function (min, gmean, mean) for baselines.
+    """
+    if consumer not in CONSUMERS:
+        raise ValueError(f"unknown consumer {consumer!r}: expected one of {', '.join(CONSUMERS)}")
+    how = aggregation or policy.aggregation.get(consumer, "min")  # type: ignore[call-overload]
+    ctx = _Ctx(snapshot, policy, now)
+    tables = _entity_tables(ctx, policy, inventory)
+    categories = list(dict.fromkeys(s.category for s in policy.signals))
+    kinds: dict[str, KindScores] = {}
+    for kind in KINDS:
+        specs = [s for s in policy.signals if kind in s.entities]
+        table = tables[kind]
+        results = [_evaluate(ctx, s, kind, table) for s in specs] if table.names else []
+        kind_cats = [c for c in categories if any(s.category == c for s in specs)]
+        kinds[kind] = _aggregate(kind, table.names, specs if table.names else [], results, how, kind_cats)
+    r = ctx.resolver
+    gt = tables["gpu"]
+    key_node = np.asarray(r.key_node, np.int64)
+    gpu_node_kid = key_node[gt.key_ids] if gt.key_ids.size else np.zeros(0, np.int64)
+    nt = tables["node"]
+    gpu_node = np.where(gpu_node_kid >= 0, nt.lut[np.maximum(gpu_node_kid, 0)], -1) if gpu_node_kid.size else gpu_node_kid
+    kinds["gpu"].member_of = gpu_node
+    ok = gpu_node >= 0
+    if ok.all():
+        _roll_up_nodes(kinds["gpu"], kinds["node"], gpu_node)
+    else:  # should not happen: gpus always imply their node
+        raise AssertionError("gpu without node")
+    meta = _metadata(ctx, policy, tables, gpu_node)
+    return FleetHealth(now, consumer, policy.version_tag, kinds, meta, list(snapshot.issues) + ctx.issues)

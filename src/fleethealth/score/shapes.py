@@ -1,0 +1,107 @@
+"""The four normalisation shapes, vectorised: each maps raw values to sub-scores in [0, 1] (1 = healthy).
+
+NaN in means NaN out (missing stays missing; it is never a score). Peer statistics are grouped by
+sorting once, never by a Python loop per group.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+MAD_SCALE = 1.4826  # makes MAD a consistent estimator of the standard deviation for normal data
+
+
+def ramp(x: np.ndarray, warn: float, crit: float) -> np.ndarray:
+    """1 at or below warn, 0 at or above crit, linear between. For "worse when lower" pass crit < warn."""
+    x = np.asarray(x, np.float64)
+    with np.errstate(invalid="ignore"):
+        out = 1.0 - (x - warn) / (crit - warn)
+        out = np.clip(out, 0.0, 1.0)
+    return out
+
+
+def gate(x: np.ndarray, above: float | None = None, values: list[float] | None = None) -> np.ndarray:
+    """0 where the fatal condition holds (x > above, or x in values), else 1; NaN stays NaN."""
+    x = np.asarray(x, np.float64)
+    bad = np.zeros(x.shape, bool)
+    if above is not None:
+        with np.errstate(invalid="ignore"):
+            bad |= x > above
+    if values:
+        bad |= np.isin(x, np.asarray(values, np.float64))
+    out = np.where(bad, 0.0, 1.0)
+    out[np.isnan(x)] = np.nan
+    return out
+
+
+def group_median(values: np.ndarray, groups: np.ndarray, n_groups: int) -> tuple[np.ndarray, np.ndarray]:
+    """Median of ``values`` per group id (0..n_groups-1) and the group sizes; NaN values are ignored."""
+    ok = ~np.isnan(values)
+    v = values[ok]
+    g = groups[ok]
+    order = np.lexsort((v, g))
+    v = v[order]
+    g = g[order]
+    counts = np.bincount(g, minlength=n_groups)
+    starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
+    med = np.full(n_groups, np.nan)
+    has = counts > 0
+    lo = starts + (counts - 1) // 2
+    hi = starts + counts // 2
+    med[has] = 0.5 * (v[lo[has]] + v[hi[has]])
+    return med, counts
+
+
+def peer_robust_z(
+    values: np.ndarray,
+    groups: np.ndarray,
+    n_groups: int,
+    *,
+    worse_if: str = "higher",
+    min_rel_dev: float = 0.0,
+    mad_floor_rel: float = 0.001,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Robust z of each value against its peer group: (x - median) / (1.4826 * MAD), signed so that
+    positive is worse. Returns (z, median per group, MAD per group, group sizes).
+
+    MAD of 0 (identical peers) would divide by zero; the MAD used is at least ``mad_floor_rel`` of the
+    median's magnitude (and 1e-9), so a tiny absolute difference among identical peers is not an
+    infinite z. Deviations smaller than ``min_rel_dev`` of the median count as no deviation at all.
+    """
+    med, counts = group_median(values, groups, n_groups)
+    m = med[groups]
+    dev = values - m
+    absdev = np.abs(dev)
+    mad, _ = group_median(absdev, groups, n_groups)
+    mad_eff = np.maximum(np.nan_to_num(mad, nan=0.0), np.maximum(mad_floor_rel * np.abs(med), 1e-9))
+    if min_rel_dev > 0:
+        with np.errstate(invalid="ignore"):
+            dev = np.where(absdev < min_rel_dev * np.abs(m), 0.0, dev)
+    z = dev / (MAD_SCALE * mad_eff[groups])
+    if worse_if == "lower":
+        z = -z
+    return z, med, mad, counts
+
+
+def burn_rate(bad: np.ndarray, total: np.ndarray, objective: float) -> np.ndarray:
+    """SRE burn rate: the bad fraction divided by the error budget (1 - objective). No traffic: 0."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        frac = np.where(total > 0, bad / np.where(total > 0, total, 1.0), 0.0)
+    frac = np.clip(frac, 0.0, 1.0)
+    out = frac / (1.0 - objective)
+    out[np.isnan(bad) | np.isnan(total)] = np.nan
+    return out
+
+
+def slo_score(burns: list[tuple[np.ndarray, np.ndarray, float]]) -> np.ndarray:
+    """Multi-window SLO score. For each (long burn, short burn, page factor) pair the effective burn is
+    the smaller of the two (an alert needs both windows), ramped from 1x (score 1) to the page factor
+    (score 0). The sub-score is the worst pair: 0 exactly when a burn-rate page would fire."""
+    out: np.ndarray | None = None
+    for long_b, short_b, factor in burns:
+        eff = np.fmin(long_b, short_b)
+        eff = np.where(np.isnan(long_b) | np.isnan(short_b), np.nan, eff)
+        s = ramp(eff, 1.0, factor)
+        out = s if out is None else np.fmin(out, s)
+    assert out is not None
+    return out
