@@ -1,0 +1,760 @@
+"""NVIDIA Xids, NVSwitch SXids and "fallen off the bus" messages from the kernel log, as signals and events.
+
+Theory of operation
+-------------------
+A line is read in two steps. First its *envelope* is peeled: a wall-clock or boot-relative stamp and,
+for syslog/journald lines, the host name and tag. Then the *message* is matched against the driver's
+shapes. Envelopes recognised (``<p>`` priority and ``kern  :err   :`` prefixes are dropped first):
+
+==========================================  ==================================================================
+``[12345.678901] NVRM: ...``                dmesg: seconds since boot. Converted with ``boot_time``; without it
+                                            the value is kept relative (seconds since boot) and one issue says so.
+``[Mon Oct  2 10:41:07 2023] NVRM: ...``    ``dmesg -T`` (ctime, read in ``tz``, UTC by default).
+``Oct  2 10:41:07 host kernel: ...``        syslog / ``journalctl`` short: year from ``year``, else the year of
+                                            ``now`` (a stamp more than a day ahead of ``now`` is last year's).
+``2023-10-02T10:41:07.123+00:00 host ...``  ISO 8601 (``journalctl -o short-iso[-precise]``, rsyslog,
+                                            ``dmesg --time-format iso`` with its comma and no host).
+``[12345.678901] host kernel: ...``         ``journalctl -o short-monotonic``.
+``6,1234,12345678901,-;NVRM: ...``          ``/dev/kmsg`` (microseconds since boot).
+==========================================  ==================================================================
+
+A syslog line that also carries the dmesg stamp (``host kernel: [123.4] NVRM: ...``) keeps the wall clock.
+A line with no stamp at all takes the previous line's time (multi-line messages) or ``now``.
+
+Messages: ``NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python3, ...`` with or without ``PCI:``, the
+bus function, ``pid``/``name`` (quoted, ``<unknown>``, or absent as in the NVLink5 Xids 144-150); Xid 154
+``GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)``; ``nvidia-nvswitchN: SXid
+(PCI:0000:05:00.0): 12028, Fatal, Link 28 ...``; and the multi-line ``NVRM: The NVIDIA GPU 0000:b3:00.0 ...
+fallen off the bus`` notice.
+
+Bus ids are normalised to one form, ``dddd:bb:dd.f`` in lowercase with a 4-digit domain (``0000:3b:00.0``):
+the kernel prints ``0000:3b:00`` (no function), dcgm-exporter and NVML ``00000000:3B:00.0``.
+
+Signals (the ``snapshot``): counters ``fleethealth_kernel_xid_total{Hostname, pci_bus_id, gpu?, xid}`` and
+``fleethealth_kernel_sxid_total{Hostname, pci_bus_id, sxid}``, ``fleethealth_kernel_gpu_fallen_off_total
+{Hostname, pci_bus_id, gpu?}``, each with its cumulative count at every event's time and a 0 one
+millisecond before the series' first event (so ``increase()`` over a window sees the first event), and
+the gauge ``DCGM_FI_DEV_GPU_RECOVERY_ACTION{Hostname, pci_bus_id, gpu?}`` with each Xid 154's new action.
+
+Nothing here is fatal: a garbled Xid line, an unknown stamp or an unknown code becomes an ``InputIssue``
+with its line number. Lines that are not about the GPU driver are counted in ``stats`` and ignored.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import re
+import subprocess
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, tzinfo
+
+from fleethealth.signals.snapshot import InputIssue, LabelSet, Snapshot, SnapshotBuilder
+from fleethealth.signals.xid import RECOVERY_ACTIONS, xid_info
+from fleethealth.sources.base import failed_snapshot
+
+XID_METRIC = "fleethealth_kernel_xid_total"
+SXID_METRIC = "fleethealth_kernel_sxid_total"
+FALLEN_OFF_METRIC = "fleethealth_kernel_gpu_fallen_off_total"
+RECOVERY_METRIC = "DCGM_FI_DEV_GPU_RECOVERY_ACTION"
+
+# How far before a series' first event its 0 baseline sits: small enough never to land in another window.
+BASELINE_OFFSET_S = 0.001
+
+BusToGpu = Mapping[str, str] | Mapping[tuple[str, str], str]
+
+# ---------------------------------------------------------------------------------------------------------
+# PCI bus ids
+
+_BUS_RE = re.compile(
+    r"^(?:PCI:)?(?:(?P<dom>[0-9a-fA-F]{1,8}):)?(?P<bus>[0-9a-fA-F]{1,2}):(?P<dev>[0-9a-fA-F]{1,2})"
+    r"(?:\.(?P<fn>[0-7]))?$"
+)
+
+
+def normalize_bus_id(text: str) -> str | None:
+    """``0000:3b:00``, ``00000000:3B:00.0``, ``PCI:0000:3b:00`` or ``3b:00.0`` -> ``0000:3b:00.0``; None if
+    the text is not a PCI address."""
+    m = _BUS_RE.match(text.strip())
+    if m is None:
+        return None
+    dom = int(m["dom"] or "0", 16)
+    return f"{dom:04x}:{int(m['bus'], 16):02x}:{int(m['dev'], 16):02x}.{int(m['fn'] or '0')}"
+
+
+def bus_map_from_snapshot(snapshot: Snapshot) -> dict[tuple[str, str], str]:
+    """(node, normalised bus id) -> gpu index, from any series carrying ``pci_bus_id`` and ``gpu`` labels
+    (dcgm-exporter's or the agent's). The node comes from ``Hostname`` (else ``node``/``hostname``/
+    ``instance``), as the scorer names nodes."""
+    out: dict[tuple[str, str], str] = {}
+    for ls in snapshot.labelsets:
+        labels = dict(ls)
+        bus, gpu = labels.get("pci_bus_id"), labels.get("gpu")
+        if not bus or gpu is None or gpu == "":
+            continue
+        norm = normalize_bus_id(bus)
+        node = next((labels[k] for k in ("Hostname", "node", "hostname", "instance") if labels.get(k)), "")
+        if norm is not None:
+            out[(node, norm)] = gpu
+    return out
+
+
+def _normalized_bus_map(bus_to_gpu: BusToGpu | None) -> dict[tuple[str, str] | str, str]:
+    out: dict[tuple[str, str] | str, str] = {}
+    for key, gpu in (bus_to_gpu or {}).items():
+        if isinstance(key, tuple):
+            norm = normalize_bus_id(key[1])
+            if norm is not None:
+                out[(key[0], norm)] = str(gpu)
+        else:
+            norm = normalize_bus_id(key)
+            if norm is not None:
+                out[norm] = str(gpu)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Events and result
+
+
+@dataclass(frozen=True, slots=True)
+class XidEvent:
+    """One ``NVRM: Xid`` line. ``ts`` is unix seconds (or seconds since boot when the boot time was
+    unknown); ``pci_bus_id`` is normalised (``0000:3b:00.0``); ``gpu`` is the index when the bus map knew
+    it. ``recovery_action`` is the new action code of an Xid 154 line."""
+
+    ts: float
+    node: str | None
+    pci_bus_id: str
+    gpu: int | None
+    xid: int
+    pid: int | None
+    process_name: str | None
+    message: str
+    raw: str
+    line: int
+    recovery_action: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SXidEvent:
+    """One NVSwitch ``SXid`` line. ``fatal`` is None when the line says neither Fatal nor Non-fatal."""
+
+    ts: float
+    node: str | None
+    pci_bus_id: str
+    switch: int | None
+    sxid: int
+    fatal: bool | None
+    link: int | None
+    message: str
+    raw: str
+    line: int
+
+
+@dataclass(frozen=True, slots=True)
+class FallenOffEvent:
+    """The driver's "GPU ... has fallen off the bus" notice (printed with or without an Xid 79)."""
+
+    ts: float
+    node: str | None
+    pci_bus_id: str
+    gpu: int | None
+    raw: str
+    line: int
+
+
+@dataclass(slots=True)
+class KernelLogResult:
+    events: list[XidEvent]
+    sxid_events: list[SXidEvent]
+    fallen_off: list[FallenOffEvent]
+    snapshot: Snapshot
+    issues: list[InputIssue]
+    # lines, xid, sxid, fallen_off, ignored (not about the GPU driver), garbled (looked like ours, unparsable)
+    stats: dict[str, int]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Envelope: stamp, host, tag
+
+_MONTHS = {m: i for i, m in enumerate(("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct",
+                                       "nov", "dec"), start=1)}
+_PRIO_RE = re.compile(r"^<\d{1,3}>")
+_DMESG_X_RE = re.compile(r"^[a-z]+\s*:[a-z]+\s*: ")
+_KMSG_RE = re.compile(r"^\d+,\d+,(?P<us>\d+),[^;]*;(?P<rest>.*)$")
+_REL_RE = re.compile(r"^\[\s*(?P<sec>\d+\.\d+)\]\s?(?P<rest>.*)$")
+_CTIME_RE = re.compile(
+    r"^\[(?:[A-Z][a-z]{2}) (?P<mon>[A-Z][a-z]{2})\s+(?P<day>\d{1,2}) (?P<hms>\d{2}:\d{2}:\d{2}) (?P<year>\d{4})\]"
+    r"\s?(?P<rest>.*)$"
+)
+_SYSLOG_RE = re.compile(
+    r"^(?P<mon>[A-Z][a-z]{2})\s+(?P<day>\d{1,2}) (?P<hms>\d{2}:\d{2}:\d{2})(?P<frac>\.\d+)?\s(?P<rest>.*)$"
+)
+_ISO_RE = re.compile(
+    r"^(?P<date>\d{4}-\d{2}-\d{2})[T ](?P<hms>\d{2}:\d{2}:\d{2})(?P<frac>[.,]\d+)?"
+    r"(?P<tz>Z|[+-]\d{2}:?\d{2})?\s(?P<rest>.*)$"
+)
+# "host kernel: msg" / "host kernel[123]: msg". Host and tag exclude ':' so "NVRM: Xid" never reads as one.
+_HOST_TAG_RE = re.compile(r"^(?P<host>[^\s:\[\]]+) (?P<tag>[^\s:\[\]]+)(?:\[\d+\])?: (?P<rest>.*)$")
+
+
+@dataclass(slots=True)
+class _Envelope:
+    ts: float | None
+    relative: bool
+    host: str | None
+    body: str
+
+
+def _tz_offset(text: str | None) -> float | None:
+    if not text:
+        return None
+    if text == "Z":
+        return 0.0
+    sign = -1.0 if text[0] == "-" else 1.0
+    digits = text[1:].replace(":", "")
+    return sign * (int(digits[:2]) * 3600 + int(digits[2:4]) * 60)
+
+
+def _wall(year: int, mon: int, day: int, hms: str, frac: float, tz: tzinfo) -> float | None:
+    try:
+        h, m, s = (int(x) for x in hms.split(":"))
+        return datetime(year, mon, day, h, m, s, tzinfo=tz).timestamp() + frac
+    except ValueError:
+        return None
+
+
+class _EnvelopeReader:
+    def __init__(self, *, boot_time: float | None, year: int | None, now: float | None, tz: tzinfo) -> None:
+        self.boot_time = boot_time
+        self.year = year
+        self.now = now
+        self.tz = tz
+
+    def _syslog_year(self) -> int:
+        if self.year is not None:
+            return self.year
+        ref = self.now if self.now is not None else datetime.now(UTC).timestamp()
+        return datetime.fromtimestamp(ref, self.tz).year
+
+    def _relative(self, seconds: float) -> tuple[float, bool]:
+        if self.boot_time is None:
+            return seconds, True
+        return self.boot_time + seconds, False
+
+    def read(self, line: str) -> _Envelope:
+        text = _PRIO_RE.sub("", line.rstrip("\r\n"), count=1)
+        text = _DMESG_X_RE.sub("", text, count=1)
+        ts: float | None = None
+        relative = False
+        host: str | None = None
+
+        if m := _KMSG_RE.match(text):
+            ts, relative = self._relative(int(m["us"]) / 1e6)
+            text = m["rest"]
+        elif m := _ISO_RE.match(text):
+            try:
+                d = datetime.fromisoformat(f"{m['date']}T{m['hms']}")
+            except ValueError:
+                d = None
+            if d is not None:
+                off = _tz_offset(m["tz"])
+                frac = float(m["frac"].replace(",", ".")) if m["frac"] else 0.0
+                if off is None:
+                    ts = d.replace(tzinfo=self.tz).timestamp() + frac
+                else:
+                    ts = d.replace(tzinfo=UTC).timestamp() - off + frac
+                text = m["rest"]
+        elif m := _CTIME_RE.match(text):
+            mon = _MONTHS.get(m["mon"].lower())
+            if mon is not None:
+                ts = _wall(int(m["year"]), mon, int(m["day"]), m["hms"], 0.0, self.tz)
+            text = m["rest"]
+        elif m := _SYSLOG_RE.match(text):
+            mon = _MONTHS.get(m["mon"].lower())
+            if mon is not None:
+                frac = float(m["frac"]) if m["frac"] else 0.0
+                year = self._syslog_year()
+                ts = _wall(year, mon, int(m["day"]), m["hms"], frac, self.tz)
+                # A December line read in January belongs to last year.
+                if ts is not None and self.year is None and self.now is not None and ts > self.now + 86400:
+                    ts = _wall(year - 1, mon, int(m["day"]), m["hms"], frac, self.tz)
+                text = m["rest"]
+        elif m := _REL_RE.match(text):
+            ts, relative = self._relative(float(m["sec"]))
+            text = m["rest"]
+
+        if m := _HOST_TAG_RE.match(text):
+            host = m["host"]
+            text = m["rest"]
+        # rsyslog/journald lines may still carry the dmesg stamp inside the message: the wall clock wins.
+        if m := _REL_RE.match(text):
+            if ts is None:
+                ts, relative = self._relative(float(m["sec"]))
+            text = m["rest"]
+        return _Envelope(ts=ts, relative=relative, host=host, body=text.strip())
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Messages
+
+_BUS_TOKEN = r"(?:PCI:)?[0-9a-fA-F]{1,8}:[0-9a-fA-F]{1,2}:[0-9a-fA-F]{1,2}(?:\.[0-7])?"
+_XID_RE = re.compile(rf"NVRM: Xid \((?P<bus>{_BUS_TOKEN})\): (?P<xid>\d+)\b[,\s]*(?P<rest>.*)$")
+_SXID_RE = re.compile(
+    rf"(?:nvidia-nvswitch(?P<sw>\d+): )?SXid \((?P<bus>{_BUS_TOKEN})\): (?P<sxid>\d+)\b[,\s]*(?P<rest>.*)$"
+)
+_PID_RE = re.compile(r"^pid=\s*'?(?P<pid>\d+|<unknown>)?'?\s*(?:,\s*|$)")
+_NAME_RE = re.compile(r"^name=\s*(?:'(?P<q>[^']*)'|(?P<n>[^,]*))\s*(?:,\s*|$)")
+_RECOVERY_RE = re.compile(
+    r"recovery action changed from (?P<old>0x[0-9a-fA-F]+|\d+)(?: \([^)]*\))? to (?P<new>0x[0-9a-fA-F]+|\d+)"
+)
+_LINK_RE = re.compile(r"\bLink (?P<link>\d+)\b")
+_GPU_NOTICE_RE = re.compile(rf"NVRM: (?:The NVIDIA )?GPU (?:at )?(?P<bus>{_BUS_TOKEN})\b")
+_FALLEN = "fallen off the bus"
+# A "The NVIDIA GPU <bus>" line is followed by its "fallen off the bus" line within a few lines.
+_NOTICE_SPAN_LINES = 4
+
+
+def _parse_xid_rest(rest: str) -> tuple[int | None, str | None, str]:
+    pid: int | None = None
+    name: str | None = None
+    if m := _PID_RE.match(rest):
+        if m["pid"] and m["pid"].isdigit():
+            pid = int(m["pid"])
+        rest = rest[m.end():]
+    if m := _NAME_RE.match(rest):
+        raw_name = (m["q"] if m["q"] is not None else m["n"] or "").strip()
+        name = None if raw_name in ("", "<unknown>") else raw_name
+        rest = rest[m.end():]
+    return pid, name, rest.strip()
+
+
+def _action_code(text: str) -> int:
+    return int(text, 16) if text.lower().startswith("0x") else int(text)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The incremental parser: one per log stream, so a live follower keeps its counts.
+
+
+@dataclass(slots=True)
+class KernelLogParser:
+    """Feeds lines in order and keeps cumulative counts per series; ``parse_kernel_log`` is one full pass,
+    ``KernelLogSource`` keeps one across reads."""
+
+    source: str
+    node: str | None = None
+    boot_time: float | None = None
+    year: int | None = None
+    bus_to_gpu: BusToGpu | None = None
+    tz: tzinfo = UTC
+    counts: dict[tuple[str, LabelSet], int] = field(default_factory=dict)
+    last_values: dict[tuple[str, LabelSet], float] = field(default_factory=dict)
+    stats: dict[str, int] = field(
+        default_factory=lambda: {"lines": 0, "xid": 0, "sxid": 0, "fallen_off": 0, "ignored": 0, "garbled": 0}
+    )
+    line_no: int = 0
+    # Events at or before this time are replays (a restarted ``dmesg -w`` prints its whole buffer again).
+    replay_until: float | None = None
+    last_event_ts: float | None = None
+    _last_ts: float | None = None
+    _notice: tuple[str, int, str] | None = None  # (bus, line, raw) of a pending "The NVIDIA GPU" line
+    _warned: set[str] = field(default_factory=set)
+    _bus_map: dict[tuple[str, str] | str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.set_bus_map(self.bus_to_gpu)
+
+    def set_bus_map(self, bus_to_gpu: BusToGpu | None) -> None:
+        self.bus_to_gpu = bus_to_gpu
+        self._bus_map = _normalized_bus_map(bus_to_gpu)
+
+    def _gpu(self, node: str | None, bus: str) -> int | None:
+        gpu = self._bus_map.get((node or "", bus))
+        if gpu is None:
+            gpu = self._bus_map.get(bus)
+        try:
+            return int(gpu) if gpu is not None else None
+        except ValueError:
+            return None
+
+    def _issue(self, out: _Batch, reason: str, text: str = "", *, once: str | None = None) -> None:
+        if once is not None:
+            if once in self._warned:
+                return
+            self._warned.add(once)
+        out.issues.append(InputIssue(self.source, self.line_no if once is None else 0, reason, text))
+
+    def _labels(self, node: str | None, bus: str, gpu: int | None, **extra: str) -> LabelSet:
+        labels: dict[str, str] = {"pci_bus_id": bus, **extra}
+        if node:
+            labels["Hostname"] = node
+        if gpu is not None:
+            labels["gpu"] = str(gpu)
+        return tuple(sorted(labels.items()))
+
+    def _count(self, out: _Batch, metric: str, labels: LabelSet, ts: float) -> None:
+        self.last_event_ts = ts if self.last_event_ts is None else max(self.last_event_ts, ts)
+        key = (metric, labels)
+        prev = self.counts.get(key)
+        if prev is None:
+            out.samples.append((metric, labels, 0.0, ts - BASELINE_OFFSET_S))
+            prev = 0
+        self.counts[key] = prev + 1
+        out.samples.append((metric, labels, float(prev + 1), ts))
+
+    def feed(self, lines: Sequence[str], *, now: float | None = None) -> _Batch:
+        out = _Batch()
+        env_reader = _EnvelopeReader(boot_time=self.boot_time, year=self.year, now=now, tz=self.tz)
+        for raw in lines:
+            self.line_no += 1
+            self.stats["lines"] += 1
+            self._feed_line(raw.rstrip("\r\n"), env_reader, now, out)
+        return out
+
+    def _feed_line(self, raw: str, env_reader: _EnvelopeReader, now: float | None, out: _Batch) -> None:
+        looks_ours = "Xid" in raw or "NVRM" in raw or _FALLEN in raw
+        if not looks_ours:
+            self.stats["ignored"] += 1
+            return
+        env = env_reader.read(raw)
+        ts = env.ts
+        if ts is None:
+            ts = self._last_ts if self._last_ts is not None else now
+        if ts is None:
+            if "Xid" in env.body:
+                self.stats["garbled"] += 1
+                self._issue(out, "no timestamp and no earlier line to take it from", raw)
+            return
+        self._last_ts = ts
+        if self.replay_until is not None and ts <= self.replay_until:
+            self.stats["replayed"] = self.stats.get("replayed", 0) + 1
+            return
+        if env.relative:
+            self._issue(out, "seconds since boot kept relative: pass boot_time to get wall-clock times",
+                        once="relative")
+        node = env.host or self.node
+        body = env.body
+
+        if m := _XID_RE.search(body):
+            self._on_xid(m, node, ts, raw, out)
+            return
+        if m := _SXID_RE.search(body):
+            self._on_sxid(m, node, ts, raw, out)
+            return
+        if "Xid" in body and ("NVRM" in body or "SXid" in body):
+            self.stats["garbled"] += 1
+            self._issue(out, "garbled Xid line", raw)
+            return
+        if "NVRM" not in body and _FALLEN not in body:
+            self.stats["ignored"] += 1
+            return
+        notice = _GPU_NOTICE_RE.search(body)
+        if notice is not None:
+            bus = normalize_bus_id(notice["bus"])
+            if bus is not None and _FALLEN not in body:
+                self._notice = (bus, self.line_no, raw)
+                return
+        if _FALLEN in body:
+            bus = normalize_bus_id(notice["bus"]) if notice is not None else None
+            if bus is None and self._notice is not None and self.line_no - self._notice[1] <= _NOTICE_SPAN_LINES:
+                bus = self._notice[0]
+            self._notice = None
+            if bus is None:
+                self.stats["garbled"] += 1
+                self._issue(out, "fallen off the bus without a PCI address", raw)
+                return
+            gpu = self._gpu(node, bus)
+            self.stats["fallen_off"] += 1
+            out.fallen_off.append(FallenOffEvent(ts, node, bus, gpu, raw, self.line_no))
+            self._count(out, FALLEN_OFF_METRIC, self._labels(node, bus, gpu), ts)
+            return
+        self.stats["ignored"] += 1
+
+    def _no_node(self, out: _Batch) -> None:
+        self._issue(out, "line carries no host name and no node was given: samples have no Hostname label",
+                    once="no-node")
+
+    def _on_xid(self, m: re.Match[str], node: str | None, ts: float, raw: str, out: _Batch) -> None:
+        bus = normalize_bus_id(m["bus"])
+        if bus is None:  # pragma: no cover - the regex only admits bus-shaped text
+            self.stats["garbled"] += 1
+            self._issue(out, "bad PCI address", raw)
+            return
+        if node is None:
+            self._no_node(out)
+        code = int(m["xid"])
+        pid, name, message = _parse_xid_rest(m["rest"] or "")
+        gpu = self._gpu(node, bus)
+        action: int | None = None
+        if code == 154:
+            if rm := _RECOVERY_RE.search(message):
+                action = _action_code(rm["new"])
+                if action not in RECOVERY_ACTIONS:
+                    self._issue(out, f"unknown GPU recovery action {action}", raw)
+            else:
+                self._issue(out, "Xid 154 without a recovery action", raw)
+        if xid_info(code) is None:
+            self._issue(out, f"Xid {code} is not in NVIDIA's catalog (counted anyway)", raw)
+        self.stats["xid"] += 1
+        out.events.append(XidEvent(ts, node, bus, gpu, code, pid, name, message, raw, self.line_no, action))
+        self._count(out, XID_METRIC, self._labels(node, bus, gpu, xid=str(code)), ts)
+        if action is not None and action in RECOVERY_ACTIONS:
+            labels = self._labels(node, bus, gpu)
+            self.last_values[(RECOVERY_METRIC, labels)] = float(action)
+            out.samples.append((RECOVERY_METRIC, labels, float(action), ts))
+
+    def _on_sxid(self, m: re.Match[str], node: str | None, ts: float, raw: str, out: _Batch) -> None:
+        bus = normalize_bus_id(m["bus"])
+        if bus is None:  # pragma: no cover
+            self.stats["garbled"] += 1
+            return
+        if node is None:
+            self._no_node(out)
+        rest = (m["rest"] or "").strip()
+        head = rest.split(",", 1)[0].strip().lower()
+        fatal = True if head == "fatal" else False if head in ("non-fatal", "nonfatal") else None
+        message = rest.split(",", 1)[1].strip() if fatal is not None and "," in rest else rest
+        link_m = _LINK_RE.search(message)
+        link = int(link_m["link"]) if link_m else None
+        if link_m is not None and message.startswith(link_m.group(0)):
+            message = message[link_m.end():].strip()
+        switch = int(m["sw"]) if m["sw"] is not None else None
+        code = int(m["sxid"])
+        self.stats["sxid"] += 1
+        out.sxid_events.append(SXidEvent(ts, node, bus, switch, code, fatal, link, message, raw, self.line_no))
+        self._count(out, SXID_METRIC, self._labels(node, bus, None, sxid=str(code)), ts)
+
+
+@dataclass(slots=True)
+class _Batch:
+    events: list[XidEvent] = field(default_factory=list)
+    sxid_events: list[SXidEvent] = field(default_factory=list)
+    fallen_off: list[FallenOffEvent] = field(default_factory=list)
+    samples: list[tuple[str, LabelSet, float, float]] = field(default_factory=list)
+    issues: list[InputIssue] = field(default_factory=list)
+
+
+_COUNTERS = frozenset((XID_METRIC, SXID_METRIC, FALLEN_OFF_METRIC))
+
+
+def _recount_in_time_order(
+    samples: Sequence[tuple[str, LabelSet, float, float]],
+) -> list[tuple[str, LabelSet, float, float]]:
+    """Counter samples rebuilt from their events sorted by time, so a log whose lines are out of order
+    (merged files, clock steps) still gives a monotonic counter."""
+    events: dict[tuple[str, LabelSet], list[float]] = {}
+    out: list[tuple[str, LabelSet, float, float]] = []
+    for metric, labels, value, ts in samples:
+        if metric in _COUNTERS:
+            if value > 0:
+                events.setdefault((metric, labels), []).append(ts)
+        else:
+            out.append((metric, labels, value, ts))
+    for (metric, labels), times in events.items():
+        times.sort()
+        out.append((metric, labels, 0.0, times[0] - BASELINE_OFFSET_S))
+        out.extend((metric, labels, float(i), t) for i, t in enumerate(times, start=1))
+    return out
+
+
+def _build(samples: Sequence[tuple[str, LabelSet, float, float]], issues: list[InputIssue], at: float) -> Snapshot:
+    b = SnapshotBuilder()
+    for metric, labels, value, ts in samples:
+        b.add(metric, labels, value, ts)
+    b.issues.extend(issues)
+    return b.build(at)
+
+
+def parse_kernel_log(
+    text: str,
+    *,
+    source: str,
+    node: str | None = None,
+    boot_time: float | None = None,
+    year: int | None = None,
+    bus_to_gpu: BusToGpu | None = None,
+    now: float | None = None,
+    tz: tzinfo = UTC,
+) -> KernelLogResult:
+    """Parse a whole kernel log (dmesg, ``dmesg -T``, journald, syslog; see the module doc).
+
+    ``node`` names the host for lines that carry none; ``bus_to_gpu`` maps a bus id (any form) or a
+    (node, bus id) pair to the GPU index; ``now`` is the snapshot time (default: the last event) and the
+    reference for syslog stamps without a year."""
+    parser = KernelLogParser(source=source, node=node, boot_time=boot_time, year=year, bus_to_gpu=bus_to_gpu,
+                             tz=tz)
+    batch = parser.feed(text.splitlines(), now=now)
+    last = max((s[3] for s in batch.samples), default=0.0)
+    at = now if now is not None else last
+    return KernelLogResult(
+        events=batch.events,
+        sxid_events=batch.sxid_events,
+        fallen_off=batch.fallen_off,
+        snapshot=_build(_recount_in_time_order(batch.samples), batch.issues, at),
+        issues=batch.issues,
+        stats=dict(parser.stats),
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Live follower (imperative shell)
+
+
+def read_boot_time(proc_stat: str = "/proc/stat") -> float | None:
+    """The kernel's boot time (unix seconds) from ``btime``; None where /proc is not readable."""
+    try:
+        with open(proc_stat, encoding="ascii") as f:
+            for line in f:
+                if line.startswith("btime "):
+                    return float(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+class _FileTail:
+    """Reads complete new lines from a file, following truncation and rotation (new inode)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.offset = 0
+        self.inode: int | None = None
+        self.partial = b""
+
+    def read_lines(self) -> list[str]:
+        st = os.stat(self.path)
+        if self.inode is not None and (st.st_ino != self.inode or st.st_size < self.offset):
+            self.offset, self.partial = 0, b""
+        self.inode = st.st_ino
+        with open(self.path, "rb") as f:
+            f.seek(self.offset)
+            data = f.read()
+            self.offset = f.tell()
+        data = self.partial + data
+        *complete, self.partial = data.split(b"\n")
+        return [c.decode("utf-8", errors="replace") for c in complete]
+
+
+class _CommandTail:
+    """Runs ``dmesg -w`` / ``journalctl -k -f`` and collects its lines on a reader thread."""
+
+    def __init__(self, command: Sequence[str]) -> None:
+        self.command = list(command)
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.lines: queue.SimpleQueue[str] = queue.SimpleQueue()
+        self.thread: threading.Thread | None = None
+
+    def _pump(self, proc: subprocess.Popen[bytes]) -> None:
+        assert proc.stdout is not None
+        for raw in proc.stdout:
+            self.lines.put(raw.decode("utf-8", errors="replace"))
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(self.command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                     stdin=subprocess.DEVNULL)
+        self.thread = threading.Thread(target=self._pump, args=(self.proc,), daemon=True,
+                                       name="kernel-log-tail")
+        self.thread.start()
+
+    def read_lines(self) -> tuple[list[str], str | None]:
+        """Lines so far, and why the command is not running (None while it runs)."""
+        if self.proc is None:
+            self.start()
+        out: list[str] = []
+        while True:
+            try:
+                out.append(self.lines.get_nowait())
+            except queue.Empty:
+                break
+        assert self.proc is not None
+        code = self.proc.poll()
+        if code is not None and (self.thread is None or not self.thread.is_alive()):
+            self.proc = None  # restarted on the next read
+            return out, f"command exited with status {code}"
+        return out, None
+
+    def close(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=2)
+        self.proc = None
+
+
+class KernelLogSource:
+    """Follows a kernel log file or command incrementally; ``read(now)`` returns the new events' samples
+    plus every known series' current value at ``now`` (as a scrape would), so rates and freshness work.
+
+    Either ``path`` (a file; rotation and truncation are followed) or ``command`` (e.g. ``["dmesg", "-w"]``
+    or ``["journalctl", "-k", "-f", "-o", "short-iso-precise"]``). Relative dmesg stamps use ``boot_time``,
+    read from /proc/stat when not given. A missing file or a dead command is a source error, never fatal.
+    """
+
+    def __init__(
+        self,
+        path: str | None = None,
+        command: Sequence[str] | None = None,
+        *,
+        node: str | None = None,
+        boot_time: float | None = None,
+        year: int | None = None,
+        bus_to_gpu: BusToGpu | None = None,
+        from_start: bool = True,
+        name: str | None = None,
+    ) -> None:
+        if (path is None) == (command is None):
+            raise ValueError("KernelLogSource needs exactly one of path or command")
+        self.name = name or (f"kernel-log:{path}" if path else "kernel-log:" + " ".join(command or ()))
+        self.parser = KernelLogParser(
+            source=self.name, node=node, boot_time=boot_time if boot_time is not None else read_boot_time(),
+            year=year, bus_to_gpu=bus_to_gpu,
+        )
+        self._file = _FileTail(path) if path is not None else None
+        self._cmd = _CommandTail(command) if command is not None else None
+        self._skip_existing = not from_start
+        self.events: list[XidEvent] = []  # every Xid seen, for the agent's last-Xid gauge and for evidence
+
+    def set_bus_map(self, bus_to_gpu: BusToGpu | None) -> None:
+        self.parser.set_bus_map(bus_to_gpu)
+
+    def _lines(self) -> tuple[list[str], str | None]:
+        if self._file is not None:
+            try:
+                if self._skip_existing:
+                    self._file.offset = os.stat(self._file.path).st_size
+                    self._skip_existing = False
+                return self._file.read_lines(), None
+            except OSError as e:
+                return [], f"cannot read {self._file.path}: {e.strerror or e}"
+        assert self._cmd is not None
+        if self._cmd.proc is None and self.parser.last_event_ts is not None:
+            self.parser.replay_until = self.parser.last_event_ts
+        try:
+            return self._cmd.read_lines()
+        except OSError as e:
+            return [], f"cannot run {' '.join(self._cmd.command)}: {e.strerror or e}"
+
+    def read(self, now: float) -> Snapshot:
+        lines, error = self._lines()
+        if error is not None and not lines and not self.parser.counts:
+            return failed_snapshot(now, self.name, error)
+        batch = self.parser.feed(lines, now=now)
+        self.events.extend(batch.events)
+        samples = list(batch.samples)
+        for (metric, labels), count in self.parser.counts.items():
+            samples.append((metric, labels, float(count), now))
+        for (metric, labels), value in self.parser.last_values.items():
+            samples.append((metric, labels, value, now))
+        snap = _build(samples, batch.issues, now)
+        if error is not None:
+            snap.source_errors.append(InputIssue(self.name, 0, error))
+        return snap
+
+    def close(self) -> None:
+        if self._cmd is not None:
+            self._cmd.close()
