@@ -1,0 +1,363 @@
+"""Read the signals a policy needs from anything that speaks the Prometheus HTTP API.
+
+Only ``/api/v1/query`` and ``/api/v1/query_range`` are used (both via POST with a form body, so long
+selectors never hit URL limits), so Thanos, Mimir and VictoriaMetrics work as well as Prometheus.
+
+Why raw samples instead of instant vectors: an instant query stamps every value with the evaluation time
+and silently reuses samples up to five minutes old (the lookback delta), which would make a dead exporter
+look fresh. So counters and gauges are both read as range vectors through an instant query
+(``{__name__=~"a|b"}[90s]``): raw samples with their real timestamps, which lets the engine judge age and
+compute rates itself. Overlapping windows would hand the rolling history the same sample twice, so the
+source remembers the newest timestamp it emitted per series and emits only newer samples. After the
+first read (or a gap), the window shrinks to the time since the last good read plus slack.
+
+Failures (timeout, refused connection, ``"status": "error"``, a body that is not JSON) become
+``source_errors``; warnings of a partial response become ``issues``. Nothing here raises for them.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import httpx
+import numpy as np
+
+from fleethealth.policy import Policy
+from fleethealth.signals.snapshot import InputIssue, LabelSet, Snapshot, SnapshotBuilder
+from fleethealth.sources.base import describe_http_error
+
+INFO_METRICS: tuple[str, ...] = ("fleethealth_node_info", "fleethealth_replica_info")
+# Prometheus' own per-target series: the structural signals (scrape failures and latency) come from them.
+TARGET_METRICS: tuple[str, ...] = ("up", "scrape_duration_seconds")
+# DCGM reports fields a GPU lacks as huge sentinels; they are missing data, never values.
+_BLANK_ABOVE = 9.0e18
+_INT32_BLANK = (2147483632.0, 2147483647.0)
+_NAME_OK = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
+
+
+class PromQueryError(Exception):
+    """A query that produced no usable answer; the message is one line."""
+
+
+@dataclass(frozen=True, slots=True)
+class QueryPlan:
+    """Which metric names to read, split by how they are used."""
+
+    gauges: tuple[str, ...]
+    counters: tuple[str, ...]
+    targets: tuple[str, ...] = TARGET_METRICS
+
+    @property
+    def all_names(self) -> tuple[str, ...]:
+        return self.gauges + self.counters + self.targets
+
+
+def _is_counter_name(name: str) -> bool:
+    return name.endswith(("_total", "_count", "_bucket", "_sum"))
+
+
+def plan_queries(policy: Policy, extra_metrics: Iterable[str] = (), with_targets: bool = True) -> QueryPlan:
+    """The series the policy reads: each signal's metric, SLO request counters, histogram buckets and the
+    info metrics that carry node and replica metadata. Nothing else is queried."""
+    gauges: dict[str, None] = {}
+    counters: dict[str, None] = {}
+    for s in policy.signals:
+        if s.shape == "slo":
+            if s.threshold_s is not None:
+                counters[f"{s.metric}_bucket"] = None  # latency SLO: histogram base name
+                counters[f"{s.metric}_count"] = None
+            else:
+                counters[s.metric] = None
+            if s.requests_metric:
+                counters[s.requests_metric] = None
+        elif s.kind == "counter" or _is_counter_name(s.metric):
+            counters[s.metric] = None
+        else:
+            gauges[s.metric] = None
+    for m in INFO_METRICS:
+        gauges[m] = None
+    for m in extra_metrics:
+        (counters if _is_counter_name(m) else gauges)[m] = None
+    for m in counters:
+        gauges.pop(m, None)
+    bad = [m for m in [*gauges, *counters] if not _NAME_OK.match(m)]
+    if bad:
+        raise ValueError(f"not valid metric names: {', '.join(bad)}")
+    return QueryPlan(
+        gauges=tuple(gauges), counters=tuple(counters), targets=TARGET_METRICS if with_targets else ()
+    )
+
+
+def name_selector(names: Sequence[str], matchers: str = "") -> str:
+    """``{__name__=~"a|b"}`` (names are validated metric names: no regex metacharacters but none needed)."""
+    extra = f",{matchers}" if matchers else ""
+    if len(names) == 1:
+        return f"{names[0]}{{{matchers}}}" if matchers else names[0]
+    return '{__name__=~"' + "|".join(names) + '"' + extra + "}"
+
+
+def _chunks(names: Sequence[str], size: int) -> list[tuple[str, ...]]:
+    return [tuple(names[i : i + size]) for i in range(0, len(names), size)]
+
+
+def _duration(seconds: float) -> str:
+    return f"{max(1, math.ceil(seconds))}s"
+
+
+@dataclass(slots=True)
+class QueryResult:
+    result_type: str
+    result: list[dict[str, Any]]
+    warnings: list[str] = field(default_factory=list)
+
+
+class PrometheusAPI:
+    """A thin client for the two query endpoints. Raises PromQueryError with one clear line."""
+
+    def __init__(
+        self,
+        base_url: str,
+        timeout_s: float = 10.0,
+        headers: Mapping[str, str] | None = None,
+        client: httpx.Client | None = None,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.timeout_s = timeout_s
+        self._client = client or httpx.Client(timeout=timeout_s, headers=dict(headers or {}))
+
+    def close(self) -> None:
+        self._client.close()
+
+    def _post(self, path: str, form: dict[str, str]) -> QueryResult:
+        url = f"{self.base_url}{path}"
+        try:
+            resp = self._client.post(url, data=form, timeout=self.timeout_s)
+        except httpx.HTTPError as e:
+            raise PromQueryError(describe_http_error(e)) from None
+        try:
+            body = resp.json()
+        except ValueError:
+            raise PromQueryError(f"HTTP {resp.status_code}: answer is not JSON: {resp.text[:120]!r}") from None
+        if not isinstance(body, dict):
+            raise PromQueryError(f"HTTP {resp.status_code}: unexpected answer shape")
+        if body.get("status") != "success":
+            et = body.get("errorType", "error")
+            raise PromQueryError(f"HTTP {resp.status_code}: {et}: {body.get('error', 'no error message')}")
+        data = body.get("data") or {}
+        warnings = [str(w) for w in (body.get("warnings") or [])]
+        return QueryResult(str(data.get("resultType", "")), list(data.get("result") or []), warnings)
+
+    def query(self, promql: str, at: float) -> QueryResult:
+        form = {"query": promql, "time": f"{at:.3f}", "timeout": _duration(self.timeout_s)}
+        return self._post("/api/v1/query", form)
+
+    def query_range(self, promql: str, start: float, end: float, step_s: float) -> QueryResult:
+        form = {
+            "query": promql, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step_s:g}",
+            "timeout": _duration(self.timeout_s),
+        }
+        return self._post("/api/v1/query_range", form)
+
+
+def _bad_value(v: float) -> str | None:
+    if math.isnan(v):
+        return "NaN"
+    if math.isinf(v):
+        return "infinite"
+    if v >= _BLANK_ABOVE or _INT32_BLANK[0] <= v <= _INT32_BLANK[1]:
+        return "DCGM blank sentinel"
+    return None
+
+
+class _ResultReader:
+    """Turns vector/matrix results into builder rows, keeping only samples newer than already emitted."""
+
+    def __init__(self, builder: SnapshotBuilder, source: str, seen: dict[tuple[str, LabelSet], float] | None):
+        self.b = builder
+        self.source = source
+        self.seen = seen
+        self.bad: dict[tuple[str, str], int] = {}
+        self._m: list[int] = []
+        self._s: list[int] = []
+        self._v: list[float] = []
+        self._t: list[float] = []
+
+    def add(self, res: QueryResult, stamp: float | None = None) -> None:
+        for series in res.result:
+            metric = dict(series.get("metric") or {})
+            name = metric.pop("__name__", None)
+            if name is None:
+                continue  # an expression result without a name is no signal
+            labels: LabelSet = tuple(sorted(metric.items()))
+            if "values" in series:
+                pairs = series["values"]
+            elif "value" in series:
+                pairs = [series["value"]]
+            else:
+                continue
+            key = (name, labels)
+            last = self.seen.get(key, -math.inf) if self.seen is not None else -math.inf
+            mid = self.b.metric_id(name)
+            sid = self.b.series_id(labels)
+            newest = last
+            for ts_raw, val_raw in pairs:
+                ts = float(ts_raw) if stamp is None else stamp
+                if ts <= last:
+                    continue
+                v = float(val_raw)
+                why = _bad_value(v)
+                if why is not None:
+                    self.bad[(name, why)] = self.bad.get((name, why), 0) + 1
+                    continue
+                self._m.append(mid)
+                self._s.append(sid)
+                self._v.append(v)
+                self._t.append(ts)
+                newest = max(newest, ts)
+            if self.seen is not None and newest > last:
+                self.seen[key] = newest
+
+    def flush(self) -> list[InputIssue]:
+        if self._m:
+            self.b.add_arrays(
+                np.asarray(self._m, np.int32), np.asarray(self._s, np.int32),
+                np.asarray(self._v, np.float64), np.asarray(self._t, np.float64),
+            )
+        # One issue per metric and cause, with a count: a fleet of blank fields must not flood the log.
+        return [
+            InputIssue(self.source, 0, f"{n} sample(s) dropped: {why}", name)
+            for (name, why), n in sorted(self.bad.items())
+        ]
+
+
+class PrometheusSource:
+    """The live source: every ``read(now)`` queries the policy's series as of ``now``."""
+
+    def __init__(
+        self,
+        url: str,
+        policy: Policy,
+        *,
+        timeout_s: float = 10.0,
+        headers: Mapping[str, str] | None = None,
+        extra_metrics: Iterable[str] = (),
+        matchers: str = "",
+        gauge_mode: Literal["raw", "instant"] = "raw",
+        chunk: int = 16,
+        min_window_s: float = 30.0,
+        slack_s: float = 30.0,
+        name: str | None = None,
+        client: httpx.Client | None = None,
+    ) -> None:
+        self.name = name or f"prometheus:{url}"
+        self.api = PrometheusAPI(url, timeout_s=timeout_s, headers=headers, client=client)
+        self.plan = plan_queries(policy, extra_metrics)
+        self.matchers = matchers
+        self.gauge_mode = gauge_mode
+        self.chunk = max(1, chunk)
+        self.rate_window_s = policy.freshness.rate_window_s
+        self.max_age_s = policy.freshness.max_age_s
+        self.min_window_s = min_window_s
+        self.slack_s = slack_s
+        self._seen: dict[tuple[str, LabelSet], float] = {}
+        self._last_ok: dict[str, float] = {}
+        self.last_success: float | None = None
+        self.last_error: str | None = None
+
+    def close(self) -> None:
+        self.api.close()
+
+    def _window(self, group: str, now: float, longest: float) -> float:
+        last = self._last_ok.get(group)
+        if last is None or now <= last:
+            return longest
+        return min(longest, max(self.min_window_s, now - last + self.slack_s))
+
+    def queries(self, now: float) -> list[tuple[str, str, bool]]:
+        """(group, PromQL, is_range) for this read; public so tests and `explain` can show them."""
+        out: list[tuple[str, str, bool]] = []
+        for i, names in enumerate(_chunks(self.plan.counters, self.chunk)):
+            w = self._window(f"c{i}", now, self.rate_window_s)
+            out.append((f"c{i}", f"{name_selector(names, self.matchers)}[{_duration(w)}]", True))
+        gnames = self.plan.gauges + self.plan.targets
+        for i, names in enumerate(_chunks(gnames, self.chunk)):
+            if self.gauge_mode == "instant":
+                out.append((f"g{i}", name_selector(names, self.matchers), False))
+            else:
+                w = self._window(f"g{i}", now, self.max_age_s)
+                out.append((f"g{i}", f"{name_selector(names, self.matchers)}[{_duration(w)}]", True))
+        return out
+
+    def read(self, now: float) -> Snapshot:
+        b = SnapshotBuilder()
+        reader = _ResultReader(b, self.name, self._seen)
+        errors: list[InputIssue] = []
+        for group, promql, is_range in self.queries(now):
+            try:
+                res = self.api.query(promql, now)
+            except PromQueryError as e:
+                errors.append(InputIssue(self.name, 0, str(e), promql))
+                continue
+            if res.result_type not in ("matrix", "vector"):
+                errors.append(InputIssue(self.name, 0, f"unexpected result type {res.result_type!r}", promql))
+                continue
+            reader.add(res, stamp=None if is_range else now)
+            b.issues.extend(InputIssue(self.name, 0, f"partial response: {w}", promql) for w in res.warnings)
+            self._last_ok[group] = now
+        b.issues.extend(reader.flush())
+        b.source_errors.extend(errors)
+        if errors:
+            self.last_error = errors[0].reason
+        else:
+            self.last_success = now
+            self.last_error = None
+        self._prune(now)
+        return b.build(now)
+
+    def _prune(self, now: float) -> None:
+        # Forget series not seen for a long while so a churning fleet does not grow memory forever.
+        horizon = now - 4 * max(self.rate_window_s, self.max_age_s)
+        if len(self._seen) > 1024 and now > 0:
+            stale = [k for k, t in self._seen.items() if t < horizon]
+            for k in stale:
+                del self._seen[k]
+
+
+def read_range(
+    api: PrometheusAPI,
+    names: Sequence[str],
+    start: float,
+    end: float,
+    step_s: float,
+    *,
+    matchers: str = "",
+    chunk: int = 16,
+) -> Snapshot:
+    """Range query for recordings and evidence: every named series, evaluated every ``step_s``.
+
+    Raises PromQueryError: a recording or an evidence bundle that silently lacks data is worse than a
+    clear failure the caller can report.
+    """
+    b = SnapshotBuilder()
+    reader = _ResultReader(b, f"prometheus:{api.base_url}", None)
+    for names_chunk in _chunks(list(names), max(1, chunk)):
+        res = api.query_range(name_selector(names_chunk, matchers), start, end, step_s)
+        reader.add(res)
+        b.issues.extend(InputIssue(reader.source, 0, f"partial response: {w}") for w in res.warnings)
+    b.issues.extend(reader.flush())
+    return b.build(end)
+
+
+def record_policy_range(
+    url: str, policy: Policy, start: float, end: float, step_s: float, timeout_s: float = 30.0
+) -> Snapshot:
+    """A recording of everything the policy reads between start and end, for replay and backtest."""
+    api = PrometheusAPI(url, timeout_s=timeout_s)
+    try:
+        return read_range(api, plan_queries(policy).all_names, start, end, step_s)
+    finally:
+        api.close()
