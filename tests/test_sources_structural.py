@@ -1,0 +1,93 @@
+"""Structural signals: a GPU that vanishes is a hardware signal for its node; a dead exporter is missing data."""
+
+from __future__ import annotations
+
+from fleethealth.policy import default_policy
+from fleethealth.score.engine import score_snapshot
+from fleethealth.signals.history import SignalHistory
+from fleethealth.signals.snapshot import Snapshot, SnapshotBuilder
+from fleethealth.sources.structural import GPUS_MISSING, SERIES_VANISHED, StructuralTracker
+
+
+def dcgm(at: float, nodes: dict[str, list[int]], up: dict[str, float] | None = None) -> Snapshot:
+    b = SnapshotBuilder()
+    for node, gpus in nodes.items():
+        for g in gpus:
+            lab = {"Hostname": node, "gpu": str(g), "UUID": f"GPU-{node}-{g}", "instance": f"{node}:9400",
+                   "modelName": "H100"}
+            b.add("DCGM_FI_DEV_GPU_TEMP", lab, 50.0, at)
+            b.add("DCGM_FI_DEV_SM_CLOCK", lab, 1980.0, at)
+    for inst, v in (up or {}).items():
+        b.add("up", {"instance": inst, "job": "dcgm"}, v, at)
+        b.add("scrape_duration_seconds", {"instance": inst, "job": "dcgm"}, 0.02, at)
+    return b.build(at)
+
+
+def derived(snap: Snapshot) -> dict[tuple[str, str], float]:
+    return {(m, lab["node"]): v for m, lab, v, _ in snap.rows()}
+
+
+def test_gpu_vanishing_counts_against_the_nodes_own_history() -> None:
+    tr = StructuralTracker(max_age_s=90)
+    h = SignalHistory(default_policy())
+    h.add(dcgm(0, {"n1": list(range(8)), "n2": list(range(8))}))
+    r = tr.observe(h.view(0), 0)
+    assert derived(r.snapshot)[(GPUS_MISSING, "n1")] == 0.0
+    # GPU 3 of n1 falls off the bus: its series stop; the node keeps reporting the other seven
+    for t in (15, 30, 45, 60, 75, 90, 105):
+        h.add(dcgm(t, {"n1": [0, 1, 2, 4, 5, 6, 7], "n2": list(range(8))}))
+    r = tr.observe(h.view(105), 105)
+    d = derived(r.snapshot)
+    assert d[(GPUS_MISSING, "n1")] == 1.0 and d[(GPUS_MISSING, "n2")] == 0.0
+    assert d[(SERIES_VANISHED, "n1")] == 2.0 and d[(SERIES_VANISHED, "n2")] == 0.0
+    assert r.gpus_now == {"n1": 7, "n2": 8} and r.gpus_expected == {"n1": 8, "n2": 8}
+    # the engine gates the node on it (hardware), not just "unknown"
+    h.add(r.snapshot)
+    fh = score_snapshot(h.view(105), default_policy(), 105)
+    n1 = fh.tuples["n1"]
+    assert n1.value == 0.0 and n1.reason == "gate:gpus_missing"
+    assert fh.tuples["n2"].value is not None and fh.tuples["n2"].value > 0.9
+
+
+def test_dead_exporter_is_missing_data_not_missing_gpus() -> None:
+    tr = StructuralTracker(max_age_s=90)
+    h = SignalHistory(default_policy())
+    h.add(dcgm(0, {"n1": list(range(8))}, up={"n1:9400": 1.0}))
+    tr.observe(h.view(0), 0)
+    h.add(dcgm(200, {}, up={"n1:9400": 0.0}))  # exporter down: no series at all, up == 0
+    r = tr.observe(h.view(200), 200)
+    assert (GPUS_MISSING, "n1") not in derived(r.snapshot)
+    assert r.targets_down == ["n1:9400"]
+    assert [e.source for e in r.snapshot.source_errors] == ["target n1:9400"]
+
+
+def test_all_gpus_gone_while_the_exporter_answers_is_hardware() -> None:
+    tr = StructuralTracker(max_age_s=90)
+    h = SignalHistory(default_policy())
+    h.add(dcgm(0, {"n1": list(range(4))}, up={"n1:9400": 1.0}))
+    tr.observe(h.view(0), 0)
+    h.add(dcgm(200, {}, up={"n1:9400": 1.0}))  # exporter answers but lists no GPU (driver gone)
+    r = tr.observe(h.view(200), 200)
+    assert derived(r.snapshot)[(GPUS_MISSING, "n1")] == 4.0
+
+
+def test_kubernetes_capacity_sets_the_expected_count() -> None:
+    tr = StructuralTracker(max_age_s=90)
+    r = tr.observe(dcgm(0, {"n1": list(range(7))}), 0, gpu_capacity={"n1": 8})
+    assert derived(r.snapshot)[(GPUS_MISSING, "n1")] == 1.0
+    tr.forget("n1")
+    assert derived(tr.observe(dcgm(1, {"n1": list(range(7))}), 1).snapshot)[(GPUS_MISSING, "n1")] == 0.0
+
+
+def test_slow_scrape_is_reported() -> None:
+    b = SnapshotBuilder()
+    b.add("scrape_duration_seconds", {"instance": "h:1", "job": "x"}, 12.5, 0)
+    r = StructuralTracker(slow_scrape_s=10).observe(b.build(0), 0)
+    assert r.scrape_seconds == {"h:1": 12.5}
+    assert any("slow scrape" in i.reason for i in r.snapshot.issues)
+
+
+def test_samples_without_gpus_emit_nothing() -> None:
+    b = SnapshotBuilder()
+    b.add("vllm:num_requests_waiting", {"replica": "r1", "instance": "r1:8000"}, 3, 0)
+    assert len(StructuralTracker().observe(b.build(0), 0).snapshot) == 0
