@@ -1,0 +1,618 @@
+"""The decider: health tuples + events + remembered state -> transitions and intents. Pure.
+
+One call per cycle: ``Decider(policy).decide(state, health, now, events)``. The lifecycle table
+(``decide.lifecycle``) says what each entity would do; this module adds what the consumers need and the
+safety rules that keep a scorer bug, a metrics outage or a bad rollout from draining a cluster:
+
+* Fleet-wide confidence: when at least ``fleet.low_confidence_fraction`` of the (at least
+  ``fleet.min_entities``) lifecycle entities are unknown or below ``min_confidence`` together, the problem
+  is telemetry: one FLEET_ALERT, remediation frozen (no drain, no quarantine, no reset), router weights
+  and scheduler holds kept as they were, until confidence returns (a resolving FLEET_ALERT).
+* Budgets per pool (label ``pool``): at most max(quarantine_min_per_hour, floor(fraction * pool size))
+  quarantines per ``budgets.window_s``; never more than ``max_per_tp_group`` isolated nodes of one
+  ``tp_group``. Exhausted: one PAGE per window and a soft fallback (``soft=True``: NO_NEW_WORK for a
+  node, a lowered weight for a replica) instead of the quarantine, retried every cycle.
+* Attribution: application Xids (``policy.xid.app_xids``, flags ``xid:N``) are charged to the job (GPU
+  label ``job``) with one ticket-severity PAGE per job; the node is blamed (a hard gate) only when
+  ``attribution.app_xid_distinct_jobs`` distinct jobs hit it within ``app_xid_window_s``. A version label
+  value (driver, build, kernel) shared by at least ``version_min_entities`` unhealthy entities and at least
+  ``version_fraction`` of all unhealthy ones, and over-represented against the rest of the fleet (its
+  unhealthy rate more than twice that of the other versions; or, when every entity runs it, at least
+  ``version_fraction`` of them unhealthy), is suspect: one PAGE about it, and no entity carrying it is
+  quarantined.
+* Pending row remap (flag ``row_remap_pending`` or a ``policy.xid.reset_xids`` flag): one SCHEDULE_RESET
+  (drain and reset at the next safe point), no state change. Xid 154 recovery actions: GPU_RESET and
+  NODE_REBOOT ride on the gate's quarantine with a SCHEDULE_RESET of that action; DRAIN_AND_RESET and
+  DRAIN_P2P move the entity to DRAINING (drain, then reset).
+
+Consumers: the router gets SET_WEIGHT (weight = serving score, rounded to 0.01; held for
+``router.hold_s`` after the last usable tuple, then lowered by ``drain_step`` per cycle); the training
+scheduler gets NO_NEW_WORK for a node that is not READY or whose health is unknown, ALLOW_NEW_WORK when it
+is READY and known again. Intents carry ``params.n`` (a running number kept in the state), so the same
+cycle replayed after a crash yields the same idempotency keys.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Protocol
+
+from fleethealth.decide.lifecycle import (
+    ISOLATED_STATES,
+    REMEDIATION_TARGETS,
+    Cond,
+    Observation,
+    Rule,
+    advance_timers,
+    candidate_rules,
+    holding_conds,
+    timers_after_transition,
+)
+from fleethealth.decide.model import Intent, IntentKind, State, Tier, Transition
+from fleethealth.decide.state import Decision, DecisionState, EntityLifecycle, Event
+from fleethealth.policy import Policy, default_policy
+from fleethealth.score.health import HealthTuple
+
+LIFECYCLE_KINDS = ("node", "replica")
+# Intents that change what runs where; never caused by unknown data, never issued while frozen.
+REMEDIATION_KINDS: frozenset[IntentKind] = frozenset({
+    IntentKind.DRAIN, IntentKind.QUARANTINE, IntentKind.SCHEDULE_RESET, IntentKind.RUN_ACTIVE_TEST,
+    IntentKind.REBUILD_WORKER, IntentKind.RELEASE,
+})
+RECOVERY_PREFIX = "recovery_action:"
+# Replica faults that a rebuilt worker fixes (pod tier); the rest of a replica's faults are the instance's.
+POD_TIER_HINTS = ("memory", "fragment", "leak", "deadlock", "hang", "stuck", "gate:")
+EVENT_CONDS = {
+    ("active_test", True): Cond.TEST_PASSED, ("active_test", False): Cond.TEST_FAILED,
+    ("reset", True): Cond.RESET_PASSED, ("reset", False): Cond.RESET_FAILED,
+}
+
+
+class HealthSource(Protocol):
+    """What the decider reads of a FleetHealth (score.engine): tuples keyed by entity id."""
+
+    @property
+    def tuples(self) -> Mapping[str, HealthTuple]: ...
+
+
+def _all_tuples(health: HealthSource | Mapping[str, HealthTuple] | Iterable[HealthTuple]) -> list[HealthTuple]:
+    if hasattr(health, "tuples"):
+        return list(health.tuples.values())
+    if isinstance(health, Mapping):
+        return list(health.values())
+    return list(health)
+
+
+def _lifecycle_and_flagged(health: Any) -> tuple[list[HealthTuple], list[HealthTuple]]:
+    """Node and replica tuples, and the GPU tuples that carry flags. The engine's FleetHealth is
+    columnar: only the flagged GPUs are turned into tuples (a 100k-GPU fleet has few)."""
+    kinds = getattr(health, "kinds", None)
+    if kinds is not None and hasattr(health, "by_kind") and hasattr(health, "tuples"):
+        life = [t for k in LIFECYCLE_KINDS for t in health.by_kind(k)]
+        gpus: list[HealthTuple] = []
+        ks = kinds.get("gpu")
+        if ks is not None:
+            for i in sorted(ks.flags):
+                if ks.flags[i]:
+                    t = health.get(ks.names[i])
+                    if t is not None:
+                        gpus.append(t)
+        return life, gpus
+    tuples = _all_tuples(health)
+    return ([t for t in tuples if t.kind in LIFECYCLE_KINDS],
+            [t for t in tuples if t.kind == "gpu" and t.flags])
+
+
+def node_of(t: HealthTuple) -> str:
+    if t.kind == "node":
+        return t.entity
+    for k in ("node", "Hostname", "hostname"):
+        if t.labels.get(k):
+            return t.labels[k]
+    return t.entity.rsplit("/", 1)[0]
+
+
+def choose_tier(kind: str, obs_reason: str, worst: str | None) -> Tier:
+    """Smallest isolation that fits: a node's faults isolate the node; a replica's own faults drain the
+    instance, except memory trouble, leaks, hangs and gates, which need a rebuilt worker (pod)."""
+    if kind == "node":
+        return Tier.NODE
+    text = f"{obs_reason} {worst or ''}".lower()
+    return Tier.POD if any(h in text for h in POD_TIER_HINTS) else Tier.INSTANCE
+
+
+class _Cycle:
+    """Mutable working set of one ``decide`` call (on a private copy of the state)."""
+
+    def __init__(self, policy: Policy, state: DecisionState, now: float) -> None:
+        self.p = policy
+        self.s = state
+        self.now = now
+        self.transitions: list[Transition] = []
+        self.intents: list[Intent] = []
+        self.version = policy.version_tag
+
+    def emit(self, kind: IntentKind, entity: str, reason: str, params: dict[str, Any] | None = None,
+             tier: Tier | None = None, soft: bool = False) -> None:
+        pr = dict(params or {})
+        pr["n"] = self.s.seq
+        self.s.seq += 1
+        self.intents.append(Intent(self.now, kind, entity, reason, pr, tier, soft, self.version))
+
+    def page_once(self, key: str, entity: str, reason: str, params: dict[str, Any], every_s: float) -> None:
+        last = self.s.pages.get(key)
+        if last is not None and self.now - last < every_s:
+            return
+        self.s.pages[key] = self.now
+        self.emit(IntentKind.PAGE, entity, reason, {"severity": "page", **params})
+
+
+class Decider:
+    def __init__(self, policy: Policy | None = None) -> None:
+        self.policy = policy or default_policy()
+
+    # ------------------------------------------------------------------------------------------
+    def decide(self, state: DecisionState, health: Any, now: float, events: Sequence[Event] = (),
+               serving: Any = None) -> Decision:
+        """One cycle. ``health``: the remediation consumer's FleetHealth (or a mapping / iterable of
+        HealthTuples); ``serving``: the serving consumer's FleetHealth for router weights (defaults to
+        ``health``). The input state is not modified."""
+        p = self.policy
+        lc = p.lifecycle
+        c = _Cycle(p, copy.deepcopy(state), now)
+        s = c.s
+        s.ledger = [x for x in s.ledger if now - x[0] < p.budgets.window_s]
+        life, flagged_gpus = _lifecycle_and_flagged(health)
+        serving_by_id: dict[str, HealthTuple] = {}
+        if serving is not None:
+            serving_by_id = {t.entity: t for t in _lifecycle_and_flagged(serving)[0] if t.kind == "replica"}
+        by_id = {t.entity: t for t in life}
+
+        # flags per node (its own and its GPUs'), and GPU tuples per node
+        node_flags: dict[str, set[str]] = defaultdict(set)
+        gpu_by_node: dict[str, list[HealthTuple]] = defaultdict(list)
+        for t in life:
+            if t.kind == "node":
+                node_flags[t.entity].update(t.flags)
+        for g in flagged_gpus:
+            n = node_of(g)
+            node_flags[n].update(g.flags)
+            gpu_by_node[n].append(g)
+
+        for t in life:
+            es = s.entities.get(t.entity)
+            if es is None:
+                start = State.READY if t.kind == "node" else State.STARTING
+                es = s.entities[t.entity] = EntityLifecycle(t.entity, t.kind, start, now)
+            if t.labels:
+                es.labels.update({k: str(v) for k, v in t.labels.items()})
+
+        obs: dict[str, Observation | None] = {}
+        for eid in s.entities:
+            ht = by_id.get(eid)
+            obs[eid] = None if ht is None else Observation(
+                ht.value, ht.confidence, ht.reason, gate=ht.reason.startswith("gate:"),
+                drain_reset=any(f in node_flags.get(eid, set()) | set(ht.flags) for f in
+                                (RECOVERY_PREFIX + "DRAIN_AND_RESET", RECOVERY_PREFIX + "DRAIN_P2P")),
+            )
+
+        self._fleet_confidence(c, obs)
+        blamed = self._app_xids(c, life, flagged_gpus)
+        for n, why in blamed.items():
+            o = obs.get(n)
+            if o is not None and o.usable(lc) and not o.gate:
+                obs[n] = Observation(o.value, o.confidence, why, gate=True, drain_reset=o.drain_reset)
+        suspects = self._versions(c, obs)
+        self._row_remaps(c, obs, node_flags, gpu_by_node)
+
+        ev_by_entity: dict[str, list[Event]] = defaultdict(list)
+        for e in sorted(events, key=lambda e: (e.ts, e.entity, e.kind)):
+            if e.kind == "oom":
+                self._oom(c, e)
+            else:
+                ev_by_entity[e.entity].append(e)
+
+        # Deterministic order that spends budgets on the worst first: gates, then lowest value.
+        def order(eid: str) -> tuple[int, float, str]:
+            o = obs.get(eid)
+            return (0 if o is not None and o.gate else 1,
+                    1.0 if o is None or o.value is None else o.value, eid)
+
+        for eid in sorted(s.entities, key=order):
+            es = s.entities[eid]
+            self._step_entity(c, es, obs.get(eid), by_id.get(eid), ev_by_entity.get(eid, []), suspects,
+                              node_flags.get(eid, set()))
+            if es.kind == "node":
+                self._scheduler(c, es, obs.get(eid))
+            else:
+                st = serving_by_id.get(eid) or by_id.get(eid)
+                self._router(c, es, None if st is None else Observation(st.value, st.confidence, st.reason))
+        s.last_ts = now
+        return Decision(s, c.transitions, c.intents, now)
+
+    # ------------------------------------------------------------------------------------------
+    def _fleet_confidence(self, c: _Cycle, obs: Mapping[str, Observation | None]) -> None:
+        p = self.policy
+        counted = [eid for eid, es in c.s.entities.items() if es.state != State.STARTING]
+        low = [eid for eid in counted if not ((o := obs.get(eid)) is not None and o.usable(p.lifecycle))]
+        total = len(counted)
+        frac = len(low) / total if total else 0.0
+        frozen = total >= p.fleet.min_entities and frac >= p.fleet.low_confidence_fraction
+        if frozen and not c.s.frozen:
+            c.s.frozen, c.s.frozen_since = True, c.now
+            c.emit(IntentKind.FLEET_ALERT, "fleet", "fleet_confidence_low",
+                   {"state": "firing", "low": len(low), "total": total, "fraction": round(frac, 4),
+                    "remediation": "frozen"})
+        elif not frozen and c.s.frozen:
+            c.s.frozen, c.s.frozen_since = False, None
+            c.emit(IntentKind.FLEET_ALERT, "fleet", "fleet_confidence_restored",
+                   {"state": "resolved", "low": len(low), "total": total, "fraction": round(frac, 4),
+                    "remediation": "resumed"})
+
+    def _app_xids(self, c: _Cycle, life: list[HealthTuple], gpus: list[HealthTuple]) -> dict[str, str]:
+        """Charge application Xids to jobs; return the nodes that distinct jobs keep hitting."""
+        p = self.policy
+        app = {f"xid:{x}" for x in p.xid.app_xids}
+        win = p.attribution.app_xid_window_s
+        # GPU tuples know their job; a node tuple is used only when none of its GPUs said anything.
+        hits: list[tuple[str, str, str]] = []  # node, job, flag
+        seen_nodes: set[str] = set()
+        for g in gpus:
+            for f in g.flags:
+                if f in app:
+                    n = node_of(g)
+                    hits.append((n, g.labels.get("job", "") or "unknown", f))
+                    seen_nodes.add(n)
+        for t in life:
+            if t.kind == "node" and t.entity not in seen_nodes:
+                for f in t.flags:
+                    if f in app:
+                        hits.append((t.entity, t.labels.get("job", "") or "unknown", f))
+        jobs: dict[str, set[str]] = defaultdict(set)
+        job_xids: dict[str, set[str]] = defaultdict(set)
+        for n, job, f in hits:
+            c.s.app_xids.setdefault(n, {})[job] = c.now
+            jobs[job].add(n)
+            job_xids[job].add(f)
+        for n in list(c.s.app_xids):
+            kept = {j: ts for j, ts in c.s.app_xids[n].items() if c.now - ts <= win}
+            if kept:
+                c.s.app_xids[n] = kept
+            else:
+                del c.s.app_xids[n]
+        for job in sorted(jobs):
+            last = c.s.pages.get(f"job:{job}")
+            if last is None or c.now - last >= win:
+                c.s.pages[f"job:{job}"] = c.now
+                c.emit(IntentKind.PAGE, f"job/{job}", "app_xid:job",
+                       {"severity": "ticket", "job": job, "xids": sorted(job_xids[job]),
+                        "nodes": sorted(jobs[job])[:20], "n_nodes": len(jobs[job])})
+        out: dict[str, str] = {}
+        for n, js in c.s.app_xids.items():
+            if len(js) >= p.attribution.app_xid_distinct_jobs:
+                out[n] = f"attribution:app_xid:{len(js)}_jobs"
+        return out
+
+    def _versions(self, c: _Cycle, obs: Mapping[str, Observation | None]) -> dict[tuple[str, str], str]:
+        """Version label values that failures correlate with: (label, value) -> page reason."""
+        p = self.policy
+        a = p.attribution
+        lc = p.lifecycle
+        out: dict[tuple[str, str], str] = {}
+        for kind in LIFECYCLE_KINDS:
+            usable = {eid: o for eid, o in obs.items()
+                      if o is not None and o.usable(lc) and c.s.entities[eid].kind == kind}
+            bad = {eid for eid, o in usable.items() if o.gate or (o.value is not None and o.value < lc.degraded_below)}
+            if len(bad) < a.version_min_entities:
+                continue
+            for label in a.version_labels:
+                pop: dict[str, int] = defaultdict(int)
+                nbad: dict[str, int] = defaultdict(int)
+                for eid in usable:
+                    v = c.s.entities[eid].labels.get(label)
+                    if v is None:
+                        continue
+                    pop[v] += 1
+                    if eid in bad:
+                        nbad[v] += 1
+                total_pop = sum(pop.values())
+                for v, k in sorted(nbad.items()):
+                    if k < a.version_min_entities or k / len(bad) < a.version_fraction:
+                        continue
+                    rate = k / pop[v]
+                    other_pop = total_pop - pop[v]
+                    if other_pop > 0:
+                        other_rate = (sum(nbad.values()) - k) / other_pop
+                        if not rate > 2 * other_rate:
+                            continue
+                    elif rate < a.version_fraction:
+                        continue
+                    out[(label, v)] = f"version:{label}={v}"
+                    c.page_once(f"version:{kind}:{label}={v}", f"version/{label}={v}", "version_correlation",
+                                {"label": label, "value": v, "kind": kind, "unhealthy": k,
+                                 "unhealthy_total": len(bad), "population": pop[v]}, p.budgets.window_s)
+        return out
+
+    def _row_remaps(self, c: _Cycle, obs: Mapping[str, Observation | None], node_flags: Mapping[str, set[str]],
+                    gpu_by_node: Mapping[str, list[HealthTuple]]) -> None:
+        p = self.policy
+        reset_flags = {"row_remap_pending"} | {f"xid:{x}" for x in p.xid.reset_xids}
+        for eid in sorted(c.s.entities):
+            es = c.s.entities[eid]
+            o = obs.get(eid)
+            if es.kind != "node" or o is None or o.value is None:
+                continue
+            flags = node_flags.get(eid, set()) & reset_flags
+            if not flags:
+                if o.usable(p.lifecycle):
+                    es.reset_scheduled = False
+                continue
+            if es.reset_scheduled or c.s.frozen or es.state in ISOLATED_STATES or not o.usable(p.lifecycle):
+                continue
+            gpus = sorted(g.entity for g in gpu_by_node.get(eid, []) if set(g.flags) & reset_flags)
+            es.reset_scheduled = True
+            c.emit(IntentKind.SCHEDULE_RESET, eid, "row_remap_pending",
+                   {"action": "GPU_RESET", "when": "next_safe_point", "drain": True, "gpus": gpus,
+                    "flags": sorted(flags)}, Tier.NODE)
+
+    def _oom(self, c: _Cycle, e: Event) -> None:
+        """Classify a CUDA OOM with ``decide.oom`` (the sidecar engineer's) and pass its intents on;
+        while frozen, the remediating ones are held back."""
+        try:
+            from fleethealth.decide import oom  # type: ignore[attr-defined]
+        except ImportError:
+            c.emit(IntentKind.PAGE, e.entity, "oom:unclassified", {"severity": "ticket", "event": e.payload})
+            return
+        payload: Any = e.payload
+        ctor = getattr(oom, "OomEvent", None)
+        if isinstance(payload, dict) and ctor is not None:
+            try:
+                payload = ctor(**payload)
+            except TypeError:
+                payload = e.payload
+        produced = oom.oom_intents(payload, c.now)
+        for it in produced:
+            if c.s.frozen and it.kind in REMEDIATION_KINDS | {IntentKind.QUARANTINE}:
+                continue
+            pr = dict(it.params)
+            c.emit(it.kind, it.entity or e.entity, it.reason, pr, it.tier, it.soft)
+
+    # ------------------------------------------------------------------------------------------
+    def _veto(self, c: _Cycle, es: EntityLifecycle, rule: Rule, suspects: Mapping[tuple[str, str], str]) -> str | None:
+        """Why this remediation may not happen now (None: it may)."""
+        if rule.dst not in REMEDIATION_TARGETS:
+            return None
+        if es.state in ISOLATED_STATES or rule.cond in (Cond.HUMAN_QUARANTINE, Cond.HUMAN_READY):
+            return None  # already out of service, or a human said so
+        p = self.policy
+        if c.s.frozen:
+            return "frozen:fleet_confidence"
+        for label in p.attribution.version_labels:
+            v = es.labels.get(label)
+            if v is not None and (label, v) in suspects:
+                return suspects[(label, v)]
+        if es.kind == "node":
+            g = es.labels.get("tp_group")
+            if g:
+                isolated = sum(1 for o in c.s.entities.values() if o.entity != es.entity and o.kind == "node"
+                               and o.labels.get("tp_group") == g and o.state in ISOLATED_STATES)
+                if isolated >= p.budgets.max_per_tp_group:
+                    c.page_once(f"tp_group:{g}", f"tp_group/{g}", "tp_group_limit",
+                                {"tp_group": g, "isolated": isolated, "wanted": es.entity,
+                                 "limit": p.budgets.max_per_tp_group}, p.budgets.window_s)
+                    return f"tp_group:{g}"
+        pool = es.labels.get("pool", "default")
+        key = f"{es.kind}:{pool}"
+        size = sum(1 for o in c.s.entities.values() if o.kind == es.kind and o.labels.get("pool", "default") == pool)
+        allowed = max(p.budgets.quarantine_min_per_hour, math.floor(p.budgets.quarantine_fraction_per_hour * size))
+        # Distinct entities: isolating the same node again (a relapse) spends nothing new.
+        spent = {e for ts, k, e in c.s.ledger if k == key and c.now - ts < p.budgets.window_s}
+        used = len(spent)
+        if es.entity not in spent and used >= allowed:
+            c.page_once(f"budget:{key}", f"pool/{pool}", "budget_exhausted",
+                        {"pool": pool, "kind": es.kind, "used": used, "allowed": allowed, "pool_size": size,
+                         "wanted": es.entity, "window_s": p.budgets.window_s}, p.budgets.window_s)
+            return f"budget:{pool}"
+        return None
+
+    def _soft_fallback(self, c: _Cycle, es: EntityLifecycle, why: str, o: Observation | None) -> None:
+        if es.blocked == why:
+            return
+        es.blocked = why
+        if why.startswith("frozen"):
+            return  # a metrics outage: no action at all
+        if es.kind == "node":
+            es.no_new_work = True
+            c.emit(IntentKind.NO_NEW_WORK, es.entity, f"held:{why}", {"instead_of": "quarantine"}, Tier.NODE, soft=True)
+        else:
+            cur = 1.0 if es.weight is None else es.weight
+            val = cur if o is None or o.value is None else min(cur, o.value)
+            w = round(max(self.policy.router.min_weight, val * 0.5), 2)
+            es.weight = w
+            c.emit(IntentKind.SET_WEIGHT, es.entity, f"held:{why}", {"weight": w, "instead_of": "quarantine"},
+                   Tier.INSTANCE, soft=True)
+
+    def _step_entity(self, c: _Cycle, es: EntityLifecycle, o: Observation | None, t: HealthTuple | None,
+                     events: list[Event], suspects: Mapping[tuple[str, str], str], flags: set[str]) -> None:
+        p = self.policy
+        lc = p.lifecycle
+        now = c.now
+        usable = o is not None and o.usable(lc)
+        if o is not None:
+            es.last_value, es.last_confidence, es.last_reason = o.value, o.confidence, o.reason
+        if usable:
+            es.last_known_ts = now
+        advance_timers(es.timers, o, now, lc)
+        conds = holding_conds(o, lc)
+        if usable and es.state == State.STARTING:
+            conds.add(Cond.FIRST_DATA)
+        event_of: dict[Cond, Event] = {}
+        for e in events:
+            cond: Cond | None = None
+            if e.kind in ("active_test", "reset") and e.passed is not None:
+                cond = EVENT_CONDS[(e.kind, bool(e.passed))]
+                if e.kind == "reset":
+                    es.reset_scheduled = False
+                if cond == Cond.TEST_PASSED:
+                    recent = [r for r in es.recoveries if now - r < lc.recovery_window_s]
+                    if len(recent) >= lc.max_recoveries:
+                        cond = Cond.TOO_MANY_RECOVERIES
+            elif e.kind == "ack":
+                cond = {"READY": Cond.HUMAN_READY, "QUARANTINED": Cond.HUMAN_QUARANTINE}.get(str(e.to).upper())
+            if cond is not None:
+                conds.add(cond)
+                event_of[cond] = e
+        chosen: Rule | None = None
+        for rule in candidate_rules(es.state, conds, es.timers, now - es.since, lc):
+            why = self._veto(c, es, rule, suspects)
+            if why is None:
+                chosen = rule
+                break
+            self._soft_fallback(c, es, why, o)
+        if chosen is None:
+            if es.blocked and not any(r.dst in REMEDIATION_TARGETS for r in
+                                      candidate_rules(es.state, conds, es.timers, now - es.since, lc)):
+                es.blocked = None  # nothing wants remediation any more
+            self._flag(c, es, o)
+            return
+        self._transition(c, es, chosen, o, t, event_of.get(chosen.cond), flags)
+
+    def _transition(self, c: _Cycle, es: EntityLifecycle, rule: Rule, o: Observation | None, t: HealthTuple | None,
+                    ev: Event | None, flags: set[str]) -> None:
+        p = self.policy
+        now = c.now
+        src, dst = es.state, rule.dst
+        if ev is not None:
+            reason = f"event:{rule.cond}" + (f":{ev.actor}" if ev.actor else "")
+        else:
+            reason = o.reason if o is not None else str(rule.cond)
+        detail = str(rule.cond) + (f" dwell {getattr(p.lifecycle, rule.dwell):g}s" if rule.dwell else "")
+        c.transitions.append(Transition(
+            now, es.entity, es.kind, src, dst, reason, None if o is None else o.value,
+            0.0 if o is None else o.confidence, c.version, detail,
+        ))
+        es.timers = timers_after_transition(es.timers, src, dst)
+        advance_timers(es.timers, o, now, p.lifecycle)  # the new state's windows start now
+        es.state, es.since = dst, now
+        es.transitions += 1
+        if dst in REMEDIATION_TARGETS or dst == State.READY:
+            es.blocked = None
+        es.flagged = False
+        if dst in REMEDIATION_TARGETS and src not in ISOLATED_STATES:
+            c.s.ledger.append((now, f"{es.kind}:{es.labels.get('pool', 'default')}", es.entity))
+        worst = None if t is None else t.worst
+        tier = choose_tier(es.kind, reason, worst)
+        info = {"from": str(src), "value": None if o is None else o.value}
+        fresh_isolation = src not in ISOLATED_STATES
+        if dst == State.QUARANTINED:
+            if es.kind == "node" and not es.no_new_work:
+                es.no_new_work = True
+                c.emit(IntentKind.NO_NEW_WORK, es.entity, reason, {}, Tier.NODE)
+            if fresh_isolation:
+                c.emit(IntentKind.CAPTURE_EVIDENCE, es.entity, reason,
+                       {"window_s": p.freshness.rate_window_s, "before": "quarantine", **info}, tier)
+            if es.kind == "node":
+                c.emit(IntentKind.QUARANTINE, es.entity, reason, info, Tier.NODE)
+            else:
+                c.emit(IntentKind.DRAIN, es.entity, reason, info, tier)
+                if tier == Tier.POD:
+                    c.emit(IntentKind.REBUILD_WORKER, es.entity, reason, info, Tier.POD)
+            for f in sorted(flags):
+                action = f.removeprefix(RECOVERY_PREFIX)
+                if f.startswith(RECOVERY_PREFIX) and action in ("GPU_RESET", "NODE_REBOOT"):
+                    c.emit(IntentKind.SCHEDULE_RESET, es.entity, f, {"action": action, "when": "now"}, Tier.NODE)
+            tests = list(p.lifecycle.active_test) if es.kind == "node" else ["probe_inference"]
+            c.emit(IntentKind.RUN_ACTIVE_TEST, es.entity, reason, {"tests": tests}, tier)
+        elif dst == State.DRAINING:
+            scope = "p2p" if RECOVERY_PREFIX + "DRAIN_P2P" in flags and \
+                RECOVERY_PREFIX + "DRAIN_AND_RESET" not in flags else "all"
+            if es.kind == "node" and not es.no_new_work:
+                es.no_new_work = True
+                c.emit(IntentKind.NO_NEW_WORK, es.entity, reason, {}, Tier.NODE)
+            c.emit(IntentKind.CAPTURE_EVIDENCE, es.entity, reason,
+                   {"window_s": p.freshness.rate_window_s, "before": "drain", **info}, Tier.NODE)
+            c.emit(IntentKind.DRAIN, es.entity, reason, {"scope": scope, **info}, Tier.NODE)
+            c.emit(IntentKind.SCHEDULE_RESET, es.entity, reason,
+                   {"action": "GPU_RESET", "when": "after_drain", "drain": True}, Tier.NODE)
+        elif dst == State.RECOVERING:
+            es.recoveries = [r for r in es.recoveries if now - r < p.lifecycle.recovery_window_s] + [now]
+            c.emit(IntentKind.RELEASE, es.entity, reason, {"canary": True, **info}, tier)
+        elif dst == State.FAILED:
+            c.emit(IntentKind.PAGE, es.entity, reason,
+                   {"severity": "page", "state": "FAILED", "recoveries": len(es.recoveries), **info})
+        elif dst == State.READY and src in ISOLATED_STATES:
+            c.emit(IntentKind.RELEASE, es.entity, reason, {"canary": False, **info}, tier)
+
+    def _flag(self, c: _Cycle, es: EntityLifecycle, o: Observation | None) -> None:
+        lc = self.policy.lifecycle
+        if o is None or not o.usable(lc) or es.state != State.READY:
+            return
+        flagged = o.value is not None and o.value < lc.flag_below
+        if flagged != es.flagged:
+            es.flagged = flagged
+            c.emit(IntentKind.SET_CONDITION, es.entity, o.reason if flagged else "recovered",
+                   {"condition": "HealthFlagged", "status": flagged, "value": o.value})
+
+    # ------------------------------------------------------------------------------------------
+    def _scheduler(self, c: _Cycle, es: EntityLifecycle, o: Observation | None) -> None:
+        """Training scheduler: no new work on a node that is not READY, or whose health is unknown."""
+        lc = self.policy.lifecycle
+        usable = o is not None and o.usable(lc)
+        if es.state == State.READY and not es.blocked:
+            if usable:
+                want = False
+            elif c.s.frozen:
+                return  # telemetry outage: keep what was decided before it
+            else:
+                want = True
+        else:
+            want = es.state not in (State.STARTING, State.WARMING)
+        if want != es.no_new_work:
+            es.no_new_work = want
+            if want:
+                why = "unknown" if es.state == State.READY else f"state:{es.state}"
+                c.emit(IntentKind.NO_NEW_WORK, es.entity, why,
+                       {"value": None if o is None else o.value, "confidence": None if o is None else o.confidence},
+                       Tier.NODE)
+            else:
+                c.emit(IntentKind.ALLOW_NEW_WORK, es.entity, "ready", {"value": None if o is None else o.value},
+                       Tier.NODE)
+
+    def _router(self, c: _Cycle, es: EntityLifecycle, o: Observation | None) -> None:
+        """Router weight = serving score; held while unknown for hold_s, then stepped down."""
+        r = self.policy.router
+        lc = self.policy.lifecycle
+        now = c.now
+        serving_states = (State.READY, State.DEGRADED, State.RECOVERING)
+        reason = "score"
+        if es.state not in serving_states:
+            w = 0.0
+            reason = f"state:{es.state}"
+        elif es.blocked and not es.blocked.startswith("frozen"):
+            return  # the soft fallback set it
+        elif o is not None and o.usable(lc) and o.value is not None:
+            w = max(r.min_weight, min(1.0, o.value))
+            if es.state == State.RECOVERING and lc.recovering_dwell_s > 0:
+                w *= max(0.1, min(1.0, (now - es.since) / lc.recovering_dwell_s))  # canary ramp
+                reason = "canary"
+        else:
+            if es.weight is None:
+                return
+            held_for = now - (es.last_known_ts if es.last_known_ts is not None else es.since)
+            if c.s.frozen or held_for <= r.hold_s:
+                return  # hold the last known weight
+            w = max(r.min_weight, es.weight - r.drain_step)
+            reason = "unknown:drain"
+        w = round(w, 2)
+        if es.weight is None or abs(w - es.weight) >= 0.005:
+            es.weight = w
+            c.emit(IntentKind.SET_WEIGHT, es.entity, reason, {"weight": w}, Tier.INSTANCE)
+
+
+def decide(state: DecisionState, health: Any, now: float, events: Sequence[Event] = (),
+           policy: Policy | None = None, serving: Any = None) -> Decision:
+    """Functional entry point: ``Decider(policy).decide(...)``."""
+    return Decider(policy).decide(state, health, now, events, serving)

@@ -1,0 +1,158 @@
+"""The decisions layer's state and its inputs and outputs, as plain serialisable data.
+
+Everything here round-trips through ``to_dict``/``from_dict`` (JSON-safe), so the store can persist it
+and a restarted controller resumes exactly where it stopped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from fleethealth.decide.lifecycle import Timer
+from fleethealth.decide.model import Intent, IntentKind, State, Tier, Transition
+
+
+@dataclass(slots=True)
+class EntityLifecycle:
+    """One node's or serving replica's lifecycle, timers and consumer-facing facts."""
+
+    entity: str
+    kind: str  # node | replica
+    state: State
+    since: float  # when the current state was entered
+    timers: dict[str, Timer] = field(default_factory=dict)
+    transitions: int = 0  # flapping metric
+    recoveries: list[float] = field(default_factory=list)  # entries into RECOVERING
+    labels: dict[str, str] = field(default_factory=dict)
+    last_value: float | None = None
+    last_confidence: float = 0.0
+    last_reason: str = ""
+    last_known_ts: float | None = None  # last usable observation
+    weight: float | None = None  # replica: last published router weight
+    no_new_work: bool = False  # node: last published scheduler hold
+    flagged: bool = False  # READY but below lifecycle.flag_below
+    blocked: str | None = None  # why a wanted remediation is held back (budget, tp group, version, ...)
+    reset_scheduled: bool = False  # a SCHEDULE_RESET is outstanding (row remap pending, ...)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "entity": self.entity, "kind": self.kind, "state": str(self.state), "since": self.since,
+            "timers": {k: t.to_dict() for k, t in sorted(self.timers.items())},
+            "transitions": self.transitions, "recoveries": list(self.recoveries), "labels": dict(self.labels),
+            "last_value": self.last_value, "last_confidence": self.last_confidence,
+            "last_reason": self.last_reason, "last_known_ts": self.last_known_ts, "weight": self.weight,
+            "no_new_work": self.no_new_work, "flagged": self.flagged, "blocked": self.blocked,
+            "reset_scheduled": self.reset_scheduled,
+        }
+
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> EntityLifecycle:
+        return EntityLifecycle(
+            entity=d["entity"], kind=d["kind"], state=State(d["state"]), since=float(d["since"]),
+            timers={k: Timer.from_dict(v) for k, v in d.get("timers", {}).items()},
+            transitions=int(d.get("transitions", 0)), recoveries=[float(x) for x in d.get("recoveries", [])],
+            labels=dict(d.get("labels", {})), last_value=d.get("last_value"),
+            last_confidence=float(d.get("last_confidence", 0.0)), last_reason=d.get("last_reason", ""),
+            last_known_ts=d.get("last_known_ts"), weight=d.get("weight"),
+            no_new_work=bool(d.get("no_new_work", False)), flagged=bool(d.get("flagged", False)),
+            blocked=d.get("blocked"), reset_scheduled=bool(d.get("reset_scheduled", False)),
+        )
+
+
+@dataclass(slots=True)
+class DecisionState:
+    """All that the decisions layer remembers between cycles."""
+
+    entities: dict[str, EntityLifecycle] = field(default_factory=dict)
+    # quarantines granted: (ts, budget key "kind:pool", entity)
+    ledger: list[tuple[float, str, str]] = field(default_factory=list)
+    # application Xids seen per node: node -> job -> last ts
+    app_xids: dict[str, dict[str, float]] = field(default_factory=dict)
+    # pages already sent: page key -> ts (re-sent once the budget window has passed)
+    pages: dict[str, float] = field(default_factory=dict)
+    frozen: bool = False
+    frozen_since: float | None = None
+    seq: int = 0  # intents emitted so far (part of each intent's idempotency key)
+    last_ts: float | None = None  # the last cycle decided
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "entities": {k: e.to_dict() for k, e in sorted(self.entities.items())},
+            "ledger": [list(x) for x in self.ledger],
+            "app_xids": {n: dict(sorted(j.items())) for n, j in sorted(self.app_xids.items())},
+            "pages": dict(sorted(self.pages.items())), "frozen": self.frozen, "frozen_since": self.frozen_since,
+            "seq": self.seq, "last_ts": self.last_ts,
+        }
+
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> DecisionState:
+        return DecisionState(
+            entities={k: EntityLifecycle.from_dict(v) for k, v in d.get("entities", {}).items()},
+            ledger=[(float(a), str(b), str(c)) for a, b, c in d.get("ledger", [])],
+            app_xids={n: {j: float(t) for j, t in js.items()} for n, js in d.get("app_xids", {}).items()},
+            pages={k: float(v) for k, v in d.get("pages", {}).items()}, frozen=bool(d.get("frozen", False)),
+            frozen_since=d.get("frozen_since"), seq=int(d.get("seq", 0)), last_ts=d.get("last_ts"),
+        )
+
+
+EVENT_KINDS = ("active_test", "reset", "ack", "oom")
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """Something that happened outside the signals: an active-test or reset result, a human
+    acknowledgement (``to`` READY or QUARANTINED), or a CUDA OOM (``payload`` holds the OomEvent fields)."""
+
+    ts: float
+    kind: str  # one of EVENT_KINDS
+    entity: str
+    passed: bool | None = None
+    to: str | None = None
+    actor: str = ""
+    payload: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.kind not in EVENT_KINDS:
+            raise ValueError(f"unknown event kind {self.kind!r}: expected one of {', '.join(EVENT_KINDS)}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"ts": self.ts, "kind": self.kind, "entity": self.entity, "passed": self.passed, "to": self.to,
+                "actor": self.actor, "payload": dict(self.payload)}
+
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> Event:
+        return Event(float(d["ts"]), str(d["kind"]), str(d["entity"]), d.get("passed"), d.get("to"),
+                     str(d.get("actor", "")), dict(d.get("payload") or {}))
+
+
+def transition_from_dict(d: dict[str, Any]) -> Transition:
+    return Transition(
+        ts=float(d["ts"]), entity=d["entity"], kind=d["kind"], from_state=State(d["from"]),
+        to_state=State(d["to"]), reason=d["reason"], value=d.get("value"),
+        confidence=float(d.get("confidence", 0.0)), policy_version=d.get("policy_version", ""),
+        detail=d.get("detail", ""),
+    )
+
+
+def intent_from_dict(d: dict[str, Any]) -> Intent:
+    return Intent(
+        ts=float(d["ts"]), kind=IntentKind(d["intent"]), entity=d["entity"], reason=d["reason"],
+        params=dict(d.get("params") or {}), tier=None if d.get("tier") is None else Tier(d["tier"]),
+        soft=bool(d.get("soft", False)), policy_version=d.get("policy_version", ""),
+    )
+
+
+@dataclass(slots=True)
+class Decision:
+    """One cycle's outcome: the new state, what changed and what should be done."""
+
+    state: DecisionState
+    transitions: list[Transition] = field(default_factory=list)
+    intents: list[Intent] = field(default_factory=list)
+    ts: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"ts": self.ts, "state": self.state.to_dict(),
+                "transitions": [t.to_dict() for t in self.transitions],
+                "intents": [i.to_dict() for i in self.intents]}
