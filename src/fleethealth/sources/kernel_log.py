@@ -717,7 +717,9 @@ class KernelLogSource:
         self._file = _FileTail(path) if path is not None else None
         self._cmd = _CommandTail(command) if command is not None else None
         self._skip_existing = not from_start
-        self.events: list[XidEvent] = []  # every Xid seen, for the agent's last-Xid gauge and for evidence
+        # The last Xid per normalised bus id (the agent's DCGM_FI_DEV_XID_ERRORS); bounded by the GPU count
+        # even under Xid floods.
+        self.last_xid: dict[str, XidEvent] = {}
 
     def set_bus_map(self, bus_to_gpu: BusToGpu | None) -> None:
         self.parser.set_bus_map(bus_to_gpu)
@@ -744,7 +746,8 @@ class KernelLogSource:
         if error is not None and not lines and not self.parser.counts:
             return failed_snapshot(now, self.name, error)
         batch = self.parser.feed(lines, now=now)
-        self.events.extend(batch.events)
+        for e in batch.events:
+            self.last_xid[e.pci_bus_id] = e
         samples = list(batch.samples)
         for (metric, labels), count in self.parser.counts.items():
             samples.append((metric, labels, float(count), now))

@@ -1,0 +1,79 @@
+"""`fleethealth agent`: the node-local exporter (NVML + kernel-log Xids) for nodes without DCGM."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import socket
+from pathlib import Path
+
+import typer
+
+from fleethealth.cli.common import fail
+
+# Kernel-log shorthands for --kernel-log: follow the kernel ring buffer or the journal instead of a file.
+_COMMANDS = {
+    "dmesg": ["dmesg", "-w"],
+    "journal": ["journalctl", "-k", "-f", "-n", "all", "-o", "short-iso-precise"],
+}
+
+
+def _parse_listen(listen: str) -> tuple[str, int]:
+    host, sep, port = listen.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        fail(f"--listen must be HOST:PORT (e.g. 0.0.0.0:9400), got {listen!r}")
+    return (host.strip("[]") or "0.0.0.0"), int(port)
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("agent")
+    def agent(
+        listen: str = typer.Option("0.0.0.0:9400", help="HOST:PORT to serve /metrics and /healthz on."),
+        kernel_log: str | None = typer.Option(
+            None, "--kernel-log",
+            help="Kernel log to watch for Xids: a FILE (e.g. /var/log/kern.log), 'dmesg' (dmesg -w) or "
+                 "'journal' (journalctl -k -f).",
+        ),
+        interval: float = typer.Option(15.0, help="Seconds between collections.", min=0.1),
+        hostname: str | None = typer.Option(
+            None, help="Hostname label (default: this machine's name; use the Kubernetes node name there)."),
+        fake_nvml: Path | None = typer.Option(
+            None, "--fake-nvml", hidden=True,
+            help="JSON spec of fake GPUs (fleethealth.sources.nvml.FakeNvml.from_json) for demos and tests."),
+    ) -> None:
+        """Serve dcgm-exporter-compatible GPU metrics from NVML and Xids from the kernel log.
+
+        Exits with status 2 and one line on a machine without an NVIDIA driver."""
+        from fleethealth.agent.server import Agent
+        from fleethealth.sources.kernel_log import KernelLogSource
+        from fleethealth.sources.nvml import FakeNvml, NvmlSource, NvmlUnavailable
+
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        host, port = _parse_listen(listen)
+        node = hostname or socket.gethostname()
+        nvml = NvmlSource(node, FakeNvml.from_json(fake_nvml)) if fake_nvml else NvmlSource(node)
+        try:
+            nvml.start()
+        except NvmlUnavailable as e:
+            fail(f"{e}; `fleethealth agent` needs an NVIDIA GPU and driver (use dcgm-exporter or "
+                 "Prometheus sources elsewhere)")
+        klog: KernelLogSource | None = None
+        if kernel_log:
+            cmd = _COMMANDS.get(kernel_log)
+            klog = (KernelLogSource(command=cmd, node=node, from_start=True) if cmd is not None
+                    else KernelLogSource(path=kernel_log, node=node))
+        runner = Agent(nvml, klog, interval=interval)
+        try:
+            bound = runner.start(host, port)
+        except OSError as e:
+            nvml.close()
+            fail(f"cannot listen on {host}:{port}: {e.strerror or e}")
+        signal.signal(signal.SIGTERM, lambda *_: runner.request_stop())
+        typer.echo(f"fleethealth agent: serving http://{bound[0]}:{bound[1]}/metrics "
+                   f"({len(nvml.gpus)} GPUs, every {interval:g}s)", err=True)
+        try:
+            runner.wait()
+        except KeyboardInterrupt:
+            pass
+        finally:
+            runner.stop()
