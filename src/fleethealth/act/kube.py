@@ -1,0 +1,407 @@
+"""Kubernetes node actuator: cordon, taints, labels, the GPUHealthy condition, drain via Eviction.
+
+Every write is computed as a difference from what the node already has: a second apply of the same
+intent writes nothing (the node's resourceVersion does not move). Node spec patches carry the
+resourceVersion they were computed from, so a concurrent writer yields 409 (retried), never a lost
+update. Drain honours PodDisruptionBudgets through the Eviction API: a 429 is retried with backoff until
+the drain limit, then the pods still there are reported (deleted only if the config allows it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from fleethealth.act.config import ActuationConfig
+from fleethealth.act.kube_api import Kube, KubeError
+from fleethealth.act.outcome import Outcome, is_retryable_status, node_of
+from fleethealth.decide.model import Intent, IntentKind, State, Tier
+
+MANAGER = "fleethealth"
+
+
+def rfc3339(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def score_band(value: float | None) -> str:
+    """Coarse band for a label (labels want few distinct values; the exact score is in the condition)."""
+    if value is None:
+        return "unknown"
+    if value >= 0.9:
+        return "high"
+    if value >= 0.7:
+        return "medium"
+    if value >= 0.3:
+        return "low"
+    return "critical"
+
+
+def label_value(s: str) -> str:
+    """A valid Kubernetes label value: [A-Za-z0-9._-], at most 63, alphanumeric at both ends."""
+    out = "".join(c if c.isalnum() or c in "._-" else "_" for c in s)[:63]
+    return out.strip("._-")
+
+
+def intent_state(intent: Intent) -> str:
+    st = intent.params.get("state")
+    if isinstance(st, str) and st:
+        return st
+    return {
+        IntentKind.QUARANTINE: State.QUARANTINED, IntentKind.NO_NEW_WORK: State.DEGRADED,
+        IntentKind.DRAIN: State.DRAINING, IntentKind.RELEASE: State.RECOVERING,
+        IntentKind.ALLOW_NEW_WORK: State.READY,
+    }.get(intent.kind, State.DEGRADED).value
+
+
+def tuple_facts(intent: Intent) -> tuple[float | None, float | None, str]:
+    """(value, confidence, reason) from the intent's params or the health tuple it carries."""
+    t = intent.params.get("tuple") if isinstance(intent.params.get("tuple"), Mapping) else {}
+    assert isinstance(t, Mapping)
+    value = intent.params.get("value", t.get("value"))
+    conf = intent.params.get("confidence", t.get("confidence"))
+    reason = intent.reason or str(t.get("reason", ""))
+    return (None if value is None else float(value)), (None if conf is None else float(conf)), reason
+
+
+# -- taints and conditions (pure) ------------------------------------------------------------------------
+def with_taints(existing: list[dict[str, Any]], key: str, value: str, effects: list[str]) -> list[dict[str, Any]]:
+    """Our key with exactly these effects, every other taint untouched."""
+    keep = [t for t in existing if t.get("key") != key]
+    ours = [{"key": key, "value": label_value(value), "effect": e} for e in effects]
+    return keep + ours
+
+
+def without_taints(existing: list[dict[str, Any]], key: str) -> list[dict[str, Any]]:
+    return [t for t in existing if t.get("key") != key]
+
+
+def _taint_set(taints: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
+    return {(str(t.get("key")), str(t.get("value", "")), str(t.get("effect"))) for t in taints}
+
+
+def condition(node: dict[str, Any], ctype: str, healthy: bool, reason: str, message: str,
+              now: float) -> dict[str, Any] | None:
+    """The condition to write, or None when the node already says exactly this."""
+    status = "True" if healthy else "False"
+    reason_cc = "".join(p[:1].upper() + p[1:] for p in _words(reason)) or "Unknown"
+    old = next((c for c in node.get("status", {}).get("conditions", []) or [] if c.get("type") == ctype), None)
+    if old and old.get("status") == status and old.get("reason") == reason_cc and old.get("message") == message:
+        return None
+    transition = old["lastTransitionTime"] if old and old.get("status") == status and old.get(
+        "lastTransitionTime") else rfc3339(now)
+    return {"type": ctype, "status": status, "reason": reason_cc, "message": message[:1024],
+            "lastHeartbeatTime": rfc3339(now), "lastTransitionTime": transition}
+
+
+def _words(s: str) -> list[str]:
+    # Condition reasons must be CamelCase identifiers: "gate:xid_79" -> "GateXid79".
+    w, cur = [], ""
+    for ch in s:
+        if ch.isalnum():
+            cur += ch
+        elif cur:
+            w.append(cur)
+            cur = ""
+    if cur:
+        w.append(cur)
+    return w
+
+
+# -- drain planning (pure) ---------------------------------------------------------------------------------
+@dataclass
+class DrainPlan:
+    groups: list[list[tuple[str, str]]] = field(default_factory=list)  # evicted together
+    skipped: list[dict[str, str]] = field(default_factory=list)
+
+
+def is_daemonset_pod(pod: dict[str, Any]) -> bool:
+    return any(o.get("kind") == "DaemonSet" and o.get("controller", True)
+               for o in pod.get("metadata", {}).get("ownerReferences", []) or [])
+
+
+def is_mirror_pod(pod: dict[str, Any]) -> bool:
+    return "kubernetes.io/config.mirror" in (pod.get("metadata", {}).get("annotations") or {})
+
+
+def tp_group_of(pod: dict[str, Any], tp_labels: tuple[str, ...]) -> tuple[str, str, str] | None:
+    labels = pod.get("metadata", {}).get("labels") or {}
+    for lab in tp_labels:
+        if labels.get(lab):
+            return pod["metadata"].get("namespace", "default"), lab, labels[lab]
+    return None
+
+
+def plan_drain(node_pods: list[dict[str, Any]], cfg: ActuationConfig,
+               group_members: Callable[[str, str, str], list[dict[str, Any]]] | None = None) -> DrainPlan:
+    """What draining a node means, as kubectl drain sees it, plus tensor-parallel groups.
+
+    Skips DaemonSet pods (their controller would put them straight back) and mirror pods (static, owned
+    by the kubelet; the API cannot remove them), and pods already terminating or finished. Pods of one
+    tensor-parallel group are evicted as one unit, with their members on other nodes: a group missing a
+    rank cannot make progress and only holds GPUs elsewhere.
+    """
+    plan = DrainPlan()
+    seen: set[tuple[str, str]] = set()
+    for pod in sorted(node_pods, key=lambda p: (p["metadata"].get("namespace", ""), p["metadata"]["name"])):
+        md = pod["metadata"]
+        ident = (md.get("namespace", "default"), md["name"])
+        if ident in seen:
+            continue
+        if is_mirror_pod(pod):
+            plan.skipped.append({"pod": "/".join(ident), "why": "mirror pod"})
+            continue
+        if cfg.ignore_daemonsets and is_daemonset_pod(pod):
+            plan.skipped.append({"pod": "/".join(ident), "why": "daemonset pod"})
+            continue
+        if md.get("deletionTimestamp"):
+            plan.skipped.append({"pod": "/".join(ident), "why": "already terminating"})
+            continue
+        if pod.get("status", {}).get("phase") in ("Succeeded", "Failed"):
+            plan.skipped.append({"pod": "/".join(ident), "why": "finished"})
+            continue
+        grp = tp_group_of(pod, cfg.tp_group_labels)
+        members = [ident]
+        if grp is not None and group_members is not None:
+            others = [(m["metadata"].get("namespace", "default"), m["metadata"]["name"])
+                      for m in group_members(*grp) if not m["metadata"].get("deletionTimestamp")]
+            members = sorted(set(members) | set(others))
+        for m in members:
+            seen.add(m)
+        plan.groups.append(members)
+    return plan
+
+
+class KubeNodeActuator:
+    """Node-tier intents on a Kubernetes cluster. Time and sleep are injected for tests."""
+
+    name = "kubernetes"
+    kinds = frozenset({IntentKind.NO_NEW_WORK, IntentKind.ALLOW_NEW_WORK, IntentKind.QUARANTINE,
+                       IntentKind.RELEASE, IntentKind.DRAIN, IntentKind.SET_CONDITION,
+                       IntentKind.SCHEDULE_RESET, IntentKind.REBUILD_WORKER})
+
+    def __init__(self, kube: Kube, config: ActuationConfig | None = None, *,
+                 clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep,
+                 should_stop: Callable[[], bool] = lambda: False,
+                 active_tests: Any = None, event_namespace: str = "default") -> None:
+        self.kube = kube
+        self.cfg = config or ActuationConfig()
+        self.clock = clock
+        self.sleep = sleep
+        self.should_stop = should_stop
+        # An ActiveTests instance: RELEASE needs its word that the node passed.
+        self.active_tests = active_tests
+        self.event_namespace = event_namespace
+
+    def apply(self, intent: Intent) -> Outcome:
+        try:
+            return self._apply(intent)
+        except KubeError as e:
+            return Outcome.from_status(e.status, e.reason, body=e.body[:300])
+
+    # -- dispatch ------------------------------------------------------------------------------------
+    def _apply(self, intent: Intent) -> Outcome:
+        k = intent.kind
+        if k == IntentKind.REBUILD_WORKER or (k == IntentKind.DRAIN and intent.tier in (Tier.POD, Tier.INSTANCE)):
+            return self._evict_one(intent)
+        node = node_of(intent)
+        if k == IntentKind.QUARANTINE:
+            changed = self._mark(intent, node, cordon=True, taint=True, healthy=False)
+            res = self._drain(intent, node)
+            return _merge(res, changed)
+        if k == IntentKind.NO_NEW_WORK:
+            return Outcome.success(**self._mark(intent, node, cordon=True, taint=True, healthy=False))
+        if k == IntentKind.DRAIN:
+            changed = self._mark(intent, node, cordon=True, taint=True, healthy=False)
+            return _merge(self._drain(intent, node), changed)
+        if k == IntentKind.RELEASE:
+            if self.active_tests is not None and not intent.params.get("skip_test_check"):
+                verdict = self.active_tests.latest_verdict(node)
+                if verdict != "passed":
+                    return Outcome.failure(f"no passed active test for {node} (latest: {verdict})", retry=False)
+            return Outcome.success(**self._mark(intent, node, cordon=False, taint=False, healthy=True))
+        if k == IntentKind.ALLOW_NEW_WORK:
+            return Outcome.success(**self._mark(intent, node, cordon=False, taint=False, healthy=True))
+        if k == IntentKind.SET_CONDITION:
+            value, _, _ = tuple_facts(intent)
+            healthy = bool(intent.params.get("healthy", value is not None and value >= 0.7))
+            return Outcome.success(**self._mark(intent, node, cordon=None, taint=None, healthy=healthy))
+        if k == IntentKind.SCHEDULE_RESET:
+            return Outcome.success(**self._annotate(node, {
+                f"{self.cfg.label_prefix}/reset-requested": intent.params.get("action", "GPU_RESET"),
+                f"{self.cfg.label_prefix}/reset-reason": intent.reason,
+                f"{self.cfg.label_prefix}/reset-gpu": str(intent.params.get("gpu", intent.entity)),
+            }))
+        return Outcome.failure(f"intent kind {k} is not a Kubernetes node action", retry=False)
+
+    # -- node marking --------------------------------------------------------------------------------
+    def _mark(self, intent: Intent, node: str, *, cordon: bool | None, taint: bool | None,
+              healthy: bool) -> dict[str, Any]:
+        """Cordon/taint/label the node and set the condition; write only what differs. Returns changes."""
+        cfg = self.cfg
+        state = intent_state(intent)
+        value, conf, reason = tuple_facts(intent)
+        changed: dict[str, Any] = {"node": node, "spec": False, "condition": False}
+        for _ in range(3):
+            obj = self.kube.get_node(node)
+            md, spec = obj.get("metadata", {}), obj.get("spec", {})
+            labels = md.get("labels") or {}
+            annotations = md.get("annotations") or {}
+            taints = list(spec.get("taints") or [])
+            want_labels = {f"{cfg.label_prefix}/state": label_value(state),
+                           f"{cfg.label_prefix}/score-band": score_band(value)}
+            patch_md: dict[str, Any] = {}
+            if any(labels.get(k2) != v for k2, v in want_labels.items()):
+                patch_md["labels"] = want_labels
+            patch_spec: dict[str, Any] = {}
+            cordoned_by_us = annotations.get(f"{cfg.label_prefix}/cordoned") == "true"
+            if cordon is True and not spec.get("unschedulable"):
+                patch_spec["unschedulable"] = True
+                patch_md.setdefault("annotations", {})[f"{cfg.label_prefix}/cordoned"] = "true"
+            elif cordon is False and spec.get("unschedulable") and cordoned_by_us:
+                # Only lift a cordon we set: an operator's own cordon is theirs to lift.
+                patch_spec["unschedulable"] = False
+            if cordon is False and cordoned_by_us:
+                patch_md.setdefault("annotations", {})[f"{cfg.label_prefix}/cordoned"] = None
+            if taint is True:
+                effects = ["NoSchedule"] + (["NoExecute"] if cfg.noexecute else [])
+                new = with_taints(taints, cfg.taint_key, state, effects)
+                if _taint_set(new) != _taint_set(taints):
+                    patch_spec["taints"] = new
+            elif taint is False:
+                new = without_taints(taints, cfg.taint_key)
+                if len(new) != len(taints):
+                    patch_spec["taints"] = new
+            if not patch_md and not patch_spec:
+                break
+            body: dict[str, Any] = {"metadata": {**patch_md, "resourceVersion": md.get("resourceVersion")}}
+            if patch_spec:
+                body["spec"] = patch_spec
+            try:
+                # A merge patch replaces the taint list whole (we computed it from this resourceVersion).
+                self.kube.patch_node(node, body, content_type="application/merge-patch+json")
+            except KubeError as e:
+                if e.status == 409:
+                    continue  # someone else wrote the node: recompute from the fresh object
+                raise
+            changed["spec"] = sorted(list(patch_spec) + [f"metadata.{x}" for x in patch_md])
+            break
+        else:
+            raise KubeError(409, "Conflict", f"node {node} kept changing under us")
+        obj = self.kube.get_node(node)
+        msg = f"state={state} score={'unknown' if value is None else f'{value:.3f}'}"
+        if conf is not None:
+            msg += f" confidence={conf:.2f}"
+        msg += f" reason={reason or intent.reason} intent={intent.key}"
+        cond = condition(obj, cfg.condition_type, healthy, reason or str(intent.kind), msg, self.clock())
+        if cond is not None:
+            self.kube.patch_node_status(node, {"status": {"conditions": [cond]}})
+            changed["condition"] = True
+        if changed["spec"] or changed["condition"]:
+            self._event(obj, intent, msg)
+        return changed
+
+    def _annotate(self, node: str, ann: dict[str, str]) -> dict[str, Any]:
+        obj = self.kube.get_node(node)
+        have = obj.get("metadata", {}).get("annotations") or {}
+        diff = {k: v for k, v in ann.items() if have.get(k) != v}
+        if diff:
+            self.kube.patch_node(node, {"metadata": {"annotations": diff}})
+        return {"node": node, "annotations": sorted(diff)}
+
+    def _event(self, node_obj: dict[str, Any], intent: Intent, message: str) -> None:
+        md = node_obj.get("metadata", {})
+        now = rfc3339(self.clock())
+        ev = {
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"generateName": f"{md.get('name', 'node')}.fleethealth.", "namespace": self.event_namespace},
+            "involvedObject": {"kind": "Node", "name": md.get("name"), "uid": md.get("uid"), "apiVersion": "v1"},
+            "reason": "FleetHealth" + "".join(w.capitalize() for w in str(intent.kind).split("_")),
+            "message": message[:1024], "type": "Warning" if intent.kind != IntentKind.RELEASE else "Normal",
+            "source": {"component": MANAGER}, "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+        }
+        # Events are best effort; the ledger is the record.
+        with contextlib.suppress(KubeError):
+            self.kube.create_event(self.event_namespace, ev)
+
+    # -- drain ---------------------------------------------------------------------------------------
+    def _drain(self, intent: Intent, node: str) -> Outcome:
+        cfg = self.cfg
+        timeout = float(intent.params.get("drain_timeout_s", cfg.drain_timeout_s))
+        pods = self.kube.list_pods(field_selector=f"spec.nodeName={node}")
+
+        def members(ns: str, label: str, value: str) -> list[dict[str, Any]]:
+            return self.kube.list_pods(namespace=ns, label_selector=f"{label}={value}")
+
+        plan = plan_drain(pods, cfg, members)
+        evicted: list[str] = []
+        errors: dict[str, str] = {}
+        pending = [list(g) for g in plan.groups]
+        deadline = self.clock() + timeout
+        delay = min(1.0, cfg.backoff_initial_s) or 0.1
+        blocked: dict[str, str] = {}
+        while pending:
+            still: list[list[tuple[str, str]]] = []
+            for group in pending:
+                left = []
+                for ns, name in group:
+                    try:
+                        self.kube.evict_pod(ns, name)
+                        evicted.append(f"{ns}/{name}")
+                    except KubeError as e:
+                        if e.status == 404:
+                            evicted.append(f"{ns}/{name}")  # already gone
+                        elif e.status == 429 or is_retryable_status(e.status):
+                            blocked[f"{ns}/{name}"] = f"{e.status} {e.reason}"
+                            left.append((ns, name))
+                        else:
+                            errors[f"{ns}/{name}"] = f"{e.status} {e.reason}"
+                if left:
+                    still.append(left)
+            pending = still
+            if not pending or self.should_stop():
+                break
+            remaining = deadline - self.clock()
+            if remaining <= 0:
+                break
+            self.sleep(min(delay, remaining))
+            delay = min(delay * 2, 5.0)
+        left_pods = [f"{ns}/{n}" for g in pending for ns, n in g]
+        forced: list[str] = []
+        if left_pods and cfg.force_delete_after_timeout and not self.should_stop():
+            for p in left_pods:
+                ns, n = p.split("/", 1)
+                try:
+                    self.kube.delete_pod(ns, n)
+                    forced.append(p)
+                except KubeError as e:
+                    errors[p] = f"{e.status} {e.reason}"
+            left_pods = [p for p in left_pods if p not in forced]
+        detail = {"node": node, "evicted": sorted(set(evicted)), "skipped": plan.skipped,
+                  "groups": [[f"{ns}/{n}" for ns, n in g] for g in plan.groups if len(g) > 1],
+                  "not_evicted": left_pods, "blocked": {p: blocked[p] for p in left_pods if p in blocked},
+                  "forced": forced, "errors": errors}
+        if left_pods:
+            return Outcome.failure(f"drain incomplete: {len(left_pods)} pod(s) not evicted within {timeout:.0f}s "
+                                   "(PodDisruptionBudget or API refusal)", retry=True, **detail)
+        if errors:
+            return Outcome.failure(f"drain errors on {len(errors)} pod(s)", retry=False, **detail)
+        return Outcome.success(**detail)
+
+    def _evict_one(self, intent: Intent) -> Outcome:
+        ns = str(intent.params.get("namespace", "default"))
+        pod = str(intent.params.get("pod", intent.entity))
+        try:
+            self.kube.evict_pod(ns, pod)
+        except KubeError as e:
+            if e.status != 404:
+                return Outcome.from_status(e.status, e.reason, pod=f"{ns}/{pod}")
+        return Outcome.success(evicted=[f"{ns}/{pod}"])
+
+
+def _merge(res: Outcome, changed: dict[str, Any]) -> Outcome:
+    return Outcome(ok=res.ok, retry=res.retry, error=res.error, detail={**changed, **res.detail})

@@ -1,0 +1,172 @@
+"""Publishing replica weights where gateways can use them.
+
+Health *scales* a weight; it never replaces the routing policy. Each gateway keeps its own policy (base
+weights, locality, least-request, prefix/KV-cache affinity); fleethealth only multiplies the base weight
+by the replica's health weight (0..1) and says whether the replica should take traffic at all:
+- JSON (the controller's API): every replica's weight, state and the facts behind it.
+- Envoy EDS: a ClusterLoadAssignment with load_balancing_weight = base x health (integer >= 1, Envoy's
+  minimum) and health_status HEALTHY, DEGRADED (used only when healthy capacity runs out) or DRAINING.
+- Yes/no gateways (Gateway API Inference Extension, llm-d, vLLM production-stack): a pod condition that a
+  readiness gate names (fleethealth.io/healthy) and labels, so an unhealthy replica leaves the endpoints.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from fleethealth.act.config import ActuationConfig
+from fleethealth.act.kube import rfc3339
+from fleethealth.act.kube_api import Kube, KubeError
+from fleethealth.act.outcome import Outcome
+from fleethealth.decide.model import Intent, IntentKind
+
+CLA_TYPE = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment"
+OUT_OF_SERVICE = frozenset({"DRAINING", "QUARANTINED", "FAILED"})
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaWeight:
+    replica: str
+    weight: float  # 0..1 health weight, already held/ramped by the decisions layer
+    state: str = "READY"
+    value: float | None = None
+    confidence: float | None = None
+    address: str | None = None
+    port: int | None = None
+    ts: float = 0.0
+    namespace: str = "default"
+    pod: str | None = None
+    zone: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"replica": self.replica, "weight": round(self.weight, 6), "state": self.state,
+                "value": self.value, "confidence": self.confidence, "address": self.address, "port": self.port,
+                "ts": self.ts}
+
+
+def takes_traffic(w: ReplicaWeight, threshold: float = 0.5) -> bool:
+    """The yes/no answer for gateways that cannot weight."""
+    return w.state not in OUT_OF_SERVICE and w.weight >= threshold
+
+
+def envoy_health(w: ReplicaWeight) -> str:
+    if w.state in OUT_OF_SERVICE or w.weight <= 0.0:
+        return "DRAINING"
+    if w.state == "DEGRADED":
+        return "DEGRADED"
+    return "HEALTHY"
+
+
+def envoy_weight(w: ReplicaWeight, base: int = 100) -> int:
+    """base x health, at least 1 (Envoy rejects 0; a replica at 0 is marked DRAINING instead)."""
+    return max(1, int(round(base * max(0.0, min(1.0, w.weight)))))
+
+
+def weights_document(weights: Mapping[str, ReplicaWeight], now: float) -> dict[str, Any]:
+    return {"ts": now, "replicas": {r: w.to_dict() | {"takes_traffic": takes_traffic(w)}
+                                    for r, w in sorted(weights.items())}}
+
+
+def cluster_load_assignment(cluster: str, weights: Mapping[str, ReplicaWeight],
+                            base_weights: Mapping[str, int] | None = None, default_base: int = 100) -> dict[str, Any]:
+    """Envoy v3 ClusterLoadAssignment (JSON form). Replicas without an address are left out."""
+    by_zone: dict[str, list[dict[str, Any]]] = {}
+    for r, w in sorted(weights.items()):
+        if not w.address or not w.port:
+            continue
+        base = (base_weights or {}).get(r, default_base)
+        by_zone.setdefault(w.zone or "", []).append({
+            "endpoint": {"address": {"socket_address": {"address": w.address, "port_value": int(w.port)}},
+                         "hostname": r},
+            "health_status": envoy_health(w),
+            "load_balancing_weight": envoy_weight(w, base),
+            "metadata": {"filter_metadata": {"fleethealth": {"replica": r, "state": w.state,
+                                                             "health_weight": round(w.weight, 4)}}},
+        })
+    endpoints = []
+    for zone, lbs in sorted(by_zone.items()):
+        group: dict[str, Any] = {"lb_endpoints": lbs}
+        if zone:
+            group["locality"] = {"zone": zone}
+        endpoints.append(group)
+    return {"@type": CLA_TYPE, "cluster_name": cluster, "endpoints": endpoints}
+
+
+def eds_discovery_response(cluster: str, weights: Mapping[str, ReplicaWeight], version_info: str,
+                           base_weights: Mapping[str, int] | None = None) -> dict[str, Any]:
+    """A DiscoveryResponse for Envoy's REST EDS (POST /v3/discovery:endpoints)."""
+    return {"version_info": version_info, "type_url": CLA_TYPE,
+            "resources": [cluster_load_assignment(cluster, weights, base_weights)]}
+
+
+class WeightBoard:
+    """The latest weight per replica, shared by the SET_WEIGHT actuator and the controller's API."""
+
+    def __init__(self) -> None:
+        self.weights: dict[str, ReplicaWeight] = {}
+        self.version = 0
+
+    def set(self, w: ReplicaWeight) -> bool:
+        old = self.weights.get(w.replica)
+        if old is not None and (old.weight, old.state, old.address, old.port) == (w.weight, w.state, w.address,
+                                                                                  w.port):
+            return False
+        self.weights[w.replica] = w
+        self.version += 1
+        return True
+
+
+def weight_from_intent(intent: Intent) -> ReplicaWeight:
+    p = intent.params
+    return ReplicaWeight(
+        replica=intent.entity, weight=float(p.get("weight", 0.0)), state=str(p.get("state", "READY")),
+        value=p.get("value"), confidence=p.get("confidence"), address=p.get("address"),
+        port=None if p.get("port") is None else int(p["port"]), ts=intent.ts,
+        namespace=str(p.get("namespace", "default")), pod=p.get("pod"), zone=p.get("zone"),
+    )
+
+
+class RouterActuator:
+    """SET_WEIGHT: update the weight board; with a Kube, also the pod's readiness-gate condition and labels."""
+
+    name = "router"
+    kinds = frozenset({IntentKind.SET_WEIGHT})
+
+    def __init__(self, board: WeightBoard, kube: Kube | None = None, config: ActuationConfig | None = None) -> None:
+        self.board = board
+        self.kube = kube
+        self.cfg = config or ActuationConfig()
+
+    def apply(self, intent: Intent) -> Outcome:
+        w = weight_from_intent(intent)
+        changed = self.board.set(w)
+        if self.kube is None or not (w.pod or intent.params.get("pod_gate", True)):
+            return Outcome.success(replica=w.replica, changed=changed)
+        pod = w.pod or w.replica
+        yes = takes_traffic(w, self.cfg.healthy_weight_threshold)
+        try:
+            cur = self.kube.get_pod(w.namespace, pod)
+        except KubeError as e:
+            if e.status == 404:
+                return Outcome.success(replica=w.replica, changed=changed, pod="absent")
+            return Outcome.from_status(e.status, e.reason)
+        p = self.cfg.label_prefix
+        want = {f"{p}/healthy": "true" if yes else "false", f"{p}/state": w.state}
+        labels = cur.get("metadata", {}).get("labels") or {}
+        try:
+            if any(labels.get(k) != v for k, v in want.items()):
+                self.kube.patch_pod(w.namespace, pod, {"metadata": {"labels": want}})
+            status = "True" if yes else "False"
+            old = next((c for c in (cur.get("status") or {}).get("conditions") or []
+                        if c.get("type") == self.cfg.readiness_condition), None)
+            if old is None or old.get("status") != status:
+                self.kube.patch_pod_status(w.namespace, pod, {"status": {"conditions": [{
+                    "type": self.cfg.readiness_condition, "status": status,
+                    "reason": "HealthWeight" if yes else "Unhealthy",
+                    "message": f"weight={w.weight:.3f} state={w.state}",
+                    "lastTransitionTime": rfc3339(intent.ts or 0.0)}]}})
+        except KubeError as e:
+            return Outcome.from_status(e.status, e.reason)
+        return Outcome.success(replica=w.replica, changed=changed, takes_traffic=yes)

@@ -1,0 +1,201 @@
+"""ActuationRunner: turns intents into side effects, safely.
+
+Theory of operation
+- Advise by default: every intent is recorded in the ledger as ``advised`` and logged; nothing changes.
+- Enforcement is per intent kind (config.enforce) and only in ``enforce`` mode.
+- Kill switch: config.kill_switch, or kill() at run time (persisted in the ledger so a restart and other
+  replicas sharing the database honour it). Checked before every attempt, so actuation stops at once.
+- Idempotent: the ledger is keyed by (intent.key, actuator). An action that reached ``applied`` (or gave
+  up as ``failed``) is never attempted again, also after a restart; replaying intents is harmless.
+- Retries: a retryable failure (timeout, 5xx, 409, 429) is retried with exponential backoff, a few
+  attempts inline, then on later calls of retry_due(); every attempt is recorded, none is lost.
+- Leadership: with is_leader given, a replica that is not the leader records nothing and does nothing.
+- Order: an intent kind may route to several actuators (e.g. evidence before quarantine); they run in
+  the order given, each with its own ledger entry, and one's failure does not block the next.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from fleethealth.act.config import ActuationConfig
+from fleethealth.act.ledger import FINAL_STATUSES, Ledger, intent_from_dict
+from fleethealth.act.outcome import Actuator, Outcome
+from fleethealth.decide.model import Intent, IntentKind
+
+log = logging.getLogger("fleethealth.act")
+
+KILL_SETTING = "kill_switch"
+
+
+@dataclass(frozen=True, slots=True)
+class ActionResult:
+    key: str
+    kind: str
+    entity: str
+    actuator: str
+    # advised | applied | retrying | failed | killed | duplicate | waiting | not_leader | unrouted
+    status: str
+    attempts: int = 0
+    error: str = ""
+    detail: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"key": self.key, "intent": self.kind, "entity": self.entity, "actuator": self.actuator,
+                "status": self.status, "attempts": self.attempts, "error": self.error, "detail": self.detail}
+
+
+class ActuationRunner:
+    def __init__(
+        self,
+        actuators: Mapping[IntentKind, Sequence[Actuator]],
+        ledger: Ledger,
+        config: ActuationConfig | str | None = None,
+        *,
+        clock: Callable[[], float] = time.time,
+        sleep: Callable[[float], None] = time.sleep,
+        is_leader: Callable[[], bool] | None = None,
+        on_result: Callable[[ActionResult], None] | None = None,
+    ) -> None:
+        if config is None or isinstance(config, str):
+            config = ActuationConfig(mode=config or "advise")  # type: ignore[arg-type]
+        self.config = config
+        self.routes = {k: list(v) for k, v in actuators.items()}
+        self.ledger = ledger
+        self.clock = clock
+        self.sleep = sleep
+        self.is_leader = is_leader or (lambda: True)
+        self.on_result = on_result
+
+    # -- kill switch ---------------------------------------------------------------------------------
+    def kill(self, reason: str = "") -> None:
+        """Stop all actuation now (persisted; resume() lifts it unless the config flag is set)."""
+        self.ledger.set_setting(KILL_SETTING, json.dumps({"reason": reason, "ts": self.clock()}))
+        log.warning("actuation kill switch engaged: %s", reason)
+
+    def resume(self) -> None:
+        self.ledger.set_setting(KILL_SETTING, None)
+
+    @property
+    def killed(self) -> bool:
+        return self.config.kill_switch or self.ledger.get_setting(KILL_SETTING) is not None
+
+    def should_stop(self) -> bool:
+        """For long-running actuators (drain): stop when killed or no longer leader."""
+        return self.killed or not self.is_leader()
+
+    def enforces(self, kind: IntentKind) -> bool:
+        return self.config.mode == "enforce" and kind in self.config.enforce
+
+    # -- main entry points ---------------------------------------------------------------------------
+    def submit(self, intent: Intent) -> list[ActionResult]:
+        """Record the intent and, where enforced, carry it out."""
+        if not self.is_leader():
+            return [self._emit(intent, "-", "not_leader")]
+        routes = self.routes.get(intent.kind, [])
+        if not routes:
+            return [self._emit(intent, "-", "unrouted")]
+        results = []
+        for act in routes:
+            results.append(self._submit_one(intent, act))
+        return results
+
+    def submit_all(self, intents: Sequence[Intent]) -> list[ActionResult]:
+        out: list[ActionResult] = []
+        for it in intents:
+            out.extend(self.submit(it))
+        return out
+
+    def retry_due(self) -> list[ActionResult]:
+        """Try again every action whose backoff has elapsed (call once per controller cycle)."""
+        if not self.is_leader():
+            return []
+        now = self.clock()
+        out = []
+        for rec in self.ledger.due(now):
+            intent = intent_from_dict(rec.intent)
+            act = next((a for a in self.routes.get(intent.kind, []) if a.name == rec.actuator), None)
+            if act is None:
+                continue
+            if self.killed:  # stays 'retrying' in the ledger: resumed later, never lost
+                out.append(self._emit(intent, act.name, "killed", attempts=rec.attempts, record=False))
+                continue
+            if not self.enforces(intent.kind):
+                continue
+            out.append(self._attempt(intent, act, rec.attempts))
+        return out
+
+    def status(self) -> dict[str, Any]:
+        kill = self.ledger.get_setting(KILL_SETTING)
+        counts: dict[str, int] = {}
+        for rec in self.ledger.actions(limit=100000):
+            counts[rec.status] = counts.get(rec.status, 0) + 1
+        return {
+            "mode": self.config.mode, "enforce": sorted(str(k) for k in self.config.enforce),
+            "killed": self.killed, "kill": json.loads(kill) if kill else None,
+            "kill_switch_config": self.config.kill_switch, "leader": self.is_leader(), "actions": counts,
+        }
+
+    # -- internals -----------------------------------------------------------------------------------
+    def _submit_one(self, intent: Intent, act: Actuator) -> ActionResult:
+        rec = self.ledger.get(intent.key, act.name)
+        if rec is not None and rec.status in FINAL_STATUSES:
+            return self._emit(intent, act.name, "duplicate", attempts=rec.attempts,
+                              detail={"previous": rec.status}, record=False)
+        now = self.clock()
+        if self.killed:
+            return self._emit(intent, act.name, "killed", attempts=rec.attempts if rec else 0,
+                              record=rec is None or rec.status in ("advised", "killed"))
+        if not self.enforces(intent.kind):
+            return self._emit(intent, act.name, "advised")
+        if rec is not None and rec.status == "retrying" and rec.next_ts is not None and rec.next_ts > now:
+            return self._emit(intent, act.name, "waiting", attempts=rec.attempts,
+                              detail={"next_ts": rec.next_ts}, record=False)
+        return self._attempt(intent, act, rec.attempts if rec else 0)
+
+    def _backoff(self, n: int) -> float:
+        return float(min(self.config.backoff_max_s, self.config.backoff_initial_s * (2 ** max(0, n - 1))))
+
+    def _attempt(self, intent: Intent, act: Actuator, done: int) -> ActionResult:
+        cfg = self.config
+        tries = 0
+        while True:
+            if self.killed:
+                return self._emit(intent, act.name, "killed", attempts=done, record=done == 0)
+            if not self.is_leader():
+                return self._emit(intent, act.name, "not_leader", attempts=done, record=False)
+            try:
+                outcome = act.apply(intent)
+            except Exception as e:  # an actuator bug must not lose the intent: record it, retry later
+                log.exception("actuator %s raised on %s", act.name, intent.key)
+                outcome = Outcome.failure(f"{type(e).__name__}: {e}", retry=True)
+            tries += 1
+            now = self.clock()
+            n = done + tries
+            if outcome.ok:
+                self.ledger.record_attempt(intent, act.name, outcome, now, "applied")
+                return self._emit(intent, act.name, "applied", n, detail=outcome.detail, record=False)
+            if not outcome.retry or n >= cfg.max_attempts:
+                self.ledger.record_attempt(intent, act.name, outcome, now, "failed")
+                return self._emit(intent, act.name, "failed", n, outcome.error, outcome.detail, record=False)
+            wait = self._backoff(n)
+            self.ledger.record_attempt(intent, act.name, outcome, now, "retrying", next_ts=now + wait)
+            if tries >= cfg.attempts_per_cycle:
+                return self._emit(intent, act.name, "retrying", n, outcome.error, outcome.detail, record=False)
+            self.sleep(wait)
+
+    def _emit(self, intent: Intent, actuator: str, status: str, attempts: int = 0, error: str = "",
+              detail: dict[str, Any] | None = None, record: bool = True) -> ActionResult:
+        if record and status in ("advised", "killed", "unrouted"):
+            self.ledger.record_status(intent, actuator, status, self.clock(), error=error, detail=detail)
+        res = ActionResult(key=intent.key, kind=str(intent.kind), entity=intent.entity, actuator=actuator,
+                           status=status, attempts=attempts, error=error, detail=detail or {})
+        log.info("%s", json.dumps({"actuation": res.to_dict(), "reason": intent.reason}, default=str))
+        if self.on_result is not None:
+            self.on_result(res)
+        return res
