@@ -1,0 +1,200 @@
+"""The sidecar's HTTP surface: probes, admin, metrics and the OpenAI-compatible proxy.
+
+``create_app(config, clock=...)`` builds a FastAPI app (OpenAPI at /openapi.json, docs at /docs); the
+lifespan starts the background loop. Tests run it in-process on a real loopback port.
+
+Admin endpoints need ``Authorization: Bearer <token>`` (token from a file or FLEETHEALTH_ADMIN_TOKEN;
+with no token configured they always refuse) and, by default, a loopback client address: the pod's
+preStop hook calls them on localhost, while the gateway and other pods reach only the proxy and probes.
+The check is on the TCP peer address (uvicorn's proxy-headers handling is turned off by the CLI, so an
+X-Forwarded-For header cannot fake a loopback client). ``admin_loopback_only=False`` opens them to the
+network for a controller that holds the token.
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+from collections.abc import AsyncIterator, Iterable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import httpx
+from fastapi import FastAPI, HTTPException, Query, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from fleethealth.decide.model import State
+from fleethealth.serve.config import Clock, SidecarConfig
+from fleethealth.serve.gpu import GpuReader
+from fleethealth.serve.sidecar import Phase, Sidecar
+
+
+def _is_loopback(host: str | None) -> bool:
+    if not host:
+        return False
+    try:
+        return ipaddress.ip_address(host.split("%")[0]).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+class SidecarCollector(Collector):
+    """Reads the sidecar's state at scrape time (no gauges to keep in sync)."""
+
+    def __init__(self, sc: Sidecar) -> None:
+        self.sc = sc
+
+    def collect(self) -> Iterable[Any]:
+        sc = self.sc
+        rep = sc.config.replica
+        now = sc.clock.now()
+        st = GaugeMetricFamily("fleethealth_sidecar_state", "1 for the replica's current lifecycle state",
+                               labels=["replica", "state"])
+        for s in State:
+            st.add_metric([rep, str(s)], 1.0 if sc.state is s else 0.0)
+        yield st
+
+        def gauge(name: str, doc: str, value: float | None) -> GaugeMetricFamily:
+            g = GaugeMetricFamily(name, doc, labels=["replica"])
+            g.add_metric([rep], float("nan") if value is None else float(value))
+            return g
+
+        yield gauge("fleethealth_sidecar_score", "GPU health score used by the sidecar (NaN: unknown)", sc.score)
+        yield gauge("fleethealth_sidecar_weight", "routing weight the replica publishes (0..1)", sc.weight())
+        yield gauge("fleethealth_sidecar_in_flight", "requests forwarded to the engine and not finished",
+                    sum(1 for r in sc.active if r.phase in (Phase.SENT, Phase.DECODING)))
+        yield gauge("fleethealth_sidecar_decoding", "streams that have produced their first token",
+                    sum(1 for r in sc.active if r.phase is Phase.DECODING))
+        yield gauge("fleethealth_sidecar_queued", "requests waiting in the proxy's admission queue",
+                    sc.admission.queued)
+        yield gauge("fleethealth_sidecar_concurrency_limit", "current admission limit (lowered by OOMs)",
+                    sc.admission.limit)
+        yield gauge("fleethealth_sidecar_engine_waiting", "engine-reported waiting requests",
+                    sc.engine.get("vllm:num_requests_waiting"))
+        yield gauge("fleethealth_sidecar_engine_up", "engine answers /health", 1.0 if sc.engine_up else 0.0)
+        yield gauge("fleethealth_sidecar_stalled_seconds", "seconds of running work without a token",
+                    sc.progress.stalled_for(now))
+        d = sc.drain
+        active = d is not None and d.finished is None
+        yield gauge("fleethealth_sidecar_draining", "1 while a drain is in progress", 1.0 if active else 0.0)
+        yield gauge("fleethealth_sidecar_drain_remaining", "requests still running in the current drain",
+                    len(sc.active) if active else 0)
+        yield gauge("fleethealth_sidecar_drain_elapsed_seconds", "seconds since the drain started",
+                    None if d is None else (d.finished or now) - d.started)
+        yield gauge("fleethealth_sidecar_drain_deadline_seconds", "seconds left before in-flight streams are cut",
+                    None if not active or d is None else max(0.0, d.deadline - now))
+        oom = CounterMetricFamily("fleethealth_sidecar_ooms", "CUDA OOMs seen in engine responses, by class",
+                                  labels=["replica", "class"])
+        for cls in ("oversized_request", "batch_overload", "fragmentation", "device_fault"):
+            oom.add_metric([rep, cls], float(sc.ooms.get(cls, 0)))
+        yield oom
+        out = CounterMetricFamily("fleethealth_sidecar_requests", "requests by outcome", labels=["replica", "outcome"])
+        for k, v in sorted(sc.outcomes.items()):
+            out.add_metric([rep, k], float(v))
+        yield out
+        tr = CounterMetricFamily("fleethealth_sidecar_transitions", "lifecycle transitions (flapping shows here)",
+                                 labels=["replica"])
+        tr.add_metric([rep], float(len(sc.transitions)))
+        yield tr
+        # The names the default policy's error_slo signal reads, so the scorer can rate this replica.
+        req = CounterMetricFamily("fleethealth_replica_requests", "requests proxied", labels=["replica"])
+        req.add_metric([rep], float(sc.requests_total))
+        yield req
+        err = CounterMetricFamily("fleethealth_replica_errors", "requests that failed on the replica's side",
+                                  labels=["replica"])
+        err.add_metric([rep], float(sc.errors_total))
+        yield err
+
+
+def create_app(config: SidecarConfig, clock: Clock | None = None, gpu_reader: GpuReader | None = None,
+               transport: httpx.AsyncBaseTransport | None = None) -> FastAPI:
+    sc = Sidecar(config, clock=clock, gpu_reader=gpu_reader, transport=transport)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(SidecarCollector(sc))
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await sc.start()
+        try:
+            yield
+        finally:
+            await sc.stop()
+
+    app = FastAPI(
+        title="fleethealth sidecar",
+        version="1",
+        description="Health truth for one inference replica: probes, drain, OOM handling, canary recovery, "
+        "and a proxy of the OpenAI-compatible API.",
+        lifespan=lifespan,
+    )
+    app.state.sidecar = sc
+
+    def probe(result: tuple[bool, dict[str, Any]]) -> JSONResponse:
+        ok, body = result
+        return JSONResponse(body, status_code=200 if ok else 503)
+
+    @app.get("/livez", tags=["probes"], summary="Alive and the engine is making progress")
+    async def livez() -> JSONResponse:
+        return probe(sc.livez())
+
+    @app.get("/readyz", tags=["probes"], summary="May this replica take new requests now")
+    async def readyz() -> JSONResponse:
+        return probe(sc.readyz())
+
+    @app.get("/gpuz", tags=["probes"], summary="Can the GPU be trusted (unknown passes)")
+    async def gpuz() -> JSONResponse:
+        return probe(sc.gpuz())
+
+    @app.get("/metrics", tags=["probes"], summary="Prometheus metrics (classic text format)")
+    async def metrics() -> Response:
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    def admin(request: Request) -> None:
+        if config.admin_loopback_only and not _is_loopback(request.client.host if request.client else None):
+            raise HTTPException(403, "admin endpoints answer loopback clients only")
+        auth = request.headers.get("authorization", "")
+        token = auth[7:].strip() if auth.lower().startswith("bearer ") else ""
+        if not config.admin_token or not token or not hmac.compare_digest(token.encode(), config.admin_token.encode()):
+            raise HTTPException(401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"})
+
+    @app.post("/admin/drain", tags=["admin"], summary="Stop admitting; finish decoding requests; 503 the rest")
+    async def admin_drain(request: Request, wait: bool = Query(False, description="block until drained"),
+                          reason: str = Query("admin drain")) -> JSONResponse:
+        admin(request)
+        sc.start_drain(reason, fault=False)
+        if wait:
+            await sc.wait_drained(config.max_drain_seconds + 5)
+        return JSONResponse(sc.state_dict(), status_code=202 if not wait else 200)
+
+    @app.post("/admin/undrain", tags=["admin"], summary="Admit again (through the canary after a fault)")
+    async def admin_undrain(request: Request) -> JSONResponse:
+        admin(request)
+        sc.undrain()
+        return JSONResponse(sc.state_dict())
+
+    @app.get("/admin/state", tags=["admin"], summary="State, drain progress, canary, intents, errors")
+    async def admin_state(request: Request) -> JSONResponse:
+        admin(request)
+        return JSONResponse(sc.state_dict())
+
+    @app.get("/admin/evidence", tags=["admin"], summary="The last evidence bundle (or a fresh one)")
+    async def admin_evidence(request: Request) -> JSONResponse:
+        admin(request)
+        return JSONResponse(sc.evidence_last or sc.evidence(sc.drain))
+
+    @app.post("/v1/completions", tags=["proxy"])
+    async def completions(request: Request) -> Response:
+        return await sc.proxy(request, "v1/completions")
+
+    @app.post("/v1/chat/completions", tags=["proxy"])
+    async def chat_completions(request: Request) -> Response:
+        return await sc.proxy(request, "v1/chat/completions")
+
+    @app.get("/v1/models", tags=["proxy"])
+    async def models(request: Request) -> Response:
+        return await sc.passthrough(request, "v1/models")
+
+    return app

@@ -1,0 +1,63 @@
+"""The sidecar's settings (one frozen dataclass) and its clock."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from fleethealth.decide.oom import DEFAULT_THRESHOLDS, OomThresholds
+from fleethealth.policy import Policy, default_policy
+from fleethealth.serve.canary import CanaryConfig
+
+
+class Clock(Protocol):
+    def now(self) -> float: ...
+
+
+class SystemClock:
+    def now(self) -> float:
+        return time.time()
+
+
+def default_replica_name() -> str:
+    return os.environ.get("POD_NAME") or os.environ.get("HOSTNAME") or socket.gethostname()
+
+
+@dataclass(frozen=True)
+class SidecarConfig:
+    upstream: str  # the engine's base URL, e.g. http://127.0.0.1:8000
+    replica: str = field(default_factory=default_replica_name)
+    admin_token: str | None = None
+    admin_loopback_only: bool = True  # admin endpoints answer only clients on 127.0.0.0/8 or ::1
+    max_drain_seconds: float = 30.0
+    retry_after_s: int = 5
+    max_concurrency: int = 256  # requests forwarded to the engine at once; more wait in the proxy's queue
+    queue_limit: int = 512  # waiting in the proxy beyond this: 503 at once
+    queue_timeout_s: float = 30.0
+    ready_queue_limit: int = 64  # /readyz fails when this many wait in the proxy (protection level)
+    ready_engine_waiting_limit: float = 64  # ... or the engine reports this many waiting
+    liveness_timeout_s: float = 30.0  # running work without any token for this long: /livez fails
+    engine_down_grace_s: float = 60.0  # engine unreachable this long after it had been up: /livez fails
+    probe_interval_s: float = 2.0  # background loop: health, metrics, GPU, canary
+    health_timeout_s: float = 5.0
+    upstream_connect_timeout_s: float = 5.0
+    upstream_read_timeout_s: float = 600.0
+    warmup_prompt: str = "Hello"
+    warmup_max_tokens: int = 1
+    warmup_timeout_s: float = 120.0
+    max_batch_tokens: int | None = None  # the engine's batch token budget, for OOM classification
+    oom_clip_max_tokens: bool = False  # oversized requests: clip max_tokens instead of rejecting
+    concurrency_recover_s: float = 60.0  # after a batch-overload OOM: +1 concurrency per this many quiet s
+    gpu_metrics_url: str | None = None  # the node's exporter (dcgm-exporter) when NVML is not used
+    gpu_fail_below: float = 0.3  # a GPU tuple below this fails /gpuz (default: policy quarantine_below)
+    cuda_error_window_s: float = 600.0  # CUDA context errors seen within this fail /gpuz
+    engine_log: Path | None = None
+    evidence_dir: Path | None = None
+    redact_prompts: bool = True
+    canary: CanaryConfig = field(default_factory=CanaryConfig)
+    oom: OomThresholds = DEFAULT_THRESHOLDS
+    policy: Policy = field(default_factory=default_policy)

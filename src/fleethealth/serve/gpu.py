@@ -1,0 +1,195 @@
+"""/gpuz: can this replica's GPU be trusted? Local GPU signals scored by the project's engine, plus the
+CUDA errors the sidecar saw in the engine's responses and log.
+
+Readers are edges behind a one-method Protocol (``read(now) -> Snapshot``, never raising for outside
+failures): NVML when the library is present, or the node's exporter URL. ``GpuCheck`` is the pure part:
+it keeps a rolling history (counters need several samples to become rates), scores it with
+``score_snapshot`` and turns the GPU tuples into a verdict. Unknown (no reader, a dead exporter) is
+reported as unknown and does not fail /gpuz: a telemetry outage is not a GPU fault, and draining on it
+would turn a metrics problem into an outage.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import httpx
+
+from fleethealth.policy import Policy
+from fleethealth.signals.history import SignalHistory
+from fleethealth.signals.snapshot import InputIssue, Snapshot, SnapshotBuilder
+
+ACCEPT = "text/plain;version=0.0.4;q=1,*/*;q=0.1"
+
+
+class GpuReader(Protocol):
+    async def read(self, now: float) -> Snapshot: ...
+
+
+def _failed(now: float, source: str, reason: str) -> Snapshot:
+    snap = Snapshot.empty(now)
+    snap.source_errors.append(InputIssue(source=source, line=0, reason=reason))
+    return snap
+
+
+def parse_text(body: bytes, now: float, source: str, extra_labels: Mapping[str, str]) -> Snapshot:
+    """Exposition text to a Snapshot: the project's parser when present, prometheus-client's otherwise."""
+    try:
+        from fleethealth.sources.exposition import parse_exposition
+    except ImportError:
+        parse_exposition = None  # type: ignore[assignment]
+    if parse_exposition is not None:
+        return parse_exposition(body, default_ts=now, source=source, extra_labels=extra_labels)
+    from prometheus_client.parser import text_string_to_metric_families
+
+    b = SnapshotBuilder()
+    try:
+        for fam in text_string_to_metric_families(body.decode("utf-8", "replace")):
+            for s in fam.samples:
+                if s.value != s.value:  # NaN
+                    continue
+                labels = {**s.labels, **extra_labels}
+                b.add(s.name, labels, s.value, float(s.timestamp) if s.timestamp is not None else now)
+    except ValueError as e:
+        b.issues.append(InputIssue(source, 0, "unparsable exposition", str(e)))
+    return b.build(now)
+
+
+@dataclass
+class ExporterGpuReader:
+    """Scrapes the node's exporter (dcgm-exporter) and keeps only this node's samples when told its name."""
+
+    url: str
+    node: str | None = None
+    timeout_s: float = 5.0
+    _client: httpx.AsyncClient | None = None
+
+    async def read(self, now: float) -> Snapshot:
+        if self._client is None:
+            self._client = httpx.AsyncClient(timeout=self.timeout_s)
+        try:
+            r = await self._client.get(self.url, headers={"Accept": ACCEPT})
+            r.raise_for_status()
+        except httpx.HTTPError as e:
+            return _failed(now, self.url, f"{type(e).__name__}: {e}")
+        return parse_text(r.content, now, self.url, {})
+
+    async def aclose(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()
+
+
+class NvmlGpuReader:
+    """Reads the local GPUs through NVML (nvidia-ml-py) into DCGM-named samples. Without the library (as on
+    machines with no GPU) every read is a source error, never a healthy GPU."""
+
+    def __init__(self, node: str) -> None:
+        self.node = node
+
+    async def read(self, now: float) -> Snapshot:
+        return await asyncio.to_thread(self._read, now)
+
+    def _read(self, now: float) -> Snapshot:
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+        except Exception as e:  # NVMLError_LibraryNotFound and friends: no GPU here
+            return _failed(now, "nvml", f"NVML unavailable: {type(e).__name__}")
+        b = SnapshotBuilder()
+        try:
+            for i in range(pynvml.nvmlDeviceGetCount()):
+                h = pynvml.nvmlDeviceGetHandleByIndex(i)
+                labels = {"gpu": str(i), "Hostname": self.node, "UUID": str(pynvml.nvmlDeviceGetUUID(h))}
+                readings: list[tuple[str, Any]] = [
+                    ("DCGM_FI_DEV_GPU_TEMP", lambda h=h: pynvml.nvmlDeviceGetTemperature(h, 0)),
+                    ("DCGM_FI_DEV_POWER_USAGE", lambda h=h: pynvml.nvmlDeviceGetPowerUsage(h) / 1000.0),
+                    ("DCGM_FI_DEV_SM_CLOCK", lambda h=h: pynvml.nvmlDeviceGetClockInfo(h, 1)),
+                    ("DCGM_FI_DEV_FB_USED", lambda h=h: pynvml.nvmlDeviceGetMemoryInfo(h).used / 2**20),
+                    ("DCGM_FI_DEV_FB_FREE", lambda h=h: pynvml.nvmlDeviceGetMemoryInfo(h).free / 2**20),
+                    ("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", lambda h=h: pynvml.nvmlDeviceGetPcieReplayCounter(h)),
+                    ("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
+                     lambda h=h: pynvml.nvmlDeviceGetTotalEccErrors(h, 1, 0)),
+                ]
+                for name, fn in readings:
+                    try:
+                        b.add(name, labels, float(fn()), now)
+                    except Exception as e:  # a field this GPU does not support is absent, not zero
+                        b.issues.append(InputIssue("nvml", 0, f"{name}: {type(e).__name__}"))
+        except Exception as e:
+            b.source_errors.append(InputIssue("nvml", 0, f"NVML read failed: {type(e).__name__}: {e}"))
+        finally:
+            with contextlib.suppress(Exception):
+                pynvml.nvmlShutdown()
+        return b.build(now)
+
+
+@dataclass(frozen=True, slots=True)
+class GpuVerdict:
+    ok: bool | None  # None: unknown
+    score: float | None
+    reason: str
+    gpus: tuple[dict[str, Any], ...] = ()
+    flags: tuple[str, ...] = ()
+    cuda_errors: tuple[str, ...] = ()
+    fatal: bool = False  # a hard gate (Xid, ECC, fallen off the bus): node tier
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"ok": self.ok, "score": self.score, "reason": self.reason, "gpus": list(self.gpus),
+                "flags": list(self.flags), "cuda_errors": list(self.cuda_errors), "fatal": self.fatal}
+
+
+@dataclass
+class GpuCheck:
+    policy: Policy
+    fail_below: float = 0.3
+    history: SignalHistory | None = None
+    last: GpuVerdict = field(default_factory=lambda: GpuVerdict(None, None, "no GPU signals yet"))
+
+    def __post_init__(self) -> None:
+        if self.history is None:
+            self.history = SignalHistory(self.policy, memory_s=max(900.0, self.policy.freshness.rate_window_s * 2))
+
+    def evaluate(self, snap: Snapshot | None, now: float, cuda_errors: Iterable[str] = ()) -> GpuVerdict:
+        errs = tuple(cuda_errors)
+        score: float | None = None
+        gpus: list[dict[str, Any]] = []
+        flags: list[str] = []
+        gate = False
+        reason = "no GPU reader configured"
+        if snap is not None:
+            assert self.history is not None
+            self.history.add(snap)
+            from fleethealth.score.engine import score_snapshot
+
+            fh = score_snapshot(self.history.view(now), self.policy, now, consumer="remediation")
+            tuples = fh.by_kind("gpu")
+            known = [t for t in tuples if t.value is not None]
+            for t in tuples:
+                gpus.append(t.to_dict())
+                flags.extend(t.flags)
+                if t.value is not None and t.value <= 0.0 and t.reason.startswith("gate:"):
+                    gate = True
+            if known:
+                worst = min(known, key=lambda t: t.value if t.value is not None else 1.0)
+                score = worst.value
+                reason = f"{worst.entity}: {worst.reason}"
+            elif snap.source_errors:
+                reason = "GPU signals unavailable: " + "; ".join(str(e) for e in snap.source_errors[:3])
+            else:
+                reason = "no fresh GPU samples"
+        if errs:
+            v = GpuVerdict(False, score, f"CUDA errors seen: {errs[-1][:200]}", tuple(gpus), tuple(flags), errs,
+                           fatal=True)
+        elif score is None:
+            v = GpuVerdict(None, None, reason, tuple(gpus), tuple(flags))
+        elif score < self.fail_below or gate:
+            v = GpuVerdict(False, score, reason, tuple(gpus), tuple(flags), fatal=gate)
+        else:
+            v = GpuVerdict(True, score, reason, tuple(gpus), tuple(flags))
+        self.last = v
+        return v

@@ -1,0 +1,1033 @@
+"""The sidecar's imperative shell: the proxy, drain, probes, OOM handling and canary, around the pure parts
+(lifecycle table, canary, progress watch, OOM classifier, GPU verdict).
+
+Request phases, which decide what a drain does to a request:
+- QUEUED: waiting in the proxy's admission queue. A drain answers it at once: 503 + Retry-After.
+- SENT: forwarded, no byte of answer yet (for a stream: no first token). Nothing reached the client, so a
+  drain cancels it upstream and answers 503 + Retry-After: the gateway retries elsewhere.
+- DECODING: the first chunk went to the client. A drain lets it finish until ``max_drain_seconds``; then
+  it ends cleanly with a final SSE ``data: {"error": ...}`` event and ``data: [DONE]``.
+A non-streaming request has no visible first token: it stays SENT until its whole answer arrives, so it
+runs until the drain deadline and then gets a 503 (still retryable: the client saw nothing).
+
+Every upstream chunk goes through a per-request queue filled by a reader task; an abort is just one more
+item in that queue, so ending a stream never races with the chunk being written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import itertools
+import json
+import logging
+import re
+from collections import Counter, deque
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+import httpx
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from fleethealth.decide.model import Intent, IntentKind, State, Tier, Transition
+from fleethealth.decide.oom import (
+    OomClass,
+    OomEvent,
+    classify_oom,
+    context_errors_in,
+    fatal_xids,
+    is_oom_text,
+    oom_intents,
+    parse_torch_oom,
+    xids_in,
+)
+from fleethealth.serve.admission import Admission, Rejected
+from fleethealth.serve.canary import Canary, Observation, ShareGate, Verdict, recent_failures
+from fleethealth.serve.config import Clock, SidecarConfig, SystemClock
+from fleethealth.serve.gpu import GpuCheck, GpuReader, GpuVerdict
+from fleethealth.serve.lifecycle import Event, ReplicaLifecycle, admits
+from fleethealth.serve.progress import ProgressWatch
+
+log = logging.getLogger("fleethealth.sidecar")
+
+HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailers",
+              "transfer-encoding", "upgrade", "host", "content-length", "accept-encoding"}
+ENGINE_METRICS = ("vllm:generation_tokens_total", "vllm:num_requests_running", "vllm:num_requests_waiting",
+                  "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:num_running_reqs",
+                  "sglang:num_queue_reqs", "sglang:token_usage")
+
+
+class Phase(StrEnum):
+    QUEUED = "queued"
+    SENT = "sent"
+    DECODING = "decoding"
+    DONE = "done"
+
+
+@dataclass(frozen=True, slots=True)
+class _Abort:
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class _Failure:
+    error: str
+
+
+_END = object()
+
+
+@dataclass(eq=False)
+class RequestRecord:
+    id: int
+    path: str
+    stream: bool
+    model: str
+    max_tokens: int | None
+    prompt_tokens_est: int
+    prompt_digest: str
+    prompt_chars: int
+    prompt_text: str | None
+    canary: bool
+    started: float
+    phase: Phase = Phase.QUEUED
+    sent_at: float | None = None
+    first_at: float | None = None
+    last_chunk_at: float | None = None
+    chunks: int = 0
+    itl_sum: float = 0.0
+    status: int | None = None
+    outcome: str = ""
+    abort_reason: str | None = None
+    queue: asyncio.Queue[Any] = field(default_factory=asyncio.Queue)
+    released: bool = False
+
+    def abort(self, reason: str) -> None:
+        if self.abort_reason is None:
+            self.abort_reason = reason
+            self.queue.put_nowait(_Abort(reason))
+
+    def sample(self) -> dict[str, Any]:
+        d: dict[str, Any] = {
+            "id": self.id, "path": self.path, "stream": self.stream, "model": self.model,
+            "max_tokens": self.max_tokens, "prompt_tokens_est": self.prompt_tokens_est,
+            "prompt_sha256": self.prompt_digest, "prompt_chars": self.prompt_chars, "canary": self.canary,
+            "started": self.started, "phase": str(self.phase), "status": self.status, "outcome": self.outcome,
+            "ttft_s": None if self.first_at is None or self.sent_at is None else round(self.first_at - self.sent_at, 6),
+            "chunks": self.chunks,
+        }
+        if self.prompt_text is not None:
+            d["prompt"] = self.prompt_text
+        return d
+
+
+@dataclass
+class DrainProgress:
+    started: float
+    deadline: float
+    reason: str
+    fault: bool
+    tier: Tier | None
+    at_start: dict[str, int] = field(default_factory=dict)
+    outcomes: Counter[str] = field(default_factory=Counter)
+    finished: float | None = None
+    evidence_path: str | None = None
+    task: asyncio.Task[None] | None = None
+
+    def to_dict(self, now: float, remaining: int) -> dict[str, Any]:
+        return {
+            "reason": self.reason, "fault": self.fault, "tier": None if self.tier is None else str(self.tier),
+            "started": self.started, "deadline": self.deadline, "elapsed_s": round((self.finished or now) - self.started, 3),
+            "finished": self.finished, "remaining": remaining, "at_start": dict(self.at_start),
+            "outcomes": dict(self.outcomes), "evidence_path": self.evidence_path,
+        }
+
+
+def _estimate_tokens(text: str) -> int:
+    # No tokenizer in the sidecar: about 4 characters per token for English text; used only to compare
+    # requests with each other (the oversize limit is learned with the same estimate).
+    return max(1, (len(text) + 3) // 4)
+
+
+def _prompt_text(payload: dict[str, Any]) -> str:
+    if "messages" in payload and isinstance(payload["messages"], list):
+        parts = []
+        for m in payload["messages"]:
+            c = m.get("content") if isinstance(m, dict) else None
+            if isinstance(c, str):
+                parts.append(c)
+            elif isinstance(c, list):
+                parts.extend(str(p.get("text", "")) for p in c if isinstance(p, dict))
+        return "\n".join(parts)
+    p = payload.get("prompt")
+    if isinstance(p, list):
+        return "\n".join(str(x) for x in p)
+    return str(p) if p is not None else ""
+
+
+def engine_values(text: str) -> dict[str, float]:
+    """Sum per metric name of the few engine metrics the sidecar watches (classic text format)."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line[0] == "#":
+            continue
+        name_end = min((i for i in (line.find("{"), line.find(" ")) if i >= 0), default=-1)
+        if name_end <= 0:
+            continue
+        name = line[:name_end]
+        if name not in ENGINE_METRICS:
+            continue
+        rest = line[line.rfind("}") + 1:] if "{" in line[:name_end + 1] else line[name_end:]
+        try:
+            val = float(rest.split()[0])
+        except (ValueError, IndexError):
+            continue
+        out[name] = out.get(name, 0.0) + val
+    return out
+
+
+def _error_json(message: str, etype: str, code: str) -> dict[str, Any]:
+    return {"error": {"message": message, "type": etype, "code": code}}
+
+
+class Sidecar:
+    def __init__(self, config: SidecarConfig, clock: Clock | None = None, gpu_reader: GpuReader | None = None,
+                 transport: httpx.AsyncBaseTransport | None = None) -> None:
+        self.config = config
+        self.clock: Clock = clock or SystemClock()
+        self.gpu_reader = gpu_reader
+        self._transport = transport
+        now = self.clock.now()
+        self.lifecycle = ReplicaLifecycle(config.replica, State.STARTING, now, config.policy.version_tag)
+        self.admission = Admission(config.max_concurrency, config.queue_limit)
+        self.progress = ProgressWatch(config.liveness_timeout_s, last_progress=now)
+        self.gpu = GpuCheck(config.policy, config.gpu_fail_below)
+        self.share_gate = ShareGate()
+        self.canary: Canary | None = None
+        self.canary_stats: dict[str, float] = {}
+        self.canary_failures: list[float] = []
+        self.transitions: deque[Transition] = deque(maxlen=200)
+        self.intents: deque[Intent] = deque(maxlen=200)
+        self.last_errors: deque[dict[str, Any]] = deque(maxlen=50)
+        self.samples: deque[dict[str, Any]] = deque(maxlen=100)
+        self.metrics_window: deque[dict[str, Any]] = deque(maxlen=120)
+        self.engine_log_tail: deque[str] = deque(maxlen=200)
+        self.cuda_errors: deque[tuple[float, str]] = deque(maxlen=50)
+        self.recent_xids: deque[tuple[float, int]] = deque(maxlen=50)
+        self.ooms: Counter[str] = Counter()
+        self.oom_events: deque[dict[str, Any]] = deque(maxlen=50)
+        self.outcomes: Counter[str] = Counter()
+        self.requests_total = 0
+        self.errors_total = 0
+        self.active: set[RequestRecord] = set()
+        self._ids = itertools.count(1)
+        self.engine: dict[str, float] = {}
+        self.engine_up = False
+        self.engine_ever_up = False
+        self.engine_down_since: float | None = None
+        self.engine_fail_streak = 0
+        self.model: str | None = None
+        self.model_max_len: int | None = None
+        self.had_fault = False  # a crash or fault happened: the next warm-up leads to RECOVERING, not READY
+        self.quarantine_tier: Tier | None = None
+        self.drain: DrainProgress | None = None
+        self.drain_history: deque[dict[str, Any]] = deque(maxlen=20)
+        self.oversize_limit_tokens: int | None = None
+        self.last_oom_at: float | None = None
+        self.last_limit_raise: float = now
+        self.score: float | None = None
+        self._below_since: float | None = None
+        self._above_since: float | None = None
+        self.evidence_last: dict[str, Any] | None = None
+        self._log_pos = 0
+        self._client: httpx.AsyncClient | None = None
+        self._loop_task: asyncio.Task[None] | None = None
+        self._warming = False
+        self._probe_inflight = False
+        self._canary_weight = 0.0
+
+    # ---- lifecycle helpers -----------------------------------------------------------------------
+
+    @property
+    def state(self) -> State:
+        return self.lifecycle.state
+
+    def _step(self, event: Event, reason: str, detail: str = "") -> Transition | None:
+        t = self.lifecycle.step(event, self.clock.now(), reason, value=self.score, detail=detail)
+        if t is not None:
+            self.transitions.append(t)
+            log.info("state %s -> %s (%s)", t.from_state, t.to_state, reason)
+            if t.to_state is State.RECOVERING:
+                self.canary = Canary(t.ts, self.config.canary)
+                self.canary_stats = {"requests": 0, "errors": 0, "probe_ok": 0, "probe_fail": 0,
+                                     "ttft_sum": 0.0, "ttft_n": 0, "itl_sum": 0.0, "itl_n": 0}
+                self.share_gate = ShareGate()
+            if t.to_state is State.READY:
+                self.had_fault = False
+                self.quarantine_tier = None
+        return t
+
+    def weight(self) -> float:
+        st = self.state
+        if st is State.RECOVERING:
+            return self._canary_weight
+        if st in (State.READY, State.DEGRADED):
+            return 1.0 if self.score is None else round(max(0.0, min(1.0, self.score)), 4)
+        return 0.0
+
+    @property
+    def client(self) -> httpx.AsyncClient:
+        if self._client is None:
+            c = self.config
+            self._client = httpx.AsyncClient(
+                base_url=c.upstream.rstrip("/"),
+                timeout=httpx.Timeout(connect=c.upstream_connect_timeout_s, read=c.upstream_read_timeout_s,
+                                      write=30.0, pool=c.queue_timeout_s),
+                limits=httpx.Limits(max_connections=c.max_concurrency + 16,
+                                    max_keepalive_connections=c.max_concurrency + 16),
+                transport=self._transport,
+            )
+        return self._client
+
+    # ---- background loop -------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._loop_task = asyncio.create_task(self._loop())
+
+    async def stop(self) -> None:
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._loop_task
+        if self.drain is not None and self.drain.task is not None:
+            self.drain.task.cancel()
+        if self._client is not None:
+            await self._client.aclose()
+        aclose = getattr(self.gpu_reader, "aclose", None)
+        if aclose is not None:
+            with contextlib.suppress(Exception):
+                await aclose()
+
+    async def _loop(self) -> None:
+        while True:
+            try:
+                await self.tick()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # the loop must survive anything one tick does
+                log.exception("sidecar tick failed")
+            await asyncio.sleep(self.config.probe_interval_s)
+
+    async def tick(self) -> None:
+        """One round of observation: engine health and metrics, GPU, engine log, state changes, canary."""
+        await self._poll_engine()
+        now = self.clock.now()
+        self._read_engine_log()
+        verdict = await self._check_gpu(now)
+        if verdict.ok is False and self.state in (State.WARMING, State.READY, State.DEGRADED, State.RECOVERING):
+            self.start_drain(f"gpuz: {verdict.reason}", fault=True,
+                             tier=Tier.NODE if verdict.fatal else Tier.POD)
+        self._score_dwell(now)
+        if self.state is State.RECOVERING:
+            await self._canary_tick(now)
+        self._raise_limit(now)
+
+    async def _poll_engine(self) -> None:
+        c = self.config
+        now = self.clock.now()
+        up = False
+        try:
+            r = await self.client.get("/health", timeout=c.health_timeout_s)
+            up = r.status_code == 200
+        except httpx.HTTPError:
+            up = False
+        if up and self.model is None:
+            try:
+                r = await self.client.get("/v1/models", timeout=c.health_timeout_s)
+                data = r.json().get("data") or []
+                if data:
+                    self.model = str(data[0].get("id"))
+                    mml = data[0].get("max_model_len")
+                    self.model_max_len = int(mml) if isinstance(mml, int | float) else None
+            except (httpx.HTTPError, ValueError, AttributeError):
+                pass
+        if up:
+            try:
+                r = await self.client.get("/metrics", timeout=c.health_timeout_s)
+                if r.status_code == 200:
+                    vals = engine_values(r.text)
+                    self.engine = vals
+                    running = vals.get("vllm:num_requests_running", vals.get("sglang:num_running_reqs"))
+                    self.progress.observe_engine(now, running, vals.get("vllm:generation_tokens_total"))
+                    self.metrics_window.append({"ts": now, **vals, "proxy_in_flight": len(self.active),
+                                                "proxy_queued": self.admission.queued})
+            except httpx.HTTPError:
+                pass
+        was_up = self.engine_up
+        if up:
+            self.engine_fail_streak = 0
+            self.engine_down_since = None
+            self.engine_up = True
+            self.engine_ever_up = True
+            if self.state is State.STARTING and self.model is not None:
+                self._step(Event.ENGINE_UP, "engine answers and lists its model")
+            if self.state is State.QUARANTINED and not was_up and self.quarantine_tier is not Tier.NODE:
+                self._step(Event.WORKER_REBUILT, "engine came back after a pod-tier quarantine")
+            if self.state is State.WARMING and not self._warming:
+                self._warming = True
+                asyncio.create_task(self._warmup())
+        else:
+            self.engine_fail_streak += 1
+            if self.engine_down_since is None:
+                self.engine_down_since = now
+            if self.engine_fail_streak >= 2:
+                if self.engine_up:
+                    self.model = None  # a restarted engine may serve something else
+                self.engine_up = False
+                if self.state in (State.WARMING, State.READY, State.DEGRADED, State.RECOVERING):
+                    self.had_fault = self.had_fault or self.state is not State.WARMING
+                    self._step(Event.ENGINE_DOWN, "engine unreachable")
+
+    async def _inference(self, timeout_s: float) -> tuple[bool, float | None, str]:
+        """One tiny completion straight to the engine (warm-up and canary probes)."""
+        body = {"model": self.model or "", "prompt": self.config.warmup_prompt,
+                "max_tokens": self.config.warmup_max_tokens, "temperature": 0}
+        t0 = self.clock.now()
+        try:
+            r = await self.client.post("/v1/completions", json=body, timeout=timeout_s)
+        except httpx.HTTPError as e:
+            return False, None, f"{type(e).__name__}: {e}"
+        dt = self.clock.now() - t0
+        if r.status_code != 200:
+            self._inspect_error_text(r.text)
+            return False, dt, f"HTTP {r.status_code}: {r.text[:200]}"
+        self.progress.progress(self.clock.now())
+        return True, dt, "ok"
+
+    async def _warmup(self) -> None:
+        try:
+            ok, _, why = await self._inference(self.config.warmup_timeout_s)
+            if self.state is not State.WARMING:
+                return
+            if ok:
+                if self.had_fault:
+                    self._step(Event.WARMED_AFTER_FAULT, "warm-up inference succeeded after a fault")
+                else:
+                    self._step(Event.WARMED, "warm-up inference succeeded")
+            else:
+                self._record_error("warmup", why)
+                self._step(Event.WARMUP_FAILED, f"warm-up inference failed: {why}")
+        finally:
+            self._warming = False
+
+    async def _check_gpu(self, now: float) -> GpuVerdict:
+        snap = None
+        if self.gpu_reader is not None:
+            snap = await self.gpu_reader.read(now)
+        errs = [e for t, e in self.cuda_errors if now - t <= self.config.cuda_error_window_s]
+        fx = fatal_xids([x for t, x in self.recent_xids if now - t <= self.config.cuda_error_window_s],
+                        self.config.oom)
+        errs.extend(f"Xid {x}" for x in fx)
+        v = self.gpu.evaluate(snap, now, errs)
+        self.score = v.score
+        return v
+
+    def _read_engine_log(self) -> None:
+        path = self.config.engine_log
+        if path is None:
+            return
+        try:
+            with open(path, "rb") as f:
+                f.seek(0, 2)
+                size = f.tell()
+                if size < self._log_pos:
+                    self._log_pos = 0  # truncated or rotated
+                f.seek(max(self._log_pos, size - 256 * 1024))
+                data = f.read()
+                self._log_pos = f.tell()
+        except OSError:
+            return
+        for line in data.decode("utf-8", "replace").splitlines():
+            self.engine_log_tail.append(line)
+            self._inspect_error_text(line, from_log=True)
+
+    def _inspect_error_text(self, text: str, from_log: bool = False) -> None:
+        now = self.clock.now()
+        ctx = context_errors_in(text)
+        if ctx or (not from_log and "cuda error" in text.lower() and not is_oom_text(text)):
+            self.cuda_errors.append((now, text.strip()[:500]))
+        for x in xids_in(text) if ("xid" in text.lower()) else []:
+            self.recent_xids.append((now, x))
+
+    def _score_dwell(self, now: float) -> None:
+        lc = self.config.policy.lifecycle
+        s = self.score
+        if s is None:
+            self._below_since = self._above_since = None
+            return
+        if s < lc.degraded_below:
+            self._below_since = self._below_since if self._below_since is not None else now
+            self._above_since = None
+        elif s >= lc.ready_above:
+            self._above_since = self._above_since if self._above_since is not None else now
+            self._below_since = None
+        else:
+            self._below_since = self._above_since = None
+        if self.state is State.READY and self._below_since is not None and now - self._below_since >= lc.degraded_dwell_s:
+            self._step(Event.DEGRADE, f"score {s:.2f} below {lc.degraded_below} for {lc.degraded_dwell_s:g}s")
+        if self.state is State.DEGRADED and self._above_since is not None and now - self._above_since >= lc.ready_dwell_s:
+            self._step(Event.RECOVER, f"score {s:.2f} at or above {lc.ready_above} for {lc.ready_dwell_s:g}s")
+
+    def _raise_limit(self, now: float) -> None:
+        c = self.config
+        if self.admission.limit >= c.max_concurrency:
+            self.last_limit_raise = now
+            return
+        quiet_since = max(self.last_oom_at or 0.0, self.last_limit_raise)
+        if now - quiet_since >= c.concurrency_recover_s:
+            self.admission.set_limit(self.admission.limit + 1)
+            self.last_limit_raise = now
+
+    # ---- canary ----------------------------------------------------------------------------------
+
+    async def _canary_tick(self, now: float) -> None:
+        assert self.canary is not None
+        cs = self.canary_stats
+        needs_probe = self.canary.ramp_started_at is None or cs["requests"] < self.config.canary.min_requests
+        if needs_probe and not self._probe_inflight:
+            self._probe_inflight = True
+            try:
+                ok, dt, why = await self._inference(self.config.canary.probe_timeout_s)
+            finally:
+                self._probe_inflight = False
+            if self.state is not State.RECOVERING:
+                return
+            if ok:
+                cs["probe_ok"] += 1
+                if self.canary.ramp_started_at is not None:
+                    cs["requests"] += 1
+                    if dt is not None:
+                        cs["ttft_sum"] += dt
+                        cs["ttft_n"] += 1
+            else:
+                cs["probe_fail"] += 1
+                self._record_error("canary_probe", why)
+        now = self.clock.now()
+        obs = Observation(
+            requests=int(cs["requests"]), errors=int(cs["errors"]), probe_successes=int(cs["probe_ok"]),
+            probe_failures=int(cs["probe_fail"]),
+            mean_ttft_s=cs["ttft_sum"] / cs["ttft_n"] if cs["ttft_n"] else None,
+            mean_itl_s=cs["itl_sum"] / cs["itl_n"] if cs["itl_n"] else None,
+            gpu_ok=self.gpu.last.ok,
+        )
+        d = self.canary.step(obs, now)
+        self._canary_weight = d.weight
+        if d.verdict is Verdict.PASS:
+            self._step(Event.CANARY_PASSED, f"canary passed: {d.reason}")
+        elif d.verdict is Verdict.FAIL:
+            self.canary_failures.append(now)
+            n = recent_failures(self.canary_failures, now, self.config.canary.failure_window_s)
+            if n >= self.config.canary.max_failures:
+                self._step(Event.CANARY_FAILED_REPEATEDLY,
+                           f"canary failed {n} times within {self.config.canary.failure_window_s:g}s: {d.reason}")
+                self._record_intent(Intent(now, IntentKind.PAGE, self.config.replica,
+                                           f"replica FAILED after {n} canary failures: {d.reason}", {},
+                                           Tier.POD, policy_version=self.lifecycle.policy_version))
+            else:
+                self._step(Event.CANARY_FAILED, f"canary failed: {d.reason}")
+            self._canary_weight = 0.0
+
+    def _canary_observe(self, rec: RequestRecord, ok: bool) -> None:
+        if not rec.canary or self.state is not State.RECOVERING:
+            return
+        cs = self.canary_stats
+        cs["requests"] += 1
+        if not ok:
+            cs["errors"] += 1
+        if rec.first_at is not None and rec.sent_at is not None:
+            cs["ttft_sum"] += rec.first_at - rec.sent_at
+            cs["ttft_n"] += 1
+        if rec.chunks > 1:
+            cs["itl_sum"] += rec.itl_sum / (rec.chunks - 1)
+            cs["itl_n"] += 1
+
+    # ---- drain -----------------------------------------------------------------------------------
+
+    def start_drain(self, reason: str, fault: bool, tier: Tier | None = None) -> DrainProgress | None:
+        now = self.clock.now()
+        if fault:
+            self.had_fault = True
+            self.quarantine_tier = tier if self.quarantine_tier is None else self.quarantine_tier
+            if tier is Tier.NODE:
+                self.quarantine_tier = Tier.NODE
+        if self.drain is not None and self.drain.finished is None:
+            self.drain.fault = self.drain.fault or fault
+            return self.drain
+        t = self._step(Event.FAULT if fault else Event.ADMIN_DRAIN, reason)
+        if t is None and self.state is not State.DRAINING:
+            return None
+        if t is None and self.drain is not None:
+            # Already drained (admin); a fault now upgrades it.
+            if fault and not self.drain.fault:
+                self.drain.fault = True
+                self._step(Event.DRAINED_AFTER_FAULT, reason)
+            return self.drain
+        d = DrainProgress(started=now, deadline=now + self.config.max_drain_seconds, reason=reason, fault=fault,
+                          tier=tier)
+        d.at_start = {"queued": self.admission.queued,
+                      "sent": sum(1 for r in self.active if r.phase is Phase.SENT),
+                      "decoding": sum(1 for r in self.active if r.phase is Phase.DECODING)}
+        self.drain = d
+        d.outcomes["rejected_queued"] += self.admission.reject_waiting("replica is draining")
+        for r in list(self.active):
+            if r.phase is Phase.SENT and r.stream:
+                r.abort("replica is draining")
+        d.task = asyncio.create_task(self._drain_watch(d))
+        if fault:
+            self._record_intent(Intent(now, IntentKind.DRAIN, self.config.replica, reason, {"fault": True}, tier,
+                                       policy_version=self.lifecycle.policy_version))
+        return d
+
+    async def _drain_watch(self, d: DrainProgress) -> None:
+        while self.active and self.clock.now() < d.deadline:
+            await asyncio.sleep(0.02)
+        for r in list(self.active):
+            r.abort(f"drain deadline ({self.config.max_drain_seconds:g}s) reached")
+        # Give the handlers a moment to send their final events.
+        for _ in range(100):
+            if not self.active:
+                break
+            await asyncio.sleep(0.01)
+        d.finished = self.clock.now()
+        self.drain_history.append(d.to_dict(d.finished, len(self.active)))
+        d.evidence_path = self.write_evidence(d)
+        if d.fault and self.state is State.DRAINING:
+            self._step(Event.DRAINED_AFTER_FAULT, f"drained after fault: {d.reason}")
+            kind = "QUARANTINE" if d.tier is Tier.NODE else "REBUILD_WORKER"
+            self._record_intent(Intent(d.finished, IntentKind[kind], self.config.replica, d.reason,
+                                       {"evidence": d.evidence_path}, d.tier or Tier.POD,
+                                       policy_version=self.lifecycle.policy_version))
+
+    def undrain(self) -> Transition | None:
+        d = self.drain
+        if d is not None and d.task is not None and not d.task.done():
+            d.task.cancel()
+        if d is not None and d.finished is None:
+            d.finished = self.clock.now()
+        clean = self.state is State.DRAINING and not self.had_fault and (d is None or not d.fault)
+        t = self._step(Event.UNDRAIN_CLEAN if clean else Event.UNDRAIN, "admin undrain")
+        if t is not None:
+            self.drain = None
+        return t
+
+    async def wait_drained(self, timeout_s: float) -> None:
+        d = self.drain
+        if d is None or d.task is None:
+            return
+        with contextlib.suppress(TimeoutError, asyncio.CancelledError):
+            await asyncio.wait_for(asyncio.shield(d.task), timeout_s)
+
+    # ---- evidence --------------------------------------------------------------------------------
+
+    def evidence(self, d: DrainProgress | None = None) -> dict[str, Any]:
+        now = self.clock.now()
+        return {
+            "replica": self.config.replica, "ts": now, "state": str(self.state),
+            "policy_version": self.lifecycle.policy_version, "model": self.model,
+            "drain": None if d is None else d.to_dict(now, len(self.active)),
+            "transitions": [t.to_dict() for t in self.transitions],
+            "intents": [i.to_dict() for i in self.intents],
+            "last_errors": list(self.last_errors),
+            "cuda_errors": [{"ts": t, "text": e} for t, e in self.cuda_errors],
+            "ooms": list(self.oom_events),
+            "gpu": self.gpu.last.to_dict(),
+            "metrics_window": list(self.metrics_window),
+            "request_samples": list(self.samples) + [r.sample() for r in self.active],
+            "prompts_redacted": self.config.redact_prompts,
+            "engine_log_tail": list(self.engine_log_tail),
+        }
+
+    def write_evidence(self, d: DrainProgress | None) -> str | None:
+        bundle = self.evidence(d)
+        self.evidence_last = bundle
+        if self.config.evidence_dir is None:
+            return None
+        try:
+            self.config.evidence_dir.mkdir(parents=True, exist_ok=True)
+            safe = re.sub(r"[^A-Za-z0-9_.-]", "_", self.config.replica)
+            path = Path(self.config.evidence_dir) / f"evidence-{safe}-{int(bundle['ts'] * 1000)}.json"
+            path.write_text(json.dumps(bundle, indent=1, default=str))
+            return str(path)
+        except OSError as e:
+            self._record_error("evidence", f"cannot write evidence: {e}")
+            return None
+
+    # ---- bookkeeping -----------------------------------------------------------------------------
+
+    def _record_error(self, where: str, text: str) -> None:
+        self.last_errors.append({"ts": self.clock.now(), "where": where, "error": text[:500]})
+
+    def _record_intent(self, intent: Intent) -> None:
+        self.intents.append(intent)
+
+    def _finish(self, rec: RequestRecord, outcome: str, status: int, error: bool) -> None:
+        if rec.released:
+            return
+        rec.released = True
+        rec.outcome = outcome
+        rec.status = status
+        rec.phase = Phase.DONE
+        if rec.sent_at is not None:
+            self.admission.release()
+        self.active.discard(rec)
+        self._update_active(self.clock.now())
+        self.outcomes[outcome] += 1
+        self.requests_total += 1
+        if error:
+            self.errors_total += 1
+        if self.drain is not None and self.drain.finished is None:
+            self.drain.outcomes[outcome] += 1
+        self._canary_observe(rec, not error)
+        self.samples.append(rec.sample())
+
+    def _update_active(self, now: float) -> None:
+        # Only streams count as proxy-visible work: a long non-streaming request shows no chunk until it
+        # ends, so its progress comes from the engine's token counter instead.
+        self.progress.set_proxy_active(
+            sum(1 for r in self.active if r.stream and r.phase in (Phase.SENT, Phase.DECODING)), now)
+
+    def _unavailable(self, message: str, code: str = "replica_unavailable") -> JSONResponse:
+        self.outcomes[f"rejected_{code}"] += 1
+        return JSONResponse(_error_json(message, "service_unavailable", code), status_code=503,
+                            headers={"Retry-After": str(self.config.retry_after_s)})
+
+    # ---- the proxy -------------------------------------------------------------------------------
+
+    async def passthrough(self, request: Request, path: str) -> Response:
+        """Non-inference endpoints (e.g. /v1/models): forwarded without admission."""
+        try:
+            r = await self.client.request(request.method, "/" + path, content=await request.body(),
+                                          headers=self._fwd_headers(request), params=request.query_params,
+                                          timeout=self.config.health_timeout_s)
+        except httpx.HTTPError as e:
+            return self._unavailable(f"engine unreachable: {type(e).__name__}", "engine_unreachable")
+        return Response(r.content, r.status_code, headers=self._resp_headers(r.headers))
+
+    @staticmethod
+    def _fwd_headers(request: Request) -> dict[str, str]:
+        return {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
+
+    @staticmethod
+    def _resp_headers(h: httpx.Headers) -> dict[str, str]:
+        return {k: v for k, v in h.items() if k.lower() not in HOP_BY_HOP and k.lower() != "content-encoding"}
+
+    async def proxy(self, request: Request, path: str) -> Response:
+        raw = await request.body()
+        try:
+            payload = json.loads(raw) if raw else {}
+        except ValueError:
+            payload = None
+        if not isinstance(payload, dict):
+            return JSONResponse(_error_json("request body must be a JSON object", "invalid_request_error",
+                                            "invalid_json"), status_code=400)
+        c = self.config
+        stream = bool(payload.get("stream"))
+        mt = payload.get("max_tokens", payload.get("max_completion_tokens"))
+        max_tokens = int(mt) if isinstance(mt, int | float) else None
+        text = _prompt_text(payload)
+        est = _estimate_tokens(text)
+        st = self.state
+        if not admits(st):
+            return self._unavailable(f"replica {c.replica} is {st}; retry on another replica")
+        canary = st is State.RECOVERING
+        if canary:
+            short = max_tokens is not None and max_tokens <= c.canary.short_max_tokens
+            if not short or not self.share_gate.admit(self._canary_weight):
+                return self._unavailable(f"replica {c.replica} is RECOVERING (canary at weight "
+                                         f"{self._canary_weight:.2f}); retry on another replica", "canary")
+        if self.oversize_limit_tokens is not None and est + (max_tokens or 0) >= self.oversize_limit_tokens:
+            allowed = self.oversize_limit_tokens - est - 1
+            if c.oom_clip_max_tokens and allowed > 0:
+                payload["max_tokens"] = allowed
+                payload.pop("max_completion_tokens", None)
+                max_tokens = allowed
+                raw = json.dumps(payload).encode()
+            else:
+                self.outcomes["rejected_oversized"] += 1
+                return JSONResponse(_error_json(
+                    f"request too large for this replica: about {est} prompt tokens + max_tokens {max_tokens} "
+                    f"reached {self.oversize_limit_tokens} tokens, where it ran out of GPU memory before"
+                    + (f"; lower max_tokens to at most {allowed}" if allowed > 0 else "; shorten the prompt"),
+                    "invalid_request_error", "oom_oversized_request"), status_code=400)
+        rec = RequestRecord(
+            id=next(self._ids), path="/" + path, stream=stream, model=str(payload.get("model", "")),
+            max_tokens=max_tokens, prompt_tokens_est=est,
+            prompt_digest=hashlib.sha256(text.encode()).hexdigest()[:16], prompt_chars=len(text),
+            prompt_text=None if c.redact_prompts else text, canary=canary, started=self.clock.now(),
+        )
+        self.active.add(rec)
+        try:
+            await self.admission.acquire(c.queue_timeout_s)
+        except Rejected as e:
+            self.active.discard(rec)
+            self.outcomes["rejected_queue"] += 1
+            return self._unavailable(f"not admitted: {e.reason}; retry on another replica", "not_admitted")
+        except asyncio.CancelledError:
+            self.active.discard(rec)
+            raise
+        rec.phase = Phase.SENT
+        rec.sent_at = self.clock.now()
+        if rec.abort_reason is not None:  # a drain started while it was being admitted
+            self._finish(rec, "rejected_draining", 503, False)
+            return self._unavailable(f"{rec.abort_reason}; retry on another replica", "draining")
+        self._update_active(rec.sent_at)
+        try:
+            req = self.client.build_request("POST", "/" + path, content=raw, headers=self._fwd_headers(request),
+                                            params=request.query_params)
+            resp = await self.client.send(req, stream=True)
+        except httpx.HTTPError as e:
+            self._record_error("upstream", f"{type(e).__name__}: {e}")
+            self._finish(rec, "engine_unreachable", 503, True)
+            return self._unavailable(f"engine unreachable: {type(e).__name__}", "engine_unreachable")
+        except asyncio.CancelledError:
+            self._finish(rec, "client_gone", 499, False)
+            raise
+        if resp.status_code >= 400:
+            try:
+                body = await resp.aread()
+            finally:
+                await resp.aclose()
+            return self._upstream_error(rec, payload, resp, body)
+        pump = asyncio.create_task(self._pump(rec, resp))
+        try:
+            first = await rec.queue.get()
+        except asyncio.CancelledError:
+            pump.cancel()
+            self._finish(rec, "client_gone", 499, False)
+            raise
+        if isinstance(first, _Abort) or rec.abort_reason is not None:
+            pump.cancel()
+            self._finish(rec, "rejected_draining", 503, False)
+            return self._unavailable(f"{rec.abort_reason}; retry on another replica", "draining")
+        if isinstance(first, _Failure):
+            self._record_error("upstream", first.error)
+            self._finish(rec, "upstream_failed", 502, True)
+            return JSONResponse(_error_json(f"engine failed: {first.error}", "upstream_error", "engine_failed"),
+                                status_code=502)
+        headers = self._resp_headers(resp.headers)
+        if not stream or "text/event-stream" not in resp.headers.get("content-type", ""):
+            return await self._collect(rec, first, pump, resp.status_code, headers)
+        now = self.clock.now()
+        rec.phase = Phase.DECODING
+        rec.first_at = rec.last_chunk_at = now
+        rec.chunks = 1
+        self.progress.progress(now)
+        return StreamingResponse(self._stream_body(rec, first, pump), status_code=resp.status_code,
+                                 headers=headers, media_type="text/event-stream")
+
+    async def _pump(self, rec: RequestRecord, resp: httpx.Response) -> None:
+        try:
+            async for chunk in resp.aiter_raw():
+                if chunk:
+                    rec.queue.put_nowait(chunk)
+            rec.queue.put_nowait(_END)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            rec.queue.put_nowait(_Failure(f"{type(e).__name__}: {e}"))
+        finally:
+            with contextlib.suppress(Exception):
+                await resp.aclose()
+
+    async def _collect(self, rec: RequestRecord, first: Any, pump: asyncio.Task[None], status: int,
+                       headers: dict[str, str]) -> Response:
+        parts: list[bytes] = []
+        item = first
+        try:
+            while True:
+                if item is _END:
+                    break
+                if isinstance(item, _Abort):
+                    pump.cancel()
+                    self._finish(rec, "cut_at_deadline", 503, False)
+                    return self._unavailable(f"{item.reason}; retry on another replica", "draining")
+                if isinstance(item, _Failure):
+                    self._record_error("upstream", item.error)
+                    self._finish(rec, "upstream_failed", 502, True)
+                    return JSONResponse(_error_json(f"engine failed: {item.error}", "upstream_error",
+                                                    "engine_failed"), status_code=502)
+                parts.append(item)
+                item = await rec.queue.get()
+        except asyncio.CancelledError:
+            pump.cancel()
+            self._finish(rec, "client_gone", 499, False)
+            raise
+        now = self.clock.now()
+        rec.first_at = rec.last_chunk_at = now
+        self.progress.progress(now)
+        body = b"".join(parts)
+        if b'"error"' in body[:200]:
+            self._inspect_error_text(body[:2000].decode("utf-8", "replace"))
+        self._finish(rec, "completed", status, False)
+        return Response(body, status, headers=headers)
+
+    async def _stream_body(self, rec: RequestRecord, first: bytes, pump: asyncio.Task[None]) -> AsyncIterator[bytes]:
+        ended_clean = first.endswith(b"\n\n")
+        outcome, status, error = "client_gone", 499, False
+        try:
+            yield first
+            while True:
+                item = await rec.queue.get()
+                if item is _END:
+                    outcome, status = "completed", 200
+                    break
+                if isinstance(item, _Abort | _Failure):
+                    msg = item.reason if isinstance(item, _Abort) else f"engine failed: {item.error}"
+                    if isinstance(item, _Failure):
+                        self._record_error("upstream", item.error)
+                        outcome, error = "upstream_failed", True
+                    else:
+                        outcome = "cut_at_deadline"
+                    status = 200
+                    ev = json.dumps(_error_json(msg, "service_unavailable", "stream_ended_by_sidecar"))
+                    yield (b"" if ended_clean else b"\n\n") + f"data: {ev}\n\ndata: [DONE]\n\n".encode()
+                    break
+                now = self.clock.now()
+                if rec.last_chunk_at is not None:
+                    rec.itl_sum += now - rec.last_chunk_at
+                rec.last_chunk_at = now
+                rec.chunks += 1
+                self.progress.progress(now)
+                if b'"error"' in item:
+                    self._inspect_error_text(item.decode("utf-8", "replace"))
+                ended_clean = item.endswith(b"\n\n")
+                yield item
+        finally:
+            pump.cancel()
+            self._finish(rec, outcome, status, error)
+
+    def _upstream_error(self, rec: RequestRecord, payload: dict[str, Any], resp: httpx.Response,
+                        body: bytes) -> Response:
+        text = body.decode("utf-8", "replace")
+        status = resp.status_code
+        if is_oom_text(text):
+            return self._on_oom(rec, payload, text)
+        self._inspect_error_text(text)
+        self._record_error("upstream", f"HTTP {status}: {text[:300]}")
+        self._finish(rec, f"http_{status}", status, status >= 500)
+        if self.cuda_errors and self.cuda_errors[-1][0] >= (rec.sent_at or 0):
+            self.start_drain(f"CUDA error in engine response: {text[:200]}", fault=True, tier=Tier.NODE)
+            return self._unavailable("the engine hit a CUDA error; retry on another replica", "cuda_error")
+        return Response(body, status, headers=self._resp_headers(resp.headers))
+
+    def _on_oom(self, rec: RequestRecord, payload: dict[str, Any], text: str) -> Response:
+        now = self.clock.now()
+        c = self.config
+        nums = parse_torch_oom(text)
+        m = re.search(r"prompt[_ ]tokens\D{0,3}(\d+)", text)
+        prompt_tokens = int(m.group(1)) if m else rec.prompt_tokens_est
+        kv = self.engine.get("vllm:kv_cache_usage_perc", self.engine.get("vllm:gpu_cache_usage_perc"))
+        running = self.engine.get("vllm:num_requests_running")
+        self._inspect_error_text(text)
+        ev = OomEvent(
+            ts=now, prompt_tokens=prompt_tokens, max_tokens=rec.max_tokens, max_batch_tokens=c.max_batch_tokens,
+            running_requests=int(running) if running is not None else self.admission.active,
+            kv_cache_usage=kv, requested_bytes=nums.requested_bytes, free_bytes=nums.free_bytes,
+            reserved_bytes=nums.reserved_unallocated_bytes, allocated_bytes=nums.allocated_bytes,
+            total_bytes=nums.total_bytes,
+            recent_xids=tuple(x for t, x in self.recent_xids if now - t <= c.cuda_error_window_s),
+            cuda_errors=tuple(e for t, e in self.cuda_errors if now - t <= c.cuda_error_window_s),
+            model_max_len=self.model_max_len, entity=c.replica, model=self.model or rec.model,
+        )
+        v = classify_oom(ev, c.oom)
+        intents = oom_intents(ev, now, c.oom, current_limit=self.admission.limit,
+                              policy_version=self.lifecycle.policy_version)
+        for i in intents:
+            self._record_intent(i)
+        self.ooms[str(v.cls)] += 1
+        self.last_oom_at = now
+        self.oom_events.append({"ts": now, "class": str(v.cls), "explanation": v.explanation,
+                                "evidence": list(v.evidence), "request": rec.sample(), "text": text[:500]})
+        self._record_error("oom", f"{v.cls}: {v.explanation}")
+        self._finish(rec, f"oom_{v.cls}", 400 if v.cls is OomClass.OVERSIZED_REQUEST else 503,
+                     v.cls is not OomClass.OVERSIZED_REQUEST)
+        if v.cls is OomClass.OVERSIZED_REQUEST:
+            req_tokens = prompt_tokens + (rec.max_tokens or 0)
+            self.oversize_limit_tokens = min(self.oversize_limit_tokens or req_tokens, req_tokens)
+            return JSONResponse(_error_json(f"request too large for this replica: {v.explanation}",
+                                            "invalid_request_error", "oom_oversized_request"), status_code=400)
+        if v.cls is OomClass.BATCH_OVERLOAD:
+            for i in intents:
+                if "max_concurrency" in i.params:
+                    self.admission.set_limit(int(i.params["max_concurrency"]))
+            self.last_limit_raise = now
+        elif v.cls is OomClass.FRAGMENTATION:
+            self.start_drain(f"OOM: {v.explanation}", fault=True, tier=Tier.POD)
+        else:
+            self.start_drain(f"OOM: {v.explanation}", fault=True, tier=Tier.NODE)
+        return self._unavailable(f"the engine ran out of GPU memory ({v.cls}); retry on another replica",
+                                 f"oom_{v.cls}")
+
+    # ---- probes ----------------------------------------------------------------------------------
+
+    def livez(self) -> tuple[bool, dict[str, Any]]:
+        now = self.clock.now()
+        stalled = self.progress.stalled_for(now)
+        reasons = []
+        if stalled > self.config.liveness_timeout_s:
+            reasons.append(f"engine made no progress for {stalled:.1f}s with work running")
+        if self.engine_ever_up and self.engine_down_since is not None \
+                and now - self.engine_down_since > self.config.engine_down_grace_s:
+            reasons.append(f"engine unreachable for {now - self.engine_down_since:.0f}s")
+        return not reasons, {"alive": not reasons, "state": str(self.state), "stalled_s": round(stalled, 3),
+                             "in_flight": len(self.active), "engine_running": self.engine.get(
+                                 "vllm:num_requests_running"), "reasons": reasons}
+
+    def readyz(self) -> tuple[bool, dict[str, Any]]:
+        st = self.state
+        c = self.config
+        reasons = []
+        if not admits(st):
+            reasons.append(f"state is {st}")
+        if st is State.RECOVERING and self._canary_weight <= 0:
+            reasons.append("canary has not admitted traffic yet")
+        if self.admission.queued >= c.ready_queue_limit:
+            reasons.append(f"{self.admission.queued} requests queued (protection level {c.ready_queue_limit})")
+        waiting = self.engine.get("vllm:num_requests_waiting", self.engine.get("sglang:num_queue_reqs"))
+        if waiting is not None and waiting >= c.ready_engine_waiting_limit:
+            reasons.append(f"engine has {waiting:g} requests waiting (protection level {c.ready_engine_waiting_limit:g})")
+        if self.gpu.last.ok is False:
+            reasons.append(f"gpuz: {self.gpu.last.reason}")
+        if not self.engine_up:
+            reasons.append("engine not reachable")
+        return not reasons, {"ready": not reasons, "state": str(st), "weight": self.weight(), "reasons": reasons}
+
+    def gpuz(self) -> tuple[bool, dict[str, Any]]:
+        v = self.gpu.last
+        return v.ok is not False, {"trusted": v.ok, **v.to_dict()}
+
+    def state_dict(self) -> dict[str, Any]:
+        now = self.clock.now()
+        return {
+            "replica": self.config.replica, "state": str(self.state), "since": self.lifecycle.since,
+            "weight": self.weight(), "score": self.score, "model": self.model,
+            "engine_up": self.engine_up, "in_flight": len([r for r in self.active if r.phase is not Phase.QUEUED]),
+            "queued": self.admission.queued, "concurrency_limit": self.admission.limit,
+            "oversize_limit_tokens": self.oversize_limit_tokens,
+            "drain": None if self.drain is None else self.drain.to_dict(now, len(self.active)),
+            "canary": None if self.canary is None or self.state is not State.RECOVERING else {
+                "weight": self._canary_weight, "stats": dict(self.canary_stats),
+                "ramp_started_at": self.canary.ramp_started_at},
+            "canary_failures": len(self.canary_failures),
+            "gpu": self.gpu.last.to_dict(), "ooms": dict(self.ooms), "outcomes": dict(self.outcomes),
+            "transitions": [t.to_dict() for t in list(self.transitions)[-20:]],
+            "intents": [i.to_dict() for i in list(self.intents)[-20:]],
+            "last_errors": list(self.last_errors)[-10:],
+        }
+
+
