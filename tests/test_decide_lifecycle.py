@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 from decide_support import Run, tup
-
 from fleethealth.decide.decider import REMEDIATION_KINDS, Decider
 from fleethealth.decide.lifecycle import RULES, mermaid_diagram
 from fleethealth.decide.model import IntentKind, State

@@ -6,8 +6,9 @@ safety rules that keep a scorer bug, a metrics outage or a bad rollout from drai
 
 * Fleet-wide confidence: when at least ``fleet.low_confidence_fraction`` of the (at least
   ``fleet.min_entities``) lifecycle entities are unknown or below ``min_confidence`` together, the problem
-  is telemetry: one FLEET_ALERT, remediation frozen (no drain, no quarantine, no reset), router weights
-  and scheduler holds kept as they were, until confidence returns (a resolving FLEET_ALERT).
+  is telemetry: one FLEET_ALERT, remediation frozen (no signal-driven move to a worse state, no drain, no
+  quarantine, no reset), router weights and scheduler holds kept as they were, until confidence returns
+  (a resolving FLEET_ALERT). Events (test results, humans) still apply.
 * Budgets per pool (label ``pool``): at most max(quarantine_min_per_hour, floor(fraction * pool size))
   quarantines per ``budgets.window_s``; never more than ``max_per_tp_group`` isolated nodes of one
   ``tp_group``. Exhausted: one PAGE per window and a soft fallback (``soft=True``: NO_NEW_WORK for a
@@ -43,6 +44,7 @@ from typing import Any, Protocol
 from fleethealth.decide.lifecycle import (
     ISOLATED_STATES,
     REMEDIATION_TARGETS,
+    SIGNAL_CONDS,
     Cond,
     Observation,
     Rule,
@@ -57,6 +59,7 @@ from fleethealth.policy import Policy, default_policy
 from fleethealth.score.health import HealthTuple
 
 LIFECYCLE_KINDS = ("node", "replica")
+WORSE_STATES: frozenset[State] = frozenset({State.DEGRADED, State.DRAINING, State.QUARANTINED, State.FAILED})
 # Intents that change what runs where; never caused by unknown data, never issued while frozen.
 REMEDIATION_KINDS: frozenset[IntentKind] = frozenset({
     IntentKind.DRAIN, IntentKind.QUARANTINE, IntentKind.SCHEDULE_RESET, IntentKind.RUN_ACTIVE_TEST,
@@ -210,10 +213,19 @@ class Decider:
 
         ev_by_entity: dict[str, list[Event]] = defaultdict(list)
         for e in sorted(events, key=lambda e: (e.ts, e.entity, e.kind)):
-            if e.kind == "oom":
-                self._oom(c, e)
-            else:
+            if e.kind != "oom":
                 ev_by_entity[e.entity].append(e)
+                continue
+            faulty = self._oom(c, e)
+            if faulty is None:
+                continue
+            es_f = s.entities.get(faulty)
+            targets = [faulty] + ([es_f.labels["node"]] if es_f is not None and es_f.labels.get("node") else [])
+            for eid in targets:
+                o = obs.get(eid)
+                if eid in s.entities and o is not None and o.usable(lc):
+                    obs[eid] = Observation(o.value, o.confidence, "gate:oom_device_fault", gate=True,
+                                           drain_reset=o.drain_reset)
 
         # Deterministic order that spends budgets on the worst first: gates, then lowest value.
         def order(eid: str) -> tuple[int, float, str]:
@@ -358,38 +370,41 @@ class Decider:
                    {"action": "GPU_RESET", "when": "next_safe_point", "drain": True, "gpus": gpus,
                     "flags": sorted(flags)}, Tier.NODE)
 
-    def _oom(self, c: _Cycle, e: Event) -> None:
-        """Classify a CUDA OOM with ``decide.oom`` (the sidecar engineer's) and pass its intents on;
-        while frozen, the remediating ones are held back."""
+    def _oom(self, c: _Cycle, e: Event) -> str | None:
+        """Classify a CUDA OOM with ``decide.oom``. The small actions (reject, limit concurrency, rebuild a
+        fragmented worker) pass through (the rebuild not while frozen); a device fault instead becomes a
+        gate on the replica's and its node's lifecycles, so budgets and freezes apply. Returns the node
+        (or replica) to gate, if any."""
+        from fleethealth.decide import oom
+
+        fields: dict[str, Any] = {"ts": e.ts, "entity": e.entity}
+        for k, v in e.payload.items():
+            fields[k] = tuple(v) if isinstance(v, list) else v
         try:
-            from fleethealth.decide import oom  # type: ignore[attr-defined]
-        except ImportError:
-            c.emit(IntentKind.PAGE, e.entity, "oom:unclassified", {"severity": "ticket", "event": e.payload})
-            return
-        payload: Any = e.payload
-        ctor = getattr(oom, "OomEvent", None)
-        if isinstance(payload, dict) and ctor is not None:
-            try:
-                payload = ctor(**payload)
-            except TypeError:
-                payload = e.payload
-        produced = oom.oom_intents(payload, c.now)
+            ev = oom.OomEvent(**fields)
+        except TypeError as err:
+            c.emit(IntentKind.PAGE, e.entity, "oom:unreadable_event", {"severity": "ticket", "error": str(err)})
+            return None
+        produced = oom.oom_intents(ev, c.now, policy_version=c.version)
+        if any(it.kind == IntentKind.QUARANTINE for it in produced):
+            return e.entity
         for it in produced:
-            if c.s.frozen and it.kind in REMEDIATION_KINDS | {IntentKind.QUARANTINE}:
+            if c.s.frozen and it.kind in REMEDIATION_KINDS:
                 continue
-            pr = dict(it.params)
-            c.emit(it.kind, it.entity or e.entity, it.reason, pr, it.tier, it.soft)
+            c.emit(it.kind, it.entity or e.entity, it.reason, dict(it.params), it.tier, it.soft)
+        return None
 
     # ------------------------------------------------------------------------------------------
     def _veto(self, c: _Cycle, es: EntityLifecycle, rule: Rule, suspects: Mapping[tuple[str, str], str]) -> str | None:
         """Why this remediation may not happen now (None: it may)."""
+        signal_driven = rule.cond in SIGNAL_CONDS or rule.cond in (Cond.HARD_GATE, Cond.DRAIN_RESET)
+        if c.s.frozen and signal_driven and rule.dst in WORSE_STATES:
+            return "frozen:fleet_confidence"  # the telemetry itself is in doubt
         if rule.dst not in REMEDIATION_TARGETS:
             return None
         if es.state in ISOLATED_STATES or rule.cond in (Cond.HUMAN_QUARANTINE, Cond.HUMAN_READY):
             return None  # already out of service, or a human said so
         p = self.policy
-        if c.s.frozen:
-            return "frozen:fleet_confidence"
         for label in p.attribution.version_labels:
             v = es.labels.get(label)
             if v is not None and (label, v) in suspects:
@@ -561,7 +576,8 @@ class Decider:
         """Training scheduler: no new work on a node that is not READY, or whose health is unknown."""
         lc = self.policy.lifecycle
         usable = o is not None and o.usable(lc)
-        if es.state == State.READY and not es.blocked:
+        held = es.blocked is not None and not es.blocked.startswith("frozen")
+        if es.state == State.READY and not held:
             if usable:
                 want = False
             elif c.s.frozen:
