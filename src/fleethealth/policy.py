@@ -217,6 +217,10 @@ class Policy(Strict):
         default_factory=lambda: {"training": "min", "remediation": "min", "serving": "gmean"}
     )
     signals: list[SignalSpec]
+    # A sub-score at 0 (at or past its critical level) zeroes its category instead of being averaged
+    # with healthier views of the same condition: a rank 9 MADs slow is not half-healthy because its
+    # clock is only 4 MADs low. Sub-scores between 0 and 1 are still averaged with their weights.
+    critical_zeroes_category: bool = True
     lifecycle: Lifecycle = Field(default_factory=Lifecycle)
     budgets: Budgets = Field(default_factory=Budgets)
     fleet: Fleet = Field(default_factory=Fleet)

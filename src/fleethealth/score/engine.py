@@ -57,15 +57,30 @@ class _Resolver:
         self.key_names: list[str] = []
         self.key_ix: dict[str, int] = {}
         self.key_node: list[int] = []  # key id -> node key id (for gpu keys), else -1
+        self.display: list[str] = []  # key id -> entity name without the kind prefix
+        self._display_arr = np.zeros(0, object)
         self.cols: dict[str, list[int]] = {k: [] for k in KINDS}
         self.arr: dict[str, np.ndarray] = {}
         self.labelsets: list[LabelSet] | None = None
+        self._groups: dict[tuple[str, ...], tuple[int, dict[tuple[str, ...], int], list[int]]] = {}
+
+    def group_ids(self, labels: tuple[str, ...]) -> np.ndarray:
+        """Per label set, the id of its peer group (the values of ``labels``); incremental, cached."""
+        assert self.labelsets is not None
+        n_done, keys, ids = self._groups.get(labels, (0, {}, []))
+        for ls in self.labelsets[n_done:]:
+            d = dict(ls)
+            key = tuple(d.get(k, "") for k in labels)
+            ids.append(keys.setdefault(key, len(keys)))
+        self._groups[labels] = (len(self.labelsets), keys, ids)
+        return np.asarray(ids, np.int64)
 
     def _kid(self, name: str, node_kid: int = -1) -> int:
         ix = self.key_ix.get(name)
         if ix is None:
             ix = self.key_ix[name] = len(self.key_names)
             self.key_names.append(name)
+            self.display.append(name.split(":", 1)[1])
             self.key_node.append(node_kid)
         return ix
 
@@ -95,6 +110,11 @@ class _Resolver:
         self.n = len(labelsets)
         self.arr = {k: np.asarray(v, np.int64) for k, v in self.cols.items()}
         self.labelsets = labelsets
+
+    def display_names(self, ids: np.ndarray) -> list[str]:
+        if self._display_arr.size != len(self.display):
+            self._display_arr = np.array(self.display, dtype=object)
+        return list(self._display_arr[ids]) if ids.size else []
 
 
 _RESOLVERS: dict[tuple[int, tuple[str, ...], tuple[str, ...]], _Resolver] = {}
@@ -131,15 +151,41 @@ class _SignalResult:
     notes: dict[int, str] = field(default_factory=dict)
 
 
+def _uniq(a: np.ndarray) -> np.ndarray:
+    """Sorted unique of non-negative ints; a presence mask beats hashing/sorting for dense ids."""
+    if a.size == 0:
+        return np.zeros(0, np.int64)
+    k = int(a.max()) + 1
+    if k <= 8 * a.size + 1_000_000:
+        mask = np.zeros(k, bool)
+        mask[a] = True
+        return np.flatnonzero(mask)
+    return np.unique(a)
+
+
 def _is_counter(spec: SignalSpec) -> bool:
     return spec.kind == "counter"
+
+
+def _order_by_series_ts(series: np.ndarray, ts: np.ndarray) -> np.ndarray:
+    """Order by (series, ts) with one sort of a combined float key (series major, time minor), which
+    is several times faster than a lexsort; exact while series x time span stays below 2**52."""
+    if series.size == 0:
+        return np.zeros(0, np.int64)
+    t0 = float(ts.min())
+    span = float(ts.max()) - t0 + 1.0
+    if float(series.max()) * span < 2.0**52 / 1024:
+        return np.argsort(series.astype(np.float64) * span + (ts - t0))
+    return np.lexsort((ts, series))
 
 
 def _latest_per_series(series: np.ndarray, ts: np.ndarray) -> np.ndarray:
     """Positions (into the given arrays) of the latest sample of each series."""
     if series.size == 0:
         return np.zeros(0, np.int64)
-    order = np.lexsort((ts, series))
+    if np.bincount(series).max() <= 1:  # one sample per series: each is its own latest
+        return np.arange(series.size)
+    order = _order_by_series_ts(series, ts)
     s = series[order]
     last = np.ones(s.size, bool)
     last[:-1] = s[1:] != s[:-1]
@@ -153,7 +199,7 @@ def _increase_per_series(
 
     Returns (series ids, increase, first ts, last ts, last value); series with one sample have NaN.
     """
-    order = np.lexsort((ts, series))
+    order = _order_by_series_ts(series, ts)
     s, v, t = series[order], values[order], ts[order]
     if s.size == 0:
         e = np.zeros(0)
@@ -190,13 +236,19 @@ class _Ctx:
             )
         ok &= ~np.isnan(snap.values)
         idx = np.flatnonzero(ok)
-        order = idx[np.argsort(snap.metric_ids[idx], kind="stable")]
+        mids_all = snap.metric_ids[idx]
+        if len(snap.metrics) < 32000:
+            mids_all = mids_all.astype(np.int16)  # stable sort of 16-bit ints is a radix sort: O(n)
+        order = idx[np.argsort(mids_all, kind="stable")]
         self.order = order
         mids = snap.metric_ids[order]
         self.metric_ix = snap.metric_index()
         self.bounds: dict[int, tuple[int, int]] = {}
         if order.size:
-            uniq, first = np.unique(mids, return_index=True)
+            chg = np.ones(mids.size, bool)
+            chg[1:] = mids[1:] != mids[:-1]
+            first = np.flatnonzero(chg)
+            uniq = mids[first]
             last = np.concatenate((first[1:], [order.size]))
             for u, a, b in zip(uniq.tolist(), first.tolist(), last.tolist(), strict=True):
                 self.bounds[u] = (a, b)
@@ -240,10 +292,10 @@ def _entity_tables(ctx: _Ctx, policy: Policy, inventory: Mapping[str, Sequence[s
         ser = ctx.snap.series_ids[idx]
         for kind in spec.entities:
             kid = r.arr[kind][ser]
-            found[kind].append(np.unique(kid[kid >= 0]))
+            found[kind].append(_uniq(kid[kid >= 0]))
     # gpus imply their nodes
     if found["gpu"]:
-        g = np.unique(np.concatenate(found["gpu"]))
+        g = _uniq(np.concatenate(found["gpu"]))
         found["gpu"] = [g]
         kn = np.asarray(r.key_node, np.int64)[g] if g.size else np.zeros(0, np.int64)
         found["node"].append(kn[kn >= 0])
@@ -262,17 +314,19 @@ def _entity_tables(ctx: _Ctx, policy: Policy, inventory: Mapping[str, Sequence[s
     out: dict[str, _KindTable] = {}
     n_keys = len(r.key_names)
     for kind in KINDS:
-        ids = np.unique(np.concatenate(found[kind])) if found[kind] else np.zeros(0, np.int64)
+        ids = _uniq(np.concatenate(found[kind])) if found[kind] else np.zeros(0, np.int64)
         lut = np.full(n_keys, -1, np.int64)
         lut[ids] = np.arange(ids.size)
-        names = [r.key_names[i].split(":", 1)[1] for i in ids.tolist()]
+        names = r.display_names(ids)
         out[kind] = _KindTable(kind, ids, lut, names)
     return out
 
 
 def _reduce_worst(ent: np.ndarray, vals: np.ndarray, n: int, higher_worse: bool) -> np.ndarray:
     out = np.full(n, np.nan)
-    if ent.size:
+    if ent.size and np.bincount(ent, minlength=1).max() <= 1:  # one value per entity: no reduction
+        out[ent] = vals
+    elif ent.size:
         if higher_worse:
             np.fmax.at(out, ent, vals)
         else:
@@ -386,7 +440,6 @@ def _shape(
         return sub
     if spec.shape == "peer":
         # Peer group of an entity: the peer labels of the label set its (latest) sample came from.
-        snap = ctx.snap
         assert lp is not None
         src_series = np.full(n, -1, np.int64)
         src_series[ent[lp]] = ser[lp]
@@ -394,19 +447,17 @@ def _shape(
         ents = np.flatnonzero(have)
         if ents.size == 0:
             return np.full(n, np.nan)
-        uniq_ser, inv = np.unique(src_series[ents], return_inverse=True)
-        pk: dict[tuple[str, ...], int] = {}
-        gid_of_ser = np.empty(uniq_ser.size, np.int64)
-        for i, s in enumerate(uniq_ser.tolist()):
-            d = dict(snap.labelsets[s])
-            key = tuple(d.get(lbl, "") for lbl in spec.peer_by)
-            gid_of_ser[i] = pk.setdefault(key, len(pk))
-        groups = gid_of_ser[inv]
+        raw_groups = ctx.resolver.group_ids(tuple(spec.peer_by))[src_series[ents]]
+        present = _uniq(raw_groups)
+        remap = np.full(int(raw_groups.max()) + 1, -1, np.int64)
+        remap[present] = np.arange(present.size)
+        groups = remap[raw_groups]
+        n_groups = int(present.size)
         k_warn = spec.k_warn if spec.k_warn is not None else pol.peer.k_warn
         k_crit = spec.k_crit if spec.k_crit is not None else pol.peer.k_crit
         min_peers = spec.min_peers if spec.min_peers is not None else pol.peer.min_peers
         z, _med, _mad, counts = shapes.peer_robust_z(
-            x[ents], groups, len(pk), worse_if=spec.worse_if, min_rel_dev=spec.min_rel_dev,
+            x[ents], groups, n_groups, worse_if=spec.worse_if, min_rel_dev=spec.min_rel_dev,
             mad_floor_rel=spec.mad_floor_rel,
         )
         small = counts[groups] < min_peers
@@ -614,7 +665,7 @@ def _cross_category(cat: np.ndarray, how: str) -> tuple[np.ndarray, np.ndarray]:
 
 def _aggregate(
     kind: EntityKind, names: list[str], specs: list[SignalSpec], results: list[_SignalResult], how: str,
-    categories: list[str],
+    categories: list[str], critical_zeroes: bool = True,
 ) -> KindScores:
     n = len(names)
     m = len(specs)
@@ -651,6 +702,9 @@ def _aggregate(
         tot = (subz[:, cols] * w[cols]).sum(axis=1)
         with np.errstate(invalid="ignore", divide="ignore"):
             cat[:, c] = np.where(wsum > 0, tot / np.where(wsum > 0, wsum, 1.0), np.nan)
+        if critical_zeroes:
+            crit = (fresh[:, cols] & (sub[:, cols] == 0)).any(axis=1)
+            cat[:, c] = np.where(crit, 0.0, cat[:, c])
     value, worst = _cross_category(cat, how)
 
     is_gate = np.array([s.shape in ("gate", "xid") for s in specs], bool)
@@ -787,7 +841,7 @@ class FleetHealth:
 
     def __init__(
         self, now: float, consumer: str, policy_version: str, kinds: dict[str, KindScores],
-        meta: dict[str, dict[int, dict[str, str]]], issues: list[InputIssue],
+        meta: _MetaIndex, issues: list[InputIssue],
     ) -> None:
         self.now = now
         self.consumer = consumer
@@ -795,15 +849,22 @@ class FleetHealth:
         self.kinds = kinds
         self.meta = meta
         self.issues = issues
-        self._index: dict[str, tuple[str, int]] = {}
-        for kind in KINDS:
-            ks = kinds.get(kind)
-            if ks is None:
-                continue
-            for i, name in enumerate(ks.names):
-                key = name if name not in self._index else f"{kind}:{name}"
-                self._index[key] = (kind, i)
+        self._index_cache: dict[str, tuple[str, int]] | None = None
         self.tuples: Mapping[str, HealthTuple] = _LazyTuples(self)
+
+    @property
+    def _index(self) -> dict[str, tuple[str, int]]:
+        if self._index_cache is None:
+            index: dict[str, tuple[str, int]] = {}
+            for kind in KINDS:
+                ks = self.kinds.get(kind)
+                if ks is None:
+                    continue
+                for i, name in enumerate(ks.names):
+                    key = name if name not in index else f"{kind}:{name}"
+                    index[key] = (kind, i)
+            self._index_cache = index
+        return self._index_cache
 
     def _build(self, kind: str, i: int) -> HealthTuple:
         ks = self.kinds[kind]
@@ -829,7 +890,7 @@ class FleetHealth:
         return HealthTuple(
             entity=ks.names[i], kind=ks.kind, value=None if np.isnan(v) else float(v),
             confidence=float(ks.confidence[i]), worst=ks.categories[w] if w >= 0 else None, reason=ks.reason[i],
-            categories=cats, details=tuple(details), labels=self.meta.get(kind, {}).get(i, {}),
+            categories=cats, details=tuple(details), labels=self.meta.labels(kind, i),
             worst_member=ks.worst_member.get(i), flags=tuple(ks.flags.get(i, ())), ts=self.now,
         )
 
@@ -867,54 +928,89 @@ class FleetHealth:
         return out
 
 
-def _metadata(ctx: _Ctx, policy: Policy, tables: dict[str, _KindTable], gpu_node: np.ndarray) -> dict[str, dict[int, dict[str, str]]]:
-    """Metadata labels per entity (pool, versions, job ...) from the samples' label sets and info metrics."""
-    snap, r = ctx.snap, ctx.resolver
-    wanted = set(policy.metadata_labels)
-    out: dict[str, dict[int, dict[str, str]]] = {k: {} for k in KINDS}
-    seen_pairs: set[tuple[str, int, int]] = set()
-    for spec in policy.signals:
-        idx = ctx.samples(spec.metric)
-        if idx.size == 0:
-            continue
-        for kind in spec.entities:
-            ser = np.unique(ctx.snap.series_ids[idx])
-            kid = r.arr[kind][ser]
-            ent = np.where(kid >= 0, tables[kind].lut[np.maximum(kid, 0)], -1)
-            for s, e in zip(ser.tolist(), ent.tolist(), strict=True):
-                if e < 0 or (kind, e, s) in seen_pairs:
+class _MetaIndex:
+    """Metadata labels per entity (pool, versions, job ...), gathered lazily from the label sets of the
+    entity's samples and from info metrics: building 200k label dictionaries is not scoring's job."""
+
+    def __init__(self, ctx: _Ctx, policy: Policy, tables: dict[str, _KindTable], gpu_node: np.ndarray) -> None:
+        self.snap = ctx.snap
+        self.wanted = set(policy.metadata_labels)
+        self.gpu_node = gpu_node
+        self._pairs: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        self._node_gpus: tuple[np.ndarray, np.ndarray] | None = None
+        self._cache: dict[tuple[str, int], dict[str, str]] = {}
+        # entity -> series, per kind, from every signal sample (computed now: arrays only)
+        r = ctx.resolver
+        ents: dict[str, list[np.ndarray]] = {k: [] for k in KINDS}
+        sers: dict[str, list[np.ndarray]] = {k: [] for k in KINDS}
+        for spec in policy.signals:
+            idx = ctx.samples(spec.metric if spec.shape != "slo" else (spec.requests_metric or spec.metric))
+            if idx.size == 0:
+                continue
+            ser = ctx.snap.series_ids[idx].astype(np.int64)
+            for kind in spec.entities:
+                kid = r.arr[kind][ser]
+                ent = np.where(kid >= 0, tables[kind].lut[np.maximum(kid, 0)], -1)
+                ok = ent >= 0
+                ents[kind].append(ent[ok])
+                sers[kind].append(ser[ok])
+        self._raw = {k: (ents[k], sers[k]) for k in KINDS}
+        self.info: dict[tuple[str, int], dict[str, str]] = {}
+        for metric, kind in ((NODE_INFO_METRIC, "node"), (REPLICA_INFO_METRIC, "replica")):
+            idx = ctx.samples(metric)
+            for sid in _uniq(self.snap.series_ids[idx].astype(np.int64)).tolist():
+                kid = int(r.arr[kind][sid])
+                if kid < 0 or kid >= tables[kind].lut.size:
                     continue
-                seen_pairs.add((kind, e, s))
-                d = out[kind].setdefault(e, {})
-                for k, v in snap.labelsets[s]:
-                    if k in wanted and k not in d:
+                e = int(tables[kind].lut[kid])
+                if e >= 0:
+                    self.info.setdefault((kind, e), {}).update(
+                        {k: v for k, v in self.snap.labelsets[sid] if k != "__name__"}
+                    )
+
+    def _series_of(self, kind: str, e: int) -> list[int]:
+        if kind not in self._pairs:
+            ent_l, ser_l = self._raw[kind]
+            if not ent_l:
+                self._pairs[kind] = (np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(1, np.int64))
+            else:
+                ent = np.concatenate(ent_l)
+                ser = np.concatenate(ser_l)
+                order = np.lexsort((ser, ent))
+                ent, ser = ent[order], ser[order]
+                keep = np.ones(ent.size, bool)
+                keep[1:] = (ent[1:] != ent[:-1]) | (ser[1:] != ser[:-1])
+                ent, ser = ent[keep], ser[keep]
+                self._pairs[kind] = (ent, ser, np.zeros(0, np.int64))
+        ent, ser, _ = self._pairs[kind]
+        a = int(np.searchsorted(ent, e, "left"))
+        b = int(np.searchsorted(ent, e, "right"))
+        return ser[a:b].tolist()
+
+    def labels(self, kind: str, e: int) -> dict[str, str]:
+        hit = self._cache.get((kind, e))
+        if hit is not None:
+            return hit
+        d: dict[str, str] = {}
+        for sid in self._series_of(kind, e):
+            for k, v in self.snap.labelsets[sid]:
+                if k in self.wanted and k not in d:
+                    d[k] = v
+        if kind == "node":
+            if self._node_gpus is None:
+                order = np.argsort(self.gpu_node, kind="stable")
+                self._node_gpus = (self.gpu_node[order], order)
+            gn, order = self._node_gpus
+            a, b = int(np.searchsorted(gn, e, "left")), int(np.searchsorted(gn, e, "right"))
+            for g in order[a:b].tolist():
+                for k, v in self.labels("gpu", int(g)).items():
+                    if k not in _GPU_SPECIFIC and k not in d:
                         d[k] = v
-    # GPUs pass their non-GPU-specific metadata to their node
-    for g, d in out["gpu"].items():
-        if g < gpu_node.size and gpu_node[g] >= 0:
-            nd = out["node"].setdefault(int(gpu_node[g]), {})
-            for k, v in d.items():
-                if k not in _GPU_SPECIFIC and k not in nd:
-                    nd[k] = v
-    for metric, kind, key_label in ((NODE_INFO_METRIC, "node", None), (REPLICA_INFO_METRIC, "replica", None)):
-        del key_label
-        idx = ctx.samples(metric)
-        for s in np.unique(snap.series_ids[idx]).tolist():
-            kid = int(r.arr[kind][s])
-            if kid < 0:
-                continue
-            e = int(tables[kind].lut[kid]) if kid < tables[kind].lut.size else -1
-            if e < 0:
-                continue
-            d = out[kind].setdefault(e, {})
-            for k, v in snap.labelsets[s]:
-                d[k] = v
-    # canonical names the decisions layer correlates on
-    for kind in ("node", "gpu"):
-        for d in out[kind].values():
-            if "driver_version" not in d and "DCGM_FI_DRIVER_VERSION" in d:
-                d["driver_version"] = d["DCGM_FI_DRIVER_VERSION"]
-    return out
+        d.update(self.info.get((kind, e), {}))
+        if "driver_version" not in d and "DCGM_FI_DRIVER_VERSION" in d:
+            d["driver_version"] = d["DCGM_FI_DRIVER_VERSION"]
+        self._cache[(kind, e)] = d
+        return d
 
 
 def score_snapshot(
@@ -943,7 +1039,9 @@ def score_snapshot(
         table = tables[kind]
         results = [_evaluate(ctx, s, kind, table) for s in specs] if table.names else []
         kind_cats = [c for c in categories if any(s.category == c for s in specs)]
-        kinds[kind] = _aggregate(kind, table.names, specs if table.names else [], results, how, kind_cats)
+        kinds[kind] = _aggregate(
+            kind, table.names, specs if table.names else [], results, how, kind_cats, policy.critical_zeroes_category
+        )
     r = ctx.resolver
     gt = tables["gpu"]
     key_node = np.asarray(r.key_node, np.int64)
@@ -956,5 +1054,5 @@ def score_snapshot(
         _roll_up_nodes(kinds["gpu"], kinds["node"], gpu_node)
     else:  # should not happen: gpus always imply their node
         raise AssertionError("gpu without node")
-    meta = _metadata(ctx, policy, tables, gpu_node)
+    meta = _MetaIndex(ctx, policy, tables, gpu_node)
     return FleetHealth(now, consumer, policy.version_tag, kinds, meta, list(snapshot.issues) + ctx.issues)

@@ -1,0 +1,1 @@
+"""Benchmarks that operators run to size their own controller (`fleethealth bench ...`)."""

@@ -1,0 +1,216 @@
+"""`fleethealth score` and `fleethealth explain`: one health tuple per entity from files or URLs."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+from rich.tree import Tree
+
+from fleethealth.cli.common import fail
+from fleethealth.policy import Policy, PolicyError, load_policy
+from fleethealth.score.engine import CONSUMERS, FleetHealth, score_snapshot
+from fleethealth.score.health import HealthTuple
+from fleethealth.signals.snapshot import Snapshot, merge_snapshots
+
+console = Console(highlight=False)
+
+
+def parse_at(at: str | None) -> float:
+    """Unix seconds or ISO 8601; default: now (the only wall-clock read, at the edge)."""
+    if at is None or at == "now":
+        return time.time()
+    try:
+        return float(at)
+    except ValueError:
+        pass
+    try:
+        return datetime.fromisoformat(at.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        fail(f"--at {at!r}: expected unix seconds or an ISO 8601 time")
+
+
+def load_policy_or_fail(path: Path | None) -> Policy:
+    try:
+        return load_policy(path)
+    except PolicyError as e:
+        fail(str(e))
+
+
+def read_all(inputs: list[str], at: float, kernel_logs: list[Path] | None = None, node: str | None = None) -> Snapshot:
+    """Read exposition/table files or URLs (and kernel logs) into one snapshot; unreadable -> exit 2."""
+    from fleethealth.sources.inputs import InputError, read_inputs
+
+    try:
+        snap = read_inputs(inputs, at)
+    except InputError as e:
+        fail(str(e))
+    if kernel_logs:
+        from fleethealth.sources.kernel_log import bus_map_from_snapshot, parse_kernel_log
+
+        parts = [snap]
+        bus = bus_map_from_snapshot(snap)
+        for p in kernel_logs:
+            try:
+                text = p.read_text(errors="replace")
+            except OSError as e:
+                fail(f"{p}: cannot read: {e.strerror or e}")
+            res = parse_kernel_log(text, source=str(p), node=node, bus_to_gpu=bus)
+            parts.append(res.snapshot)
+            snap.issues.extend(res.issues)
+        snap = merge_snapshots(parts, at)
+    return snap
+
+
+def _fmt(x: float | None, digits: int = 3) -> str:
+    return "unknown" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
+
+
+def _style(t: HealthTuple) -> str:
+    if t.value is None:
+        return "magenta"
+    if t.value < 0.3:
+        return "bold red"
+    if t.value < 0.7:
+        return "red"
+    if t.value < 0.9:
+        return "yellow"
+    return "green"
+
+
+def print_issues(snap: Snapshot, fh: FleetHealth, limit: int = 20) -> None:
+    issues = list(fh.issues) + list(snap.source_errors)
+    if not issues:
+        return
+    err = Console(stderr=True, highlight=False)
+    err.print(f"[yellow]{len(issues)} input issue(s) became missing data[/] (first {min(limit, len(issues))}):")
+    for i in issues[:limit]:
+        err.print(f"  {i}", soft_wrap=True, markup=False)
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def score(
+        inputs: Annotated[list[str], typer.Argument(help="Exposition files, recorded tables (csv/jsonl/parquet) or URLs")],
+        policy: Annotated[Path | None, typer.Option(help="Policy YAML (default: the shipped policy)")] = None,
+        at: Annotated[str | None, typer.Option(help="Score as of this time (unix s or ISO 8601); default now")] = None,
+        consumer: Annotated[str, typer.Option(help="training | serving | remediation")] = "remediation",
+        fmt: Annotated[str, typer.Option("--format", help="table | json")] = "table",
+        kind: Annotated[list[str] | None, typer.Option(help="Only these entity kinds (gpu, node, replica, rank)")] = None,
+        kernel_log: Annotated[list[Path] | None, typer.Option("--kernel-log", help="Kernel log with NVRM Xid lines")] = None,
+        node: Annotated[str | None, typer.Option(help="Node name for kernel-log lines without a host name")] = None,
+        details: Annotated[bool, typer.Option(help="JSON: include per-signal detail")] = False,
+    ) -> None:
+        """Score every entity: value, confidence, worst category and reason code."""
+        if consumer not in CONSUMERS:
+            fail(f"--consumer {consumer!r}: expected one of {', '.join(CONSUMERS)}")
+        if fmt not in ("table", "json"):
+            fail(f"--format {fmt!r}: expected table or json")
+        pol = load_policy_or_fail(policy)
+        now = parse_at(at)
+        snap = read_all(inputs, now, kernel_log, node)
+        fh = score_snapshot(snap, pol, now, consumer=consumer)
+        kinds = kind or ["node", "gpu", "replica", "rank"]
+        tuples = [t for k in kinds for t in fh.by_kind(k)]
+        if fmt == "json":
+            for t in tuples:
+                typer.echo(json.dumps(t.to_dict(with_details=details)))
+        else:
+            tuples.sort(key=lambda t: (t.value is not None, t.value if t.value is not None else 0.0, t.entity))
+            table = Table(title=f"fleethealth score ({consumer}, policy {pol.version_tag})")
+            for col in ("entity", "kind", "value", "confidence", "worst", "reason", "flags"):
+                table.add_column(col, justify="right" if col in ("value", "confidence") else "left")
+            for t in tuples:
+                table.add_row(
+                    t.entity + (f" ({t.worst_member})" if t.worst_member else ""), t.kind,
+                    f"[{_style(t)}]{_fmt(t.value)}[/]", _fmt(t.confidence, 2), t.worst or "-", t.reason,
+                    ",".join(t.flags[:4]),
+                )
+            console.print(table)
+            console.print(f"summary: {json.dumps(fh.summary())}")
+        print_issues(snap, fh)
+
+    @app.command()
+    def explain(
+        entity: Annotated[str, typer.Argument(help="Entity id: node, node/gpuN, replica or job/rankN")],
+        inputs: Annotated[list[str], typer.Argument(help="Exposition files, recorded tables or URLs")],
+        policy: Annotated[Path | None, typer.Option(help="Policy YAML")] = None,
+        at: Annotated[str | None, typer.Option(help="As of (unix s or ISO 8601)")] = None,
+        consumer: Annotated[str, typer.Option(help="training | serving | remediation")] = "remediation",
+        kernel_log: Annotated[list[Path] | None, typer.Option("--kernel-log")] = None,
+        node: Annotated[str | None, typer.Option()] = None,
+        fmt: Annotated[str, typer.Option("--format", help="tree | json")] = "tree",
+    ) -> None:
+        """The tree of categories and signals behind one entity's tuple."""
+        pol = load_policy_or_fail(policy)
+        now = parse_at(at)
+        snap = read_all(inputs, now, kernel_log, node)
+        fh = score_snapshot(snap, pol, now, consumer=consumer)
+        t = fh.get(entity)
+        if t is None:
+            close = [e for e in fh.tuples if entity in e][:5]
+            fail(f"no entity {entity!r} in the inputs" + (f"; did you mean: {', '.join(close)}" if close else ""))
+        if fmt == "json":
+            d = t.to_dict(with_details=True)
+            if t.worst_member:
+                d["worst_member_tuple"] = fh.tuples[t.worst_member].to_dict(with_details=True)
+            typer.echo(json.dumps(d, indent=2))
+            return
+        console.print(explain_tree(t, fh))
+        print_issues(snap, fh)
+
+
+def explain_tree(t: HealthTuple, fh: FleetHealth) -> Tree:
+    head = (
+        f"[bold]{t.entity}[/] ({t.kind}) value [{_style(t)}]{_fmt(t.value)}[/] confidence {_fmt(t.confidence, 2)} "
+        f"reason [bold]{t.reason}[/]"
+    )
+    root = Tree(head)
+    if t.labels:
+        root.add("labels: " + ", ".join(f"{k}={v}" for k, v in sorted(t.labels.items())))
+    if t.flags:
+        root.add("flags: " + ", ".join(t.flags))
+    _add_categories(root, t)
+    if t.kind == "node":
+        ks = fh.kinds["gpu"]
+        members = []
+        if ks.member_of is not None:
+            node_ix = fh.kinds["node"].names.index(t.entity)
+            members = [i for i in range(len(ks.names)) if int(ks.member_of[i]) == node_ix]
+        gl = root.add(f"GPUs ({len(members)}); the node is the weakest of them")
+        for i in sorted(members, key=lambda i: (math.isnan(ks.value[i]), ks.value[i])):
+            g = fh.tuples[ks.names[i]]
+            branch = gl.add(f"[{_style(g)}]{g.entity}[/] {_fmt(g.value)} conf {_fmt(g.confidence, 2)} {g.reason}")
+            if g.entity == t.worst_member:
+                _add_categories(branch, g)
+    return root
+
+
+def _add_categories(root: Tree, t: HealthTuple) -> None:
+    by_cat: dict[str, list] = {}
+    for d in t.details:
+        by_cat.setdefault(d.category, []).append(d)
+    for cat, score in t.categories.items():
+        mark = " <- worst" if cat == t.worst else ""
+        c = root.add(f"{cat}: {_fmt(score)}{mark}")
+        for d in by_cat.get(cat, []):
+            parts = [f"{d.signal} [{d.shape}]"]
+            if d.raw is not None:
+                parts.append(f"raw={d.raw:g}")
+            if d.rate is not None:
+                parts.append(f"rate={d.rate:g}/s")
+            if d.z is not None:
+                parts.append(f"z={d.z:.2f}")
+            parts.append(f"score={_fmt(d.score)}")
+            if d.age_s is not None:
+                parts.append(f"age={d.age_s:.0f}s")
+            if d.note:
+                parts.append(f"({d.note})")
+            c.add(" ".join(parts))

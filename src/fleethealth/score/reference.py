@@ -1,0 +1,215 @@
+"""A plain scalar transcription of the seed's per-node algorithm, kept as the reference the vectorised
+engine is checked against (tests and ``fleethealth bench scoring``). Deliberately simple and slow:
+Python loops, ``statistics.median``, one entity at a time. GPU and node entities only (no SLO shape).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from dataclasses import dataclass
+
+from fleethealth.policy import Policy, SignalSpec
+from fleethealth.signals.snapshot import Snapshot
+from fleethealth.signals.xid import classify_xid
+
+
+@dataclass
+class RefHealth:
+    value: float | None
+    confidence: float
+    worst: str | None
+    reason: str
+
+
+def ramp(x: float, warn: float, crit: float) -> float:
+    if crit > warn:
+        if x <= warn:
+            return 1.0
+        if x >= crit:
+            return 0.0
+        return 1.0 - (x - warn) / (crit - warn)
+    if x >= warn:
+        return 1.0
+    if x <= crit:
+        return 0.0
+    return 1.0 - (warn - x) / (warn - crit)
+
+
+def _node_of(labels: dict[str, str], policy: Policy) -> str | None:
+    for k in policy.node_labels:
+        if labels.get(k):
+            return labels[k]
+    return None
+
+
+def score_reference(snap: Snapshot, policy: Policy, now: float, how: str = "min") -> dict[str, RefHealth]:
+    """Health of every gpu (``node/gpuN``) and node, computed the slow, obvious way."""
+    skew = policy.freshness.future_skew_s
+    by_metric: dict[str, list[tuple[dict[str, str], float, float]]] = defaultdict(list)
+    for metric, labels, value, ts in snap.rows():
+        if ts > now + skew or value != value:
+            continue
+        by_metric[metric].append((labels, value, ts))
+
+    # per gpu: signal name -> (sub-score or None, seen)
+    subs: dict[str, dict[str, float | None]] = defaultdict(dict)
+    seen: dict[str, set[str]] = defaultdict(set)
+    gpus_of_node: dict[str, set[str]] = defaultdict(set)
+    specs = [s for s in policy.signals if "gpu" in s.entities and s.shape != "slo"]
+    for spec in specs:
+        max_age = spec.max_age_s or policy.freshness.max_age_s
+        series: dict[tuple[tuple[str, str], ...], list[tuple[float, float]]] = defaultdict(list)
+        for labels, value, ts in by_metric.get(spec.metric, []):
+            series[tuple(sorted(labels.items()))].append((ts, value))
+        per_gpu: dict[str, list[tuple[float, dict[str, str], float]]] = defaultdict(list)  # (x, labels, ts)
+        for key, pts in series.items():
+            labels = dict(key)
+            node = _node_of(labels, policy)
+            if not node or labels.get("gpu", "") == "":
+                continue
+            gpu = f"{node}/gpu{labels['gpu']}"
+            gpus_of_node[node].add(gpu)
+            seen[gpu].add(spec.family_name)
+            subs[gpu].setdefault(spec.name, None)
+            pts.sort()
+            if spec.shape == "xid" and spec.kind == "gauge":
+                window = spec.xid_window_s or policy.xid.window_s
+                fresh = now - pts[-1][0] <= max_age
+                xids = {int(v) for t, v in pts if t > now - window and v > 0}
+                per_gpu[gpu].append((1.0 if fresh else float("nan"), labels, pts[-1][0]))
+                for code in xids:
+                    cls = classify_xid(code, policy.xid.gate_buckets, policy.xid.gate_xids, policy.xid.app_xids,
+                                       policy.xid.reset_xids)
+                    if cls == "gate":
+                        per_gpu[gpu].append((0.0, labels, pts[-1][0]))
+                continue
+            if spec.kind == "counter":
+                window = spec.rate_window_s or policy.freshness.rate_window_s
+                w = [(t, v) for t, v in pts if t > now - window]
+                if len(w) < 2 or now - w[-1][0] > max_age:
+                    continue
+                inc = 0.0
+                for (_, a), (_, b) in zip(w, w[1:], strict=False):
+                    inc += b - a if b >= a else b
+                dt = w[-1][0] - w[0][0]
+                if dt <= 0:
+                    continue
+                per_gpu[gpu].append((inc / dt, labels, w[-1][0]))
+            else:
+                ts, v = pts[-1]
+                if now - ts <= max_age:
+                    per_gpu[gpu].append((v, labels, ts))
+        if spec.shape == "peer":
+            _peer(spec, policy, per_gpu, subs)
+            continue
+        for gpu, xs in per_gpu.items():
+            vals = [x for x, _, _ in xs if x == x]
+            if spec.shape == "xid":
+                subs[gpu][spec.name] = None if not xs or all(x != x for x, _, _ in xs) else min(
+                    x for x, _, _ in xs if x == x
+                )
+                continue
+            if not vals:
+                continue
+            worst = max(vals) if spec.worse_if == "higher" else min(vals)
+            subs[gpu][spec.name] = _shape(spec, worst)
+
+    out: dict[str, RefHealth] = {}
+    for gpu in subs:
+        out[gpu] = _entity_health(subs[gpu], seen[gpu], specs, policy, how)
+    for node, gpus in gpus_of_node.items():
+        hs = [out[g] for g in sorted(gpus)]
+        gated = [h for h in hs if h.reason.startswith("gate:")]
+        known = [h for h in hs if h.value is not None]
+        n_exp = sum(_n_expected(subs[g], seen[g], specs) for g in gpus)
+        n_fresh = sum(_n_fresh_expected(subs[g], seen[g], specs) for g in gpus)
+        conf = n_fresh / n_exp if n_exp else 0.0
+        if gated:
+            out[node] = RefHealth(0.0, 1.0, gated[0].worst, gated[0].reason)
+        elif not known:
+            out[node] = RefHealth(None, conf, None, "no_fresh_data")
+        else:
+            w = min(known, key=lambda h: h.value)  # type: ignore[arg-type,return-value]
+            out[node] = RefHealth(w.value, conf, w.worst, w.reason)
+    return out
+
+
+def _shape(spec: SignalSpec, x: float) -> float:
+    if spec.shape == "ramp":
+        assert spec.warn is not None and spec.crit is not None
+        return ramp(x, spec.warn, spec.crit)
+    if spec.shape == "gate":
+        bad = (spec.above is not None and x > spec.above) or (spec.values is not None and x in spec.values)
+        return 0.0 if bad else 1.0
+    if spec.shape == "flag":
+        return spec.flag_score if spec.above is not None and x > spec.above else 1.0
+    raise ValueError(spec.shape)
+
+
+def _peer(spec: SignalSpec, policy: Policy, per_gpu: dict[str, list[tuple[float, dict[str, str], float]]],
+          subs: dict[str, dict[str, float | None]]) -> None:
+    groups: dict[tuple[str, ...], list[tuple[str, float]]] = defaultdict(list)
+    for gpu, xs in per_gpu.items():
+        if not xs:
+            continue
+        x, labels, _ = max(xs, key=lambda r: r[2])
+        groups[tuple(labels.get(k, "") for k in spec.peer_by)].append((gpu, x))
+    k_warn = spec.k_warn if spec.k_warn is not None else policy.peer.k_warn
+    k_crit = spec.k_crit if spec.k_crit is not None else policy.peer.k_crit
+    min_peers = spec.min_peers if spec.min_peers is not None else policy.peer.min_peers
+    for members in groups.values():
+        if len(members) < min_peers:
+            continue
+        vals = [x for _, x in members]
+        med = statistics.median(vals)
+        mad = statistics.median(abs(v - med) for v in vals)
+        mad = max(mad, spec.mad_floor_rel * abs(med), 1e-9)
+        for gpu, x in members:
+            dev = x - med
+            if abs(dev) < spec.min_rel_dev * abs(med):
+                dev = 0.0
+            z = dev / (1.4826 * mad)
+            if spec.worse_if == "lower":
+                z = -z
+            subs[gpu][spec.name] = ramp(z, k_warn, k_crit)
+
+
+def _n_expected(sub: dict[str, float | None], fams: set[str], specs: list[SignalSpec]) -> int:
+    return sum(1 for s in specs if (s.expected and s.family_name in fams) or sub.get(s.name) is not None)
+
+
+def _n_fresh_expected(sub: dict[str, float | None], fams: set[str], specs: list[SignalSpec]) -> int:
+    return sum(1 for s in specs if sub.get(s.name) is not None)
+
+
+def _entity_health(sub: dict[str, float | None], fams: set[str], specs: list[SignalSpec], policy: Policy,
+                   how: str) -> RefHealth:
+    n_exp = _n_expected(sub, fams, specs)
+    conf = _n_fresh_expected(sub, fams, specs) / n_exp if n_exp else 0.0
+    for s in specs:  # gates first, in policy order
+        if s.shape in ("gate", "xid") and sub.get(s.name) == 0.0:
+            return RefHealth(0.0, 1.0, s.category, f"gate:{s.name}")
+    cats: dict[str, list[tuple[float, float]]] = {}
+    for s in specs:
+        v = sub.get(s.name)
+        if v is not None:
+            cats.setdefault(s.category, []).append((s.weight, v))
+    if not cats:
+        return RefHealth(None, conf, None, "no_fresh_data")
+    scores = {}
+    for c, xs in cats.items():
+        if policy.critical_zeroes_category and any(v == 0.0 for _, v in xs):
+            scores[c] = 0.0
+        else:
+            scores[c] = sum(w * v for w, v in xs) / sum(w for w, _ in xs)
+    order = list(dict.fromkeys(s.category for s in specs))
+    worst = min(sorted(scores, key=order.index), key=lambda c: scores[c])
+    if how == "min":
+        return RefHealth(scores[worst], conf, worst, f"min:{worst}")
+    import math
+
+    if how == "gmean":
+        val = 0.0 if min(scores.values()) == 0 else math.exp(sum(math.log(v) for v in scores.values()) / len(scores))
+        return RefHealth(val, conf, worst, f"gmean:{worst}")
+    return RefHealth(sum(scores.values()) / len(scores), conf, worst, f"mean:{worst}")
