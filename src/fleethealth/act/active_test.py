@@ -18,7 +18,7 @@ from typing import Any
 from fleethealth.act.config import ActuationConfig
 from fleethealth.act.kube_api import Kube, KubeError
 from fleethealth.act.outcome import Outcome, node_of
-from fleethealth.decide.model import Intent, IntentKind
+from fleethealth.decide.model import Intent, IntentKind, Tier
 
 COMMANDS: dict[str, list[str]] = {
     "dcgm_diag_r1": ["dcgmi", "diag", "-r", "1"],
@@ -109,6 +109,9 @@ class ActiveTests:
         self.clock = clock
 
     def apply(self, intent: Intent) -> Outcome:
+        if intent.tier in (Tier.POD, Tier.INSTANCE):
+            # Replica probes (probe_inference) run in the serving layer, not as node Jobs.
+            return Outcome.success(skipped=f"active test at {intent.tier} tier is not a node Job")
         node = node_of(intent)
         tests = intent.params.get("tests") or ([intent.params["test"]] if intent.params.get("test")
                                                else self.default_tests)

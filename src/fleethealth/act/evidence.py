@@ -133,7 +133,7 @@ class EvidenceCollector:
                  kube: Kube | None = None, tuple_history: Callable[[str], list[dict[str, Any]]] | None = None,
                  errors: Callable[[str], list[dict[str, Any]]] | None = None,
                  queries: Sequence[str] = DEFAULT_QUERIES, window_s: float = 1800.0, points: int = 120,
-                 max_series: int = 500, clock: Callable[[], float] = time.time) -> None:
+                 max_series: int = 500, reuse_s: float = 600.0, clock: Callable[[], float] = time.time) -> None:
         self.root = Path(root)
         self.index = index
         self.prometheus = prometheus
@@ -144,6 +144,7 @@ class EvidenceCollector:
         self.window_s = window_s
         self.points = points
         self.max_series = max_series
+        self.reuse_s = reuse_s
         self.clock = clock
 
     def link(self, entity: str) -> str | None:
@@ -155,10 +156,18 @@ class EvidenceCollector:
         prior = self.index.by_key(intent.key)
         if prior is not None:
             return Outcome.success(path=prior["path"], reused=True)
-        path, problems = self.capture(intent.entity, intent.reason, self.clock(), intent)
+        if intent.kind in (IntentKind.QUARANTINE, IntentKind.DRAIN):
+            # Routed before a drain/quarantine as a safety net: a CAPTURE_EVIDENCE intent usually came first.
+            recent = self.index.latest(intent.entity)
+            if recent is not None and self.clock() - float(recent["ts"]) < self.reuse_s:
+                return Outcome.success(path=recent["path"], reused=True)
+        window = intent.params.get("window_s")
+        path, problems = self.capture(intent.entity, intent.reason, self.clock(), intent,
+                                      window_s=None if window is None else max(float(window), self.window_s))
         return Outcome.success(path=str(path), problems=problems)
 
-    def capture(self, entity: str, reason: str, now: float, intent: Intent | None = None) -> tuple[Path, list[str]]:
+    def capture(self, entity: str, reason: str, now: float, intent: Intent | None = None,
+                window_s: float | None = None) -> tuple[Path, list[str]]:
         node = node_of(intent) if intent is not None else entity.split("/", 1)[0]
         key = intent.key if intent is not None else ""
         d = self.root / f"{_safe(entity)}-{int(now)}-{key[:8] or 'manual'}"
@@ -166,8 +175,9 @@ class EvidenceCollector:
         problems: list[str] = []
         files: dict[str, Any] = {}
 
-        start, end = now - self.window_s, now
-        step = max(1.0, self.window_s / self.points)
+        window_s = window_s or self.window_s
+        start, end = now - window_s, now
+        step = max(1.0, window_s / self.points)
         metrics: dict[str, Any] = {"start": start, "end": end, "step": step, "queries": {}}
         xids: list[dict[str, Any]] = []
         if self.prometheus is not None:
@@ -227,7 +237,7 @@ class EvidenceCollector:
         files["manifest.json"] = {
             "entity": entity, "node": node, "ts": now, "reason": reason,
             "intent": intent.to_dict() if intent is not None else None,
-            "window_s": self.window_s, "files": sorted(files), "problems": problems,
+            "window_s": window_s, "files": sorted(files), "problems": problems,
         }
         for name, body in files.items():
             (d / name).write_text(json.dumps(redact(body), indent=1, sort_keys=True, default=str))

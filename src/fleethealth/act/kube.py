@@ -206,8 +206,11 @@ class KubeNodeActuator:
     # -- dispatch ------------------------------------------------------------------------------------
     def _apply(self, intent: Intent) -> Outcome:
         k = intent.kind
-        if k == IntentKind.REBUILD_WORKER or (k == IntentKind.DRAIN and intent.tier in (Tier.POD, Tier.INSTANCE)):
+        if k == IntentKind.REBUILD_WORKER or (k == IntentKind.DRAIN and intent.tier == Tier.POD):
             return self._evict_one(intent)
+        if intent.tier in (Tier.POD, Tier.INSTANCE):
+            # A replica's instance-tier drain/release is a router weight (RouterActuator), not a node action.
+            return Outcome.success(skipped=f"{k} at {intent.tier} tier is not a node action")
         node = node_of(intent)
         if k == IntentKind.QUARANTINE:
             changed = self._mark(intent, node, cordon=True, taint=True, healthy=False)
@@ -227,9 +230,16 @@ class KubeNodeActuator:
         if k == IntentKind.ALLOW_NEW_WORK:
             return Outcome.success(**self._mark(intent, node, cordon=False, taint=False, healthy=True))
         if k == IntentKind.SET_CONDITION:
+            # params: condition (type, default GPUHealthy), status (True = the condition holds) or healthy.
             value, _, _ = tuple_facts(intent)
-            healthy = bool(intent.params.get("healthy", value is not None and value >= 0.7))
-            return Outcome.success(**self._mark(intent, node, cordon=None, taint=None, healthy=healthy))
+            ctype = str(intent.params.get("condition") or self.cfg.condition_type)
+            if "status" in intent.params:
+                holds = bool(intent.params["status"])
+            else:
+                healthy = bool(intent.params.get("healthy", value is not None and value >= 0.7))
+                holds = healthy if ctype == self.cfg.condition_type else not healthy
+            return Outcome.success(**self._mark(intent, node, cordon=None, taint=None, healthy=holds,
+                                                condition_type=ctype, state_label=False))
         if k == IntentKind.SCHEDULE_RESET:
             return Outcome.success(**self._annotate(node, {
                 f"{self.cfg.label_prefix}/reset-requested": intent.params.get("action", "GPU_RESET"),
@@ -240,7 +250,7 @@ class KubeNodeActuator:
 
     # -- node marking --------------------------------------------------------------------------------
     def _mark(self, intent: Intent, node: str, *, cordon: bool | None, taint: bool | None,
-              healthy: bool) -> dict[str, Any]:
+              healthy: bool, condition_type: str | None = None, state_label: bool = True) -> dict[str, Any]:
         """Cordon/taint/label the node and set the condition; write only what differs. Returns changes."""
         cfg = self.cfg
         state = intent_state(intent)
@@ -252,8 +262,9 @@ class KubeNodeActuator:
             labels = md.get("labels") or {}
             annotations = md.get("annotations") or {}
             taints = list(spec.get("taints") or [])
-            want_labels = {f"{cfg.label_prefix}/state": label_value(state),
-                           f"{cfg.label_prefix}/score-band": score_band(value)}
+            want_labels = {f"{cfg.label_prefix}/score-band": score_band(value)}
+            if state_label:
+                want_labels[f"{cfg.label_prefix}/state"] = label_value(state)
             patch_md: dict[str, Any] = {}
             if any(labels.get(k2) != v for k2, v in want_labels.items()):
                 patch_md["labels"] = want_labels
@@ -297,7 +308,8 @@ class KubeNodeActuator:
         if conf is not None:
             msg += f" confidence={conf:.2f}"
         msg += f" reason={reason or intent.reason} intent={intent.key}"
-        cond = condition(obj, cfg.condition_type, healthy, reason or str(intent.kind), msg, self.clock())
+        cond = condition(obj, condition_type or cfg.condition_type, healthy, reason or str(intent.kind), msg,
+                         self.clock())
         if cond is not None:
             self.kube.patch_node_status(node, {"status": {"conditions": [cond]}})
             changed["condition"] = True

@@ -49,7 +49,10 @@ def alert_for(intent: Intent, now: float, evidence_link: str | None = None,
               generator_url: str | None = None) -> dict[str, Any]:
     kind = page_kind(intent)
     p = intent.params
-    labels = {"alertname": ALERTNAMES[kind], "entity": intent.entity, "reason": intent.reason or kind,
+    # A fleet alert fires and resolves with different reasons; the label set must match for Alertmanager
+    # to resolve the alert it fired, so the reason label is the kind there.
+    reason = kind if kind == "fleet_confidence" else (intent.reason or kind)
+    labels = {"alertname": ALERTNAMES[kind], "entity": intent.entity, "reason": reason,
               "severity": str(p.get("severity", SEVERITY[kind])), "source": "fleethealth"}
     for extra in ("version_label", "version", "pool", "tp_group", "kind"):
         if p.get(extra) is not None:
@@ -62,6 +65,8 @@ def alert_for(intent: Intent, now: float, evidence_link: str | None = None,
     if link:
         ann["evidence"] = str(link)
     alert: dict[str, Any] = {"labels": labels, "annotations": ann, "startsAt": _iso(intent.ts or now)}
+    if str(p.get("state", "")).lower() == "resolved":
+        alert["endsAt"] = _iso(intent.ts or now)
     if generator_url:
         alert["generatorURL"] = generator_url
     return alert
