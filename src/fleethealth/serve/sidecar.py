@@ -776,6 +776,8 @@ class Sidecar:
         except Rejected as e:
             self.active.discard(rec)
             self.outcomes["rejected_queue"] += 1
+            rec.outcome, rec.status = "rejected_queue", 503
+            self.samples.append(rec.sample())
             return self._unavailable(f"not admitted: {e.reason}; retry on another replica", "not_admitted")
         except asyncio.CancelledError:
             self.active.discard(rec)
