@@ -96,7 +96,11 @@ class StructuralTracker:
         is_up = np.array([m == "up" for m in metric_names] or [False], bool)
         is_dur = np.array([m == "scrape_duration_seconds" for m in metric_names] or [False], bool)
         is_gpu_metric = np.array([m.startswith(self.gpu_metric_prefix) for m in metric_names] or [False], bool)
-        target_rows = is_up[view.metric_ids] | is_dur[view.metric_ids] if len(view) else np.zeros(0, bool)
+        # Our own derived series (fed back through the history) must never count as the node being alive.
+        is_own = np.array([m in (GPUS_MISSING, SERIES_VANISHED) for m in metric_names] or [False], bool)
+        target_rows = (
+            (is_up | is_dur | is_own)[view.metric_ids] if len(view) else np.zeros(0, bool)
+        )
 
         # Learn which nodes each scrape target carries (a sample with both an instance and a node label).
         alive_by_target: set[int] = set()

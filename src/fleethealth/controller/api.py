@@ -1,0 +1,314 @@
+"""The controller's HTTP endpoint: /metrics for Prometheus, /healthz, and a JSON API for routers,
+schedulers and people.
+
+It only reads ``Controller.published`` (an immutable record swapped once per cycle), so requests never
+block the loop and always see one consistent cycle. The two write endpoints (events, kill switch) hand
+their input to the loop or to the actuation runner; they never change state directly.
+
+JSON API
+- GET  /api/v1/health[?kind=node&entity=X&details=1]  health tuples of the last cycle
+- GET  /api/v1/states[?kind=node]                      lifecycle per node/replica
+- GET  /api/v1/intents[?since=TS&entity=X]             recent intents
+- GET  /api/v1/transitions[?since=TS]                  recent transitions
+- GET  /api/v1/weights                                 router weights (the decisions' last SET_WEIGHT)
+- GET  /api/v1/status                                  cycle timing, sources, actuation mode
+- POST /api/v1/events                                  {"kind": "ack"|"active_test"|"reset", "entity": ..}
+- POST /api/v1/kill, /api/v1/resume                    the actuation kill switch
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from fastapi import FastAPI, HTTPException, Query, Request
+from fastapi.responses import JSONResponse, PlainTextResponse
+
+from fleethealth.controller.loop import Controller, Published
+from fleethealth.decide.state import Event
+
+CONTENT_TYPE_TEXT = "text/plain; version=0.0.4; charset=utf-8"
+
+
+def _esc(v: str) -> str:
+    return v.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _labels(d: dict[str, Any]) -> str:
+    return "{" + ",".join(f'{k}="{_esc(str(v))}"' for k, v in d.items() if v is not None) + "}"
+
+
+def _num(v: float) -> str:
+    if math.isnan(v):
+        return "NaN"
+    if math.isinf(v):
+        return "+Inf" if v > 0 else "-Inf"
+    return repr(float(v))
+
+
+class _Metrics:
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def family(self, name: str, kind: str, help_: str, samples: Iterable[tuple[dict[str, Any], float]]) -> None:
+        self.lines.append(f"# HELP {name} {help_}")
+        self.lines.append(f"# TYPE {name} {kind}")
+        for labels, value in samples:
+            self.lines.append(f"{name}{_labels(labels) if labels else ''} {_num(value)}")
+
+    def text(self) -> str:
+        return "\n".join(self.lines) + "\n"
+
+
+def budget_remaining(pub: Published, controller: Controller) -> dict[tuple[str, str], float]:
+    """Quarantines still allowed per (kind, pool) in the current budget window, counted the way the
+    decider counts them (distinct entities in its ledger; pool label default "default")."""
+    b = controller.policy.budgets
+    sizes: dict[tuple[str, str], int] = {}
+    for es in pub.state.entities.values():
+        key = (es.kind, es.labels.get("pool", "default"))
+        sizes[key] = sizes.get(key, 0) + 1
+    spent: dict[tuple[str, str], set[str]] = {}
+    for ts, ledger_key, entity in pub.state.ledger:
+        kind, _, pool = ledger_key.partition(":")
+        if pub.ts - ts < b.window_s:
+            spent.setdefault((kind, pool), set()).add(entity)
+    out = {}
+    for key, n in sorted(sizes.items()):
+        allowed = max(b.quarantine_min_per_hour, math.floor(b.quarantine_fraction_per_hour * n))
+        out[key] = float(max(0, allowed - len(spent.get(key, ()))))
+    return out
+
+
+def render_metrics(controller: Controller, runner: Any = None) -> str:
+    pub = controller.published
+    m = _Metrics()
+    c = pub.counters
+    m.family("fleethealth_cycles_total", "counter", "Reconcile cycles completed.", [({}, c.get("cycles_total", 0))])
+    m.family("fleethealth_cycle_overruns_total", "counter", "Cycles that took longer than the interval.",
+             [({}, c.get("overruns_total", 0))])
+    m.family("fleethealth_cycle_skipped_ticks_total", "counter", "Ticks skipped after overruns (never stacked).",
+             [({}, c.get("skipped_ticks_total", 0))])
+    m.family("fleethealth_cycle_duration_seconds", "gauge", "Duration of the last cycle.",
+             [({}, c.get("last_cycle_s", 0.0))])
+    m.family("fleethealth_cycle_seconds_total", "counter", "Time spent in cycles.",
+             [({}, c.get("cycle_seconds_sum", 0.0))])
+    m.family("fleethealth_cycle_interval_seconds", "gauge", "Configured interval.", [({}, c.get("interval_s", 0.0))])
+    if pub.report is not None:
+        m.family("fleethealth_cycle_stage_seconds", "gauge", "Duration of each stage of the last cycle.",
+                 [({"stage": k}, v) for k, v in pub.report.stage_s.items()])
+    m.family("fleethealth_last_cycle_timestamp_seconds", "gauge", "When the last cycle ran (its clock).",
+             [({}, pub.ts)])
+
+    src = pub.sources
+    m.family("fleethealth_source_up", "gauge", "1 if the source's last read had no error.",
+             [({"source": s["name"]}, 1.0 if s["up"] else 0.0) for s in src])
+    m.family("fleethealth_source_last_success_timestamp_seconds", "gauge", "Last read without error.",
+             [({"source": s["name"]}, s["last_success"]) for s in src if s["last_success"] is not None])
+    m.family("fleethealth_source_age_seconds", "gauge", "Seconds since the last read without error.",
+             [({"source": s["name"]}, s["age_s"]) for s in src if s["age_s"] is not None])
+    m.family("fleethealth_source_errors_total", "counter", "Reads that reported an error.",
+             [({"source": s["name"]}, s["errors_total"]) for s in src])
+    m.family("fleethealth_source_read_seconds", "gauge", "Duration of the last read.",
+             [({"source": s["name"]}, s["last_read_s"]) for s in src])
+    m.family("fleethealth_source_samples", "gauge", "Samples in the last read.",
+             [({"source": s["name"]}, s["last_samples"]) for s in src])
+
+    health = pub.health
+    if health is not None:
+        value_rows: list[tuple[dict[str, Any], float]] = []
+        conf_rows: list[tuple[dict[str, Any], float]] = []
+        known_rows: list[tuple[dict[str, Any], float]] = []
+        cat_rows: list[tuple[dict[str, Any], float]] = []
+        for kind, ks in health.kinds.items():
+            for i, name in enumerate(ks.names):
+                v = float(ks.value[i])
+                base = {"entity": name, "kind": kind}
+                w = int(ks.worst[i])
+                known_rows.append((base, 0.0 if math.isnan(v) else 1.0))
+                conf_rows.append((base, float(ks.confidence[i])))
+                if not math.isnan(v):
+                    value_rows.append(({**base, "reason": ks.reason[i],
+                                        "worst": ks.categories[w] if w >= 0 else ""}, v))
+                if kind in ("node", "replica"):
+                    for k, cat in enumerate(ks.categories):
+                        cv = float(ks.cat[i, k])
+                        if not math.isnan(cv):
+                            cat_rows.append(({**base, "category": cat}, cv))
+        m.family("fleethealth_health", "gauge",
+                 "Health value in [0, 1] (absent when unknown), with the reason code and worst category.", value_rows)
+        m.family("fleethealth_health_known", "gauge", "1 when the entity's health is known, 0 when unknown.",
+                 known_rows)
+        m.family("fleethealth_confidence", "gauge", "Share of expected signals that are fresh.", conf_rows)
+        m.family("fleethealth_category_score", "gauge", "Per-category score of nodes and replicas.", cat_rows)
+
+    ents = list(pub.state.entities.values())
+    m.family("fleethealth_state", "gauge", "Lifecycle state (1 for the current one).",
+             [({"entity": e.entity, "kind": e.kind, "state": str(e.state)}, 1.0) for e in ents])
+    m.family("fleethealth_entity_transitions_total", "counter", "Lifecycle transitions per entity (flapping).",
+             [({"entity": e.entity, "kind": e.kind}, float(e.transitions)) for e in ents])
+    m.family("fleethealth_router_weight", "gauge", "Last router weight published per replica.",
+             [({"entity": e.entity}, e.weight) for e in ents if e.weight is not None])
+    m.family("fleethealth_transitions_total", "counter", "Lifecycle transitions since the controller started.",
+             [({"from": a, "to": b}, n) for (a, b), n in sorted(c.get("transitions_total", {}).items())])
+    m.family("fleethealth_intents_total", "counter", "Intents emitted since the controller started.",
+             [({"intent": k}, n) for k, n in sorted(c.get("intents_total", {}).items())])
+    m.family("fleethealth_budget_remaining", "gauge", "Quarantines still allowed per pool in the budget window.",
+             [({"kind": k, "pool": p}, v) for (k, p), v in budget_remaining(pub, controller).items()])
+    m.family("fleethealth_remediation_frozen", "gauge", "1 while fleet-wide confidence is low (telemetry problem).",
+             [({}, 1.0 if pub.state.frozen else 0.0)])
+    if runner is not None:
+        killed = bool(getattr(runner, "killed", False))
+        mode = getattr(getattr(runner, "config", None), "mode", "advise")
+        m.family("fleethealth_actuation_killed", "gauge", "1 while the kill switch is engaged.",
+                 [({}, 1.0 if killed else 0.0)])
+        m.family("fleethealth_actuation_mode", "gauge", "Actuation mode (1 for the current one).",
+                 [({"mode": mode}, 1.0)])
+    return m.text()
+
+
+def _jsonable(d: Mapping[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, Mapping):
+            v = {("->".join(kk) if isinstance(kk, tuple) else str(kk)): vv for kk, vv in v.items()}
+        out[k] = v
+    return out
+
+
+def create_app(controller: Controller, runner: Any = None) -> FastAPI:
+    app = FastAPI(title="fleethealth controller", docs_url=None, redoc_url=None, openapi_url=None)
+
+    @app.get("/metrics")
+    def metrics() -> PlainTextResponse:
+        return PlainTextResponse(render_metrics(controller, runner), media_type=CONTENT_TYPE_TEXT)
+
+    @app.get("/healthz")
+    def healthz() -> JSONResponse:
+        pub = controller.published
+        # Healthy once a cycle has completed recently; a loop stuck or crashing every cycle is not.
+        age = time.time() - pub.ts if pub.report is not None else None
+        limit = 3 * controller.interval_s + 30
+        ok = age is not None and age < limit
+        body = {"ok": ok, "last_cycle_age_s": None if age is None else round(age, 3),
+                "cycles": pub.counters.get("cycles_total", 0)}
+        return JSONResponse(body, status_code=200 if ok else 503)
+
+    @app.get("/api/v1/health")
+    def health(kind: str | None = None, entity: str | None = None, details: bool = False) -> JSONResponse:
+        h = controller.published.health
+        if h is None:
+            return JSONResponse({"ts": None, "tuples": []})
+        if entity is not None:
+            t = h.get(entity)
+            if t is None:
+                raise HTTPException(404, f"no entity {entity!r}")
+            tuples = [t]
+        elif kind is not None:
+            tuples = h.by_kind(kind)
+        else:
+            tuples = list(h)
+        return JSONResponse({"ts": h.now, "policy_version": h.policy_version,
+                             "tuples": [t.to_dict(with_details=details) for t in tuples]})
+
+    @app.get("/api/v1/states")
+    def states(kind: str | None = None) -> JSONResponse:
+        pub = controller.published
+        ents = [e.to_dict() for e in pub.state.entities.values() if kind is None or e.kind == kind]
+        return JSONResponse({"ts": pub.ts, "frozen": pub.state.frozen, "entities": ents})
+
+    @app.get("/api/v1/intents")
+    def intents(since: float | None = None, entity: str | None = None, limit: int = Query(500, ge=1)) -> JSONResponse:
+        rows = [i for i in controller.published.recent_intents
+                if (since is None or i["ts"] > since) and (entity is None or i["entity"] == entity)]
+        return JSONResponse({"ts": controller.published.ts, "intents": rows[-limit:]})
+
+    @app.get("/api/v1/transitions")
+    def transitions(since: float | None = None, limit: int = Query(500, ge=1)) -> JSONResponse:
+        rows = [t for t in controller.published.recent_transitions if since is None or t["ts"] > since]
+        return JSONResponse({"ts": controller.published.ts, "transitions": rows[-limit:]})
+
+    @app.get("/api/v1/weights")
+    def weights() -> JSONResponse:
+        pub = controller.published
+        if pub.weights:
+            return JSONResponse(dict(pub.weights))
+        reps = {e.entity: {"replica": e.entity, "weight": e.weight, "state": str(e.state),
+                           "value": e.last_value, "confidence": e.last_confidence}
+                for e in pub.state.entities.values() if e.kind == "replica" and e.weight is not None}
+        return JSONResponse({"ts": pub.ts, "weights": reps})
+
+    @app.get("/api/v1/status")
+    def status() -> JSONResponse:
+        pub = controller.published
+        body: dict[str, Any] = {
+            "ts": pub.ts, "counters": _jsonable(pub.counters), "sources": list(pub.sources),
+            "last_cycle": None if pub.report is None else pub.report.to_dict(),
+            "summary": None if pub.health is None else pub.health.summary(),
+            "policy_version": controller.policy.version_tag,
+        }
+        if runner is not None and hasattr(runner, "status"):
+            body["actuation"] = runner.status()
+        return JSONResponse(body)
+
+    @app.post("/api/v1/events")
+    async def post_event(request: Request) -> JSONResponse:
+        try:
+            d = await request.json()
+            ev = Event.from_dict({"ts": controller.clock.now(), **d})
+        except Exception as e:
+            raise HTTPException(400, f"not a valid event: {e}") from None
+        controller.add_event(ev)
+        return JSONResponse({"accepted": ev.to_dict()}, status_code=202)
+
+    @app.post("/api/v1/kill")
+    async def kill(request: Request) -> JSONResponse:
+        if runner is None:
+            raise HTTPException(409, "no actuation runner configured")
+        reason = (await request.body()).decode(errors="replace")[:200] or "via API"
+        runner.kill(reason)
+        return JSONResponse({"killed": True})
+
+    @app.post("/api/v1/resume")
+    def resume() -> JSONResponse:
+        if runner is None:
+            raise HTTPException(409, "no actuation runner configured")
+        runner.resume()
+        return JSONResponse({"killed": bool(runner.killed)})
+
+    return app
+
+
+class ApiServer:
+    """uvicorn in a daemon thread; ``start()`` returns once the socket accepts connections."""
+
+    def __init__(self, controller: Controller, host: str, port: int, runner: Any = None) -> None:
+        import uvicorn
+
+        self.host, self.port = host, port
+        config = uvicorn.Config(create_app(controller, runner), host=host, port=port, log_level="warning",
+                                access_log=False, lifespan="off")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, name="fleethealth-api", daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self, timeout_s: float = 10.0) -> ApiServer:
+        self.thread.start()
+        deadline = time.time() + timeout_s
+        while not self.server.started:
+            if not self.thread.is_alive():
+                raise RuntimeError(f"cannot listen on {self.host}:{self.port}")
+            if time.time() > deadline:
+                raise RuntimeError(f"API server did not start within {timeout_s} s")
+            time.sleep(0.02)
+        return self
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)

@@ -1,0 +1,190 @@
+"""The controller's config file (`fleethealth run --config FILE`), validated like the policy: unknown keys
+are errors, and every error names the key and its line in the file.
+
+```yaml
+interval_s: 15                 # one cycle every interval; an overrun is reported, never stacked
+policy: my-policy.yaml         # default: the shipped policy
+state_db: /var/lib/fleethealth/state.db
+listen: 127.0.0.1:9108         # /metrics, /healthz, /api/v1/...; null disables the endpoint
+sources:
+  prometheus: {url: http://prometheus:9090, timeout_s: 10}
+  scrape:
+    timeout_s: 5
+    concurrency: 64
+    targets:
+      - http://node-1:9400/metrics
+      - {url: http://vllm-0:8000/metrics, labels: {replica: vllm-0}}
+  kernel_logs:
+    - {path: /var/log/kern.log, node: node-1}
+  files: [/run/fleethealth/extra.prom]
+  gpu_capacity: {node-1: 8}     # expected GPUs per node (Kubernetes nvidia.com/gpu capacity)
+actuation:                      # fleethealth.act.config.ActuationConfig
+  mode: advise                  # advise (default) | enforce
+  enforce: [set_weight, no_new_work]
+  kill_switch: false
+```
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from fleethealth.act.config import ActuationConfig
+from fleethealth.policy import _line_of, _loc_name
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class PrometheusConfig(_Strict):
+    url: str
+    timeout_s: float = Field(default=10.0, gt=0)
+    headers: dict[str, str] = Field(default_factory=dict)
+    matchers: str = ""  # extra label matchers for every selector, e.g. 'cluster="a"'
+    gauge_mode: Literal["raw", "instant"] = "raw"
+    extra_metrics: list[str] = Field(default_factory=list)
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, v: str) -> str:
+        if not v.startswith(("http://", "https://")):
+            raise ValueError("must be an http:// or https:// URL")
+        return v
+
+
+class ScrapeTargetConfig(_Strict):
+    url: str
+    labels: dict[str, str] = Field(default_factory=dict)
+    job: str = "fleethealth"
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, v: str) -> str:
+        if not v.startswith(("http://", "https://")):
+            raise ValueError("must be an http:// or https:// URL")
+        return v
+
+
+class ScrapeConfig(_Strict):
+    targets: list[ScrapeTargetConfig]
+    timeout_s: float = Field(default=5.0, gt=0)
+    concurrency: int = Field(default=64, ge=1)
+
+    @field_validator("targets", mode="before")
+    @classmethod
+    def _plain_urls(cls, v: Any) -> Any:
+        if isinstance(v, list):
+            return [{"url": x} if isinstance(x, str) else x for x in v]
+        return v
+
+
+class KernelLogConfig(_Strict):
+    path: str | None = None
+    command: list[str] | None = None  # e.g. [journalctl, -k, -f, -o, short-iso]
+    node: str | None = None  # for lines that carry no host name
+
+    @model_validator(mode="after")
+    def _one(self) -> KernelLogConfig:
+        if (self.path is None) == (self.command is None):
+            raise ValueError("give exactly one of 'path' or 'command'")
+        return self
+
+
+class SourcesConfig(_Strict):
+    prometheus: PrometheusConfig | None = None
+    scrape: ScrapeConfig | None = None
+    kernel_logs: list[KernelLogConfig] = Field(default_factory=list)
+    files: list[str] = Field(default_factory=list)  # exposition or table files, re-read every cycle
+    gpu_capacity: dict[str, int] = Field(default_factory=dict)
+
+
+class ControllerConfig(_Strict):
+    interval_s: float = Field(default=15.0, gt=0)
+    policy: str | None = None
+    state_db: str | None = "fleethealth-state.db"
+    listen: str | None = "127.0.0.1:9108"
+    history_s: float = Field(default=3600.0, gt=0)  # how long a vanished entity stays visible (as stale)
+    sources: SourcesConfig
+    actuation: ActuationConfig = Field(default_factory=ActuationConfig)
+
+    @field_validator("listen")
+    @classmethod
+    def _listen(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        host, sep, port = v.rpartition(":")
+        if not sep or not port.isdigit() or not 0 <= int(port) < 65536:
+            raise ValueError("must be HOST:PORT, e.g. 127.0.0.1:9108")
+        return v
+
+    @model_validator(mode="after")
+    def _some_source(self) -> ControllerConfig:
+        s = self.sources
+        if not (s.prometheus or s.scrape or s.kernel_logs or s.files):
+            raise ValueError("sources: configure at least one of prometheus, scrape, kernel_logs, files")
+        return self
+
+    @property
+    def listen_host_port(self) -> tuple[str, int] | None:
+        if self.listen is None:
+            return None
+        host, _, port = self.listen.rpartition(":")
+        return host.strip("[]"), int(port)
+
+
+class ConfigError(Exception):
+    """A config that cannot be used; the message names the key and the line."""
+
+
+def parse_config(text: str, source: str = "<config>", base_dir: Path | None = None) -> ControllerConfig:
+    try:
+        node = yaml.compose(text)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"{source}:{mark.line + 1}" if mark else source
+        raise ConfigError(f"{where}: not valid YAML: {getattr(e, 'problem', e)}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: a controller config is a YAML mapping with at least a 'sources' section")
+    try:
+        cfg = ControllerConfig.model_validate(data)
+    except ValidationError as e:
+        msgs = []
+        for err in e.errors():
+            loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+            line = _line_of(node, loc)
+            msg = err["msg"].removeprefix("Value error, ")
+            msgs.append(f"{source}:{line or '?'}: {_loc_name(loc, data)}: {msg}")
+        raise ConfigError("invalid controller config\n  " + "\n  ".join(msgs)) from None
+    if base_dir is not None:
+        cfg = _resolve_paths(cfg, base_dir)
+    return cfg
+
+
+def _resolve_paths(cfg: ControllerConfig, base: Path) -> ControllerConfig:
+    """Relative paths in a config file are relative to the file, not to wherever the controller starts."""
+
+    def rel(p: str | None) -> str | None:
+        if p is None or Path(p).is_absolute():
+            return p
+        return str((base / p).resolve())
+
+    srcs = cfg.sources.model_copy(update={
+        "files": [rel(f) or f for f in cfg.sources.files],
+        "kernel_logs": [k.model_copy(update={"path": rel(k.path)}) for k in cfg.sources.kernel_logs],
+    })
+    return cfg.model_copy(update={"policy": rel(cfg.policy), "state_db": rel(cfg.state_db), "sources": srcs})
+
+
+def load_config(path: str | Path) -> ControllerConfig:
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise ConfigError(f"{p}: cannot read config: {e.strerror or e}") from None
+    return parse_config(text, str(p), base_dir=p.parent)

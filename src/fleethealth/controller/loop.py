@@ -1,0 +1,390 @@
+"""The reconcile loop: every interval, read the sources, fold them into the rolling history, add the
+structural signals, score, decide, persist, and hand the intents to the actuation runner.
+
+Theory of operation
+- One cycle at a time, on one thread. ``cycle(now)`` is the whole step and takes the time as an argument,
+  so tests drive cycles directly with a fake clock; ``run()`` only schedules cycles on a Clock.
+- Ticks are aligned to ``start + k * interval``. A cycle that takes longer than the interval is an
+  overrun: counted, logged, and the ticks it ran over are skipped (the next cycle starts at the next
+  tick in the future). Cycles never stack and never run concurrently.
+- A source that fails (or, against its contract, raises) is recorded with its error; its entities get
+  no fresh samples and go stale in the scorer: lower confidence, value unknown, never healthy. The
+  decisions layer then refuses to remediate on them, and a fleet-wide drop freezes remediation.
+- After each cycle the controller publishes an immutable ``Published`` record (a single reference swap),
+  which the HTTP endpoint reads without locks.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from fleethealth.decide.decider import Decider
+from fleethealth.decide.model import Intent, Transition
+from fleethealth.decide.state import Decision, DecisionState, Event
+from fleethealth.policy import Policy
+from fleethealth.score.engine import FleetHealth, score_snapshot
+from fleethealth.signals.history import SignalHistory
+from fleethealth.signals.snapshot import InputIssue, Snapshot
+from fleethealth.sources.base import Source
+from fleethealth.sources.structural import StructuralTracker
+
+log = logging.getLogger("fleethealth.controller")
+
+
+class Clock(Protocol):
+    def now(self) -> float: ...
+
+    def sleep(self, seconds: float) -> None: ...
+
+
+class SystemClock:
+    """Wall clock; ``sleep`` wakes early when ``stop`` is set."""
+
+    def __init__(self, stop: threading.Event | None = None) -> None:
+        self.stop = stop or threading.Event()
+
+    def now(self) -> float:
+        return time.time()
+
+    def sleep(self, seconds: float) -> None:
+        self.stop.wait(max(0.0, seconds))
+
+
+class StateStore(Protocol):
+    """Where the decisions layer's state survives restarts (SQLite in fleethealth.store)."""
+
+    def load_state(self) -> DecisionState | None: ...
+
+    def save_decision(self, decision: Decision) -> None: ...
+
+
+class IntentSink(Protocol):
+    """The actuation runner (fleethealth.act.runner.ActuationRunner) or anything shaped like it."""
+
+    def submit_all(self, intents: Sequence[Intent]) -> Sequence[Any]: ...
+
+    def retry_due(self) -> Sequence[Any]: ...
+
+
+@dataclass(slots=True)
+class SourceStatus:
+    name: str
+    last_attempt: float | None = None
+    last_success: float | None = None
+    last_error: str | None = None
+    errors_total: int = 0
+    reads_total: int = 0
+    last_read_s: float = 0.0
+    last_samples: int = 0
+
+    @property
+    def up(self) -> bool:
+        return self.last_attempt is not None and self.last_error is None
+
+    def to_dict(self, now: float) -> dict[str, Any]:
+        return {
+            "name": self.name, "up": self.up, "last_success": self.last_success,
+            "age_s": None if self.last_success is None else round(now - self.last_success, 3),
+            "last_error": self.last_error, "errors_total": self.errors_total, "reads_total": self.reads_total,
+            "last_read_s": round(self.last_read_s, 6), "last_samples": self.last_samples,
+        }
+
+
+@dataclass(slots=True)
+class CycleReport:
+    ts: float
+    duration_s: float
+    stage_s: dict[str, float]
+    samples: int
+    source_errors: list[InputIssue]
+    transitions: list[Transition]
+    intents: list[Intent]
+    actions: list[Any]
+    overran: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "ts": self.ts, "duration_s": round(self.duration_s, 6),
+            "stage_s": {k: round(v, 6) for k, v in self.stage_s.items()}, "samples": self.samples,
+            "source_errors": [str(e) for e in self.source_errors],
+            "transitions": len(self.transitions), "intents": len(self.intents), "overran": self.overran,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Published:
+    """What the HTTP endpoint shows: the last completed cycle (immutable once published)."""
+
+    ts: float
+    health: FleetHealth | None
+    state: DecisionState
+    report: CycleReport | None
+    sources: tuple[dict[str, Any], ...]
+    counters: Mapping[str, Any]
+    recent_intents: tuple[dict[str, Any], ...]
+    recent_transitions: tuple[dict[str, Any], ...]
+    weights: Mapping[str, Any] = field(default_factory=dict)
+
+
+class Controller:
+    def __init__(
+        self,
+        policy: Policy,
+        sources: Sequence[Source],
+        *,
+        interval_s: float = 15.0,
+        clock: Clock | None = None,
+        store: StateStore | None = None,
+        runner: IntentSink | None = None,
+        decider: Decider | None = None,
+        history_s: float = 3600.0,
+        gpu_capacity: Mapping[str, int] | Callable[[], Mapping[str, int]] | None = None,
+        inventory: Callable[[], Mapping[str, Sequence[str]] | None] | None = None,
+        events: Callable[[float], Sequence[Event]] | None = None,
+        weights: Callable[[], Mapping[str, Any]] | None = None,
+        keep_recent: int = 2000,
+    ) -> None:
+        self.policy = policy
+        self.sources = list(sources)
+        self.interval_s = interval_s
+        self.stop_event = threading.Event()
+        self.clock: Clock = clock or SystemClock(self.stop_event)
+        self.store = store
+        self.runner = runner
+        self.decider = decider or Decider(policy)
+        self.history = SignalHistory(policy, memory_s=history_s)
+        self.structural = StructuralTracker(
+            node_labels=policy.node_labels, max_age_s=policy.freshness.max_age_s,
+            future_skew_s=policy.freshness.future_skew_s,
+        )
+        self._capacity = gpu_capacity
+        self._inventory = inventory
+        self._events = events
+        self._weights = weights
+        self._pending_events: list[Event] = []
+        self._events_lock = threading.Lock()
+        loaded = store.load_state() if store is not None else None
+        self.state: DecisionState = loaded or DecisionState()
+        self.source_status = {s.name: SourceStatus(s.name) for s in self.sources}
+        self.cycles_total = 0
+        self.overruns_total = 0
+        self.skipped_ticks_total = 0
+        self.cycle_seconds_sum = 0.0
+        self.last_cycle_s = 0.0
+        self.intents_total: dict[str, int] = {}
+        self.transitions_total: dict[tuple[str, str], int] = {}
+        self.recent_intents: deque[dict[str, Any]] = deque(maxlen=keep_recent)
+        self.recent_transitions: deque[dict[str, Any]] = deque(maxlen=keep_recent)
+        self.published = Published(
+            ts=0.0, health=None, state=self.state, report=None, sources=(), counters={}, recent_intents=(),
+            recent_transitions=(),
+        )
+        self.on_cycle: Callable[[CycleReport], None] | None = None
+
+    # -- inputs from outside the loop (HTTP API: human acks, active-test results) --------------------
+    def add_event(self, event: Event) -> None:
+        with self._events_lock:
+            self._pending_events.append(event)
+
+    def _take_events(self, now: float) -> list[Event]:
+        with self._events_lock:
+            out, self._pending_events = self._pending_events, []
+        if self._events is not None:
+            try:
+                out.extend(self._events(now))
+            except Exception as e:  # an event feed is an edge: its failure must not stop the loop
+                log.error("event source failed: %s", e)
+        return out
+
+    # -- one cycle ---------------------------------------------------------------------------------
+    def _read_sources(self, now: float) -> tuple[int, list[InputIssue]]:
+        samples = 0
+        errors: list[InputIssue] = []
+        for src in self.sources:
+            st = self.source_status[src.name]
+            t0 = time.perf_counter()
+            try:
+                snap = src.read(now)
+            except Exception as e:  # the Source contract says never raise; a bug there must not stop us
+                log.exception("source %s raised", src.name)
+                snap = Snapshot.empty(now)
+                snap.source_errors.append(InputIssue(src.name, 0, f"source raised {type(e).__name__}: {e}"))
+            st.last_read_s = time.perf_counter() - t0
+            st.last_attempt = now
+            st.reads_total += 1
+            st.last_samples = len(snap)
+            samples += len(snap)
+            own = [e for e in snap.source_errors]
+            if own:
+                st.errors_total += 1
+                st.last_error = "; ".join(sorted({f"{e.source}: {e.reason}" for e in own}))[:500]
+                log.warning("source %s: %s", src.name, st.last_error)
+            else:
+                st.last_error = None
+                st.last_success = now
+            errors.extend(own)
+            self.history.add(snap)
+        return samples, errors
+
+    def _capacity_now(self) -> Mapping[str, int] | None:
+        if self._capacity is None:
+            return None
+        if callable(self._capacity):
+            try:
+                return self._capacity()
+            except Exception as e:
+                log.error("gpu capacity lookup failed: %s", e)
+                return None
+        return self._capacity
+
+    def cycle(self, now: float | None = None) -> CycleReport:
+        """One reconcile step as of ``now`` (default: the clock)."""
+        t_start = time.perf_counter()
+        now = self.clock.now() if now is None else now
+        stage: dict[str, float] = {}
+
+        t0 = time.perf_counter()
+        samples, errors = self._read_sources(now)
+        stage["read"] = time.perf_counter() - t0
+
+        t0 = time.perf_counter()
+        view = self.history.view(now)
+        structural = self.structural.observe(view, now, self._capacity_now())
+        self.history.add(structural.snapshot)
+        view = self.history.view(now)
+        view.source_errors = errors + structural.snapshot.source_errors
+        # The history keeps every input issue it was given; a long-running loop only needs the recent ones.
+        if len(self.history.issues) > 5000:
+            del self.history.issues[:-1000]
+        stage["history"] = time.perf_counter() - t0
+        self._update_bus_maps(view)
+
+        t0 = time.perf_counter()
+        inventory = None
+        if self._inventory is not None:
+            try:
+                inventory = self._inventory()
+            except Exception as e:
+                log.error("inventory lookup failed: %s", e)
+        health = score_snapshot(view, self.policy, now, "remediation", inventory=inventory)
+        serving = None
+        if health.kinds.get("replica") is not None and health.kinds["replica"].names:
+            serving = score_snapshot(view, self.policy, now, "serving", inventory=inventory)
+        stage["score"] = time.perf_counter() - t0
+
+        t0 = time.perf_counter()
+        decision = self.decider.decide(self.state, health, now, self._take_events(now), serving=serving)
+        stage["decide"] = time.perf_counter() - t0
+
+        t0 = time.perf_counter()
+        if self.store is not None:
+            self.store.save_decision(decision)
+        self.state = decision.state
+        stage["persist"] = time.perf_counter() - t0
+
+        t0 = time.perf_counter()
+        actions: list[Any] = []
+        for tr in decision.transitions:
+            log.info("transition %s %s -> %s (%s)", tr.entity, tr.from_state, tr.to_state, tr.reason)
+        for it in decision.intents:
+            log.info("intent %s %s (%s) key=%s", it.kind, it.entity, it.reason, it.key)
+        if self.runner is not None:
+            try:
+                actions = list(self.runner.submit_all(decision.intents)) + list(self.runner.retry_due())
+            except Exception:  # an actuator bug must not stop the loop; the ledger has the details
+                log.exception("actuation failed")
+        stage["act"] = time.perf_counter() - t0
+
+        duration = time.perf_counter() - t_start
+        report = CycleReport(now, duration, stage, samples, view.source_errors, decision.transitions,
+                             decision.intents, actions, overran=duration > self.interval_s)
+        self._account(report, health)
+        return report
+
+    def _update_bus_maps(self, view: Snapshot) -> None:
+        setters = [s for s in self.sources if hasattr(s, "set_bus_map")]
+        if not setters:
+            return
+        from fleethealth.sources.kernel_log import bus_map_from_snapshot
+
+        bus = bus_map_from_snapshot(view)
+        for s in setters:
+            s.set_bus_map(bus)
+
+    def _account(self, report: CycleReport, health: FleetHealth) -> None:
+        self.cycles_total += 1
+        self.last_cycle_s = report.duration_s
+        self.cycle_seconds_sum += report.duration_s
+        if report.overran:
+            self.overruns_total += 1
+            log.warning("cycle took %.3f s, longer than the %.3f s interval", report.duration_s, self.interval_s)
+        for it in report.intents:
+            k = str(it.kind)
+            self.intents_total[k] = self.intents_total.get(k, 0) + 1
+            self.recent_intents.append(it.to_dict())
+        for tr in report.transitions:
+            key = (str(tr.from_state), str(tr.to_state))
+            self.transitions_total[key] = self.transitions_total.get(key, 0) + 1
+            self.recent_transitions.append(tr.to_dict())
+        weights: Mapping[str, Any] = {}
+        if self._weights is not None:
+            try:
+                weights = dict(self._weights())
+            except Exception as e:
+                log.error("weights lookup failed: %s", e)
+        self.published = Published(
+            ts=report.ts, health=health, state=self.state, report=report,
+            sources=tuple(s.to_dict(report.ts) for s in self.source_status.values()),
+            counters={
+                "cycles_total": self.cycles_total, "overruns_total": self.overruns_total,
+                "skipped_ticks_total": self.skipped_ticks_total, "cycle_seconds_sum": self.cycle_seconds_sum,
+                "last_cycle_s": self.last_cycle_s, "intents_total": dict(self.intents_total),
+                "transitions_total": dict(self.transitions_total), "interval_s": self.interval_s,
+            },
+            recent_intents=tuple(self.recent_intents), recent_transitions=tuple(self.recent_transitions),
+            weights=weights,
+        )
+        if self.on_cycle is not None:
+            self.on_cycle(report)
+
+    # -- scheduling ----------------------------------------------------------------------------------
+    def run(self, max_cycles: int | None = None) -> None:
+        """Run cycles on the clock until ``stop()`` (or ``max_cycles``)."""
+        start = self.clock.now()
+        tick = 0
+        done = 0
+        while not self.stop_event.is_set():
+            due = start + tick * self.interval_s
+            now = self.clock.now()
+            if now < due:
+                self.clock.sleep(due - now)
+                if self.stop_event.is_set():
+                    break
+            try:
+                self.cycle()
+            except Exception:
+                # A bug in scoring or deciding is reported and retried next tick rather than killing the
+                # process: the last published state stays visible and /healthz turns unhealthy.
+                log.exception("cycle failed")
+            done += 1
+            if max_cycles is not None and done >= max_cycles:
+                break
+            after = self.clock.now()
+            next_tick = max(tick + 1, math.floor((after - start) / self.interval_s) + 1)
+            skipped = next_tick - tick - 1
+            if skipped > 0:
+                self.skipped_ticks_total += skipped
+                log.warning("skipped %d tick(s) after an overrun", skipped)
+            tick = next_tick
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        if isinstance(self.clock, SystemClock):
+            self.clock.stop.set()  # a clock shared with another controller wakes too
