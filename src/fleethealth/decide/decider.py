@@ -35,7 +35,6 @@ cycle replayed after a crash yields the same idempotency keys.
 
 from __future__ import annotations
 
-import copy
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
@@ -130,13 +129,14 @@ def choose_tier(kind: str, obs_reason: str, worst: str | None) -> Tier:
 class _Cycle:
     """Mutable working set of one ``decide`` call (on a private copy of the state)."""
 
-    def __init__(self, policy: Policy, state: DecisionState, now: float) -> None:
+    def __init__(self, policy: Policy, state: DecisionState, now: float, version: str) -> None:
         self.p = policy
         self.s = state
         self.now = now
         self.transitions: list[Transition] = []
         self.intents: list[Intent] = []
-        self.version = policy.version_tag
+        self.version = version
+        self.pool_sizes: dict[str, int] | None = None  # computed on the first budget check of a cycle
 
     def emit(self, kind: IntentKind, entity: str, reason: str, params: dict[str, Any] | None = None,
              tier: Tier | None = None, soft: bool = False) -> None:
@@ -156,6 +156,7 @@ class _Cycle:
 class Decider:
     def __init__(self, policy: Policy | None = None) -> None:
         self.policy = policy or default_policy()
+        self._version = self.policy.version_tag  # hashing the policy costs; once per decider
 
     # ------------------------------------------------------------------------------------------
     def decide(self, state: DecisionState, health: Any, now: float, events: Sequence[Event] = (),
@@ -165,7 +166,7 @@ class Decider:
         ``health``). The input state is not modified."""
         p = self.policy
         lc = p.lifecycle
-        c = _Cycle(p, copy.deepcopy(state), now)
+        c = _Cycle(p, state.copy(), now, self._version)
         s = c.s
         s.ledger = [x for x in s.ledger if now - x[0] < p.budgets.window_s]
         life, flagged_gpus = _lifecycle_and_flagged(health)
@@ -421,7 +422,11 @@ class Decider:
                     return f"tp_group:{g}"
         pool = es.labels.get("pool", "default")
         key = f"{es.kind}:{pool}"
-        size = sum(1 for o in c.s.entities.values() if o.kind == es.kind and o.labels.get("pool", "default") == pool)
+        if c.pool_sizes is None:
+            c.pool_sizes = defaultdict(int)
+            for o in c.s.entities.values():
+                c.pool_sizes[f"{o.kind}:{o.labels.get('pool', 'default')}"] += 1
+        size = c.pool_sizes[key]
         allowed = max(p.budgets.quarantine_min_per_hour, math.floor(p.budgets.quarantine_fraction_per_hour * size))
         # Distinct entities: isolating the same node again (a relapse) spends nothing new.
         spent = {e for ts, k, e in c.s.ledger if k == key and c.now - ts < p.budgets.window_s}
