@@ -1,0 +1,676 @@
+"""The fault library: each fault knows its targets, its ground truth, and how it bends the fleet's
+signals while active.
+
+Faults act in two ways. Continuous effects are written every step into ``Effects`` (arrays over GPUs,
+replicas, jobs and nodes, neutral by default), so the simulation stays vectorised however many faults run.
+One-shot changes (an Xid, a DBE count, a pending remap, a driver relabel, a counter reset) call back into
+the simulation. Each fault draws from its own random stream (seeded by scenario seed and fault index), so
+adding a fault never changes the background noise of the rest of the fleet.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from fleethealth.sim.fleet import Fleet
+from fleethealth.sim.scenario import FaultSpec
+from fleethealth.sim.truth import GroundTruth
+
+if TYPE_CHECKING:
+    from fleethealth.sim.simulation import Simulation
+
+# DCGM_FI_DEV_CLOCKS_EVENT_REASONS bits
+HW_SLOWDOWN = 0x8
+SW_THERMAL = 0x20
+HW_THERMAL = 0x40
+
+
+class Effects:
+    """Per-step modifiers, neutral unless a fault writes them."""
+
+    def __init__(self, n_gpu: int, n_rep: int, n_job: int, n_node: int, n_rank: int) -> None:
+        self.temp_add = np.zeros(n_gpu)
+        self.clock_mul = np.ones(n_gpu)
+        self.compute_mul = np.ones(n_gpu)
+        self.power_add = np.zeros(n_gpu)
+        self.thermal_viol_rate = np.zeros(n_gpu)  # microseconds per second
+        self.power_viol_rate = np.zeros(n_gpu)
+        self.pcie_rate = np.zeros(n_gpu)  # replays per second
+        self.nvlink_rate = np.zeros(n_gpu)  # CRC flit errors per second (others follow)
+        self.sbe_rate = np.zeros(n_gpu)
+        self.fb_add = np.zeros(n_gpu)  # MiB
+        self.clock_reasons = np.zeros(n_gpu, np.int64)
+        self.gpu_gone = np.zeros(n_gpu, bool)
+        self.ttft_mul = np.ones(n_rep)
+        self.itl_mul = np.ones(n_rep)
+        self.err_add = np.zeros(n_rep)
+        self.rate_mul = np.ones(n_rep)
+        self.load_add = np.zeros(n_rep)
+        self.replica_gone = np.zeros(n_rep, bool)
+        self.rank_mul = np.ones(n_rank)
+        self.job_hang = np.zeros(n_job, bool)
+        self.seq_sigma = np.zeros(n_job)
+        self.node_down = np.zeros(n_node, bool)
+        self.node_reason: dict[int, str] = {}
+
+
+@dataclass
+class Targets:
+    nodes: list[int]
+    gpus: list[int]
+    replicas: list[int]
+    jobs: list[int]
+    label: str
+
+
+def resolve_targets(fleet: Fleet, targets: list[str], gpu_default: int | None) -> Targets:
+    """Turn target strings into ids; raises ValueError with a readable message."""
+    nodes: list[int] = []
+    gpus: list[int] = []
+    reps: list[int] = []
+    jobs: list[int] = []
+    gpn = fleet.gpus_per_node
+    for t in targets:
+        kind, _, name = t.partition(":") if ":" in t else ("", "", t)
+        try:
+            if kind == "pool":
+                ns = fleet.pool_nodes(name)
+                if not ns:
+                    raise KeyError(name)
+                nodes += ns
+            elif kind == "rack":
+                ns = fleet.rack_nodes(name)
+                if not ns:
+                    raise KeyError(name)
+                nodes += ns
+            elif kind == "job":
+                j = fleet.job_by_name(name)
+                jobs.append(j.index)
+                nodes += j.nodes.tolist()
+            elif kind == "replica":
+                r = fleet.replica_by_name(name)
+                reps.append(r.index)
+                nodes.append(r.node)
+                gpus += r.gpus.tolist()
+            elif kind == "build":
+                rs = [r for r in fleet.replicas if r.build == name]
+                if not rs:
+                    raise KeyError(name)
+                for r in rs:
+                    reps.append(r.index)
+                    nodes.append(r.node)
+            elif kind == "":
+                node, _, g = name.partition("/gpu")
+                n = fleet.node_index(node)
+                nodes.append(n)
+                if g:
+                    gi = int(g)
+                    if not 0 <= gi < gpn:
+                        raise KeyError(name)
+                    gpus.append(n * gpn + gi)
+                elif gpu_default is not None:
+                    gpus.append(n * gpn + gpu_default)
+                else:
+                    gpus += list(range(n * gpn, (n + 1) * gpn))
+            else:
+                raise ValueError(f"unknown target kind {kind!r} in {t!r} (use node, node/gpuN, pool:, rack:, "
+                                 "job:, replica:, build:)")
+        except (KeyError, ValueError) as e:
+            if isinstance(e, ValueError) and "unknown target kind" in str(e):
+                raise
+            raise ValueError(f"target {t!r} matches nothing in this fleet") from None
+    if not gpus and not reps:
+        for n in nodes:
+            gpus += list(range(n * gpn, (n + 1) * gpn))
+    return Targets(sorted(set(nodes)), sorted(set(gpus)), sorted(set(reps)), sorted(set(jobs)), ", ".join(targets))
+
+
+class Fault:
+    """Base: active between onset and end (absolute sim times); ``hardware`` faults fail active tests."""
+
+    kind = "fault"
+    gpu_default: int | None = None
+    hardware = True
+    expected_action = "quarantine"
+
+    def __init__(self, spec: FaultSpec, index: int, fleet: Fleet, start: float, seed: int) -> None:
+        self.spec = spec
+        self.index = index
+        self.fleet = fleet
+        self.onset = start + spec.onset
+        self.end: float | None = None if spec.end is None else start + spec.end
+        self.m = spec.magnitude
+        self.p: dict[str, Any] = dict(spec.params)
+        self.rng = np.random.default_rng([seed, 7919, index])
+        gd = self.p.pop("gpu", self.gpu_default)
+        self.t = resolve_targets(fleet, spec.targets, gd)
+        self.started = False
+        self.stopped = False
+        self.setup()
+
+    def setup(self) -> None:
+        pass
+
+    def param(self, name: str, default: Any) -> Any:
+        return self.p.get(name, default)
+
+    def active(self, t: float) -> bool:
+        return self.onset <= t and (self.end is None or t < self.end)
+
+    def start(self, sim: Simulation, t: float) -> None:
+        """One-shot changes at onset."""
+
+    def apply(self, sim: Simulation, t: float, eff: Effects) -> None:
+        """Continuous effects while active."""
+
+    def stop(self, sim: Simulation, t: float) -> None:
+        """Undo lasting state when the fault ends (repair, reset, end of an outage)."""
+
+    # ---- ground truth -------------------------------------------------------------------------
+    def gt(self, entity: str, kind: str, faulty: bool, action: str, detail: str = "",
+           group: str | None = None) -> GroundTruth:
+        return GroundTruth(entity, kind, self.kind, self.onset, self.end, faulty, action, detail, group)  # type: ignore[arg-type]
+
+    def truth(self) -> list[GroundTruth]:
+        f = self.fleet
+        out = [self.gt(f.gpu_entity(g), "gpu", self.hardware, self.expected_action) for g in self.gpu_level()]
+        out += [self.gt(f.nodes[n], "node", self.hardware, self.expected_action) for n in self.t.nodes]
+        return out
+
+    def gpu_level(self) -> list[int]:
+        """GPUs that get their own truth row (only for faults of single GPUs)."""
+        return self.t.gpus if self.gpu_default is not None or self._explicit_gpu() else []
+
+    def _explicit_gpu(self) -> bool:
+        return any("/gpu" in s for s in self.spec.targets)
+
+    def faulty_nodes(self) -> set[int]:
+        return set(self.t.nodes) if self.hardware else set()
+
+    def covers(self, entity: str) -> bool:
+        f = self.fleet
+        names = {f.nodes[n] for n in self.t.nodes} | {f.gpu_entity(g) for g in self.t.gpus}
+        names |= {f.replicas[r].name for r in self.t.replicas}
+        return entity in names
+
+
+class ThermalDrift(Fault):
+    """A clogged fan tray: temperature creeps up, the SM clock throttles, compute time grows (seed node-37:
+    +4 C, -3 % clock, 1.82 -> 1.86 s at severity 1; 1.95 s about a day later)."""
+
+    kind = "thermal_drift"
+
+    def severity(self, t: float) -> float:
+        ramp = float(self.param("ramp_s", 39600.0))
+        return min(float(self.param("max_severity", 4.0)), self.m * max(0.0, t - self.onset) / ramp)
+
+    def apply(self, sim: Simulation, t: float, eff: Effects) -> None:
+        s = self.severity(t)
+        g = self.t.gpus
+        eff.temp_add[g] += 4.0 * s
+        eff.clock_mul[g] *= 1.0 - 0.03 * s
+        eff.compute_mul[g] *= 1.0 + 0.022 * s
+        eff.power_add[g] -= 8.0 * s
+        if s > 1.0:
+            eff.thermal_viol_rate[g] += 20000.0 * (s - 1.0)
+            eff.clock_reasons[g] |= SW_THERMAL
+
+
+class OffBus(Fault):
+    """Xid 79: the GPU falls off the bus; a scrape or two later its series vanish from the exporter."""
+
+    kind = "xid79_off_bus"
+    gpu_default = 3
+
+    def start(self, sim: Simulation, t: float) -> None:
+        for g in self.t.gpus:
+            sim.emit_xid(g, 79, t, "GPU has fallen off the bus.")
+            sim.recovery_action[g] = 2
+
+    def apply(self, sim: Simulation, t: float, eff: Effects) -> None:
+        if t - self.onset >= float(self.param("vanish_after_s", 30.0)):
+            eff.gpu_gone[self.t.gpus] = True
+            for g in self.t.gpus:
+                r = self.fleet.gpu_replica[g]
+                if r >= 0:
+                    eff.replica_gone[r] = True
+
+
+class DbeRemapFailure(Fault):
+    """Double-bit ECC error (Xid 48) followed by a failed row remap (Xid 64): the memory needs repair."""
+
+    kind = "ecc_dbe_remap_failure"
+    gpu_default = 5
+
+    def start(self, sim: Simulation, t: float) -> None:
+        for g in self.t.gpus:
+            sim.dbe[g] += 1
+            sim.emit_xid(g, 48, t, "An uncorrectable double bit error (DBE) has been detected on GPU.")
+        self._second = False
+
+    def apply(self, sim: Simulation, t: float, eff: Effects) -> None:
+        if not getattr(self, "_second", True) and t > self.onset:
+            for g in self.t.gpus:
+                sim.emit_xid(g, 64, t, "Row remapping failure.")
+                sim.remap_failure[g] = 1
+                sim.uncorr_rows[g] += 1
+            self._second = True
+
+    def stop(self, sim: Simulation, t: float) -> None:
+        sim.remap_failure[self.t.gpus] = 0
+
+
+class RowRemapPending(Fault):
+    """Xid 63: a row remap is pending and takes effect at the next GPU reset. Needs a reset, not a repair."""
+
+    kind = "row_remap_pending"
+    gpu_default = 2
+    expected_action = "schedule_reset"
+
+    def start(self, sim: Simulation, t: float) -> None:
+        for g in self.t.gpus:
+            sim.emit_xid(g, 63, t, "Row remapping event: pending remap, reset required.")
+            sim.sbe[g] += int(self.rng.integers(4, 24))
+            sim.corr_rows[g] += 1
+            sim.remap_pending[g] = 1
+
+    def stop(self, sim: Simulation, t: float) -> None:
+        sim.remap_pending[self.t.gpus] = 0
+
+
+class NvlinkErrors(Fault):
+    """NVLink CRC/replay/recovery errors climbing, Xid 74; tensor-parallel work on the node hangs."""
+
+    kind = "nvlink_errors"
+
+    def start(self, sim: Simulation, t: float) -> None:
+        self._next_xid = t
+
+    def apply(self, sim: Simulation, t: float, eff: Effects) -> None:
+        g = self.t.gpus
+        eff.nvlink_rate[g] += 40.0 * self.m
+        if t >= self._next_xid:
+            sim.emit_xid(g[0], 74, t, "NVLink: fatal error detected on link 4(0x10000, 0x0, 0x0, 0x0, 0x0, 0x0, 0x0)")
+            self._next_xid = t + float(self.param("xid_every_s", 600.0))
+        if t - self.onset >= float(self.param("hang_after_s", 60.0)):
+            for gi in g:
+                rk = self.fleet.gpu_rank[gi]
+                if rk >= 0:
+                    eff.job_hang[self.fleet.rank_job[rk]] = True
+                r = self.fleet.gpu_replica[gi]
+                if r >= 0:
+                    eff.rate_mul[r] *= 0.05
+                    eff.itl_mul[r] *= 20.0
+                    eff.ttft_mul[r] *= 20.0
+                    eff.err_add[r] += 0.3
+                    eff.load_add[r] += 1.5
+
+
+class PcieReplayStorm(Fault):
+    kind = "pcie_replay_storm"
+    gpu_default = 6
+
+    def apply(self, sim: Simulation, t: float, eff: Effects) -> None:
+        g = self.t.gpus
+        eff.pcie_rate[g] += 80.0 * self.m
+        eff.compute_mul[g] *= 1.0 + 0.03 * self.m
+
+
+class Xid13BadKernel(Fault):
+    """One bad kernel rolled out with a job: Xid 13 on many nodes, none of them faulty."""
+
+    kind = "xid13_bad_kernel"
+    hardware = False
+    expected_action = "none"
+
+    def start(self, sim: Simulation, t: float) -> None:
+        self._next = {n: t + float(self.rng.uniform(0, 120)) for n in self.t.nodes}
+
+    def apply(self, sim: Simulation, t: float, eff: Effects) -> None:
+        rate_h = float(self.param("per_node_per_hour", 3.0)) * self.m
+        xid = int(self.param("xid", 13))
+        gpn = self.fleet.gpus_per_node
+        for n, nxt in self._next.items():
+            if t >= nxt:
+                g = n * gpn + int(self.rng.integers(0, gpn))
+                sim.emit_xid(g, xid, t, "Graphics SM Warp Exception on (GPC 1, TPC 3, SM 0): Out Of Range Address")
+                self._next[n] = t + float(self.rng.exponential(3600.0 / rate_h))
+
+    def truth(self) -> list[GroundTruth]:
+        return [self.gt(self.fleet.nodes[n], "node", False, "none", "application Xid") for n in self.t.nodes]
+
+
+class BadDriverRollout(Fault):
+    """A new driver rolled to a whole pool: nodes take the new version one after another, then start
+    throwing Xid 119 (GSP RPC timeout) with a GPU-reset recovery action. Correlated: page a human."""
+
+    kind = "bad_driver_rollout"
+    expected_action = "page"
+
+    def setup(self) -> None:
+        n = len(self.t.nodes)
+        span = float(self.param("rollout_s", 1800.0))
+        self.upgrade_at = {nd: self.onset + span * i / max(1, n) for i, nd in enumerate(self.t.nodes)}
+        delay = float(self.param("delay_s", 600.0))
+        frac = float(self.param("fraction", 1.0))
+        hit = self.rng.random(n) < frac
+        self.fail_at = {
+            nd: self.upgrade_at[nd] + delay + float(self.rng.exponential(900.0))
+            for i, nd in enumerate(self.t.nodes) if hit[i]
+        }
+        self.done: set[int] = set()
+        self.failed: set[int] = set()
+
+    def apply(self, sim: Simulation, t: float, eff: Effects) -> None:
+        version = str(self.param("driver", "560.28.03"))
+        gpn = self.fleet.gpus_per_node
+        for nd in self.t.nodes:
+            if nd not in self.done and t >= self.upgrade_at[nd]:
+                sim.relabel_driver(nd, version)
+                self.done.add(nd)
+            if nd in self.fail_at and nd not in self.failed and t >= self.fail_at[nd]:
+                g = nd * gpn + int(self.rng.integers(0, gpn))
+                sim.emit_xid(g, 119, t, "Timeout after 6s of waiting for RPC response from GPU0 GSP!")
+                sim.recovery_action[g] = 1
+                self.failed.add(nd)
+
+    def stop(self, sim: Simulation, t: float) -> None:
+        for nd in self.done:
+            sim.relabel_driver(nd, self.fleet.spec.driver_version)
+
+    def truth(self) -> list[GroundTruth]:
+        grp = "driver:" + self.t.label
+        return [
+            self.gt(self.fleet.nodes[n], "node", n in self.fail_at, "page", "bad driver rollout", grp)
+            for n in self.t.nodes
+        ]
+
+
+class ExporterOutage(Fault):
+    """The node's exporter dies: its series vanish and the scrape fails. Missing data, not a fault."""
+
+    kind = "exporter_outage"
+    hardware = False
+    expected_action = "none"
+    reason = "scrape failed: connection refused"
+
+    def apply(self, sim: Simulation, t: float, eff: Effects) -> None:
+        for n in self.t.nodes:
+            eff.node_down[n] = True
+            eff.node_reason[n] = self.reason
+
+    def truth(self) -> list[GroundTruth]:
+        return [self.gt(self.fleet.nodes[n], "node", False, "none", "missing data") for n in self.t.nodes]
+
+
+class NetworkPartition(ExporterOutage):
+    kind = "network_partition"
+    reason = "scrape failed: context deadline exceeded"
+
+
+class BuildRegression(Fault):
+    """A serving build regresses: latency and errors up on every replica of that build; GPUs are fine."""
+
+    kind = "serving_build_regression"
+    hardware = False
+    expected_action = "page"
+
+    def apply(self, sim: Simulation, t: float, eff: Effects) -> None:
+        r = self.t.replicas
+        eff.ttft_mul[r] *= 1.0 + float(self.param("ttft_factor", 5.0)) * self.m
+        eff.itl_mul[r] *= 1.0 + float(self.param("itl_factor", 1.5)) * self.m
+        eff.err_add[r] += float(self.param("error_rate", 0.06)) * self.m
+
+    def truth(self) -> list[GroundTruth]:
+        f = self.fleet
+        out = [self.gt(f.replicas[r].name, "replica", False, "page", "build regression", "build:" + self.t.label)
+               for r in self.t.replicas]
+        out += [self.gt(f.nodes[n], "node", False, "none", "build regression") for n in self.t.nodes]
+        return out
+
+
+class ReplicaSloBurn(Fault):
+    """One replica burns its SLO budget because one of its GPUs runs slow (HW slowdown, power brake)."""
+
+    kind = "replica_slo_burn"
+
+    def setup(self) -> None:
+        if not self.t.replicas:
+            for g in self.t.gpus:
+                r = int(self.fleet.gpu_replica[g])
+                if r >= 0:
+                    self.t.replicas.append(r)
+            self.t.replicas = sorted(set(self.t.replicas))
+        if not self.t.replicas:
+            raise ValueError(f"target {self.t.label!r} is not a serving replica or its GPU")
+        if not self._explicit_gpu():
+            self.t.gpus = [int(self.fleet.replicas[r].gpus[0]) for r in self.t.replicas]
+
+    def apply(self, sim: Simulation, t: float, eff: Effects) -> None:
+        g = self.t.gpus
+        eff.clock_mul[g] *= 1.0 - 0.3 * min(self.m, 2.0)
+        eff.clock_reasons[g] |= HW_SLOWDOWN
+        eff.power_viol_rate[g] += 300000.0 * self.m
+        r = self.t.replicas
+        eff.ttft_mul[r] *= 1.0 + 3.0 * self.m
+        eff.itl_mul[r] *= 1.0 + 2.0 * self.m
+        eff.err_add[r] += 0.04 * self.m
+
+    def gpu_level(self) -> list[int]:
+        return self.t.gpus
+
+    def truth(self) -> list[GroundTruth]:
+        f = self.fleet
+        out = super().truth()
+        out += [self.gt(f.replicas[r].name, "replica", True, "quarantine", "slow GPU") for r in self.t.replicas]
+        return out
+
+
+OOM_ACTIONS = {
+    "single_request": "reject_request",
+    "batch_overload": "limit_concurrency",
+    "fragmentation": "rebuild_worker",
+    "driver": "quarantine",
+}
+
+
+class CudaOom(Fault):
+    """CUDA OOMs of one of the four classes (seed 002): one oversized request, batch overload, memory
+    fragmentation after long uptime, or a driver/device fault (OOM with an Xid and a CUDA context error).
+    Each OOM is an event with the context needed to classify it; metrics move as each class would."""
+
+    kind = "cuda_oom"
+
+    def setup(self) -> None:
+        self.cls = str(self.param("class", "single_request"))
+        if self.cls not in OOM_ACTIONS:
+            raise ValueError(f"cuda_oom class must be one of {', '.join(OOM_ACTIONS)}, got {self.cls!r}")
+        if not self.t.replicas:
+            raise ValueError(f"cuda_oom target {self.t.label!r} must be a replica (replica:NAME)")
+        self.hardware = self.cls == "driver"
+        self.expected_action = OOM_ACTIONS[self.cls]
+        self.count = int(self.param("count", 3))
+        self.interval = float(self.param("interval_s", 300.0))
+        self.times = [self.onset + k * self.interval for k in range(self.count)]
+        if self.end is None and self.cls in ("batch_overload", "fragmentation") :
+            self.end = self.onset + self.count * self.interval + 60.0
+        self.fired = 0
+
+    def apply(self, sim: Simulation, t: float, eff: Effects) -> None:
+        r_ids = self.t.replicas
+        if self.cls == "batch_overload":
+            eff.load_add[r_ids] += 0.9 * self.m
+            eff.ttft_mul[r_ids] *= 2.0
+        elif self.cls == "fragmentation":
+            for r in r_ids:
+                eff.fb_add[self.fleet.replicas[r].gpus] += min(5000.0, (t - self.onset) / 10.0)
+        elif self.cls == "driver":
+            eff.err_add[r_ids] += 0.2
+        while self.fired < len(self.times) and t >= self.times[self.fired]:
+            for r in r_ids:
+                self._oom(sim, r, t)
+            self.fired += 1
+
+    def _oom(self, sim: Simulation, r: int, t: float) -> None:
+        rep = self.fleet.replicas[r]
+        g = int(rep.gpus[0])
+        rng = self.rng
+        ctx: dict[str, Any] = {
+            "replica": rep.name, "pod": rep.pod, "gpu": int(g % self.fleet.gpus_per_node),
+            "gpu_uuid": self.fleet.uuids[g], "model": rep.model, "model_version": rep.build,
+            "adapter_version": "none", "error": "torch.OutOfMemoryError: CUDA out of memory.",
+        }
+        kv = float(sim.last_kv[r])
+        if self.cls == "single_request":
+            ctx |= {"prompt_tokens": int(rng.integers(150_000, 260_000)), "max_tokens": 8192,
+                    "batch_size": int(rng.integers(2, 12)), "num_batched_tokens": int(rng.integers(2000, 8000)),
+                    "kv_cache_usage": round(kv, 3), "num_requests_waiting": int(rng.integers(0, 3)),
+                    "tried_to_allocate_mib": int(rng.integers(18000, 40000)), "recent_xids": []}
+            sim.replica_errors[r] += 1
+        elif self.cls == "batch_overload":
+            ctx |= {"prompt_tokens": int(rng.integers(800, 4000)), "max_tokens": 1024,
+                    "batch_size": int(rng.integers(200, 256)), "num_batched_tokens": int(rng.integers(30000, 65536)),
+                    "kv_cache_usage": round(max(kv, 0.98), 3), "num_requests_waiting": int(rng.integers(60, 200)),
+                    "tried_to_allocate_mib": int(rng.integers(512, 2048)), "recent_xids": []}
+            sim.replica_errors[r] += int(rng.integers(5, 30))
+        elif self.cls == "fragmentation":
+            ctx |= {"prompt_tokens": int(rng.integers(800, 4000)), "max_tokens": 1024,
+                    "batch_size": int(rng.integers(16, 64)), "num_batched_tokens": int(rng.integers(4000, 16000)),
+                    "kv_cache_usage": round(min(kv, 0.7), 3), "num_requests_waiting": int(rng.integers(0, 5)),
+                    "tried_to_allocate_mib": int(rng.integers(1024, 4096)),
+                    "reserved_unallocated_mib": int(rng.integers(6000, 14000)),
+                    "uptime_s": int(rng.integers(6, 14) * 86400), "recent_xids": []}
+            sim.replica_errors[r] += 1
+        else:
+            xid = int(self.param("xid", 119))
+            sim.emit_xid(g, xid, t, "Timeout after 6s of waiting for RPC response from GPU0 GSP!")
+            sim.recovery_action[g] = 1
+            ctx |= {"prompt_tokens": int(rng.integers(800, 4000)), "max_tokens": 1024,
+                    "batch_size": int(rng.integers(8, 48)), "num_batched_tokens": int(rng.integers(2000, 12000)),
+                    "kv_cache_usage": round(kv, 3), "num_requests_waiting": int(rng.integers(0, 5)),
+                    "tried_to_allocate_mib": int(rng.integers(64, 512)), "recent_xids": [xid],
+                    "cuda_error": "CUDA error: unspecified launch failure (cudaErrorLaunchFailure)"}
+            sim.replica_errors[r] += int(rng.integers(5, 30))
+        sim.add_event("cuda_oom", rep.name, rep.node, t, ctx, self.cls)
+
+    def stop(self, sim: Simulation, t: float) -> None:
+        if self.cls == "driver":
+            sim.recovery_action[[int(self.fleet.replicas[r].gpus[0]) for r in self.t.replicas]] = 0
+
+    def truth(self) -> list[GroundTruth]:
+        f = self.fleet
+        out = [self.gt(f.replicas[r].name, "replica", self.hardware, self.expected_action, self.cls)
+               for r in self.t.replicas]
+        if self.cls == "driver":
+            out += [self.gt(f.gpu_entity(int(f.replicas[r].gpus[0])), "gpu", True, "quarantine", self.cls)
+                    for r in self.t.replicas]
+            out += [self.gt(f.nodes[f.replicas[r].node], "node", True, "quarantine", self.cls)
+                    for r in self.t.replicas]
+        return out
+
+    def faulty_nodes(self) -> set[int]:
+        return {self.fleet.replicas[r].node for r in self.t.replicas} if self.hardware else set()
+
+    def gt(self, entity: str, kind: str, faulty: bool, action: str, detail: str = "",
+           group: str | None = None) -> GroundTruth:
+        g = super().gt(entity, kind, faulty, action, detail, group)
+        return GroundTruth(g.entity, g.kind, f"cuda_oom:{self.cls}", g.onset, g.end, faulty, action, detail, group)
+
+
+class StageImbalance(Fault):
+    """Unequal pipeline stages (like the ST trace: the last stage does ~1.6x the work). Not a fault."""
+
+    kind = "stage_imbalance"
+    hardware = False
+    expected_action = "none"
+
+    def setup(self) -> None:
+        if not self.t.jobs:
+            raise ValueError("stage_imbalance needs a job:NAME target")
+        self.weights = {}
+        for j in self.t.jobs:
+            job = self.fleet.jobs[j]
+            pp = len(job.stage_weights)
+            w = self.p.get("stage_weights") or ([1.0] * (pp - 1) + [1.63])
+            if len(w) != pp:
+                raise ValueError(f"stage_weights needs {pp} entries for job {job.name}")
+            self.weights[j] = np.asarray(w, np.float64) / np.asarray(job.stage_weights)
+        fl = self.fleet
+        self._mul = np.ones(len(fl.rank_gpu))
+        for j, w in self.weights.items():
+            sel = fl.rank_job == j
+            self._mul[sel] = w[fl.rank_stage[sel]]
+
+    def apply(self, sim: Simulation, t: float, eff: Effects) -> None:
+        eff.rank_mul *= self._mul
+
+    def truth(self) -> list[GroundTruth]:
+        out = []
+        for j, w in self.weights.items():
+            job = self.fleet.jobs[j]
+            heavy = {s for s in range(len(w)) if w[s] * job.stage_weights[s] > np.median(w * job.stage_weights)}
+            out += [self.gt(self.fleet.nodes[int(n)], "node", False, "none", "heavier pipeline stage")
+                    for n, s in zip(job.nodes, job.stage_of_node, strict=True) if int(s) in heavy]
+        return out
+
+
+class SeqImbalance(Fault):
+    """Sequence-length imbalance (like the SE trace): each step, different ranks are slow. Not a fault."""
+
+    kind = "seq_imbalance"
+    hardware = False
+    expected_action = "none"
+
+    def setup(self) -> None:
+        if not self.t.jobs:
+            raise ValueError("seq_imbalance needs a job:NAME target")
+
+    def apply(self, sim: Simulation, t: float, eff: Effects) -> None:
+        eff.seq_sigma[self.t.jobs] += float(self.param("sigma", 0.14)) * self.m
+
+    def truth(self) -> list[GroundTruth]:
+        return [self.gt(self.fleet.nodes[n], "node", False, "none", "sequence-length imbalance")
+                for n in self.t.nodes]
+
+
+class ReplicaRestart(Fault):
+    """The serving engine restarts (a deploy, a crash): its counters reset to zero, optionally after a
+    short gap. Counters must be read reset-aware; not a fault."""
+
+    kind = "replica_restart"
+    hardware = False
+    expected_action = "none"
+
+    def setup(self) -> None:
+        if not self.t.replicas:
+            raise ValueError("replica_restart needs a replica:NAME target")
+        if self.end is None:
+            self.end = self.onset + float(self.param("gap_s", 0.0)) + 1.0
+
+    def start(self, sim: Simulation, t: float) -> None:
+        for r in self.t.replicas:
+            sim.reset_replica_counters(r)
+
+    def apply(self, sim: Simulation, t: float, eff: Effects) -> None:
+        if t - self.onset < float(self.param("gap_s", 0.0)):
+            eff.replica_gone[self.t.replicas] = True
+
+    def truth(self) -> list[GroundTruth]:
+        return [self.gt(self.fleet.replicas[r].name, "replica", False, "none", "restart") for r in self.t.replicas]
+
+
+FAULT_CLASSES: dict[str, type[Fault]] = {
+    c.kind: c
+    for c in (
+        ThermalDrift, OffBus, DbeRemapFailure, RowRemapPending, NvlinkErrors, PcieReplayStorm, Xid13BadKernel,
+        BadDriverRollout, ExporterOutage, NetworkPartition, BuildRegression, ReplicaSloBurn, CudaOom,
+        StageImbalance, SeqImbalance, ReplicaRestart,
+    )
+}
+
+
+def make_fault(spec: FaultSpec, index: int, fleet: Fleet, start: float, seed: int) -> Fault:
+    return FAULT_CLASSES[spec.kind](spec, index, fleet, start, seed)

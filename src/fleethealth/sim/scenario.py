@@ -1,0 +1,237 @@
+"""Scenario files: fleet shape, duration, step, seed and the faults to inject, validated with pydantic.
+
+A scenario is plain YAML. Errors name the key and the line, like policy errors, because a scenario is
+something users write by hand to replay their own incidents. Durations accept seconds or a unit suffix
+(``15s``, ``30m``, ``6h``, ``7d``).
+
+Targets are strings resolved against the fleet once it is built: ``node-37``, ``node-37/gpu3``,
+``pool:train-a``, ``rack:rack-02``, ``job:pretrain-70b``, ``replica:llama3-70b-007``, ``build:v0.7.0``.
+"""
+
+from __future__ import annotations
+
+import re
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from fleethealth.policy import _line_of, _loc_name
+
+_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
+_DUR = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
+
+FaultKind = Literal[
+    "thermal_drift",
+    "xid79_off_bus",
+    "ecc_dbe_remap_failure",
+    "row_remap_pending",
+    "nvlink_errors",
+    "pcie_replay_storm",
+    "xid13_bad_kernel",
+    "bad_driver_rollout",
+    "exporter_outage",
+    "network_partition",
+    "serving_build_regression",
+    "replica_slo_burn",
+    "cuda_oom",
+    "stage_imbalance",
+    "seq_imbalance",
+    "replica_restart",
+]
+
+FAULT_KINDS: tuple[str, ...] = FaultKind.__args__  # type: ignore[attr-defined]
+
+
+class ScenarioError(Exception):
+    """A scenario that cannot be used; the message names the key and the line."""
+
+
+def parse_duration(v: Any) -> float:
+    if isinstance(v, bool):
+        raise ValueError("expected a duration like 900, '15s', '6h' or '7d'")
+    if isinstance(v, int | float):
+        return float(v)
+    if isinstance(v, str):
+        m = _DUR.match(v)
+        if m:
+            return float(m.group(1)) * _UNITS[m.group(2) or "s"]
+    raise ValueError(f"expected a duration like 900, '15s', '6h' or '7d', got {v!r}")
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class JobSpec(Strict):
+    """A synchronous training job: per-rank compute up to the collective, then communication."""
+
+    name: str
+    nodes: int | None = Field(default=None, ge=1)  # default: the whole pool (or what is left of it)
+    pp: int = Field(default=1, ge=1)  # pipeline stages; a stage's ranks are peers (label peer_group)
+    compute_s: float = Field(default=1.82, gt=0)  # median per-rank compute time per step
+    rank_noise: float = Field(default=0.008, ge=0)  # relative per-sample noise across ranks
+    comm_s: float = Field(default=0.35, ge=0)  # collective time added to the slowest rank
+    stage_weights: list[float] | None = None  # relative work per stage (unequal stages are not a fault)
+    seq_imbalance: float = Field(default=0.0, ge=0)  # lognormal sigma per node per step (SE trace: ~0.14)
+
+
+class ServingSpec(Strict):
+    model: str = "llama3-70b"
+    gpus_per_replica: int = Field(default=4, ge=1)
+    builds: list[str] = Field(default_factory=lambda: ["v0.6.3"])
+    rate_rps: float = Field(default=3.0, gt=0)  # mean requests per second per replica
+    ttft_s: float = Field(default=0.25, gt=0)  # median time to first token at nominal load
+    itl_s: float = Field(default=0.03, gt=0)  # median inter-token latency
+    output_tokens: float = Field(default=220.0, gt=0)
+    prompt_tokens: float = Field(default=1500.0, gt=0)
+    error_rate: float = Field(default=0.0005, ge=0, le=1)
+    diurnal: float = Field(default=0.35, ge=0, lt=1)  # relative day/night swing of the request rate
+
+
+class PoolSpec(Strict):
+    name: str
+    nodes: int = Field(ge=1)
+    workload: Literal["training", "serving", "idle"] = "training"
+    tp_group_nodes: int | None = Field(default=None, ge=1)  # default: pp nodes (training), 1 (serving)
+    jobs: list[JobSpec] = Field(default_factory=list)
+    serving: ServingSpec | None = None
+    driver_version: str | None = None  # default: the fleet's
+
+    @model_validator(mode="after")
+    def _check(self) -> PoolSpec:
+        if self.workload == "serving" and self.serving is None:
+            object.__setattr__(self, "serving", ServingSpec())
+        if self.workload != "serving" and self.serving is not None:
+            raise ValueError("serving settings need workload: serving")
+        if self.workload != "training" and self.jobs:
+            raise ValueError("jobs need workload: training")
+        return self
+
+
+class FleetSpec(Strict):
+    gpus_per_node: int = Field(default=8, ge=1, le=16)
+    nodes_per_rack: int = Field(default=8, ge=1)
+    model_name: str = "NVIDIA H100 80GB HBM3"
+    driver_version: str = "550.54.15"
+    kernel_version: str = "5.15.0-105-generic"
+    node_prefix: str = "node-"
+    pools: list[PoolSpec] = Field(min_length=1)
+
+    @field_validator("pools")
+    @classmethod
+    def _unique(cls, v: list[PoolSpec]) -> list[PoolSpec]:
+        names = [p.name for p in v]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"pool names must be unique: {', '.join(dup)}")
+        return v
+
+
+class FaultSpec(Strict):
+    kind: FaultKind
+    target: str | list[str]
+    onset: float = 0.0
+    end: float | None = None  # None: lasts until repaired (or the end of the scenario)
+    magnitude: float = Field(default=1.0, gt=0)
+    params: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("onset", "end", mode="before")
+    @classmethod
+    def _dur(cls, v: Any) -> Any:
+        return None if v is None else parse_duration(v)
+
+    @model_validator(mode="after")
+    def _order(self) -> FaultSpec:
+        if self.end is not None and self.end <= self.onset:
+            raise ValueError("end must be after onset")
+        return self
+
+    @property
+    def targets(self) -> list[str]:
+        return [self.target] if isinstance(self.target, str) else list(self.target)
+
+
+class Scenario(Strict):
+    name: str
+    description: str = ""
+    seed: int = 0
+    start: float = 1767225600.0  # 2026-01-01T00:00:00Z: simulated time, never the wall clock
+    duration: float = 86400.0
+    step: float = 15.0
+    fleet: FleetSpec
+    faults: list[FaultSpec] = Field(default_factory=list)
+
+    @field_validator("duration", "step", mode="before")
+    @classmethod
+    def _dur(cls, v: Any) -> Any:
+        return parse_duration(v)
+
+    @model_validator(mode="after")
+    def _check(self) -> Scenario:
+        if self.step <= 0 or self.duration < self.step:
+            raise ValueError("need step > 0 and duration >= step")
+        return self
+
+    @property
+    def n_steps(self) -> int:
+        return int(self.duration // self.step)
+
+    def with_overrides(self, **kw: Any) -> Scenario:
+        """A copy with some top-level fields replaced (duration, seed, ...), re-validated."""
+        data = self.model_dump()
+        data.update({k: v for k, v in kw.items() if v is not None})
+        return Scenario.model_validate(data)
+
+
+def parse_scenario(text: str, source: str = "<scenario>") -> Scenario:
+    try:
+        node = yaml.compose(text)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"{source}:{mark.line + 1}" if mark else source
+        raise ScenarioError(f"{where}: not valid YAML: {getattr(e, 'problem', e)}") from None
+    if not isinstance(data, dict):
+        raise ScenarioError(f"{source}: a scenario is a YAML mapping with 'name', 'fleet' and 'faults'")
+    try:
+        return Scenario.model_validate(data)
+    except ValidationError as e:
+        msgs = []
+        for err in e.errors():
+            loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+            # pydantic reports the Literal/str branches of a union as extra path parts; drop them.
+            loc = tuple(p for p in loc if p not in ("str", "list[str]"))
+            line = _line_of(node, loc)
+            key = _loc_name(loc, data)
+            msg = err["msg"].removeprefix("Value error, ")
+            msgs.append(f"{source}:{line or '?'}: {key}: {msg}")
+        raise ScenarioError("invalid scenario\n  " + "\n  ".join(msgs)) from None
+
+
+def builtin_names() -> list[str]:
+    d = resources.files("fleethealth").joinpath("data/scenarios")
+    return sorted(p.name[:-5] for p in d.iterdir() if p.name.endswith(".yaml"))
+
+
+def builtin_text(name: str) -> str:
+    return resources.files("fleethealth").joinpath(f"data/scenarios/{name}.yaml").read_text()
+
+
+def load_scenario(name_or_path: str | Path) -> Scenario:
+    """A built-in scenario by name, or a scenario YAML file by path."""
+    s = str(name_or_path)
+    if s in builtin_names():
+        return parse_scenario(builtin_text(s), f"{s}.yaml")
+    p = Path(s)
+    if not p.exists():
+        raise ScenarioError(
+            f"no scenario {s!r}: not a file and not a built-in (built-ins: {', '.join(builtin_names())})"
+        )
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise ScenarioError(f"{p}: cannot read scenario: {e.strerror or e}") from None
+    return parse_scenario(text, str(p))
