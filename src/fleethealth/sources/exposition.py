@@ -169,7 +169,7 @@ class _Ctx:
     builder: SnapshotBuilder
     source: str
     default_ts: float
-    ts_scale: float
+    ts_div: float
     extra: tuple[tuple[str, str], ...]
     types: dict[str, str] = field(default_factory=dict)
     sids: dict[bytes, int] = field(default_factory=dict)
@@ -237,7 +237,7 @@ def parse_exposition(
         raw = raw.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
     om = is_openmetrics(raw) if openmetrics is None else openmetrics
     extra = tuple(sorted((str(k), str(v)) for k, v in (extra_labels or {}).items()))
-    ctx = _Ctx(b, source, float(default_ts), 1.0 if om else 1e-3, extra)
+    ctx = _Ctx(b, source, float(default_ts), 1.0 if om else 1000.0, extra)
     _parse_into(ctx, raw, om)
     if ctx.m:
         b.add_arrays(
@@ -391,7 +391,7 @@ def _parse_line(ctx: _Ctx, line: bytes, ln: int) -> None:
         if t is None or t != t or t in (float("inf"), float("-inf")):
             ctx.issue(ln, "invalid timestamp", s)
             return
-        ts = t * ctx.ts_scale
+        ts = t / ctx.ts_div
     problem = value_problem(name, value, ctx.is_counter(name))
     if problem is not None:
         ctx.issue(ln, problem, s)

@@ -1,0 +1,295 @@
+"""The exposition parser: same samples as prometheus-client's parser on valid text, every bad line reported
+with its number and never turned into a value, DCGM sentinels, OpenMetrics, and both parse paths agreeing."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Summary, generate_latest
+
+from fleethealth.bench.parse import compare_rows, dcgm_text, our_rows, prom_client_rows
+from fleethealth.signals.snapshot import SnapshotBuilder
+from fleethealth.sources.exposition import (
+    DCGM_FP64_BLANK,
+    DCGM_INT32_BLANK,
+    clear_label_cache,
+    parse_exposition,
+)
+
+DATA = Path(__file__).parent / "data"
+NOW = 1_700_000_000.0
+
+
+def rows(text: str | bytes, **kw: object) -> list[tuple[str, dict[str, str], float, float]]:
+    return list(parse_exposition(text, default_ts=NOW, **kw).rows())  # type: ignore[arg-type]
+
+
+def assert_same_as_prom_client(text: str) -> None:
+    snap = parse_exposition(text, default_ts=NOW)
+    diffs = compare_rows(our_rows(snap), prom_client_rows(text), NOW)
+    assert diffs == []
+
+
+def test_dcgm_exporter_readme_sample() -> None:
+    text = (DATA / "dcgm-exporter-readme.prom").read_text()
+    snap = parse_exposition(text, default_ts=NOW, source="readme.prom")
+    got = {(m, lab["gpu"], lab["UUID"]): (v, t) for m, lab, v, t in snap.rows()}
+    uuid = "GPU-604ac76c-d9cf-fef3-62e9-d92044ab6e52"
+    assert got == {("DCGM_FI_DEV_SM_CLOCK", "0", uuid): (139.0, NOW), ("DCGM_FI_DEV_MEM_CLOCK", "0", uuid): (405.0, NOW)}
+    # The blank sentinel 9223372036854775794 becomes an issue on line 9, not a temperature.
+    assert [(i.source, i.line) for i in snap.issues] == [("readme.prom", 9)]
+    assert "sentinel" in snap.issues[0].reason
+    assert "DCGM_FI_DEV_MEMORY_TEMP" in snap.issues[0].text
+
+
+@pytest.mark.parametrize("comma_space", [False, True])
+def test_generated_dcgm_text_equals_prometheus_client(comma_space: bool) -> None:
+    clear_label_cache()
+    text = dcgm_text(64, seed=3, comma_space=comma_space)
+    snap = parse_exposition(text, default_ts=NOW)
+    assert len(snap) == 64 * 25 - 2  # two GPUs report the memory-temperature sentinel
+    assert len(snap.labelsets) == 64
+    assert_same_as_prom_client(text)
+    lab = snap.labels(0)
+    assert set(lab) == {"gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname", "DCGM_FI_DRIVER_VERSION"}
+    assert lab["modelName"] == "NVIDIA H100 80GB HBM3"
+
+
+def _vllm_registry() -> CollectorRegistry:
+    r = CollectorRegistry()
+    ttft = Histogram("vllm:time_to_first_token_seconds", "TTFT", ["model_name", "engine"], registry=r,
+                     buckets=(0.001, 0.01, 0.1, 1.0, 10.0))
+    itl = Histogram("vllm:inter_token_latency_seconds", "ITL", ["model_name", "engine"], registry=r)
+    ok = Counter("vllm:request_success", "ok", ["model_name", "engine", "finished_reason"], registry=r)
+    running = Gauge("vllm:num_requests_running", "running", ["model_name", "engine"], registry=r)
+    kv = Gauge("vllm:kv_cache_usage_perc", "kv", ["model_name", "engine"], registry=r)
+    lat = Summary("http_request_duration_seconds", "lat", ["handler"], registry=r)
+    for e in ("0", "1"):
+        for x in (0.0005, 0.02, 0.3, 4.0, 40.0):
+            ttft.labels("meta-llama/Llama-3.1-8B", e).observe(x)
+            itl.labels("meta-llama/Llama-3.1-8B", e).observe(x / 100)
+        ok.labels("meta-llama/Llama-3.1-8B", e, "stop").inc(17)
+        ok.labels("meta-llama/Llama-3.1-8B", e, "length").inc(2)
+        running.labels("meta-llama/Llama-3.1-8B", e).set(5)
+        kv.labels("meta-llama/Llama-3.1-8B", e).set(0.42)
+    lat.labels("/v1/completions").observe(0.2)
+    return r
+
+
+def test_vllm_histograms_equal_prometheus_client_and_keep_colons() -> None:
+    text = generate_latest(_vllm_registry()).decode()
+    assert_same_as_prom_client(text)
+    snap = parse_exposition(text, default_ts=NOW)
+    names = set(snap.metrics)
+    assert "vllm:time_to_first_token_seconds_bucket" in names
+    assert "vllm:time_to_first_token_seconds_sum" in names
+    assert "vllm:time_to_first_token_seconds_count" in names
+    assert "vllm:request_success_total" in names
+    inf_buckets = [
+        (lab, v) for m, lab, v, _ in snap.rows()
+        if m == "vllm:time_to_first_token_seconds_bucket" and lab["le"] == "+Inf"
+    ]
+    assert len(inf_buckets) == 2 and all(v == 5.0 for _, v in inf_buckets)
+    assert not snap.issues
+
+
+def test_openmetrics_timestamps_exemplars_total_created() -> None:
+    text = (
+        "# TYPE vllm:request_success counter\n"
+        "# HELP vllm:request_success Finished requests.\n"
+        'vllm:request_success_total{finished_reason="stop"} 17 1700000100.5\n'
+        'vllm:request_success_created{finished_reason="stop"} 1699990000.0 1700000100.5\n'
+        "# TYPE ttft histogram\n"
+        'ttft_bucket{le="0.1"} 3 # {trace_id="abc"} 0.05 1700000099.0\n'
+        'ttft_bucket{le="+Inf"} 4\n'
+        "ttft_count 4\n"
+        "ttft_sum 1.5\n"
+        "# EOF\n"
+    )
+    got = {(m, tuple(sorted(lab.items()))): (v, t) for m, lab, v, t in rows(text)}
+    assert got[("vllm:request_success_total", (("finished_reason", "stop"),))] == (17.0, 1700000100.5)
+    assert got[("vllm:request_success_created", (("finished_reason", "stop"),))] == (1699990000.0, 1700000100.5)
+    assert got[("ttft_bucket", (("le", "0.1"),))] == (3.0, NOW)  # the exemplar is not a sample
+    assert got[("ttft_bucket", (("le", "+Inf"),))] == (4.0, NOW)
+    assert len(got) == 6
+
+    from prometheus_client.openmetrics.parser import text_string_to_metric_families as om_parse
+
+    theirs = sorted(
+        (s.name, tuple(sorted(s.labels.items())), float(s.value), NOW if s.timestamp is None else float(s.timestamp))
+        for fam in om_parse(text) for s in fam.samples
+    )
+    ours = sorted((m, tuple(sorted(lab.items())), v, t) for m, lab, v, t in rows(text))
+    assert ours == theirs
+
+
+def test_text_004_timestamps_are_milliseconds() -> None:
+    text = 'up{job="a"} 1 1700000000123\nup{job="b"} 0\n'
+    got = {lab["job"]: (v, t) for _, lab, v, t in rows(text)}
+    assert got["a"] == (1.0, pytest.approx(1700000000.123))
+    assert got["b"] == (0.0, NOW)
+    assert_same_as_prom_client(text)
+
+
+def test_label_syntax_escapes_spaces_trailing_commas() -> None:
+    text = (
+        'm{a="x\\"y", b="back\\\\slash",c="line\\nbreak",} 1\n'
+        'm{ a = "1" ,b="2" } 2\n'
+        "m{} 3\n"
+        "m 4\n"
+        'm{a="}{ \\"} "} 5\n'
+        'm{a="café ☕"} 6\n'
+    )
+    got = sorted((tuple(sorted(lab.items())), v) for _, lab, v, _ in rows(text))
+    assert got == sorted([
+        ((), 3.0), ((), 4.0),
+        ((("a", "1"), ("b", "2")), 2.0),
+        ((("a", 'x"y'), ("b", "back\\slash"), ("c", "line\nbreak")), 1.0),
+        ((("a", '}{ "} '),), 5.0),
+        ((("a", "café ☕"),), 6.0),
+    ])
+    assert_same_as_prom_client(text)
+
+
+def test_bad_lines_become_numbered_issues_and_never_values() -> None:
+    text = "\n".join([
+        "# HELP DCGM_FI_DEV_GPU_TEMP GPU temperature (in C).",          # 1
+        "# TYPE DCGM_FI_DEV_GPU_TEMP gauge",                            # 2
+        'DCGM_FI_DEV_GPU_TEMP{gpu="0"} 40',                             # 3
+        'DCGM_FI_DEV_GPU_TEMP{gpu="1"} NaN',                            # 4
+        'DCGM_FI_DEV_GPU_TEMP{gpu="2"} +Inf',                           # 5
+        'DCGM_FI_DEV_GPU_TEMP{gpu="3"} -Inf',                           # 6
+        f'DCGM_FI_DEV_GPU_TEMP{{gpu="4"}} {DCGM_INT32_BLANK + 2}',      # 7
+        f'DCGM_FI_DEV_GPU_TEMP{{gpu="5"}} {DCGM_FP64_BLANK!r}',         # 8
+        'DCGM_FI_DEV_GPU_TEMP{gpu="6"} 9223372036854775794',            # 9
+        'DCGM_FI_DEV_GPU_TEMP{gpu="7" 41',                              # 10 unterminated labels
+        "DCGM_FI_DEV_GPU_TEMP{gpu=\"8\"} forty",                        # 11
+        "# TYPE DCGM_FI_DEV_PCIE_REPLAY_COUNTER counter",                # 12
+        'DCGM_FI_DEV_PCIE_REPLAY_COUNTER{gpu="0"} -3',                  # 13
+        'DCGM_FI_DEV_PCIE_REPLAY_COUNTER{gpu="1"} 3',                   # 14
+        "requests_total -1",                                            # 15 untyped but _total
+        'temperature_delta{gpu="0"} -1.5',                              # 16 a gauge may be negative
+        "{not a line}",                                                 # 17
+        'dup{a="1",a="2"} 1',                                           # 18
+        "x_bucket{le=\"1\"} -2",                                        # 19
+        "bad 1_000",                                                    # 20
+        'DCGM_FI_DEV_SM_CLOCK{gpu="0"} 1410 1700000000000 extra',       # 21
+    ]) + "\n"
+    snap = parse_exposition(text, default_ts=NOW, source="f.prom")
+    kept = sorted((m, lab.get("gpu", ""), v) for m, lab, v, _ in snap.rows())
+    assert kept == [
+        ("DCGM_FI_DEV_GPU_TEMP", "0", 40.0),
+        ("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "1", 3.0),
+        ("temperature_delta", "0", -1.5),
+    ]
+    by_line = {i.line: i.reason for i in snap.issues}
+    assert sorted(by_line) == [4, 5, 6, 7, 8, 9, 10, 11, 13, 15, 17, 18, 19, 20, 21]
+    assert "NaN" in by_line[4]
+    assert "infinite" in by_line[5] and "infinite" in by_line[6]
+    assert all("sentinel" in by_line[n] for n in (7, 8, 9))
+    assert all("negative counter" in by_line[n] for n in (13, 15, 19))
+    assert "duplicate" in by_line[18]
+    assert all(i.source == "f.prom" for i in snap.issues)
+    assert all(math.isfinite(v) for v in snap.values.tolist())
+
+
+def test_int32_and_fp64_blanks_only_for_dcgm_fields() -> None:
+    # A node-exporter byte counter may legitimately pass 2**31 or 2**47; only DCGM fields use the blanks.
+    text = f"node_network_receive_bytes_total {DCGM_FP64_BLANK!r}\nnode_x {DCGM_INT32_BLANK}\n"
+    assert len(rows(text)) == 2
+
+
+def test_garbage_never_raises() -> None:
+    for junk in (b"\x00\xff\xfe{{{}}}\n", b"# TYPE\n#\n\n\n", b"", b"}" * 1000, "m{a=\"\\\"} 1\n", b"m{a=\"\xff\"} 1\n"):
+        snap = parse_exposition(junk, default_ts=NOW)
+        assert all(math.isfinite(v) for v in snap.values.tolist())
+
+
+def test_fast_path_line_numbers_with_blank_lines_and_comments() -> None:
+    lines = ["# HELP a x", "# TYPE a gauge"] + [f'a{{i="{i}"}} {i}' for i in range(5)]
+    lines += ["", "# a comment", 'a{i="5"} NaN', 'a{i="6"} 6', "", ""]
+    snap = parse_exposition("\n".join(lines), default_ts=NOW)
+    assert len(snap) == 6
+    assert [(i.line, i.reason) for i in snap.issues] == [(10, "NaN value")]
+
+
+def test_crlf_and_text_without_trailing_newline() -> None:
+    text = '# TYPE a gauge\r\na{x="1"} 1\r\na{x="2"} 2'
+    assert sorted(v for *_, v, _ in rows(text)) == [1.0, 2.0]
+
+
+def test_builder_sharing_and_extra_labels() -> None:
+    b = SnapshotBuilder()
+    parse_exposition('m{gpu="0"} 1\n', default_ts=NOW, builder=b, extra_labels={"instance": "h1:9400"})
+    snap = parse_exposition('m{gpu="0",instance="own"} 2\nn 3\n', default_ts=NOW + 1, builder=b,
+                            extra_labels={"instance": "h2:9400"})
+    got = sorted((m, tuple(sorted(lab.items())), v, t) for m, lab, v, t in snap.rows())
+    assert got == [
+        ("m", (("gpu", "0"), ("instance", "h1:9400")), 1.0, NOW),
+        ("m", (("gpu", "0"), ("instance", "own")), 2.0, NOW + 1),  # the sample's own label wins
+        ("n", (("instance", "h2:9400"),), 3.0, NOW + 1),
+    ]
+    assert snap.at == NOW + 1
+    assert len(snap.metrics) == 2
+
+
+# --- property tests: valid text equals prometheus-client; both parse paths agree -----------------------
+
+_lname = st.from_regex(r"[a-zA-Z_][a-zA-Z0-9_]{0,8}", fullmatch=True).filter(lambda s: not s.startswith("__"))
+_lvalue = st.text(alphabet=st.sampled_from(list('ab }{,="\\\n é:')), max_size=8)
+_value = st.one_of(
+    st.integers(-10**6, 10**12).map(str),
+    st.floats(allow_nan=False, allow_infinity=False, width=64).map(repr),
+    st.sampled_from(["0", "1e3", "-0.0", "1.5E-7"]),
+)
+
+
+def _esc(v: str) -> str:
+    return v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+@st.composite
+def _exposition(draw: st.DrawFn) -> str:
+    out = []
+    for f in range(draw(st.integers(1, 4))):
+        name = f"fam{f}"
+        out.append(f"# TYPE {name} gauge")
+        keys = draw(st.lists(_lname, unique=True, max_size=3))
+        for _ in range(draw(st.integers(1, 5))):
+            labels = ",".join(f'{k}="{_esc(draw(_lvalue))}"' for k in keys)
+            sep = draw(st.sampled_from([" ", "  ", "\t"]))
+            out.append(f"{name}{{{labels}}}{sep}{draw(_value)}")
+    return "\n".join(out) + "\n"
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_exposition())
+def test_property_valid_text_equals_prometheus_client(text: str) -> None:
+    # Repeated label sets on purpose: prometheus-client keeps duplicates, so do we.
+    assert_same_as_prom_client(text)
+
+
+@settings(max_examples=60, deadline=None)
+@given(_exposition())
+def test_property_fast_and_careful_paths_agree(text: str) -> None:
+    from fleethealth.sources import exposition as ex
+
+    fast = sorted((m, tuple(sorted(lab.items())), v) for m, lab, v, _ in rows(text))
+    orig = ex._fast_block
+    ex._fast_block = lambda *a, **k: False  # type: ignore[assignment]
+    try:
+        careful = sorted((m, tuple(sorted(lab.items())), v) for m, lab, v, _ in rows(text))
+    finally:
+        ex._fast_block = orig
+    assert fast == careful
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=300))
+def test_property_arbitrary_bytes_never_raise(data: bytes) -> None:
+    snap = parse_exposition(data, default_ts=NOW)
+    assert all(math.isfinite(v) for v in snap.values.tolist())
