@@ -80,7 +80,7 @@ class FakeFleet(Collector):
             for n, gs in nodes.items():
                 for g in gs:
                     lab = self.labels(n, g)
-                    fam.add_metric(list(lab.values()), ov.get((n, g, metric), base + 0.1 * g))
+                    fam.add_metric(list(lab.values()), ov.get((n, g, metric), base + (0.1 * g if metric.endswith('TEMP') else 0)))
             yield fam
         for metric, base in DCGM_COUNTERS.items():
             # CounterMetricFamily would append _total; dcgm-exporter's counters keep their own names.
