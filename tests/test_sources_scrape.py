@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import time
 
-from prom_harness import ExporterServer, FakeFleet, free_port
-
 from fleethealth.policy import default_policy
 from fleethealth.score.engine import score_snapshot
 from fleethealth.sources.base import Source
 from fleethealth.sources.scrape import ScrapeSource, ScrapeTarget
+from prom_harness import ExporterServer, FakeFleet, free_port
 
 
 def by_metric(snap: object) -> dict[str, list[tuple[dict[str, str], float]]]:
