@@ -50,9 +50,12 @@ class SidecarConfig:
     warmup_max_tokens: int = 1
     warmup_timeout_s: float = 120.0
     max_batch_tokens: int | None = None  # the engine's batch token budget, for OOM classification
+    kv_capacity_tokens: int | None = None  # tokens the engine's KV cache holds (vLLM logs it at start)
     oom_clip_max_tokens: bool = False  # oversized requests: clip max_tokens instead of rejecting
     concurrency_recover_s: float = 60.0  # after a batch-overload OOM: +1 concurrency per this many quiet s
     gpu_metrics_url: str | None = None  # the node's exporter (dcgm-exporter) when NVML is not used
+    gpu_node: str | None = None  # keep only this node's samples from the exporter (label Hostname etc.)
+    use_nvml: bool = False
     gpu_fail_below: float = 0.3  # a GPU tuple below this fails /gpuz (default: policy quarantine_below)
     cuda_error_window_s: float = 600.0  # CUDA context errors seen within this fail /gpuz
     engine_log: Path | None = None

@@ -12,12 +12,12 @@ would turn a metrics problem into an outage.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import httpx
+import numpy as np
 
 from fleethealth.policy import Policy
 from fleethealth.signals.history import SignalHistory
@@ -59,6 +59,28 @@ def parse_text(body: bytes, now: float, source: str, extra_labels: Mapping[str, 
     return b.build(now)
 
 
+NODE_LABELS = ("Hostname", "node", "hostname")
+
+
+def only_node(snap: Snapshot, node: str) -> Snapshot:
+    """Samples of ``node`` (by its Hostname/node/hostname label); samples with none of those labels are
+    taken to be this node's and get ``Hostname=node`` so the scorer can name their GPU."""
+    keep_ls: list[bool] = []
+    new_ls = []
+    for ls in snap.labelsets:
+        d = dict(ls)
+        names = [d[k] for k in NODE_LABELS if k in d]
+        if not names:
+            d["Hostname"] = node
+            keep_ls.append(True)
+        else:
+            keep_ls.append(node in names)
+        new_ls.append(tuple(sorted(d.items())))
+    keep = np.asarray(keep_ls, bool)[snap.series_ids] if len(snap) else np.zeros(0, bool)
+    return Snapshot(snap.at, snap.metrics, new_ls, snap.metric_ids[keep], snap.series_ids[keep],
+                    snap.values[keep], snap.ts[keep], list(snap.issues), list(snap.source_errors))
+
+
 @dataclass
 class ExporterGpuReader:
     """Scrapes the node's exporter (dcgm-exporter) and keeps only this node's samples when told its name."""
@@ -76,7 +98,8 @@ class ExporterGpuReader:
             r.raise_for_status()
         except httpx.HTTPError as e:
             return _failed(now, self.url, f"{type(e).__name__}: {e}")
-        return parse_text(r.content, now, self.url, {})
+        snap = parse_text(r.content, now, self.url, {})
+        return only_node(snap, self.node) if self.node else snap
 
     async def aclose(self) -> None:
         if self._client is not None:
@@ -84,48 +107,16 @@ class ExporterGpuReader:
 
 
 class NvmlGpuReader:
-    """Reads the local GPUs through NVML (nvidia-ml-py) into DCGM-named samples. Without the library (as on
-    machines with no GPU) every read is a source error, never a healthy GPU."""
+    """The local GPUs through the project's NVML source (dcgm-exporter names), off the event loop. Without
+    the NVIDIA library (as on machines with no GPU) every read is a source error, never a healthy GPU."""
 
-    def __init__(self, node: str) -> None:
-        self.node = node
+    def __init__(self, node: str, nvml: Any = None) -> None:
+        from fleethealth.sources.nvml import NvmlSource
+
+        self.source = NvmlSource(hostname=node) if nvml is None else NvmlSource(hostname=node, nvml=nvml)
 
     async def read(self, now: float) -> Snapshot:
-        return await asyncio.to_thread(self._read, now)
-
-    def _read(self, now: float) -> Snapshot:
-        try:
-            import pynvml
-
-            pynvml.nvmlInit()
-        except Exception as e:  # NVMLError_LibraryNotFound and friends: no GPU here
-            return _failed(now, "nvml", f"NVML unavailable: {type(e).__name__}")
-        b = SnapshotBuilder()
-        try:
-            for i in range(pynvml.nvmlDeviceGetCount()):
-                h = pynvml.nvmlDeviceGetHandleByIndex(i)
-                labels = {"gpu": str(i), "Hostname": self.node, "UUID": str(pynvml.nvmlDeviceGetUUID(h))}
-                readings: list[tuple[str, Any]] = [
-                    ("DCGM_FI_DEV_GPU_TEMP", lambda h=h: pynvml.nvmlDeviceGetTemperature(h, 0)),
-                    ("DCGM_FI_DEV_POWER_USAGE", lambda h=h: pynvml.nvmlDeviceGetPowerUsage(h) / 1000.0),
-                    ("DCGM_FI_DEV_SM_CLOCK", lambda h=h: pynvml.nvmlDeviceGetClockInfo(h, 1)),
-                    ("DCGM_FI_DEV_FB_USED", lambda h=h: pynvml.nvmlDeviceGetMemoryInfo(h).used / 2**20),
-                    ("DCGM_FI_DEV_FB_FREE", lambda h=h: pynvml.nvmlDeviceGetMemoryInfo(h).free / 2**20),
-                    ("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", lambda h=h: pynvml.nvmlDeviceGetPcieReplayCounter(h)),
-                    ("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
-                     lambda h=h: pynvml.nvmlDeviceGetTotalEccErrors(h, 1, 0)),
-                ]
-                for name, fn in readings:
-                    try:
-                        b.add(name, labels, float(fn()), now)
-                    except Exception as e:  # a field this GPU does not support is absent, not zero
-                        b.issues.append(InputIssue("nvml", 0, f"{name}: {type(e).__name__}"))
-        except Exception as e:
-            b.source_errors.append(InputIssue("nvml", 0, f"NVML read failed: {type(e).__name__}: {e}"))
-        finally:
-            with contextlib.suppress(Exception):
-                pynvml.nvmlShutdown()
-        return b.build(now)
+        return await asyncio.to_thread(self.source.read, now)
 
 
 @dataclass(frozen=True, slots=True)

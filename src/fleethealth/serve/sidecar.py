@@ -938,6 +938,7 @@ class Sidecar:
         self._inspect_error_text(text)
         ev = OomEvent(
             ts=now, prompt_tokens=prompt_tokens, max_tokens=rec.max_tokens, max_batch_tokens=c.max_batch_tokens,
+            kv_capacity_tokens=c.kv_capacity_tokens,
             running_requests=int(running) if running is not None else self.admission.active,
             kv_cache_usage=kv, requested_bytes=nums.requested_bytes, free_bytes=nums.free_bytes,
             reserved_bytes=nums.reserved_unallocated_bytes, allocated_bytes=nums.allocated_bytes,
