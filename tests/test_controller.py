@@ -287,7 +287,7 @@ def test_http_endpoint(served: tuple[Controller, FleetSource, FakeClock, str]) -
     assert {e["entity"]: e["state"] for e in states["entities"]}["n0"] == "QUARANTINED"
     intents = httpx.get(f"{url}/api/v1/intents", params={"entity": "n0"}).json()["intents"]
     assert "quarantine" in {i["intent"] for i in intents} and all(i["key"] for i in intents)
-    assert httpx.get(f"{url}/api/v1/weights").json()["weights"] == {}
+    assert httpx.get(f"{url}/api/v1/weights").json()["replicas"] == {}
     st = httpx.get(f"{url}/api/v1/status").json()
     assert st["counters"]["cycles_total"] == 5 and st["sources"][0]["name"] == "fleet"
 

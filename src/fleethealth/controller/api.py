@@ -233,13 +233,16 @@ def create_app(controller: Controller, runner: Any = None) -> FastAPI:
 
     @app.get("/api/v1/weights")
     def weights() -> JSONResponse:
+        """What the router actuator published (enforce mode), else the weights the decisions hold (advise
+        mode: nothing is pushed, but readers can still follow them). Same shape either way."""
         pub = controller.published
-        if pub.weights:
-            return JSONResponse(dict(pub.weights))
+        if pub.weights and pub.weights.get("replicas"):
+            return JSONResponse({**dict(pub.weights), "source": "router"})
         reps = {e.entity: {"replica": e.entity, "weight": e.weight, "state": str(e.state),
                            "value": e.last_value, "confidence": e.last_confidence}
-                for e in pub.state.entities.values() if e.kind == "replica" and e.weight is not None}
-        return JSONResponse({"ts": pub.ts, "weights": reps})
+                for e in sorted(pub.state.entities.values(), key=lambda e: e.entity)
+                if e.kind == "replica" and e.weight is not None}
+        return JSONResponse({"ts": pub.ts, "replicas": reps, "source": "decisions"})
 
     @app.get("/api/v1/status")
     def status() -> JSONResponse:

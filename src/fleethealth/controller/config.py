@@ -22,6 +22,9 @@ actuation:                      # fleethealth.act.config.ActuationConfig
   mode: advise                  # advise (default) | enforce
   enforce: [set_weight, no_new_work]
   kill_switch: false
+kubernetes: {}                  # optional: node actions, drains, active tests, inventory, leader election
+alertmanager: {url: http://alertmanager:9093}   # optional: pages
+evidence: {dir: /var/lib/fleethealth/evidence}  # optional: bundles before drain/quarantine
 ```
 """
 
@@ -103,6 +106,38 @@ class SourcesConfig(_Strict):
     gpu_capacity: dict[str, int] = Field(default_factory=dict)
 
 
+class KubernetesConfig(_Strict):
+    """Kubernetes actuation and inventory (node GPU capacity, pods, jobs); in-cluster config when running
+    in a pod, else the kubeconfig file."""
+
+    kubeconfig: str | None = None
+    context: str | None = None
+    host: str | None = None  # direct API URL (tests, proxies); with `token`
+    token: str | None = None
+    verify_ssl: bool = True
+    inventory_every_s: float = Field(default=60.0, gt=0)
+    leader_election: bool = True
+    lease_name: str = "fleethealth-controller"
+    lease_namespace: str = "fleethealth-system"
+    identity: str | None = None  # default: hostname and pid
+
+
+class AlertmanagerConfig(_Strict):
+    url: str
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, v: str) -> str:
+        if not v.startswith(("http://", "https://")):
+            raise ValueError("must be an http:// or https:// URL")
+        return v
+
+
+class EvidenceConfig(_Strict):
+    dir: str
+    window_s: float = Field(default=1800.0, gt=0)
+
+
 class ControllerConfig(_Strict):
     interval_s: float = Field(default=15.0, gt=0)
     policy: str | None = None
@@ -111,6 +146,9 @@ class ControllerConfig(_Strict):
     history_s: float = Field(default=3600.0, gt=0)  # how long a vanished entity stays visible (as stale)
     sources: SourcesConfig
     actuation: ActuationConfig = Field(default_factory=ActuationConfig)
+    kubernetes: KubernetesConfig | None = None
+    alertmanager: AlertmanagerConfig | None = None
+    evidence: EvidenceConfig | None = None
 
     @field_validator("listen")
     @classmethod
@@ -178,7 +216,12 @@ def _resolve_paths(cfg: ControllerConfig, base: Path) -> ControllerConfig:
         "files": [rel(f) or f for f in cfg.sources.files],
         "kernel_logs": [k.model_copy(update={"path": rel(k.path)}) for k in cfg.sources.kernel_logs],
     })
-    return cfg.model_copy(update={"policy": rel(cfg.policy), "state_db": rel(cfg.state_db), "sources": srcs})
+    upd: dict[str, Any] = {"policy": rel(cfg.policy), "state_db": rel(cfg.state_db), "sources": srcs}
+    if cfg.evidence is not None:
+        upd["evidence"] = cfg.evidence.model_copy(update={"dir": rel(cfg.evidence.dir)})
+    if cfg.kubernetes is not None and cfg.kubernetes.kubeconfig is not None:
+        upd["kubernetes"] = cfg.kubernetes.model_copy(update={"kubeconfig": rel(cfg.kubernetes.kubeconfig)})
+    return cfg.model_copy(update=upd)
 
 
 def load_config(path: str | Path) -> ControllerConfig:

@@ -25,9 +25,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from fleethealth.decide.decider import Decider
+from fleethealth.decide.loop import DecisionLoop
 from fleethealth.decide.model import Intent, Transition
-from fleethealth.decide.state import Decision, DecisionState, Event
+from fleethealth.decide.state import DecisionState, Event
 from fleethealth.policy import Policy
 from fleethealth.score.engine import FleetHealth, score_snapshot
 from fleethealth.signals.history import SignalHistory
@@ -55,14 +55,6 @@ class SystemClock:
 
     def sleep(self, seconds: float) -> None:
         self.stop.wait(max(0.0, seconds))
-
-
-class StateStore(Protocol):
-    """Where the decisions layer's state survives restarts (SQLite in fleethealth.store)."""
-
-    def load_state(self) -> DecisionState | None: ...
-
-    def save_decision(self, decision: Decision) -> None: ...
 
 
 class IntentSink(Protocol):
@@ -141,14 +133,13 @@ class Controller:
         *,
         interval_s: float = 15.0,
         clock: Clock | None = None,
-        store: StateStore | None = None,
+        store: Any = None,
         runner: IntentSink | None = None,
-        decider: Decider | None = None,
         history_s: float = 3600.0,
         gpu_capacity: Mapping[str, int] | Callable[[], Mapping[str, int]] | None = None,
         inventory: Callable[[], Mapping[str, Sequence[str]] | None] | None = None,
         events: Callable[[float], Sequence[Event]] | None = None,
-        weights: Callable[[], Mapping[str, Any]] | None = None,
+        weights: Callable[[float], Mapping[str, Any]] | None = None,
         keep_recent: int = 2000,
     ) -> None:
         self.policy = policy
@@ -156,10 +147,14 @@ class Controller:
         self.interval_s = interval_s
         self.stop_event = threading.Event()
         self.clock: Clock = clock or SystemClock(self.stop_event)
-        self.store = store
         self.runner = runner
-        self.decider = decider or Decider(policy)
-        self.history = SignalHistory(policy, memory_s=history_s)
+        # The per-cycle core shared with `replay` and `backtest`: history -> score -> decide -> persist
+        # (``store``: fleethealth.store.StateStore; None keeps the state in memory only).
+        self.loop = DecisionLoop(policy, store=store, scorer=self._score,
+                                 history=SignalHistory(policy, memory_s=history_s))
+        self.history = self.loop.history
+        self._inventory_now: Mapping[str, Sequence[str]] | None = None
+        self._score_s = 0.0
         self.structural = StructuralTracker(
             node_labels=policy.node_labels, max_age_s=policy.freshness.max_age_s,
             future_skew_s=policy.freshness.future_skew_s,
@@ -170,8 +165,6 @@ class Controller:
         self._weights = weights
         self._pending_events: list[Event] = []
         self._events_lock = threading.Lock()
-        loaded = store.load_state() if store is not None else None
-        self.state: DecisionState = loaded or DecisionState()
         self.source_status = {s.name: SourceStatus(s.name) for s in self.sources}
         self.cycles_total = 0
         self.overruns_total = 0
@@ -183,10 +176,12 @@ class Controller:
         self.recent_intents: deque[dict[str, Any]] = deque(maxlen=keep_recent)
         self.recent_transitions: deque[dict[str, Any]] = deque(maxlen=keep_recent)
         self.published = Published(
-            ts=0.0, health=None, state=self.state, report=None, sources=(), counters={}, recent_intents=(),
+            ts=0.0, health=None, state=self.loop.state, report=None, sources=(), counters={}, recent_intents=(),
             recent_transitions=(),
         )
         self.on_cycle: Callable[[CycleReport], None] | None = None
+        # Edge work due before each cycle (leader-election renewals, inventory refresh); failures are logged.
+        self.pre_cycle: list[Callable[[float], None]] = []
 
     # -- inputs from outside the loop (HTTP API: human acks, active-test results) --------------------
     def add_event(self, event: Event) -> None:
@@ -244,50 +239,58 @@ class Controller:
                 return None
         return self._capacity
 
+    @property
+    def state(self) -> DecisionState:
+        return self.loop.state
+
+    def _score(self, view: Snapshot, policy: Policy, now: float, consumer: str) -> FleetHealth:
+        t0 = time.perf_counter()
+        try:
+            return score_snapshot(view, policy, now, consumer=consumer, inventory=self._inventory_now)
+        finally:
+            self._score_s += time.perf_counter() - t0
+
     def cycle(self, now: float | None = None) -> CycleReport:
         """One reconcile step as of ``now`` (default: the clock)."""
         t_start = time.perf_counter()
         now = self.clock.now() if now is None else now
         stage: dict[str, float] = {}
+        for hook in self.pre_cycle:
+            try:
+                hook(now)
+            except Exception as e:
+                log.error("pre-cycle hook failed: %s", e)
 
         t0 = time.perf_counter()
         samples, errors = self._read_sources(now)
         stage["read"] = time.perf_counter() - t0
 
+        # Structural signals need the whole picture (the node's other series, its history), so they are
+        # derived from the history view and fed into the cycle as one more snapshot.
         t0 = time.perf_counter()
         view = self.history.view(now)
         structural = self.structural.observe(view, now, self._capacity_now())
-        self.history.add(structural.snapshot)
-        view = self.history.view(now)
-        view.source_errors = errors + structural.snapshot.source_errors
+        derived = structural.snapshot
+        derived.source_errors = errors + derived.source_errors  # the view above consumed them
         # The history keeps every input issue it was given; a long-running loop only needs the recent ones.
         if len(self.history.issues) > 5000:
             del self.history.issues[:-1000]
-        stage["history"] = time.perf_counter() - t0
         self._update_bus_maps(view)
-
-        t0 = time.perf_counter()
-        inventory = None
+        self._inventory_now = None
         if self._inventory is not None:
             try:
-                inventory = self._inventory()
+                self._inventory_now = self._inventory()
             except Exception as e:
                 log.error("inventory lookup failed: %s", e)
-        health = score_snapshot(view, self.policy, now, "remediation", inventory=inventory)
-        serving = None
-        if health.kinds.get("replica") is not None and health.kinds["replica"].names:
-            serving = score_snapshot(view, self.policy, now, "serving", inventory=inventory)
-        stage["score"] = time.perf_counter() - t0
+        stage["structural"] = time.perf_counter() - t0
 
         t0 = time.perf_counter()
-        decision = self.decider.decide(self.state, health, now, self._take_events(now), serving=serving)
-        stage["decide"] = time.perf_counter() - t0
-
-        t0 = time.perf_counter()
-        if self.store is not None:
-            self.store.save_decision(decision)
-        self.state = decision.state
-        stage["persist"] = time.perf_counter() - t0
+        self._score_s = 0.0
+        result = self.loop.cycle(derived, now, self._take_events(now))
+        decision = result.decision
+        core = time.perf_counter() - t0
+        stage["score"] = self._score_s
+        stage["decide_persist"] = core - self._score_s
 
         t0 = time.perf_counter()
         actions: list[Any] = []
@@ -303,9 +306,9 @@ class Controller:
         stage["act"] = time.perf_counter() - t0
 
         duration = time.perf_counter() - t_start
-        report = CycleReport(now, duration, stage, samples, view.source_errors, decision.transitions,
+        report = CycleReport(now, duration, stage, samples, list(derived.source_errors), decision.transitions,
                              decision.intents, actions, overran=duration > self.interval_s)
-        self._account(report, health)
+        self._account(report, result.health)
         return report
 
     def _update_bus_maps(self, view: Snapshot) -> None:
@@ -336,7 +339,7 @@ class Controller:
         weights: Mapping[str, Any] = {}
         if self._weights is not None:
             try:
-                weights = dict(self._weights())
+                weights = dict(self._weights(report.ts))
             except Exception as e:
                 log.error("weights lookup failed: %s", e)
         self.published = Published(

@@ -1,0 +1,85 @@
+"""`fleethealth run --config FILE`: the live controller (reconcile loop + HTTP endpoint)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from fleethealth.cli.common import fail
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("run")
+    def run(
+        config: Path = typer.Option(..., "--config", "-c", help="Controller config YAML (see README)."),
+        once: bool = typer.Option(False, "--once", help="Run one cycle, print its report as JSON, exit."),
+        cycles: int = typer.Option(0, "--cycles", help="Stop after N cycles (0: run until stopped)."),
+        listen: str | None = typer.Option(None, "--listen", help="Override the config's HOST:PORT."),
+        log_level: str = typer.Option("info", "--log-level", help="debug, info, warning, error."),
+    ) -> None:
+        """Every interval: read the sources, score, decide, persist and emit intents (advise mode unless
+        the config enables enforcement per intent kind). Serves /metrics, /healthz and /api/v1/*."""
+        from fleethealth.controller.api import ApiServer
+        from fleethealth.controller.build import build
+        from fleethealth.controller.config import ConfigError, load_config
+        from fleethealth.policy import PolicyError
+
+        logging.basicConfig(
+            level=getattr(logging, log_level.upper(), logging.INFO), stream=sys.stderr,
+            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        )
+        try:
+            cfg = load_config(config)
+            if listen is not None:
+                cfg = cfg.model_copy(update={"listen": listen})
+                cfg = type(cfg).model_validate(cfg.model_dump())  # re-validate the override
+        except ConfigError as e:
+            fail(str(e))
+        except Exception as e:  # a bad --listen override
+            fail(f"--listen: {e}")
+        try:
+            asm = build(cfg)
+        except PolicyError as e:
+            fail(str(e))
+        except Exception as e:  # store or Kubernetes connection problems: one line, exit 2
+            fail(f"cannot start the controller: {type(e).__name__}: {e}")
+        ctl = asm.controller
+        server = None
+        hp = cfg.listen_host_port
+        if hp is not None and not once:
+            try:
+                server = ApiServer(ctl, hp[0], hp[1], runner=asm.runner).start()
+            except RuntimeError as e:
+                asm.close()
+                fail(str(e))
+            logging.getLogger("fleethealth.controller").info("serving on %s", server.url)
+
+        def stop(signum: int, frame: Any) -> None:
+            ctl.stop()
+
+        signal.signal(signal.SIGTERM, stop)
+        signal.signal(signal.SIGINT, stop)
+        mode = cfg.actuation.mode
+        enforced = ", ".join(sorted(str(k) for k in cfg.actuation.enforce)) or "nothing"
+        logging.getLogger("fleethealth.controller").info(
+            "fleethealth controller: every %gs, %d source(s), mode %s (enforcing %s), policy %s",
+            cfg.interval_s, len(ctl.sources), mode, enforced if mode == "enforce" else "nothing",
+            asm.policy.version_tag,
+        )
+        try:
+            if once:
+                rep = ctl.cycle()
+                typer.echo(json.dumps({**rep.to_dict(), "intents": [i.to_dict() for i in rep.intents],
+                                       "transitions_detail": [t.to_dict() for t in rep.transitions]}))
+            else:
+                ctl.run(max_cycles=cycles or None)
+        finally:
+            if server is not None:
+                server.stop()
+            asm.close()
