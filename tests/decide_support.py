@@ -55,3 +55,47 @@ class Run:
 
     def of(self, kind: IntentKind, entity: str | None = None) -> list[Intent]:
         return [i for i in self.intents if i.kind == kind and (entity is None or i.entity == entity)]
+
+
+def fleet_scrape(t: float, nodes: int = 12, hot: dict[str, float] | None = None,
+                 xid: dict[str, int] | None = None, labels: Callable[[str], dict[str, str]] | None = None,
+                 ) -> list[dict[str, object]]:
+    """One dcgm-exporter-like scrape as table rows (ts, metric, value, labels...): 8 GPUs per node.
+    ``hot``: node -> GPU temperature of its gpu0; ``xid``: node -> last Xid of its gpu0."""
+    rows: list[dict[str, object]] = []
+    for n in range(nodes):
+        node = f"node-{n:02d}"
+        extra = labels(node) if labels else {}
+        for g in range(8):
+            lab = {"Hostname": node, "gpu": str(g), "modelName": "NVIDIA H100 80GB HBM3",
+                   "UUID": f"GPU-{n}-{g}", **extra}
+            temp = (hot or {}).get(node, 60.0) if g == 0 else 60.0 + (g % 3)
+            x = (xid or {}).get(node, 0) if g == 0 else 0
+            clock = 1980.0 + ((n * 8 + g) % 7) * 3.0
+            for metric, v in (("DCGM_FI_DEV_GPU_TEMP", temp), ("DCGM_FI_DEV_XID_ERRORS", x),
+                              ("DCGM_FI_DEV_SM_CLOCK", clock), ("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", 0.0)):
+                rows.append({"ts": t, "metric": metric, "value": v, **lab})
+    return rows
+
+
+def scenario_rows(minutes: int = 40, every: float = 15.0, start: float = 1_767_000_000.0,
+                  xid_at: float = 20.0) -> list[dict[str, object]]:
+    """node-03 overheats from minute 5; node-07 falls off the bus (Xid 79) at ``xid_at``; 12 nodes, so the
+    hourly budget (one quarantine) is spent by node-03 and node-07 is held with a page."""
+    rows: list[dict[str, object]] = []
+    t = start
+    while t < start + minutes * 60:
+        m = (t - start) / 60
+        hot = {"node-03": 99.0} if m >= 5 else {}
+        xid = {"node-07": 79} if m >= xid_at else {}
+        rows += fleet_scrape(t, hot=hot, xid=xid)
+        t += every
+    return rows
+
+
+def write_jsonl(path: str, rows: list[dict[str, object]]) -> None:
+    import json
+
+    with open(path, "w", encoding="utf-8") as f:
+        for r in rows:
+            f.write(json.dumps(r) + "\n")

@@ -1,0 +1,200 @@
+"""`fleethealth replay`: scoring and decisions over recorded signals, in time order, with the recording's
+clock. The same per-cycle code as the live controller (``fleethealth.decide.loop.DecisionLoop``)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections import Counter
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from fleethealth.cli.common import fail
+from fleethealth.decide.lifecycle import mermaid_diagram
+from fleethealth.decide.loop import CycleResult, DecisionLoop, replay_cycles
+from fleethealth.decide.model import IntentKind, State
+from fleethealth.decide.state import Event
+from fleethealth.policy import Policy, PolicyError, load_policy
+from fleethealth.signals.snapshot import Snapshot, SnapshotBuilder, merge_snapshots
+
+
+def read_recording(paths: list[str]) -> Snapshot:
+    """Recorded signal tables and exposition files, merged. Uses the project's readers
+    (``sources.inputs.read_inputs``, else ``sources.tables.read_table``)."""
+    try:
+        from fleethealth.sources.inputs import read_inputs
+    except ImportError:
+        read_inputs = None  # type: ignore[assignment]
+    if read_inputs is not None:
+        return read_inputs(paths, at=0.0)
+    try:
+        from fleethealth.sources.tables import read_table
+    except ImportError:
+        read_table = None  # type: ignore[assignment]
+    snaps = []
+    for p in paths:
+        if read_table is not None:
+            snaps.append(read_table(p))
+        else:
+            snaps.append(_read_jsonl(p))
+    return merge_snapshots(snaps)
+
+
+def _read_jsonl(path: str) -> Snapshot:
+    """Minimal reader for the table layout (ts, metric, value, one key per label) in JSON lines, used
+    only until the project's table reader is installed."""
+    b = SnapshotBuilder()
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if not line.strip():
+                continue
+            row = json.loads(line)
+            labels = {k: str(v) for k, v in row.items() if k not in ("ts", "metric", "value") and v not in (None, "")}
+            b.add(row["metric"], labels, float(row["value"]), float(row["ts"]))
+    return b.build(0.0)
+
+
+def read_events(path: Path) -> list[Event]:
+    out = []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if line.strip():
+            try:
+                out.append(Event.from_dict(json.loads(line)))
+            except (ValueError, KeyError, TypeError) as e:
+                raise ValueError(f"{path}:{n}: not an event: {e}") from None
+    return out
+
+
+def _when(ts: float) -> str:
+    if ts > 1e9:
+        return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return f"{ts:.0f}"
+
+
+def _params_text(p: dict[str, Any]) -> str:
+    return " ".join(f"{k}={v}" for k, v in p.items() if k != "n" and v not in (None, "", [], {}))
+
+
+class Reporter:
+    def __init__(self, fmt: str) -> None:
+        self.fmt = fmt
+        self.transitions = 0
+        self.intents: Counter[str] = Counter()
+        self.quarantined: list[str] = []
+        self.pages: list[str] = []
+        self.cycles = 0
+        self.first: float | None = None
+        self.last: float | None = None
+
+    def cycle(self, r: CycleResult) -> None:
+        self.cycles += 1
+        self.first = r.now if self.first is None else self.first
+        self.last = r.now
+        out = sys.stdout
+        for t in r.decision.transitions:
+            self.transitions += 1
+            if t.to_state == State.QUARANTINED:
+                self.quarantined.append(t.entity)
+            if self.fmt == "json":
+                out.write(json.dumps({"type": "transition", **t.to_dict()}) + "\n")
+            else:
+                v = "-" if t.value is None else f"{t.value:.2f}"
+                out.write(f"{_when(t.ts):>20}  {t.entity:<24} {t.from_state:>11} -> {t.to_state:<11} "
+                          f"{t.reason}  (value {v}, conf {t.confidence:.2f}, {t.detail})\n")
+        for i in r.decision.intents:
+            self.intents[str(i.kind)] += 1
+            if i.kind == IntentKind.PAGE:
+                self.pages.append(f"{i.entity}:{i.reason}")
+            if self.fmt == "json":
+                out.write(json.dumps({"type": "intent", **i.to_dict()}, default=str) + "\n")
+            else:
+                tier = f"[{i.tier}]" if i.tier else ""
+                soft = " (soft)" if i.soft else ""
+                out.write(f"{_when(i.ts):>20}  {i.entity:<24} {'intent':>11}    {str(i.kind) + tier + soft:<24} "
+                          f"{i.reason}  {_params_text(i.params)}\n")
+
+    def summary(self, loop: DecisionLoop, wall_s: float, resumed_from: float | None) -> dict[str, Any]:
+        ents = loop.state.entities.values()
+        flaps = [e.transitions for e in ents]
+        return {
+            "cycles": self.cycles, "from": self.first, "to": self.last, "resumed_from": resumed_from,
+            "entities": dict(Counter(e.kind for e in ents)),
+            "states": dict(sorted(Counter(str(e.state) for e in ents).items())),
+            "transitions": self.transitions,
+            "max_transitions_per_entity": max(flaps, default=0),
+            "intents": dict(sorted(self.intents.items())),
+            "quarantined": sorted(set(self.quarantined)), "pages": self.pages,
+            "fleet_frozen": loop.state.frozen, "policy_version": loop.policy.version_tag,
+            "wall_s": round(wall_s, 3), "cycles_per_s": round(self.cycles / wall_s, 2) if wall_s > 0 else None,
+        }
+
+    def print_summary(self, s: dict[str, Any]) -> None:
+        if self.fmt == "json":
+            sys.stdout.write(json.dumps({"type": "summary", **s}) + "\n")
+            return
+        sys.stdout.write("\nsummary\n")
+        for k, v in s.items():
+            sys.stdout.write(f"  {k:<28} {v}\n")
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("replay")
+    def replay(
+        recordings: list[str] = typer.Argument(None, help="Recorded signal tables / exposition files."),
+        policy: Path | None = typer.Option(None, "--policy", help="Policy YAML (default: the shipped one)."),
+        fmt: str = typer.Option("table", "--format", help="table or json (one object per line)."),
+        state_db: Path | None = typer.Option(None, "--state-db",
+                                             help="SQLite state; a second run resumes after its last cycle."),
+        events: Path | None = typer.Option(None, "--events",
+                                           help="JSON lines of events (active_test, reset, ack, oom)."),
+        group_s: float = typer.Option(1.0, "--group-s", help="Samples within this many seconds form one scrape."),
+        pace: float = typer.Option(0.0, "--pace", help="Sleep this long after each cycle (to watch it)."),
+        diagram: bool = typer.Option(False, "--diagram", help="Print the lifecycle as a Mermaid diagram."),
+    ) -> None:
+        """Run scoring and decisions over recordings and print every transition and intent, then a summary."""
+        if fmt not in ("table", "json"):
+            fail(f"--format must be table or json, not {fmt!r}")
+        try:
+            pol: Policy = load_policy(policy)
+        except PolicyError as e:
+            fail(str(e))
+        if diagram:
+            typer.echo(mermaid_diagram(pol.lifecycle), nl=False)
+            return
+        if not recordings:
+            fail("no recording given (fleethealth replay RECORDING...)")
+        for r in recordings:
+            if "://" not in r and not Path(r).exists():
+                fail(f"{r}: cannot read: No such file or directory")
+        try:
+            snap = read_recording(list(recordings))
+        except Exception as e:  # the readers raise one-line InputErrors; never a traceback at a user
+            fail(str(e).splitlines()[0] if str(e) else type(e).__name__)
+        evs: list[Event] = []
+        if events is not None:
+            try:
+                evs = read_events(events)
+            except (OSError, ValueError) as e:
+                fail(str(e))
+        store = None
+        if state_db is not None:
+            from fleethealth.store import StoreError, open_store
+
+            try:
+                store = open_store(state_db)
+            except StoreError as e:
+                fail(str(e))
+        loop = DecisionLoop(pol, store)
+        resumed = loop.last_ts
+        rep = Reporter(fmt)
+        t0 = time.perf_counter()
+        for res in replay_cycles(loop, snap, evs, group_s, (lambda: time.sleep(pace)) if pace > 0 else None):
+            rep.cycle(res)
+            sys.stdout.flush()
+        rep.print_summary(rep.summary(loop, time.perf_counter() - t0, resumed))
+        if store is not None:
+            store.close()

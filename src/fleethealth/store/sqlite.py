@@ -1,0 +1,204 @@
+"""SQLite state store: lifecycles and timers, last weights, budget ledger, pages, transition history,
+intents log, evidence index. One transaction per cycle, so a controller killed at any moment resumes at
+the last committed cycle: no timer restarts (timers are stored), no action repeated (intents are keyed by
+their idempotency key and a re-run cycle yields the same keys), no quarantine forgotten.
+
+WAL journal: a reader (the HTTP API, ``sqlite3`` by hand) never blocks the loop, and a killed process
+loses at most the cycle it was writing.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from fleethealth.decide.model import IntentKind
+from fleethealth.decide.state import Decision, DecisionState, EntityLifecycle
+from fleethealth.store.base import StoreError
+
+SCHEMA_VERSION = 1
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS lifecycles (
+    entity TEXT PRIMARY KEY, kind TEXT NOT NULL, state TEXT NOT NULL, since REAL NOT NULL,
+    transitions INTEGER NOT NULL, weight REAL, no_new_work INTEGER NOT NULL, blocked TEXT,
+    last_value REAL, last_confidence REAL, last_known_ts REAL, data TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS budget_ledger (ts REAL NOT NULL, budget TEXT NOT NULL, entity TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS pages (key TEXT PRIMARY KEY, ts REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS app_xids (node TEXT NOT NULL, job TEXT NOT NULL, ts REAL NOT NULL,
+    PRIMARY KEY (node, job));
+CREATE TABLE IF NOT EXISTS transitions (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, ts REAL NOT NULL, entity TEXT NOT NULL, kind TEXT NOT NULL,
+    from_state TEXT NOT NULL, to_state TEXT NOT NULL, reason TEXT NOT NULL, value REAL,
+    confidence REAL NOT NULL, policy_version TEXT NOT NULL, detail TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS transitions_entity ON transitions (entity, ts);
+CREATE TABLE IF NOT EXISTS intents (
+    key TEXT PRIMARY KEY, seq INTEGER, ts REAL NOT NULL, kind TEXT NOT NULL, entity TEXT NOT NULL,
+    reason TEXT NOT NULL, tier TEXT, soft INTEGER NOT NULL, params TEXT NOT NULL, policy_version TEXT NOT NULL,
+    status TEXT NOT NULL DEFAULT 'pending', outcome TEXT
+);
+CREATE INDEX IF NOT EXISTS intents_ts ON intents (ts);
+CREATE TABLE IF NOT EXISTS evidence (
+    key TEXT PRIMARY KEY, ts REAL NOT NULL, entity TEXT NOT NULL, reason TEXT NOT NULL, params TEXT NOT NULL,
+    location TEXT
+);
+CREATE TABLE IF NOT EXISTS cycles (ts REAL PRIMARY KEY, transitions INTEGER NOT NULL, intents INTEGER NOT NULL);
+"""
+
+
+class SqliteStore:
+    """The default ``StateStore``. ``path`` ``:memory:`` works for tests."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = str(path)
+        try:
+            self.db = sqlite3.connect(self.path, isolation_level=None, timeout=30.0)
+            self.db.execute("PRAGMA journal_mode=WAL")
+            self.db.execute("PRAGMA synchronous=NORMAL")
+            self.db.executescript(SCHEMA)
+        except sqlite3.Error as e:
+            raise StoreError(f"{self.path}: cannot open state database: {e}") from None
+        row = self.db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+        if row is None:
+            self.db.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+        elif int(row[0]) != SCHEMA_VERSION:
+            raise StoreError(f"{self.path}: state database schema {row[0]}, this version reads {SCHEMA_VERSION}")
+        self._saved: dict[str, str] = {}  # entity -> JSON last written (write only what changed)
+
+    def close(self) -> None:
+        self.db.close()
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            yield self.db
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+        else:
+            self.db.execute("COMMIT")
+
+    # -- StateStore ------------------------------------------------------------------------------
+    def load(self) -> DecisionState | None:
+        meta = dict(self.db.execute("SELECT key, value FROM meta").fetchall())
+        if "last_ts" not in meta:
+            return None
+        st = DecisionState(
+            frozen=meta.get("frozen") == "1",
+            frozen_since=None if meta.get("frozen_since") in (None, "") else float(meta["frozen_since"]),
+            seq=int(meta.get("seq", "0")), last_ts=float(meta["last_ts"]),
+        )
+        for entity, data in self.db.execute("SELECT entity, data FROM lifecycles"):
+            st.entities[entity] = EntityLifecycle.from_dict(json.loads(data))
+            self._saved[entity] = data
+        st.ledger = [(float(ts), b, e) for ts, b, e in
+                     self.db.execute("SELECT ts, budget, entity FROM budget_ledger ORDER BY rowid")]
+        st.pages = {k: float(ts) for k, ts in self.db.execute("SELECT key, ts FROM pages")}
+        for node, job, ts in self.db.execute("SELECT node, job, ts FROM app_xids"):
+            st.app_xids.setdefault(node, {})[job] = float(ts)
+        return st
+
+    def last_ts(self) -> float | None:
+        row = self.db.execute("SELECT value FROM meta WHERE key='last_ts'").fetchone()
+        return None if row is None else float(row[0])
+
+    def commit(self, decision: Decision) -> None:
+        """Persist one cycle atomically: the new state and what it said."""
+        st = decision.state
+        with self._tx() as db:
+            changed: dict[str, str] = {}
+            rows = []
+            for eid, es in st.entities.items():
+                data = json.dumps(es.to_dict(), sort_keys=True)
+                if self._saved.get(eid) == data:
+                    continue
+                changed[eid] = data
+                rows.append((eid, es.kind, str(es.state), es.since, es.transitions, es.weight, int(es.no_new_work),
+                             es.blocked, es.last_value, es.last_confidence, es.last_known_ts, data))
+            db.executemany("INSERT OR REPLACE INTO lifecycles VALUES (?,?,?,?,?,?,?,?,?,?,?,?)", rows)
+            gone = set(self._saved) - set(st.entities)
+            db.executemany("DELETE FROM lifecycles WHERE entity=?", [(e,) for e in gone])
+            db.execute("DELETE FROM budget_ledger")
+            db.executemany("INSERT INTO budget_ledger VALUES (?,?,?)", st.ledger)
+            db.execute("DELETE FROM pages")
+            db.executemany("INSERT INTO pages VALUES (?,?)", list(st.pages.items()))
+            db.execute("DELETE FROM app_xids")
+            db.executemany("INSERT INTO app_xids VALUES (?,?,?)",
+                           [(n, j, ts) for n, js in st.app_xids.items() for j, ts in js.items()])
+            db.executemany(
+                "INSERT INTO transitions (ts, entity, kind, from_state, to_state, reason, value, confidence,"
+                " policy_version, detail) VALUES (?,?,?,?,?,?,?,?,?,?)",
+                [(t.ts, t.entity, t.kind, str(t.from_state), str(t.to_state), t.reason, t.value, t.confidence,
+                  t.policy_version, t.detail) for t in decision.transitions],
+            )
+            db.executemany(
+                "INSERT OR IGNORE INTO intents (key, seq, ts, kind, entity, reason, tier, soft, params,"
+                " policy_version) VALUES (?,?,?,?,?,?,?,?,?,?)",
+                [(i.key, i.params.get("n"), i.ts, str(i.kind), i.entity, i.reason,
+                  None if i.tier is None else str(i.tier), int(i.soft), json.dumps(i.params, sort_keys=True,
+                                                                                     default=str),
+                  i.policy_version) for i in decision.intents],
+            )
+            db.executemany(
+                "INSERT OR IGNORE INTO evidence (key, ts, entity, reason, params) VALUES (?,?,?,?,?)",
+                [(i.key, i.ts, i.entity, i.reason, json.dumps(i.params, sort_keys=True, default=str))
+                 for i in decision.intents if i.kind == IntentKind.CAPTURE_EVIDENCE],
+            )
+            db.execute("INSERT OR REPLACE INTO cycles VALUES (?,?,?)",
+                       (decision.ts, len(decision.transitions), len(decision.intents)))
+            meta = {"last_ts": repr(float(decision.ts)), "seq": str(st.seq), "frozen": "1" if st.frozen else "0",
+                    "frozen_since": "" if st.frozen_since is None else repr(st.frozen_since)}
+            db.executemany("INSERT OR REPLACE INTO meta VALUES (?,?)", list(meta.items()))
+        self._saved.update(changed)
+        for e in gone:
+            self._saved.pop(e, None)
+
+    # -- reads for the CLI, the API and the actuators ---------------------------------------------
+    def transitions(self, entity: str | None = None) -> list[dict[str, Any]]:
+        q = ("SELECT ts, entity, kind, from_state, to_state, reason, value, confidence, policy_version, detail"
+             " FROM transitions" + (" WHERE entity=?" if entity else "") + " ORDER BY id")
+        cols = ["ts", "entity", "kind", "from", "to", "reason", "value", "confidence", "policy_version", "detail"]
+        return [dict(zip(cols, r, strict=True)) for r in self.db.execute(q, (entity,) if entity else ())]
+
+    def intents(self, since: float | None = None, status: str | None = None) -> list[dict[str, Any]]:
+        where: list[str] = []
+        args: list[Any] = []
+        if since is not None:
+            where.append("ts >= ?")
+            args.append(since)
+        if status is not None:
+            where.append("status = ?")
+            args.append(status)
+        q = ("SELECT key, ts, kind, entity, reason, tier, soft, params, policy_version, status, outcome FROM intents"
+             + (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY seq, ts")
+        out = []
+        for key, ts, kind, entity, reason, tier, soft, params, pv, stt, outcome in self.db.execute(q, args):
+            out.append({"key": key, "ts": ts, "intent": kind, "entity": entity, "reason": reason, "tier": tier,
+                        "soft": bool(soft), "params": json.loads(params), "policy_version": pv, "status": stt,
+                        "outcome": outcome})
+        return out
+
+    def mark_intent(self, key: str, status: str, outcome: str | None = None) -> bool:
+        """Record what an actuator did with an intent (done, failed, skipped). False: unknown key."""
+        cur = self.db.execute("UPDATE intents SET status=?, outcome=? WHERE key=?", (status, outcome, key))
+        return cur.rowcount > 0
+
+    def add_evidence_location(self, key: str, location: str) -> bool:
+        cur = self.db.execute("UPDATE evidence SET location=? WHERE key=?", (location, key))
+        return cur.rowcount > 0
+
+    def evidence(self, entity: str | None = None) -> list[dict[str, Any]]:
+        q = "SELECT key, ts, entity, reason, params, location FROM evidence" + (" WHERE entity=?" if entity else "")
+        return [{"key": k, "ts": ts, "entity": e, "reason": r, "params": json.loads(p), "location": loc}
+                for k, ts, e, r, p, loc in self.db.execute(q + " ORDER BY ts", (entity,) if entity else ())]
+
+    def cycles(self) -> int:
+        return int(self.db.execute("SELECT COUNT(*) FROM cycles").fetchone()[0])
