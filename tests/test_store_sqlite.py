@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 
 import pytest
-from decide_support import Run, scenario_rows, tup, write_jsonl
 
+from decide_support import Run, scenario_rows, tup, write_jsonl
 from fleethealth.decide.decider import Decider
 from fleethealth.decide.model import IntentKind, State
 from fleethealth.decide.state import DecisionState, Event
