@@ -12,8 +12,8 @@ from typing import Any
 
 import httpx
 import openai
-from fake_engine import running_pair, wait_until
 
+from fake_engine import running_pair, wait_until
 from fleethealth.decide.model import State
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import httpx
 import openai
 import pytest
-from fake_engine import running_pair, wait_until
 
+from fake_engine import running_pair, wait_until
 from fleethealth.decide.model import State
 
 

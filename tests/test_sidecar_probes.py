@@ -9,10 +9,10 @@ import time
 from pathlib import Path
 
 import httpx
-from fake_engine import ServerThread, running_pair, wait_until
 from fastapi import FastAPI
 from fastapi.responses import PlainTextResponse
 
+from fake_engine import ServerThread, running_pair, wait_until
 from fleethealth.decide.model import State
 from fleethealth.serve.app import create_app
 from fleethealth.serve.config import SidecarConfig

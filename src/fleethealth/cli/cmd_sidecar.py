@@ -1,0 +1,89 @@
+"""`fleethealth sidecar`: the serving sidecar in front of an OpenAI-compatible engine in the same pod."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import typer
+
+from fleethealth.cli.common import fail
+
+
+def _host_port(listen: str) -> tuple[str, int]:
+    host, sep, port = listen.rpartition(":")
+    if not sep or not port.isdigit():
+        fail(f"--listen must be HOST:PORT, got {listen!r}")
+    return (host.strip("[]") or "0.0.0.0"), int(port)
+
+
+def _token(path: Path | None) -> str | None:
+    if path is not None:
+        try:
+            tok = path.read_text().strip()
+        except OSError as e:
+            fail(f"cannot read --admin-token-file {path}: {e.strerror or e}")
+        if not tok:
+            fail(f"--admin-token-file {path} is empty")
+        return tok
+    return os.environ.get("FLEETHEALTH_ADMIN_TOKEN") or None
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("sidecar")
+    def sidecar(
+        upstream: str = typer.Option(..., help="The engine's base URL, e.g. http://127.0.0.1:8000"),
+        listen: str = typer.Option("0.0.0.0:8080", help="HOST:PORT for the proxy, probes and admin"),
+        admin_token_file: Path | None = typer.Option(
+            None, help="File holding the admin bearer token (else env FLEETHEALTH_ADMIN_TOKEN; none: admin refuses)"),
+        admin_allow_remote: bool = typer.Option(
+            False, help="Let non-loopback clients call /admin/* (they still need the token)"),
+        max_drain_seconds: float = typer.Option(30.0, min=0.0, help="After this, streams still running are ended"),
+        policy: Path | None = typer.Option(None, help="Policy file (default: the shipped policy)"),
+        replica: str | None = typer.Option(None, help="Replica name (default: $POD_NAME or the hostname)"),
+        max_concurrency: int = typer.Option(256, min=1, help="Requests forwarded to the engine at once"),
+        queue_limit: int = typer.Option(512, min=0, help="Requests waiting in the proxy before 503"),
+        ready_queue_limit: int = typer.Option(64, min=1, help="/readyz fails at this many queued"),
+        liveness_timeout: float = typer.Option(30.0, min=0.1, help="Running work without a token this long fails /livez"),
+        gpu_metrics_url: str | None = typer.Option(None, help="The node's exporter /metrics (dcgm-exporter)"),
+        gpu_node: str | None = typer.Option(None, help="This node's name in the exporter (default: $NODE_NAME)"),
+        nvml: bool = typer.Option(False, help="Read the local GPUs through NVML instead of an exporter"),
+        engine_log: Path | None = typer.Option(None, help="Engine log file to tail for CUDA errors and Xids"),
+        evidence_dir: Path | None = typer.Option(None, help="Directory for evidence bundles written on drain"),
+        no_redact_prompts: bool = typer.Option(False, help="Keep prompts in evidence request samples"),
+        max_batch_tokens: int | None = typer.Option(None, help="The engine's batch token budget (OOM classes)"),
+        kv_capacity_tokens: int | None = typer.Option(None, help="Tokens the engine's KV cache holds (OOM classes)"),
+        clip_oversized: bool = typer.Option(False, help="Clip max_tokens of oversized requests instead of 400"),
+        log_level: str = typer.Option("info", help="uvicorn log level"),
+    ) -> None:
+        """Proxy the OpenAI-compatible API and tell Kubernetes the truth: /livez (engine making progress),
+        /readyz (may take requests), /gpuz (GPU trusted), /metrics, /admin/{drain,undrain,state}."""
+        import uvicorn
+
+        from fleethealth.policy import PolicyError, load_policy
+        from fleethealth.serve.app import create_app
+        from fleethealth.serve.config import SidecarConfig, default_replica_name
+
+        host, port = _host_port(listen)
+        try:
+            pol = load_policy(policy)
+        except PolicyError as e:
+            fail(str(e))
+        if not upstream.startswith(("http://", "https://")):
+            fail(f"--upstream must be an http(s) URL, got {upstream!r}")
+        cfg = SidecarConfig(
+            upstream=upstream, replica=replica or default_replica_name(), admin_token=_token(admin_token_file),
+            admin_loopback_only=not admin_allow_remote, max_drain_seconds=max_drain_seconds,
+            max_concurrency=max_concurrency, queue_limit=queue_limit, ready_queue_limit=ready_queue_limit,
+            liveness_timeout_s=liveness_timeout, gpu_metrics_url=gpu_metrics_url,
+            gpu_node=gpu_node or os.environ.get("NODE_NAME"), use_nvml=nvml, engine_log=engine_log,
+            evidence_dir=evidence_dir, redact_prompts=not no_redact_prompts, max_batch_tokens=max_batch_tokens,
+            kv_capacity_tokens=kv_capacity_tokens, oom_clip_max_tokens=clip_oversized,
+            gpu_fail_below=pol.lifecycle.quarantine_below, policy=pol,
+        )
+        if cfg.admin_token is None:
+            typer.echo("warning: no admin token (--admin-token-file or FLEETHEALTH_ADMIN_TOKEN): /admin/* will "
+                       "refuse every call", err=True)
+        # proxy_headers off: the admin loopback check must see the real peer, not X-Forwarded-For.
+        uvicorn.run(create_app(cfg), host=host, port=port, log_level=log_level, proxy_headers=False,
+                    timeout_graceful_shutdown=int(max_drain_seconds) + 5)

@@ -1,0 +1,115 @@
+"""Admin endpoints refuse without the token and outside loopback; the OpenAPI spec and the CLI."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from fake_engine import ADMIN_TOKEN, running_pair, wait_until
+from fleethealth.serve.app import create_app
+from fleethealth.serve.config import SidecarConfig
+
+
+def test_admin_refuses_without_the_right_token() -> None:
+    with running_pair() as p:
+        for method, path in (("POST", "/admin/drain"), ("POST", "/admin/undrain"), ("GET", "/admin/state"),
+                             ("GET", "/admin/evidence")):
+            assert httpx.request(method, p.url + path).status_code == 401
+            r = httpx.request(method, p.url + path, headers={"Authorization": "Bearer wrong"})
+            assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer"
+        assert p.sc.state.value == "READY"  # nothing happened
+        r = httpx.get(p.url + "/admin/state", headers=p.auth)
+        assert r.status_code == 200 and r.json()["state"] == "READY"
+
+
+def test_admin_refuses_everything_when_no_token_is_configured() -> None:
+    with running_pair(admin_token=None) as p:
+        assert httpx.post(p.url + "/admin/drain", headers={"Authorization": "Bearer"}).status_code == 401
+        assert httpx.post(p.url + "/admin/drain", headers={"Authorization": "Bearer x"}).status_code == 401
+
+
+def test_admin_is_loopback_only_by_default() -> None:
+    # The ASGI transport lets the test present a non-loopback peer address (no second host exists here).
+    async def call(loopback_only: bool) -> int:
+        cfg = SidecarConfig(upstream="http://127.0.0.1:9", replica="r", admin_token=ADMIN_TOKEN,
+                            admin_loopback_only=loopback_only)
+        transport = httpx.ASGITransport(app=create_app(cfg), client=("10.1.2.3", 40000))
+        async with httpx.AsyncClient(transport=transport, base_url="http://sidecar") as c:
+            r = await c.get("/admin/state", headers={"Authorization": f"Bearer {ADMIN_TOKEN}",
+                                                     "X-Forwarded-For": "127.0.0.1"})
+            return r.status_code
+
+    assert asyncio.run(call(True)) == 403
+    assert asyncio.run(call(False)) == 200
+
+
+def test_openapi_spec_lists_every_endpoint() -> None:
+    app = create_app(SidecarConfig(upstream="http://127.0.0.1:9", replica="r"))
+    paths = set(app.openapi()["paths"])
+    assert {"/livez", "/readyz", "/gpuz", "/metrics", "/admin/drain", "/admin/undrain", "/admin/state",
+            "/v1/completions", "/v1/chat/completions", "/v1/models"} <= paths
+
+
+def test_drain_wait_blocks_until_drained_for_prestop() -> None:
+    with running_pair(max_drain_seconds=3.0) as p:
+        p.engine.set(token_delay_s=0.02)
+        t0 = time.monotonic()
+        r = httpx.post(p.url + "/admin/drain", headers=p.auth, params={"wait": True}, timeout=10)
+        assert r.status_code == 200 and r.json()["state"] == "DRAINING"
+        assert r.json()["drain"]["finished"] is not None
+        assert time.monotonic() - t0 < 2.0  # nothing in flight: returns at once
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.slow  # a subprocess importing the whole CLI: about 10 s on a loaded 2-core box
+def test_cli_runs_the_sidecar(tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    token.write_text("cli-token\n")
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if k != "FLEETHEALTH_ADMIN_TOKEN"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fleethealth.cli.main", "sidecar", "--upstream", f"http://127.0.0.1:{_free_port()}",
+         "--listen", f"127.0.0.1:{port}", "--admin-token-file", str(token), "--max-drain-seconds", "2",
+         "--log-level", "warning"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        def up() -> bool:
+            try:
+                return httpx.get(f"http://127.0.0.1:{port}/livez", timeout=1).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        wait_until(up, 30, 0.1)
+        base = f"http://127.0.0.1:{port}"
+        assert httpx.get(base + "/readyz").json()["state"] == "STARTING"
+        assert httpx.get(base + "/admin/state").status_code == 401
+        assert httpx.get(base + "/admin/state", headers={"Authorization": "Bearer cli-token"}).status_code == 200
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(15)
+
+
+def test_cli_errors_are_one_line() -> None:
+    from typer.testing import CliRunner
+
+    from fleethealth.cli.main import app
+
+    r = CliRunner().invoke(app, ["sidecar", "--upstream", "http://x:1", "--admin-token-file", "/nonexistent/token"])
+    assert r.exit_code == 2
+    assert "cannot read --admin-token-file" in r.output and "Traceback" not in r.output
+    r = CliRunner().invoke(app, ["sidecar", "--upstream", "http://x:1", "--listen", "nonsense"])
+    assert r.exit_code == 2 and "HOST:PORT" in r.output
