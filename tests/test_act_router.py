@@ -77,3 +77,33 @@ def test_set_weight_actuator_updates_the_board_idempotently() -> None:
     assert out.ok and out.detail["changed"]
     assert act.apply(it).detail["changed"] is False
     assert board.weights["r0"].weight == 0.4 and board.version == 1
+
+
+def test_cli_eds_kill_and_ledger(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from typer.testing import CliRunner
+
+    from fleethealth.act.ledger import Ledger
+    from fleethealth.act.runner import ActuationRunner
+    from fleethealth.cli.main import app
+
+    w = tmp_path / "w.json"
+    w.write_text(json.dumps({"ts": 7, "replicas": {
+        "r0": {"weight": 0.5, "state": "READY", "address": "10.0.0.1", "port": 8000},
+        "r1": {"weight": 0.0, "state": "DRAINING", "address": "10.0.0.2", "port": 8000}}}))
+    out = tmp_path / "eds.json"
+    cli = CliRunner()
+    res = cli.invoke(app, ["act", "eds", "--cluster", "llama", "--weights", str(w), "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    eps = json.loads(out.read_text())["resources"][0]["endpoints"][0]["lb_endpoints"]
+    assert [(e["health_status"], e["load_balancing_weight"]) for e in eps] == [("HEALTHY", 50), ("DRAINING", 1)]
+
+    db = tmp_path / "ledger.db"
+    runner = ActuationRunner({}, Ledger(db), "enforce")
+    assert cli.invoke(app, ["act", "kill", "--db", str(db), "--reason", "maintenance"]).exit_code == 0
+    assert runner.killed and runner.status()["kill"]["reason"] == "maintenance"
+    assert cli.invoke(app, ["act", "resume", "--db", str(db)]).exit_code == 0
+    assert not runner.killed
+    runner.submit(Intent(1.0, IntentKind.PAGE, "node-a", "x", {}))
+    res = cli.invoke(app, ["act", "ledger", "--db", str(db)])
+    assert res.exit_code == 0 and json.loads(res.output.splitlines()[0])["status"] == "unrouted"
+    assert cli.invoke(app, ["act", "ledger", "--db", str(tmp_path / "nope.db")]).exit_code == 2

@@ -1,0 +1,360 @@
+"""The actuators against a real kube-apiserver 1.20.2 + kube-controller-manager (k8s_harness), a real
+Alertmanager and a real Prometheus, driven with intents as the decisions layer emits them.
+
+End to end: quarantine -> cordoned, tainted, conditioned node, evicted pods (a PDB-protected pod stays,
+reported; DaemonSet pods stay; a tensor-parallel group goes together), a page reaching the webhook with the
+evidence link, an evidence bundle on disk; then a passed active-test Job -> RELEASE -> uncordon.
+Leader election: the second replica takes over when the first stops, and nothing is done twice.
+RBAC: the shipped ClusterRole is enough for every action and forbids what it should.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from act_support import ALERTMANAGER, alertmanager_with_webhook, free_port, wait_until
+from fleethealth.act.active_test import ActiveTests
+from fleethealth.act.config import ActuationConfig
+from fleethealth.act.evidence import EvidenceCollector, EvidenceIndex, PrometheusRange
+from fleethealth.act.inventory import read_inventory
+from fleethealth.act.kube import KubeNodeActuator
+from fleethealth.act.kube_api import Kube, KubeError
+from fleethealth.act.lease import LeaseElector
+from fleethealth.act.ledger import Ledger
+from fleethealth.act.pager import AlertmanagerPager
+from fleethealth.act.router import RouterActuator, WeightBoard
+from fleethealth.act.runner import ActuationRunner
+from fleethealth.decide.model import Intent, IntentKind, Tier
+from k8s_harness import KubeCluster, apply_manifest, skip_reason
+
+pytestmark = [pytest.mark.needs_k8s, pytest.mark.skipif(skip_reason() is not None, reason=str(skip_reason()))]
+
+DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[KubeCluster]:
+    c = KubeCluster()
+    try:
+        c.start()
+    except Exception:
+        log = c.log("apiserver") + c.log("etcd")
+        c.stop()
+        raise RuntimeError("control plane did not start:\n" + log) from None
+    print(f"\nkube control plane ready in {c.start_s:.1f}s")
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+def rv(kube: Kube, node: str) -> str:
+    return str(kube.get_node(node)["metadata"]["resourceVersion"])
+
+
+def pdb(kube: Kube, name: str, selector: dict[str, str], min_available: int = 1) -> None:
+    apply_manifest(kube, {"apiVersion": "policy/v1beta1", "kind": "PodDisruptionBudget",
+                          "metadata": {"name": name, "namespace": "default"},
+                          "spec": {"minAvailable": min_available, "selector": {"matchLabels": selector}}})
+
+    def computed() -> bool:
+        st = kube.api.request("GET", f"/apis/policy/v1beta1/namespaces/default/poddisruptionbudgets/{name}")
+        return st.get("status", {}).get("observedGeneration") == st["metadata"]["generation"] and \
+            st["status"].get("currentHealthy", 0) >= min_available
+
+    wait_until(computed, 30, 0.1, what=f"PDB {name} status from the disruption controller")
+
+
+def daemonset(kube: Kube, name: str) -> dict[str, Any]:
+    """A real DaemonSet object (no controller runs it) so its pods' ownerReference survives the GC."""
+    ds = apply_manifest(kube, {
+        "apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": name, "namespace": "default"},
+        "spec": {"selector": {"matchLabels": {"ds": name}}, "template": {
+            "metadata": {"labels": {"ds": name}}, "spec": {"containers": [{"name": "c", "image": "busybox"}]}}}})
+    return {"apiVersion": "apps/v1", "kind": "DaemonSet", "name": name, "uid": ds["metadata"]["uid"],
+            "controller": True}
+
+
+def terminating(kube: Kube, ns: str, name: str) -> bool:
+    try:
+        return bool(kube.get_pod(ns, name)["metadata"].get("deletionTimestamp"))
+    except KubeError as e:
+        return e.status == 404
+
+
+def test_quarantine_page_evidence_then_active_test_and_release(cluster: KubeCluster, tmp_path: Path) -> None:
+    if ALERTMANAGER is None:
+        pytest.skip("prometheus-alertmanager not installed")
+    kube = cluster.kube()
+    node, other = "gpu-node-1", "gpu-node-2"
+    cluster.add_node(node, gpus=8, labels={"pool": "pool-a"})
+    cluster.add_node(other, gpus=8)
+    ds_owner = daemonset(kube, "fleethealth-agent")
+    tp = {"fleethealth.io/tp-group": "llama-tp0"}
+    cluster.add_pod("free-1", node, labels={"job-name": "train-3"}, gpus=4)
+    cluster.add_pod("guarded-1", node, labels={"app": "guarded"}, gpus=2)
+    cluster.add_pod("agent-x", node, owner=ds_owner, labels={"ds": "fleethealth-agent"})
+    cluster.add_pod("tp-0", node, labels=tp, gpus=1)
+    cluster.add_pod("tp-1", other, labels=tp, gpus=1)
+    cluster.add_pod("bystander", other)
+    pdb(kube, "guarded", {"app": "guarded"})
+
+    # Inventory: what runs where, GPU capacity, jobs and TP groups.
+    inv = read_inventory(kube)
+    assert inv.nodes[node].gpu_capacity == 8
+    assert {p.name for p in inv.pods_on(node)} == {"free-1", "guarded-1", "agent-x", "tp-0"}
+    assert inv.jobs_on(node) == {"train-3"}
+    assert inv.nodes_of_tp_group("default/llama-tp0") == {node, other}
+
+    cfg = ActuationConfig(mode="enforce", enforce=frozenset(IntentKind), drain_timeout_s=2.0,
+                          backoff_initial_s=0.2, attempts_per_cycle=1, test_namespace="fleethealth-system")
+    ledger = Ledger(tmp_path / "state.db")
+    index = EvidenceIndex(tmp_path / "state.db")
+    tests = ActiveTests(kube, cfg)
+    with alertmanager_with_webhook() as (am, hook):
+        evidence = EvidenceCollector(tmp_path / "evidence", index, kube=kube,
+                                     prometheus=PrometheusRange(f"http://127.0.0.1:{free_port()}", timeout_s=1),  # down
+                                     tuple_history=lambda e: [{"ts": 1.0, "value": 0.05, "flags": ["xid:79"]}])
+        runner: ActuationRunner
+        node_act = KubeNodeActuator(kube, cfg, should_stop=lambda: runner.should_stop(), active_tests=tests)
+        pager = AlertmanagerPager(am.url, evidence_link=evidence.link)
+        runner = ActuationRunner({
+            IntentKind.NO_NEW_WORK: [node_act], IntentKind.CAPTURE_EVIDENCE: [evidence],
+            IntentKind.QUARANTINE: [evidence, node_act], IntentKind.RUN_ACTIVE_TEST: [tests],
+            IntentKind.PAGE: [pager], IntentKind.RELEASE: [node_act],
+        }, ledger, cfg)
+
+        now = time.time()
+        info = {"from": "DEGRADED", "value": 0.05}
+        intents = [
+            Intent(now, IntentKind.NO_NEW_WORK, node, "gate:xid_79", {"n": 1}, Tier.NODE),
+            Intent(now, IntentKind.CAPTURE_EVIDENCE, node, "gate:xid_79",
+                   {"window_s": 300, "before": "quarantine", **info, "n": 2}, Tier.NODE),
+            Intent(now, IntentKind.QUARANTINE, node, "gate:xid_79", {**info, "n": 3}, Tier.NODE),
+            Intent(now, IntentKind.RUN_ACTIVE_TEST, node, "gate:xid_79",
+                   {"tests": ["dcgm_diag_r2", "nccl_bandwidth"], "n": 4}, Tier.NODE),
+            Intent(now, IntentKind.PAGE, node, "gate:xid_79", {"severity": "page", "state": "FAILED", "n": 5}),
+        ]
+        t0 = time.monotonic()
+        results = {(r.kind, r.actuator): r for r in runner.submit_all(intents)}
+        elapsed = time.monotonic() - t0
+        print(f"quarantine intents applied in {elapsed:.2f}s (drain limit {cfg.drain_timeout_s}s)")
+
+        assert results[("no_new_work", "kubernetes")].status == "applied"
+        q = results[("quarantine", "kubernetes")]
+        # The PDB keeps guarded-1: the drain is incomplete, reported and retried later, never forced.
+        assert q.status == "retrying", q
+        assert q.detail["not_evicted"] == ["default/guarded-1"]
+        assert q.detail["blocked"]["default/guarded-1"].startswith("429")
+        assert set(q.detail["evicted"]) == {"default/free-1", "default/tp-0", "default/tp-1"}
+        assert {"pod": "default/agent-x", "why": "daemonset pod"} in q.detail["skipped"]
+        assert q.detail["groups"] == [["default/tp-0", "default/tp-1"]]
+        assert q.detail["forced"] == []
+
+        n = kube.get_node(node)
+        assert n["spec"]["unschedulable"] is True
+        assert {"key": "fleethealth.io/unhealthy", "value": "QUARANTINED", "effect": "NoSchedule"} in n["spec"]["taints"]
+        assert not any(t["effect"] == "NoExecute" for t in n["spec"]["taints"])  # not unless configured
+        assert n["metadata"]["labels"]["fleethealth.io/state"] == "QUARANTINED"
+        assert n["metadata"]["labels"]["fleethealth.io/score-band"] == "critical"
+        cond = next(c for c in n["status"]["conditions"] if c["type"] == "GPUHealthy")
+        assert cond["status"] == "False" and cond["reason"] == "GateXid79" and "score=0.050" in cond["message"]
+        assert next(c for c in n["status"]["conditions"] if c["type"] == "Ready")["status"] == "True"  # untouched
+
+        assert terminating(kube, "default", "free-1") and terminating(kube, "default", "tp-1")
+        assert not terminating(kube, "default", "guarded-1")
+        assert not terminating(kube, "default", "agent-x") and not terminating(kube, "default", "bystander")
+        cluster.delete_terminating_pods()  # the kubelet's part
+
+        # Evidence bundle, before the quarantine, with the Kubernetes events of our own NO_NEW_WORK.
+        ev = results[("capture_evidence", "evidence")]
+        assert ev.status == "applied"
+        bundle = Path(ev.detail["path"])
+        assert (bundle / "manifest.json").exists()
+        events = json.loads((bundle / "events.json").read_text())["events"]
+        assert any(e["reason"] == "FleetHealthNoNewWork" for e in events)
+        assert results[("quarantine", "evidence")].detail.get("reused") is True
+        assert index.list(node)[0]["path"] == str(bundle)
+
+        # The page reaches the webhook with the evidence link.
+        wait_until(lambda: any(a["labels"]["entity"] == node for a in hook.alerts()), 20, what="page at webhook")
+        page = next(a for a in hook.alerts() if a["labels"]["entity"] == node)
+        assert page["labels"]["alertname"] == "FleetHealthEntityFailed"
+        assert page["annotations"]["evidence"] == str(bundle)
+
+        # Replaying the same intents (a restart) changes nothing on the node.
+        before = rv(kube, node)
+        again = runner.submit_all([intents[0], intents[1], intents[3], intents[4]])
+        assert {r.status for r in again} == {"duplicate"}
+        assert rv(kube, node) == before
+
+        # The PDB-blocked pod is retried later; still blocked, still not forced.
+        time.sleep(0.3)
+        [retry] = [r for r in runner.retry_due() if r.kind == "quarantine"]
+        assert retry.detail["not_evicted"] == ["default/guarded-1"]
+
+        # Active tests: Jobs pinned to the node, tolerating our taint.
+        jobs = kube.list_jobs("fleethealth-system")
+        assert len(jobs) == 2
+        for j in jobs:
+            spec = j["spec"]["template"]["spec"]
+            assert spec["nodeName"] == node
+            assert any(t.get("key") == "fleethealth.io/unhealthy" for t in spec["tolerations"])
+        assert tests.latest_verdict(node) == "running"
+        # No pass, no uncordon.
+        release = Intent(time.time(), IntentKind.RELEASE, node, "event:test_passed", {"canary": True, "n": 6}, Tier.NODE)
+        refused = node_act.apply(release)
+        assert not refused.ok and not refused.retry and "no passed active test" in refused.error
+        assert kube.get_node(node)["spec"]["unschedulable"] is True
+
+        # Play the kubelet: the Job controller's test pods succeed.
+        def test_pods() -> list[dict[str, Any]]:
+            return kube.list_pods("fleethealth-system", label_selector="fleethealth.io/active-test=true")
+
+        wait_until(lambda: len(test_pods()) == 2, 30, 0.1, what="job controller creating test pods")
+        for p in test_pods():
+            assert p["spec"]["nodeName"] == node
+            cluster.set_pod_phase("fleethealth-system", p["metadata"]["name"], "Succeeded")
+        wait_until(lambda: tests.latest_verdict(node) == "passed", 30, 0.1, what="jobs complete")
+        events_for_decisions = [r.to_event() for r in tests.results(node)]
+        assert all(e["passed"] and e["entity"] == node and e["type"] == "active_test" for e in events_for_decisions)
+
+        [rel] = runner.submit(release)
+        assert rel.status == "applied", rel
+        n = kube.get_node(node)
+        assert not n["spec"].get("unschedulable")
+        assert not any(t["key"] == "fleethealth.io/unhealthy" for t in n["spec"].get("taints") or [])
+        assert n["metadata"]["labels"]["fleethealth.io/state"] == "RECOVERING"
+        cond = next(c for c in n["status"]["conditions"] if c["type"] == "GPUHealthy")
+        assert cond["status"] == "True"
+
+
+def test_operator_cordon_is_not_lifted_by_us(cluster: KubeCluster, tmp_path: Path) -> None:
+    kube = cluster.kube()
+    cluster.add_node("gpu-node-op")
+    kube.patch_node("gpu-node-op", {"spec": {"unschedulable": True}})  # an operator's own cordon
+    act = KubeNodeActuator(kube, ActuationConfig())
+    out = act.apply(Intent(1.0, IntentKind.ALLOW_NEW_WORK, "gpu-node-op", "ready", {"value": 0.95}, Tier.NODE))
+    assert out.ok
+    assert kube.get_node("gpu-node-op")["spec"]["unschedulable"] is True
+
+
+def test_leader_failover_acts_once(cluster: KubeCluster, tmp_path: Path) -> None:
+    kube = cluster.kube()
+    kube.ensure_namespace("fleethealth-system")
+    cluster.add_node("gpu-node-3")
+    a = LeaseElector(kube, "replica-a", name="fh-test-lease", lease_duration_s=2.0, renew_deadline_s=1.5)
+    b = LeaseElector(kube, "replica-b", name="fh-test-lease", lease_duration_s=2.0, renew_deadline_s=1.5)
+    assert a.step() and not b.step()
+    cfg = ActuationConfig(mode="enforce", enforce=frozenset({IntentKind.NO_NEW_WORK}))
+    ledger_path = tmp_path / "shared.db"  # both replicas on one ledger (RWX volume in deploy/)
+    runner_a = ActuationRunner({IntentKind.NO_NEW_WORK: [KubeNodeActuator(kube, cfg)]}, Ledger(ledger_path), cfg,
+                               is_leader=a.is_leader)
+    runner_b = ActuationRunner({IntentKind.NO_NEW_WORK: [KubeNodeActuator(kube, cfg)]}, Ledger(ledger_path), cfg,
+                               is_leader=b.is_leader)
+    it = Intent(time.time(), IntentKind.NO_NEW_WORK, "gpu-node-3", "min:thermal", {"value": 0.5, "n": 1}, Tier.NODE)
+    assert [r.status for r in runner_a.submit(it)] == ["applied"]
+    assert [r.status for r in runner_b.submit(it)] == ["not_leader"]
+    acted_rv = rv(kube, "gpu-node-3")
+
+    # Replica A dies (stops renewing). It stops acting by itself within its renew deadline...
+    t_dead = time.monotonic()
+    wait_until(lambda: not a.is_leader(), 3, 0.05, what="A to step down")
+    assert runner_a.submit(it)[0].status == "not_leader"
+    # ...and B takes over once the lease expires.
+    wait_until(lambda: b.step(), 10, 0.2, what="B to take the lease")
+    takeover = time.monotonic() - t_dead
+    print(f"leader takeover after {takeover:.2f}s (lease 2s)")
+    assert takeover < 5.0
+    lease = kube.get_lease("fleethealth-system", "fh-test-lease")
+    assert lease["spec"]["holderIdentity"] == "replica-b" and lease["spec"]["leaseTransitions"] >= 1
+    assert not a.step()  # A comes back: B holds a live lease
+
+    # B replays the intent: the shared ledger knows it is done; the node is not written again.
+    assert [r.status for r in runner_b.submit(it)] == ["duplicate"]
+    # Even with a ledger of its own, the idempotent actuator writes nothing.
+    lone = ActuationRunner({IntentKind.NO_NEW_WORK: [KubeNodeActuator(kube, cfg)]}, Ledger(tmp_path / "own.db"),
+                           cfg, is_leader=b.is_leader)
+    [r] = lone.submit(it)
+    assert r.status == "applied" and r.detail["spec"] is False and r.detail["condition"] is False
+    assert rv(kube, "gpu-node-3") == acted_rv
+    b.release()
+    assert not b.is_leader()
+
+
+def test_readiness_gate_condition_and_labels(cluster: KubeCluster) -> None:
+    kube = cluster.kube()
+    cluster.add_node("gpu-node-4")
+    cluster.add_pod("vllm-0", "gpu-node-4", labels={"app": "vllm"})
+    board = WeightBoard()
+    act = RouterActuator(board, kube)
+    low = Intent(1.0, IntentKind.SET_WEIGHT, "vllm-0", "min:latency", {"weight": 0.2, "state": "DEGRADED"},
+                 Tier.INSTANCE)
+    assert act.apply(low).ok
+    p = kube.get_pod("default", "vllm-0")
+    assert p["metadata"]["labels"]["fleethealth.io/healthy"] == "false"
+    gate = next(c for c in p["status"]["conditions"] if c["type"] == "fleethealth.io/healthy")
+    assert gate["status"] == "False"
+    high = Intent(2.0, IntentKind.SET_WEIGHT, "vllm-0", "ok", {"weight": 0.9, "state": "READY"}, Tier.INSTANCE)
+    assert act.apply(high).ok
+    p = kube.get_pod("default", "vllm-0")
+    assert p["metadata"]["labels"]["fleethealth.io/healthy"] == "true"
+    assert next(c for c in p["status"]["conditions"] if c["type"] == "fleethealth.io/healthy")["status"] == "True"
+    assert board.weights["vllm-0"].weight == 0.9
+
+
+def _sa_token(kube: Kube, ns: str, sa: str) -> str:
+    import base64
+
+    def token() -> str | None:
+        acct = kube.api.request("GET", f"/api/v1/namespaces/{ns}/serviceaccounts/{sa}")
+        for ref in acct.get("secrets") or []:
+            sec = kube.api.request("GET", f"/api/v1/namespaces/{ns}/secrets/{ref['name']}")
+            if sec.get("data", {}).get("token"):
+                return base64.b64decode(sec["data"]["token"]).decode()
+        return None
+
+    return str(wait_until(token, 30, 0.2, what="service-account token from the token controller"))
+
+
+def test_shipped_rbac_is_enough_and_least_privilege(cluster: KubeCluster, tmp_path: Path) -> None:
+    admin = cluster.kube()
+    for doc in yaml.safe_load_all((DEPLOY / "rbac.yaml").read_text()):
+        apply_manifest(admin, doc)
+    token = _sa_token(admin, "fleethealth-system", "fleethealth-controller")
+    sa = cluster.kube(token)
+    cluster.add_node("gpu-node-5", gpus=4)
+    cluster.add_pod("w-0", "gpu-node-5", labels={"job-name": "j"})
+    cfg = ActuationConfig(mode="enforce", enforce=frozenset(IntentKind), drain_timeout_s=1.0)
+    tests = ActiveTests(sa, cfg)
+    act = KubeNodeActuator(sa, cfg)
+    # Every action the controller takes works with the shipped role (RBAC errors would be 403).
+    q = act.apply(Intent(1.0, IntentKind.QUARANTINE, "gpu-node-5", "gate:xid_48", {"value": 0.0}, Tier.NODE))
+    assert q.ok, q
+    assert tests.apply(Intent(1.0, IntentKind.RUN_ACTIVE_TEST, "gpu-node-5", "gate:xid_48",
+                              {"tests": ["dcgm_diag_r2"]}, Tier.NODE)).ok
+    assert tests.results("gpu-node-5")
+    assert read_inventory(sa).nodes["gpu-node-5"].gpu_capacity == 4
+    elector = LeaseElector(sa, "controller-0", lease_duration_s=5)
+    assert elector.step()
+    evidence = EvidenceCollector(tmp_path / "ev", EvidenceIndex(tmp_path / "i.db"), kube=sa)
+    ev = evidence.apply(Intent(1.0, IntentKind.CAPTURE_EVIDENCE, "gpu-node-5", "x", {}))
+    assert not [p for p in ev.detail["problems"] if "kubernetes" in p]
+    # ...and nothing more.
+    forbidden = [
+        lambda: sa.api.request("GET", "/api/v1/namespaces/fleethealth-system/secrets"),
+        lambda: sa.api.request("DELETE", "/api/v1/nodes/gpu-node-5"),
+        lambda: sa.delete_pod("default", "w-0"),
+        lambda: sa.get_lease("kube-system", "kube-controller-manager"),
+    ]
+    for call in forbidden:
+        with pytest.raises(KubeError) as exc:
+            call()
+        assert exc.value.status == 403
