@@ -358,3 +358,66 @@ def test_shipped_rbac_is_enough_and_least_privilege(cluster: KubeCluster, tmp_pa
         with pytest.raises(KubeError) as exc:
             call()
         assert exc.value.status == 403
+
+
+class RacingApi:
+    """Wraps the real API: just before our first node PATCH, another writer changes the node, so the real
+    server answers 409 to our stale resourceVersion (no mock of the answer itself)."""
+
+    def __init__(self, inner: Any, other: Kube, node: str) -> None:
+        self.inner, self.other, self.node, self.raced = inner, other, node, 0
+
+    def request(self, method: str, path: str, body: Any = None, query: Any = None,
+                content_type: str | None = None) -> dict[str, Any]:
+        if method == "PATCH" and path == f"/api/v1/nodes/{self.node}" and not self.raced:
+            self.raced += 1
+            self.other.patch_node(self.node, {"metadata": {"labels": {"someone-else": "was-here"}}})
+        return dict(self.inner.request(method, path, body, query, content_type))
+
+
+def test_conflicting_writer_gets_409_and_we_recompute(cluster: KubeCluster) -> None:
+    admin = cluster.kube()
+    cluster.add_node("gpu-node-6")
+    racing = RacingApi(cluster.api(), admin, "gpu-node-6")
+    out = KubeNodeActuator(Kube(racing), ActuationConfig()).apply(
+        Intent(1.0, IntentKind.NO_NEW_WORK, "gpu-node-6", "min:thermal", {"value": 0.6}, Tier.NODE))
+    assert out.ok and racing.raced == 1
+    n = admin.get_node("gpu-node-6")
+    assert n["spec"]["unschedulable"] is True
+    assert n["metadata"]["labels"]["someone-else"] == "was-here"  # their write survived ours
+
+
+def test_unreachable_api_is_retryable_and_recorded(tmp_path: Path) -> None:
+    from fleethealth.act.kube_api import OfficialKubeApi
+
+    kube = Kube(OfficialKubeApi.from_host(f"https://127.0.0.1:{free_port()}", token="x", verify_ssl=False,
+                                          timeout_s=1.0))
+    cfg = ActuationConfig(mode="enforce", enforce=frozenset({IntentKind.NO_NEW_WORK}), attempts_per_cycle=2,
+                          backoff_initial_s=0.05)
+    runner = ActuationRunner({IntentKind.NO_NEW_WORK: [KubeNodeActuator(kube, cfg)]}, Ledger(tmp_path / "l.db"), cfg)
+    it = Intent(1.0, IntentKind.NO_NEW_WORK, "n", "x", {}, Tier.NODE)
+    [r] = runner.submit(it)
+    assert r.status == "retrying" and r.error.startswith("0:")
+    assert len(runner.ledger.attempts(it.key)) == 2
+
+
+def test_kill_switch_stops_a_drain_in_progress(cluster: KubeCluster, tmp_path: Path) -> None:
+    import threading
+
+    kube = cluster.kube()
+    cluster.add_node("gpu-node-7")
+    cluster.add_pod("held-7", "gpu-node-7", labels={"app": "held7"})
+    pdb(kube, "held7", {"app": "held7"})
+    cfg = ActuationConfig(mode="enforce", enforce=frozenset({IntentKind.DRAIN}), drain_timeout_s=60.0,
+                          attempts_per_cycle=1)
+    runner: ActuationRunner
+    act = KubeNodeActuator(kube, cfg, should_stop=lambda: runner.should_stop())
+    runner = ActuationRunner({IntentKind.DRAIN: [act]}, Ledger(tmp_path / "l.db"), cfg)
+    threading.Timer(1.0, runner.kill, args=("operator",)).start()
+    t0 = time.monotonic()
+    [r] = runner.submit(Intent(1.0, IntentKind.DRAIN, "gpu-node-7", "x", {}, Tier.NODE))
+    took = time.monotonic() - t0
+    assert took < 10.0, took  # not the 60 s drain limit
+    assert r.detail["not_evicted"] == ["default/held-7"] and r.detail["forced"] == []
+    assert not terminating(kube, "default", "held-7")
+    assert runner.submit(Intent(2.0, IntentKind.DRAIN, "gpu-node-7", "y", {}, Tier.NODE))[0].status == "killed"
