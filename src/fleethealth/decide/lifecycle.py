@@ -15,7 +15,8 @@ Conditions come in two kinds:
   before they fire. Each has a timer; ``hard_gate`` (reason ``gate:*``, or a node blamed by attribution)
   and ``drain_reset`` (Xid 154 asks to drain and reset) fire at once.
 * event conditions (``test_passed``, ``test_failed``, ``too_many_recoveries``, ``reset_passed``,
-  ``reset_failed``, ``human_ready``, ``human_quarantine``) and ``drain_timeout`` (time in state).
+  ``reset_failed``, ``human_ready``, ``human_quarantine``) and ``drain_timeout`` (time in state, checked
+  only on usable data like the signal conditions).
 
 Timers, exactly: an observation is *usable* when its value is known and its confidence is at least
 ``lifecycle.min_confidence``. On a usable observation at time t, every signal condition that holds adds the
@@ -170,6 +171,7 @@ def holding_conds(obs: Observation | None, lc: Lifecycle) -> set[Cond]:
         out.add(Cond.HARD_GATE)
     if obs.drain_reset:
         out.add(Cond.DRAIN_RESET)
+    out.add(Cond.DRAIN_TIMEOUT)  # time-based, but like every condition only on usable data
     return out
 
 
@@ -209,13 +211,13 @@ def rule_holds(rule: Rule, conds: set[Cond], timers: dict[str, Timer], in_state_
                lc: Lifecycle) -> bool:
     """Does the rule's condition hold now? ``conds`` has the signal conditions of this observation and
     the event conditions of this cycle."""
-    if rule.cond == Cond.DRAIN_TIMEOUT:
-        return in_state_s >= dwell_of(rule, lc)
     if rule.cond not in conds:
         return False
     if rule.cond in SIGNAL_CONDS:
         t = timers.get(str(rule.cond))
         return t is not None and t.accum_s >= dwell_of(rule, lc)
+    if rule.cond == Cond.DRAIN_TIMEOUT:
+        return in_state_s >= dwell_of(rule, lc)
     return True
 
 
