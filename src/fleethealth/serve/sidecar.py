@@ -267,6 +267,7 @@ class Sidecar:
                 self.canary_stats = {"requests": 0, "errors": 0, "probe_ok": 0, "probe_fail": 0,
                                      "ttft_sum": 0.0, "ttft_n": 0, "itl_sum": 0.0, "itl_n": 0}
                 self.share_gate = ShareGate()
+                self._canary_weight = 0.0
             if t.to_state is State.READY:
                 self.had_fault = False
                 self.quarantine_tier = None
