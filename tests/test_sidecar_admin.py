@@ -113,3 +113,24 @@ def test_cli_errors_are_one_line() -> None:
     assert "cannot read --admin-token-file" in r.output and "Traceback" not in r.output
     r = CliRunner().invoke(app, ["sidecar", "--upstream", "http://x:1", "--listen", "nonsense"])
     assert r.exit_code == 2 and "HOST:PORT" in r.output
+
+
+def test_deployment_example_is_consistent() -> None:
+    import yaml
+
+    path = Path(__file__).resolve().parents[1] / "deploy" / "sidecar" / "deployment.yaml"
+    docs = {d["kind"]: d for d in yaml.safe_load_all(path.read_text())}
+    pod = docs["Deployment"]["spec"]["template"]["spec"]
+    containers = {c["name"]: c for c in pod["containers"]}
+    side = containers["fleethealth-sidecar"]
+    args = dict(a.split("=", 1) for a in side["command"][2:])
+    drain_s = float(args["--max-drain-seconds"])
+    assert pod["terminationGracePeriodSeconds"] > drain_s
+    engine = containers["vllm"]
+    assert engine["startupProbe"]["httpGet"]["path"] == "/readyz"
+    assert engine["livenessProbe"]["httpGet"]["path"] == "/livez"
+    assert side["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    for c in (engine, side):
+        hook = " ".join(c["lifecycle"]["preStop"]["exec"]["command"])
+        assert "/admin/drain?wait=true" in hook and "Bearer" in hook
+    assert docs["Service"]["spec"]["ports"][0]["targetPort"] == 8080
