@@ -164,7 +164,8 @@ class ExporterServer:
 class PrometheusServer:
     """A real Prometheus scraping the given targets every second. ``targets``: (host:port, path, labels)."""
 
-    def __init__(self, targets: list[tuple[str, str, dict[str, str]]], scrape_interval_s: float = 1.0) -> None:
+    def __init__(self, targets: list[tuple[str, str, dict[str, str]]], scrape_interval_s: float = 1.0,
+                 http_sd: list[str] | None = None) -> None:
         if PROMETHEUS is None:
             raise RuntimeError("prometheus binary not installed (apt-get install -y prometheus)")
         self.dir = Path(tempfile.mkdtemp(prefix="fh-prom-"))
@@ -184,6 +185,9 @@ class PrometheusServer:
                 "    static_configs:",
                 f"      - targets: ['{addr}']" + (f"\n        labels:{lab}" if labels else ""),
             ]
+        for i, url in enumerate(http_sd or []):
+            lines += [f"  - job_name: sd{i}", "    http_sd_configs:", f"      - url: '{url}'",
+                      "        refresh_interval: 1s"]
         (self.dir / "prometheus.yml").write_text("\n".join(lines) + "\n")
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -239,8 +243,9 @@ class PrometheusServer:
 
 
 @contextlib.contextmanager
-def prometheus(targets: list[tuple[str, str, dict[str, str]]], scrape_interval_s: float = 1.0) -> Iterator[PrometheusServer]:
-    srv = PrometheusServer(targets, scrape_interval_s)
+def prometheus(targets: list[tuple[str, str, dict[str, str]]], scrape_interval_s: float = 1.0,
+               http_sd: list[str] | None = None) -> Iterator[PrometheusServer]:
+    srv = PrometheusServer(targets, scrape_interval_s, http_sd)
     try:
         yield srv.start()
     finally:
