@@ -1,0 +1,348 @@
+"""Per-rank compute time up to the gradient collective, the signal that finds a slow rank.
+
+In synchronous data parallelism every rank waits for the slowest at the gradient collective, so whole-step
+time is the same everywhere and hides the culprit. What differs is how long each rank *computes* before it
+hands its gradients to the collective. ``RankTimer`` measures that from the training process itself:
+
+* **DDP**: a communication hook (``DistributedDataParallel.register_comm_hook``) wraps the stock allreduce
+  hook and notes when each gradient bucket is handed to the collective. Buckets fire as backward produces
+  gradients, without waiting for peers, so the entry time of the *last* bucket of a step is when this rank
+  finished its local forward+backward: that is ``compute_seconds``. The first bucket's entry is kept too
+  (``first_collective_seconds``: forward plus the tail of backward).
+* **FSDP (``FullyShardedDataParallel``)**: the same idea through FSDP's ``register_comm_hook``; the hook
+  wraps the stock reduce-scatter (sharded) or allreduce (``NO_SHARD``) hook, called once per FSDP unit in
+  backward. It must be registered on the root FSDP module before the first forward.
+* **FSDP2 (``fully_shard``)** exposes no comm hook; call ``tracker.mark_collective()`` yourself where your
+  loop enters its gradient collective (the same goes for Megatron, DeepSpeed or a hand-written loop).
+
+Times: on the GPU, CUDA events recorded on the current stream (kernels are asynchronous, so host clocks
+would measure launch time, not compute); on the CPU, ``time.perf_counter``. A step runs from
+``step_begin()`` (or, if it is not called, the previous ``step_end()``) to ``step_end()``.
+
+Export: ``fleethealth_rank_compute_seconds{job, rank, node, gpu, peer_group}`` (the median of the last
+``smooth_steps`` steps, so one data-loader hiccup does not flag a rank), plus ``..._step_seconds``,
+``..._first_collective_seconds`` and ``fleethealth_rank_steps_total``, through a prometheus-client
+registry served on a port (``serve``), a node-exporter textfile (``write_textfile``), or a callback
+(``on_step``). Values are also in-process: ``last``, ``history``.
+
+Peers are ranks doing the same work: set ``peer_group`` to the pipeline stage (or the job when there is no
+pipeline parallelism), never mix stages.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import statistics
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+COMPUTE_METRIC = "fleethealth_rank_compute_seconds"
+STEP_METRIC = "fleethealth_rank_step_seconds"
+FIRST_COLLECTIVE_METRIC = "fleethealth_rank_first_collective_seconds"
+STEPS_METRIC = "fleethealth_rank_steps_total"
+LABELS = ("job", "rank", "node", "gpu", "peer_group")
+
+
+@dataclass(frozen=True, slots=True)
+class StepTiming:
+    """One step of one rank. ``compute_s`` and ``first_collective_s`` are None when no collective was
+    entered in the step (e.g. a ``no_sync`` gradient-accumulation micro-step)."""
+
+    step: int
+    compute_s: float | None
+    first_collective_s: float | None
+    step_s: float
+    collectives: int
+
+
+class _CpuClock:
+    """Marks are host times."""
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self.clock = clock
+
+    def mark(self) -> Any:
+        return self.clock()
+
+    def seconds(self, start: Any, end: Any) -> float:
+        return float(end - start)
+
+
+class _CudaClock:
+    """Marks are CUDA events on the current stream; read only at step end."""
+
+    def __init__(self, torch: Any) -> None:
+        self.torch = torch
+
+    def mark(self) -> Any:
+        ev = self.torch.cuda.Event(enable_timing=True)
+        ev.record()
+        return ev
+
+    def seconds(self, start: Any, end: Any) -> float:
+        end.synchronize()
+        return float(start.elapsed_time(end)) / 1000.0
+
+
+class RankTimer:
+    """Measures one rank's compute time to its gradient collective; see the module doc.
+
+    >>> tracker = RankTimer(job="llama-70b", peer_group="stage0")
+    >>> tracker.attach(ddp_model)            # doctest: +SKIP
+    >>> for batch in loader:                 # doctest: +SKIP
+    ...     tracker.step_begin(); loss = ddp_model(batch).sum(); loss.backward(); opt.step(); tracker.step_end()
+    """
+
+    def __init__(
+        self,
+        job: str,
+        peer_group: str = "",
+        *,
+        rank: int | None = None,
+        node: str | None = None,
+        gpu: str | None = None,
+        smooth_steps: int = 5,
+        history: int = 1000,
+        on_step: Callable[[StepTiming], None] | None = None,
+        use_cuda: bool | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self.job = job
+        self.peer_group = peer_group or job
+        self._rank = rank
+        self.node = node or os.environ.get("NODE_NAME") or socket.gethostname()
+        self._gpu = gpu
+        self.smooth_steps = max(1, smooth_steps)
+        self.history: deque[StepTiming] = deque(maxlen=history)
+        self.on_step = on_step
+        self._use_cuda = use_cuda
+        self._cpu_clock = _CpuClock(clock)
+        self._clock: _CpuClock | _CudaClock = self._cpu_clock
+        self._lock = threading.Lock()  # hooks run on autograd's thread, step_end on the caller's
+        self._begin: Any = None
+        self._boundary: Any = None
+        self._first: Any = None
+        self._last: Any = None
+        self._collectives = 0
+        self._step = 0
+        self._registry: Any = None
+        self._gauges: dict[str, Any] = {}
+        self._server: Any = None
+        self._published_steps = 0
+
+    # -- identity -------------------------------------------------------------------------------------
+
+    @property
+    def rank(self) -> int:
+        if self._rank is None:
+            try:
+                import torch.distributed as dist
+
+                self._rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+            except ImportError:
+                self._rank = int(os.environ.get("RANK", "0"))
+        return self._rank
+
+    @property
+    def gpu(self) -> str:
+        if self._gpu is None:
+            self._gpu = os.environ.get("LOCAL_RANK", "")
+            if self._clock is not self._cpu_clock:
+                import torch
+
+                self._gpu = str(torch.cuda.current_device())
+        return self._gpu
+
+    def labels(self) -> dict[str, str]:
+        return {"job": self.job, "rank": str(self.rank), "node": self.node, "gpu": self.gpu,
+                "peer_group": self.peer_group}
+
+    # -- attaching ------------------------------------------------------------------------------------
+
+    def _pick_clock(self, module: Any) -> None:
+        use_cuda = self._use_cuda
+        if use_cuda is None:
+            try:
+                use_cuda = next(module.parameters()).is_cuda
+            except (StopIteration, AttributeError):
+                use_cuda = False
+        if use_cuda:
+            import torch
+
+            self._clock = _CudaClock(torch)
+        else:
+            self._clock = self._cpu_clock
+
+    def attach(self, model: Any, process_group: Any = None) -> RankTimer:
+        """Register the timing comm hook on a DDP or FSDP model (replacing the default hook with the same
+        collective). Call before the first forward. Returns self."""
+        from torch.distributed.fsdp import FullyShardedDataParallel
+        from torch.nn.parallel import DistributedDataParallel
+
+        self._pick_clock(model)
+        if isinstance(model, DistributedDataParallel):
+            from torch.distributed.algorithms.ddp_comm_hooks import default_hooks as ddp_hooks
+
+            pg = process_group if process_group is not None else model.process_group
+
+            # DDP rejects hooks whose annotations are not GradBucket/Future objects (strings here, under
+            # postponed evaluation), so this one stays unannotated.
+            def ddp_hook(state, bucket):  # type: ignore[no-untyped-def]
+                self.mark_collective()
+                return ddp_hooks.allreduce_hook(state, bucket)
+
+            model.register_comm_hook(pg, ddp_hook)
+        elif isinstance(model, FullyShardedDataParallel):
+            import torch.distributed as dist
+            from torch.distributed.algorithms._comm_hooks import default_hooks as fsdp_hooks
+
+            fsdp_pg: Any = process_group if process_group is not None else model.process_group or dist.group.WORLD
+            state = fsdp_hooks.DefaultState(fsdp_pg)
+
+            def fsdp_hook(state: Any, grad: Any, output: Any = None) -> Any:
+                self.mark_collective()
+                if output is None:
+                    return fsdp_hooks.allreduce_hook(state, grad)
+                return fsdp_hooks.reduce_scatter_hook(state, grad, output)
+
+            model.register_comm_hook(state, fsdp_hook)
+        else:
+            raise TypeError(
+                f"attach() takes a DistributedDataParallel or FullyShardedDataParallel model, not "
+                f"{type(model).__name__}; for other setups call mark_collective() where the gradient "
+                "collective starts"
+            )
+        return self
+
+    # -- the step -------------------------------------------------------------------------------------
+
+    def step_begin(self) -> None:
+        with self._lock:
+            self._begin = self._clock.mark()
+            self._first = self._last = None
+            self._collectives = 0
+
+    def mark_collective(self) -> None:
+        """This rank is handing gradients to a collective now (hooks call it; call it yourself for FSDP2 or
+        custom loops). The first and last calls of a step are kept."""
+        mark = self._clock.mark()
+        with self._lock:
+            if self._begin is None:
+                # No step_begin(): the step started where the previous one ended.
+                self._begin = self._boundary
+            if self._first is None:
+                self._first = mark
+            self._last = mark
+            self._collectives += 1
+
+    def step_end(self) -> StepTiming | None:
+        """Close the step; returns its timing (None if the step was never begun)."""
+        end = self._clock.mark()
+        with self._lock:
+            begin = self._begin if self._begin is not None else self._boundary
+            first, last, n = self._first, self._last, self._collectives
+            self._boundary = end
+            self._begin = self._first = self._last = None
+            self._collectives = 0
+        if begin is None:
+            return None
+        clock = self._clock
+        timing = StepTiming(
+            step=self._step,
+            compute_s=clock.seconds(begin, last) if last is not None else None,
+            first_collective_s=clock.seconds(begin, first) if first is not None else None,
+            step_s=clock.seconds(begin, end),
+            collectives=n,
+        )
+        self._step += 1
+        self.history.append(timing)
+        self._publish()
+        if self.on_step is not None:
+            self.on_step(timing)
+        return timing
+
+    @contextmanager
+    def step(self) -> Iterator[None]:
+        self.step_begin()
+        try:
+            yield
+        finally:
+            self.step_end()
+
+    # -- values -----------------------------------------------------------------------------------------
+
+    @property
+    def last(self) -> StepTiming | None:
+        return self.history[-1] if self.history else None
+
+    def compute_seconds(self) -> float | None:
+        """The exported value: median compute time over the last ``smooth_steps`` steps."""
+        return self._median("compute_s")
+
+    def _median(self, attr: str) -> float | None:
+        recent = [getattr(t, attr) for t in list(self.history)[-self.smooth_steps:]]
+        values = [v for v in recent if v is not None]
+        return statistics.median(values) if values else None
+
+    # -- export -----------------------------------------------------------------------------------------
+
+    def registry(self) -> Any:
+        """The prometheus-client registry holding this rank's gauges (created on first use)."""
+        if self._registry is None:
+            from prometheus_client import CollectorRegistry, Counter, Gauge
+
+            reg = CollectorRegistry()
+            names = list(LABELS)
+            self._gauges = {
+                COMPUTE_METRIC: Gauge(COMPUTE_METRIC, "Compute time of a step up to its last entry into the "
+                                      "gradient collective (median of recent steps).", names, registry=reg),
+                FIRST_COLLECTIVE_METRIC: Gauge(FIRST_COLLECTIVE_METRIC, "Time from step start to the first "
+                                               "gradient bucket entering the collective.", names, registry=reg),
+                STEP_METRIC: Gauge(STEP_METRIC, "Whole-step time (equal across synchronous ranks).", names,
+                                   registry=reg),
+                STEPS_METRIC: Counter(STEPS_METRIC.removesuffix("_total"), "Steps timed.", names, registry=reg),
+            }
+            self._registry = reg
+            self._publish()
+        return self._registry
+
+    def _publish(self) -> None:
+        if self._registry is None or not self.history:
+            return
+        labels = self.labels()
+        values = {
+            COMPUTE_METRIC: self.compute_seconds(),
+            FIRST_COLLECTIVE_METRIC: self._median("first_collective_s"),
+            STEP_METRIC: self._median("step_s"),
+        }
+        for name, value in values.items():
+            if value is not None:
+                self._gauges[name].labels(**labels).set(value)
+        self._gauges[STEPS_METRIC].labels(**labels).inc(self._step - self._published_steps)
+        self._published_steps = self._step
+
+    def serve(self, port: int = 0, addr: str = "0.0.0.0") -> int:
+        """Serve /metrics on ``port`` (0: a free one) from a daemon thread; returns the port."""
+        from prometheus_client import start_http_server
+
+        server, _thread = start_http_server(port, addr=addr, registry=self.registry())
+        self._server = server
+        return int(server.server_address[1])
+
+    def write_textfile(self, path: str) -> None:
+        """Write the gauges atomically for node-exporter's textfile collector."""
+        from prometheus_client import write_to_textfile
+
+        write_to_textfile(path, self.registry())
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None

@@ -1,0 +1,212 @@
+"""RankTimer: step bookkeeping with an injected clock, the exports (HTTP and textfile), and real DDP and FSDP
+training on the CPU with the gloo backend in several processes, one rank artificially slowed."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from fleethealth.training import COMPUTE_METRIC, STEP_METRIC, RankTimer
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_step_timing_from_first_and_last_collective_entry() -> None:
+    clock = FakeClock()
+    t = RankTimer(job="j", rank=3, node="n1", gpu="2", clock=clock)
+    t.step_begin()
+    clock.t += 1.0
+    t.mark_collective()
+    clock.t += 0.5
+    t.mark_collective()
+    clock.t += 0.25
+    t.mark_collective()
+    clock.t += 2.0  # waiting for the slowest peer
+    timing = t.step_end()
+    assert timing is not None
+    assert (timing.first_collective_s, timing.compute_s, timing.step_s, timing.collectives) == (1.0, 1.75, 3.75, 3)
+    assert t.last == timing
+
+
+def test_without_step_begin_a_step_starts_at_the_previous_end_and_missing_collectives_read_none() -> None:
+    clock = FakeClock()
+    t = RankTimer(job="j", rank=0, node="n", gpu="0", clock=clock)
+    assert t.step_end() is None  # never begun
+    clock.t += 1.0
+    t.mark_collective()
+    clock.t += 1.0
+    first = t.step_end()
+    assert first is not None and first.compute_s == 1.0 and first.step_s == 2.0
+    clock.t += 0.5
+    no_sync = t.step_end()  # a gradient-accumulation step with no collective
+    assert no_sync is not None and no_sync.compute_s is None and no_sync.step_s == 0.5
+
+
+def test_exported_value_is_the_median_of_recent_steps() -> None:
+    clock = FakeClock()
+    t = RankTimer(job="j", rank=0, node="n", gpu="0", clock=clock, smooth_steps=3)
+    for compute in (1.0, 9.0, 1.2, 1.1):
+        t.step_begin()
+        clock.t += compute
+        t.mark_collective()
+        t.step_end()
+    assert t.compute_seconds() == pytest.approx(1.2)  # median of 9.0, 1.2, 1.1
+
+
+def _families(text: str) -> dict[str, list[Any]]:
+    return {f.name: f.samples for f in text_string_to_metric_families(text)}
+
+
+def test_exports_over_http_and_textfile(tmp_path: Path) -> None:
+    clock = FakeClock()
+    seen: list[Any] = []
+    t = RankTimer(job="llama", peer_group="stage0", rank=5, node="node-7", gpu="3", clock=clock,
+                  on_step=seen.append)
+    port = t.serve(0, addr="127.0.0.1")
+    try:
+        for _ in range(2):
+            t.step_begin()
+            clock.t += 1.5
+            t.mark_collective()
+            clock.t += 0.5
+            t.step_end()
+        fams = _families(httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text)
+        (sample,) = fams[COMPUTE_METRIC]
+        assert sample.value == pytest.approx(1.5)
+        assert sample.labels == {"job": "llama", "rank": "5", "node": "node-7", "gpu": "3", "peer_group": "stage0"}
+        assert fams[STEP_METRIC][0].value == pytest.approx(2.0)
+        assert [s.value for s in fams["fleethealth_rank_steps"] if s.name.endswith("_total")] == [2.0]
+        assert len(seen) == 2
+        out = tmp_path / "rank.prom"
+        t.write_textfile(str(out))
+        assert _families(out.read_text())[COMPUTE_METRIC][0].value == pytest.approx(1.5)
+    finally:
+        t.close()
+
+
+def test_attach_rejects_a_plain_module() -> None:
+    torch = pytest.importorskip("torch", reason="torch is not installed (pip install torch==2.13.0)")
+    with pytest.raises(TypeError, match="mark_collective"):
+        RankTimer(job="j", rank=0).attach(torch.nn.Linear(2, 2))
+
+
+# --- real multi-process training ---------------------------------------------------------------------
+
+WORLD = 3
+SLOW_RANK = 1
+SLEEP_S = 0.3
+STEPS = 6
+
+
+def _worker(rank: int, world: int, rdzv: str, out_dir: str) -> None:
+    """Runs in a spawned process: DDP then FSDP, each rank timing its steps; rank SLOW_RANK sleeps inside
+    its forward (after any collective of the forward, as a throttled GPU would be slow)."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.fsdp import FullyShardedDataParallel
+    from torch.nn.parallel import DistributedDataParallel
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{rdzv}", rank=rank, world_size=world)
+
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            # Over 1 MB of parameters: DDP's first bucket holds 1 MB, so there are several buckets.
+            self.a = torch.nn.Linear(32, 512)
+            self.b = torch.nn.Linear(512, 512)
+            self.c = torch.nn.Linear(512, 512)
+            self.d = torch.nn.Linear(512, 8)
+
+        def forward(self, x: Any) -> Any:
+            if rank == SLOW_RANK:
+                time.sleep(SLEEP_S)
+            return self.d(torch.relu(self.c(torch.relu(self.b(torch.relu(self.a(x)))))))
+
+    results: dict[str, list[dict[str, Any]]] = {}
+    torch.manual_seed(0)
+    wrappers = {
+        # A tiny bucket cap gives several buckets per step, as real models have.
+        "ddp": lambda m: DistributedDataParallel(m, bucket_cap_mb=0.5),
+        "fsdp": lambda m: FullyShardedDataParallel(m, device_id=torch.device("cpu")),
+    }
+    for kind, wrap in wrappers.items():
+        model = wrap(Net())
+        timer = RankTimer(job="test", peer_group="dp", node=f"node{rank}").attach(model)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        steps = []
+        for _ in range(STEPS):
+            timer.step_begin()
+            model(torch.randn(16, 32)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+            timing = timer.step_end()
+            assert timing is not None
+            steps.append({"compute": timing.compute_s, "step": timing.step_s, "first": timing.first_collective_s,
+                          "collectives": timing.collectives})
+            # Everyone leaves the step together, as a real loop does at its next forward's sync points.
+            dist.barrier()
+        results[kind] = steps
+    Path(out_dir, f"rank{rank}.json").write_text(json.dumps({"rank": timer.rank, "results": results}))
+    dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> dict[int, dict[str, list[dict[str, Any]]]]:
+    pytest.importorskip("torch", reason="torch is not installed (pip install torch==2.13.0)")
+    import torch.multiprocessing as mp
+
+    d = tmp_path_factory.mktemp("ranks")
+    # Children must import this test module by name to find _worker.
+    sys.path.insert(0, str(Path(__file__).parent))
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(_free_port()))
+    started = time.monotonic()
+    mp.spawn(_worker, args=(WORLD, str(d / "rdzv"), str(d)), nprocs=WORLD, join=True)
+    out = {}
+    for r in range(WORLD):
+        data = json.loads((d / f"rank{r}.json").read_text())
+        assert data["rank"] == r
+        out[r] = data["results"]
+    print(f"spawned {WORLD} ranks, DDP+FSDP, in {time.monotonic() - started:.1f}s")
+    return out
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("kind", ["ddp", "fsdp"])
+def test_slow_rank_has_larger_compute_time_while_step_time_is_equal(
+    trained: dict[int, dict[str, list[dict[str, Any]]]], kind: str
+) -> None:
+    compute = {r: statistics.median(s["compute"] for s in res[kind][1:]) for r, res in trained.items()}
+    step = {r: statistics.median(s["step"] for s in res[kind][1:]) for r, res in trained.items()}
+    fast = [compute[r] for r in compute if r != SLOW_RANK]
+    # The slowed rank computes ~SLEEP_S longer before entering the collective...
+    assert compute[SLOW_RANK] > max(fast) + 0.6 * SLEEP_S, compute
+    # ...while every rank's whole step is the same: the fast ones wait at the collective.
+    assert max(step.values()) - min(step.values()) < 0.4 * SLEEP_S, step
+    assert all(step[r] >= compute[r] for r in step)
+    if kind == "ddp":
+        # several buckets per step once DDP has rebuilt them after the first step
+        assert all(s["collectives"] > 1 for s in trained[0][kind][1:])
