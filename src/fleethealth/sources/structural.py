@@ -170,9 +170,13 @@ class StructuralTracker:
             present = np.zeros(n_series, bool)
             present[view.series_ids[gmask]] = True
             sids = np.flatnonzero(present).tolist()
-            pairs = {(desc[s][0], desc[s][1]) for s in sids if desc[s][0] is not None and desc[s][1] is not None}
-            for node, _gpu in pairs:
-                gpu_now[node_ix[node]] += 1
+            pairs: set[tuple[str, str]] = set()
+            for s in sids:
+                nd, gp = desc[s][0], desc[s][1]
+                if nd is not None and gp is not None:
+                    pairs.add((nd, gp))
+            for nd, _gp in pairs:
+                gpu_now[node_ix[nd]] += 1
 
         cap = gpu_capacity or {}
         for node, i in node_ix.items():
