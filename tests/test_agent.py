@@ -153,7 +153,10 @@ def test_agent_serves_metrics_over_http_with_kernel_log_xids(tmp_path: Path) -> 
             assert r.status_code == 200
             assert r.headers["content-type"].startswith("text/plain; version=0.0.4")
             snap = parse_page(r.text)
+            assert not snap.issues
             assert set(_values(snap, "DCGM_FI_DEV_GPU_TEMP")) == {"0", "1"}
+            # counters keep dcgm-exporter's names (no _total added), as Prometheus stores them
+            assert set(_values(snap, "DCGM_FI_DEV_PCIE_REPLAY_COUNTER")) == {"0", "1"}
             assert _values(snap, "DCGM_FI_DEV_XID_ERRORS") == {"0": 0.0, "1": 0.0}
             temp_labels = next(labels for m, labels, _, _ in snap.rows() if m == "DCGM_FI_DEV_GPU_TEMP")
             assert set(temp_labels) == DCGM_LABELS
