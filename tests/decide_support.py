@@ -79,16 +79,17 @@ def fleet_scrape(t: float, nodes: int = 12, hot: dict[str, float] | None = None,
 
 
 def scenario_rows(minutes: int = 40, every: float = 15.0, start: float = 1_767_000_000.0,
-                  xid_at: float = 20.0) -> list[dict[str, object]]:
-    """node-03 overheats from minute 5; node-07 falls off the bus (Xid 79) at ``xid_at``; 12 nodes, so the
-    hourly budget (one quarantine) is spent by node-03 and node-07 is held with a page."""
+                  xid_at: float = 20.0, nodes: int = 12) -> list[dict[str, object]]:
+    """node-03 overheats from minute 5; node-07 falls off the bus (Xid 79) at ``xid_at`` (if it exists);
+    with up to 49 nodes the hourly budget (one quarantine) is spent by node-03 and node-07 is held with a
+    page."""
     rows: list[dict[str, object]] = []
     t = start
     while t < start + minutes * 60:
         m = (t - start) / 60
         hot = {"node-03": 99.0} if m >= 5 else {}
         xid = {"node-07": 79} if m >= xid_at else {}
-        rows += fleet_scrape(t, hot=hot, xid=xid)
+        rows += fleet_scrape(t, nodes=nodes, hot=hot, xid=xid)
         t += every
     return rows
 

@@ -121,7 +121,7 @@ def _dump(db: Path) -> tuple[list[tuple[object, ...]], list[tuple[object, ...]],
 @pytest.mark.timeout(240)
 def test_sigkill_mid_replay_then_resume_equals_an_uninterrupted_run(tmp_path: Path) -> None:
     rec = tmp_path / "rec.jsonl"
-    write_jsonl(str(rec), scenario_rows(minutes=20, xid_at=12))
+    write_jsonl(str(rec), scenario_rows(minutes=20, xid_at=12, nodes=8))
     events = tmp_path / "events.jsonl"
     events.write_text('{"ts": 1767000900, "kind": "active_test", "entity": "node-03", "passed": true}\n')
     cmd = [sys.executable, "-m", "fleethealth.cli.main", "replay", "--format", "json", "--events", str(events),
