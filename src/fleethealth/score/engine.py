@@ -639,6 +639,7 @@ class KindScores:
     notes: dict[tuple[int, int], str]
     worst_member: dict[int, str] = field(default_factory=dict)
     member_of: np.ndarray | None = None  # for gpu: node index
+    gated: np.ndarray | None = None  # bool per entity: a hard gate decided it
 
 
 def _cross_category(cat: np.ndarray, how: str) -> tuple[np.ndarray, np.ndarray]:
@@ -716,16 +717,13 @@ def _aggregate(
     worst = np.where(gated, cat_ix[first_gate] if m else -1, worst)
 
     prefix = "min" if how == "min" else how
-    reason: list[str] = []
-    gated_l, worst_l, val_nan = gated.tolist(), worst.tolist(), np.isnan(value).tolist()
-    fg = first_gate.tolist()
-    for i in range(n):
-        if gated_l[i]:
-            reason.append(f"gate:{specs[fg[i]].name}")
-        elif val_nan[i]:
-            reason.append(REASON_NO_FRESH_DATA)
-        else:
-            reason.append(f"{prefix}:{categories[worst_l[i]]}")
+    gate_reasons = np.array([f"gate:{s.name}" for s in specs] or ["gate:"], dtype=object)
+    cat_reasons = np.array([f"{prefix}:{c}" for c in categories] or [REASON_NO_FRESH_DATA], dtype=object)
+    reason_arr = np.where(
+        gated, gate_reasons[first_gate] if m else "",
+        np.where(np.isnan(value), REASON_NO_FRESH_DATA, cat_reasons[np.maximum(worst, 0)] if len(categories) else ""),
+    )
+    reason: list[str] = reason_arr.tolist()
     worst = np.where(np.isnan(value), -1, worst)
     flags: dict[int, list[str]] = {}
     notes: dict[tuple[int, int], str] = {}
@@ -738,7 +736,7 @@ def _aggregate(
             notes[(e, j)] = note
     return KindScores(
         kind, names, specs, sub, raw, rate, z, age, expected, categories, cat, value, confidence, worst,
-        reason, flags, notes,
+        reason, flags, notes, gated=gated,
     )
 
 
@@ -763,7 +761,7 @@ def _roll_up_nodes(gpu: KindScores, node: KindScores, gpu_node: np.ndarray) -> N
     np.fmin.at(v, gpu_node, gpu.value)
     # worst GPU per node: lowest value, gated first
     gv = np.where(np.isnan(gpu.value), np.inf, gpu.value)
-    gated = np.array([r.startswith("gate:") for r in gpu.reason])
+    gated = gpu.gated if gpu.gated is not None else np.zeros(len(gpu.names), bool)
     order = np.lexsort((~gated, gv, gpu_node))
     first = np.ones(order.size, bool)
     first[1:] = gpu_node[order][1:] != gpu_node[order][:-1]
@@ -778,7 +776,7 @@ def _roll_up_nodes(gpu: KindScores, node: KindScores, gpu_node: np.ndarray) -> N
     np.add.at(n_fresh, gpu_node, g_fresh)
     with np.errstate(invalid="ignore", divide="ignore"):
         conf = np.where(n_exp > 0, n_fresh / np.maximum(n_exp, 1), 0.0)
-    node_gated = np.array([r.startswith("gate:") for r in node.reason])
+    node_gated = node.gated if node.gated is not None else np.zeros(nn, bool)
     any_gpu_gate = np.zeros(nn, bool)
     np.logical_or.at(any_gpu_gate, gpu_node, gated_gpu)
     conf = np.where(node_gated | any_gpu_gate, 1.0, conf)
