@@ -51,6 +51,7 @@ import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, tzinfo
+from functools import lru_cache
 
 from fleethealth.signals.snapshot import InputIssue, LabelSet, Snapshot, SnapshotBuilder
 from fleethealth.signals.xid import RECOVERY_ACTIONS, xid_info
@@ -75,6 +76,7 @@ _BUS_RE = re.compile(
 )
 
 
+@lru_cache(maxsize=4096)  # a node has a handful of bus ids; Xid floods repeat them
 def normalize_bus_id(text: str) -> str | None:
     """``0000:3b:00``, ``00000000:3B:00.0``, ``PCI:0000:3b:00`` or ``3b:00.0`` -> ``0000:3b:00.0``; None if
     the text is not a PCI address."""
@@ -365,6 +367,7 @@ class KernelLogParser:
     _notice: tuple[str, int, str] | None = None  # (bus, line, raw) of a pending "The NVIDIA GPU" line
     _warned: set[str] = field(default_factory=set)
     _bus_map: dict[tuple[str, str] | str, str] = field(default_factory=dict)
+    _label_cache: dict[tuple[object, ...], LabelSet] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.set_bus_map(self.bus_to_gpu)
@@ -372,6 +375,7 @@ class KernelLogParser:
     def set_bus_map(self, bus_to_gpu: BusToGpu | None) -> None:
         self.bus_to_gpu = bus_to_gpu
         self._bus_map = _normalized_bus_map(bus_to_gpu)
+        self._label_cache.clear()
 
     def _gpu(self, node: str | None, bus: str) -> int | None:
         gpu = self._bus_map.get((node or "", bus))
@@ -390,12 +394,17 @@ class KernelLogParser:
         out.issues.append(InputIssue(self.source, self.line_no if once is None else 0, reason, text))
 
     def _labels(self, node: str | None, bus: str, gpu: int | None, **extra: str) -> LabelSet:
+        key = (node, bus, gpu, *extra.items())
+        cached = self._label_cache.get(key)
+        if cached is not None:
+            return cached
         labels: dict[str, str] = {"pci_bus_id": bus, **extra}
         if node:
             labels["Hostname"] = node
         if gpu is not None:
             labels["gpu"] = str(gpu)
-        return tuple(sorted(labels.items()))
+        out = self._label_cache[key] = tuple(sorted(labels.items()))
+        return out
 
     def _count(self, out: _Batch, metric: str, labels: LabelSet, ts: float) -> None:
         self.last_event_ts = ts if self.last_event_ts is None else max(self.last_event_ts, ts)
