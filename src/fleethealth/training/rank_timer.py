@@ -11,7 +11,12 @@ hands its gradients to the collective. ``RankTimer`` measures that from the trai
   (``first_collective_seconds``: forward plus the tail of backward).
 * **FSDP (``FullyShardedDataParallel``)**: the same idea through FSDP's ``register_comm_hook``; the hook
   wraps the stock reduce-scatter (sharded) or allreduce (``NO_SHARD``) hook, called once per FSDP unit in
-  backward. It must be registered on the root FSDP module before the first forward.
+  backward. It must be registered on the root FSDP module before the first forward. Caveat: FSDP's
+  parameter all-gathers (in forward, and in backward for resharded units) synchronise ranks too, so time a
+  slow rank spends *before* an all-gather turns into waiting inside its peers' measured compute. The
+  measurement is exact for one FSDP unit (all-gather, then compute, then reduce-scatter, as in the test)
+  and an underestimate of the gap with nested units, where GPU-side signals (SM clock, throttling) should
+  back it up.
 * **FSDP2 (``fully_shard``)** exposes no comm hook; call ``tracker.mark_collective()`` yourself where your
   loop enters its gradient collective (the same goes for Megatron, DeepSpeed or a hand-written loop).
 
