@@ -210,8 +210,9 @@ class Simulation:
         start = len(self._row_series)
         for labels, n, g, r in entries:
             full = dict(labels)
+            # Prometheus adds the target's instance; its `job` label would clash with the training job's,
+            # so recordings carry only instance (scrape with honor_labels: true to keep exposed labels).
             full["instance"] = self._instance(n)
-            full["job"] = "fleethealth-sim"
             self._row_series.append(self.intern.series(full))
             self._row_metric.append(mid)
             self._row_node.append(n)
@@ -383,7 +384,7 @@ class Simulation:
         if key not in self.xid_rows:
             labels = self._gpu_labels(g) | {"xid": str(xid)}
             n = g // f.gpus_per_node
-            full = labels | {"instance": self._instance(n), "job": "fleethealth-sim"}
+            full = labels | {"instance": self._instance(n)}
             sid = self.intern.series(full)
             self.xid_rows[key] = len(self.xid_counts)
             self.xid_counts.append(0.0)
@@ -411,11 +412,10 @@ class Simulation:
         for b in self.blocks:
             if b.kind == "gpu":
                 for g in gpus:
-                    labels = self._gpu_labels(int(g), version) | {"instance": self._instance(n),
-                                                                 "job": "fleethealth-sim"}
+                    labels = self._gpu_labels(int(g), version) | {"instance": self._instance(n)}
                     self.row_series[b.start + int(g)] = self.intern.series(labels)
             elif b.kind == "node":
-                labels = f.node_labels(n) | {"instance": self._instance(n), "job": "fleethealth-sim"}
+                labels = f.node_labels(n) | {"instance": self._instance(n)}
                 self.row_series[b.start + n] = self.intern.series(labels)
         prefix = list(self.row_prefix)
         for b in self.blocks:
