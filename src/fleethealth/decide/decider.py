@@ -137,6 +137,15 @@ class _Cycle:
         self.intents: list[Intent] = []
         self.version = version
         self.pool_sizes: dict[str, int] | None = None  # computed on the first budget check of a cycle
+        self.copied: set[str] = set()
+
+    def mut(self, eid: str) -> EntityLifecycle:
+        """The entity, copied on first change: the caller's state is never modified, and a steady
+        entity costs no copy."""
+        if eid not in self.copied:
+            self.s.entities[eid] = self.s.entities[eid].copy()
+            self.copied.add(eid)
+        return self.s.entities[eid]
 
     def emit(self, kind: IntentKind, entity: str, reason: str, params: dict[str, Any] | None = None,
              tier: Tier | None = None, soft: bool = False) -> None:
@@ -166,7 +175,7 @@ class Decider:
         ``health``). The input state is not modified."""
         p = self.policy
         lc = p.lifecycle
-        c = _Cycle(p, state.copy(), now, self._version)
+        c = _Cycle(p, state.shallow(), now, self._version)
         s = c.s
         s.ledger = [x for x in s.ledger if now - x[0] < p.budgets.window_s]
         life, flagged_gpus = _lifecycle_and_flagged(health)
@@ -191,8 +200,9 @@ class Decider:
             if es is None:
                 start = State.READY if t.kind == "node" else State.STARTING
                 es = s.entities[t.entity] = EntityLifecycle(t.entity, t.kind, start, now)
-            if t.labels:
-                es.labels.update({k: str(v) for k, v in t.labels.items()})
+                c.copied.add(t.entity)
+            if t.labels and any(es.labels.get(k) != str(v) for k, v in t.labels.items()):
+                c.mut(t.entity).labels.update({k: str(v) for k, v in t.labels.items()})
 
         obs: dict[str, Observation | None] = {}
         for eid in s.entities:
@@ -235,7 +245,9 @@ class Decider:
                     1.0 if o is None or o.value is None else o.value, eid)
 
         for eid in sorted(s.entities, key=order):
-            es = s.entities[eid]
+            if eid not in ev_by_entity and self._steady(s.entities[eid], obs.get(eid)):
+                continue
+            es = c.mut(eid)
             self._step_entity(c, es, obs.get(eid), by_id.get(eid), ev_by_entity.get(eid, []), suspects,
                               node_flags.get(eid, set()))
             if es.kind == "node":
@@ -245,6 +257,17 @@ class Decider:
                 self._router(c, es, None if st is None else Observation(st.value, st.confidence, st.reason))
         s.last_ts = now
         return Decision(s, c.transitions, c.intents, now)
+
+    def _steady(self, es: EntityLifecycle, o: Observation | None) -> bool:
+        """A healthy READY node whose tuple is exactly what it was last cycle: nothing can change (no
+        timer runs, nothing is flagged, held or blocked), so it is skipped without a copy."""
+        return (
+            es.kind == "node" and es.state == State.READY and o is not None and o.value is not None
+            and not es.timers and not es.blocked and not es.flagged and not es.no_new_work
+            and not o.gate and not o.drain_reset and o.value >= self.policy.lifecycle.flag_below
+            and o.confidence >= self.policy.lifecycle.min_confidence and es.last_value == o.value
+            and es.last_confidence == o.confidence and es.last_reason == o.reason and es.last_known_ts is not None
+        )
 
     # ------------------------------------------------------------------------------------------
     def _fleet_confidence(self, c: _Cycle, obs: Mapping[str, Observation | None]) -> None:
@@ -360,12 +383,13 @@ class Decider:
                 continue
             flags = node_flags.get(eid, set()) & reset_flags
             if not flags:
-                if o.usable(p.lifecycle):
-                    es.reset_scheduled = False
+                if o.usable(p.lifecycle) and es.reset_scheduled:
+                    c.mut(eid).reset_scheduled = False
                 continue
             if es.reset_scheduled or c.s.frozen or es.state in ISOLATED_STATES or not o.usable(p.lifecycle):
                 continue
             gpus = sorted(g.entity for g in gpu_by_node.get(eid, []) if set(g.flags) & reset_flags)
+            es = c.mut(eid)
             es.reset_scheduled = True
             c.emit(IntentKind.SCHEDULE_RESET, eid, "row_remap_pending",
                    {"action": "GPU_RESET", "when": "next_safe_point", "drain": True, "gpus": gpus,
@@ -465,7 +489,7 @@ class Decider:
             es.last_value, es.last_confidence, es.last_reason = o.value, o.confidence, o.reason
         if usable:
             es.last_known_ts = now
-        advance_timers(es.timers, o, now, lc)
+        advance_timers(es.timers, o, now, lc, es.state)
         conds = holding_conds(o, lc)
         if usable and es.state == State.STARTING:
             conds.add(Cond.FIRST_DATA)
@@ -515,7 +539,7 @@ class Decider:
             0.0 if o is None else o.confidence, c.version, detail,
         ))
         es.timers = timers_after_transition(es.timers, src, dst)
-        advance_timers(es.timers, o, now, p.lifecycle)  # the new state's windows start now
+        advance_timers(es.timers, o, now, p.lifecycle, dst)  # the new state's windows start now
         es.state, es.since = dst, now
         es.transitions += 1
         if dst in REMEDIATION_TARGETS or dst == State.READY:

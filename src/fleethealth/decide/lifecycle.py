@@ -126,6 +126,12 @@ ISOLATED_STATES: frozenset[State] = frozenset({State.DRAINING, State.QUARANTINED
 REMEDIATION_TARGETS: frozenset[State] = frozenset({State.DRAINING, State.QUARANTINED})
 
 
+# Per state, the signal conditions its rules read (only those need timers).
+TIMED_CONDS: dict[State, tuple[Cond, ...]] = {
+    st: tuple(dict.fromkeys(r.cond for r in RULES if r.src == st and r.cond in SIGNAL_CONDS)) for st in State
+}
+
+
 def rules_from(state: State) -> list[Rule]:
     return [r for r in RULES if r.src == state]
 
@@ -175,14 +181,19 @@ def holding_conds(obs: Observation | None, lc: Lifecycle) -> set[Cond]:
     return out
 
 
-def advance_timers(timers: dict[str, Timer], obs: Observation | None, now: float, lc: Lifecycle) -> None:
-    """Apply one observation to the timers (in place), as described in the module docstring."""
+def advance_timers(timers: dict[str, Timer], obs: Observation | None, now: float, lc: Lifecycle,
+                   state: State) -> None:
+    """Apply one observation to the timers (in place), as described in the module docstring. Only the
+    conditions that some rule of ``state`` reads are timed; other timers are dropped."""
+    timed = TIMED_CONDS[state]
+    for key in [k for k in timers if k not in timed]:
+        del timers[key]
     if obs is None or not obs.usable(lc):
         for t in timers.values():
             t.last_ts = None
         return
     holding = holding_conds(obs, lc)
-    for cond in SIGNAL_CONDS:
+    for cond in timed:
         key = str(cond)
         if cond in holding:
             tm = timers.get(key)

@@ -28,7 +28,7 @@ class EntityLifecycle:
     last_value: float | None = None
     last_confidence: float = 0.0
     last_reason: str = ""
-    last_known_ts: float | None = None  # last usable observation
+    last_known_ts: float | None = None  # last usable observation (a steady healthy node: when it became so)
     weight: float | None = None  # replica: last published router weight
     no_new_work: bool = False  # node: last published scheduler hold
     flagged: bool = False  # READY but below lifecycle.flag_below
@@ -93,6 +93,13 @@ class DecisionState:
             "pages": dict(sorted(self.pages.items())), "frozen": self.frozen, "frozen_since": self.frozen_since,
             "seq": self.seq, "last_ts": self.last_ts,
         }
+
+    def shallow(self) -> DecisionState:
+        """Containers copied, entities shared: the decider copies an entity before changing it."""
+        return DecisionState(
+            dict(self.entities), list(self.ledger), {n: dict(j) for n, j in self.app_xids.items()},
+            dict(self.pages), self.frozen, self.frozen_since, self.seq, self.last_ts,
+        )
 
     def copy(self) -> DecisionState:
         return DecisionState(
