@@ -164,6 +164,9 @@ class Controller:
         self._events = events
         self._weights = weights
         self._pending_events: list[Event] = []
+        self._wants_bus_map = any(hasattr(s, "set_bus_map") for s in self.sources)
+        self._bus_map: dict[tuple[str, str], str] = {}
+        self._cycle_snaps: list[Snapshot] = []
         self._events_lock = threading.Lock()
         self.source_status = {s.name: SourceStatus(s.name) for s in self.sources}
         self.cycles_total = 0
@@ -202,7 +205,16 @@ class Controller:
     def _read_sources(self, now: float) -> tuple[int, list[InputIssue]]:
         samples = 0
         errors: list[InputIssue] = []
-        for src in self.sources:
+        # Kernel-log sources map PCI bus ids to GPU indices through the exporters' labels, so they read
+        # after every other source, with the map of what was just read (and remembered from before).
+        ordered = sorted(self.sources, key=lambda s: hasattr(s, "set_bus_map"))
+        mapped = False
+        for src in ordered:
+            if hasattr(src, "set_bus_map") and not mapped:
+                self._refresh_bus_map()
+                mapped = True
+            if hasattr(src, "set_bus_map"):
+                src.set_bus_map(self._bus_map)
             st = self.source_status[src.name]
             t0 = time.perf_counter()
             try:
@@ -226,7 +238,16 @@ class Controller:
                 st.last_success = now
             errors.extend(own)
             self.history.add(snap)
+            if not hasattr(src, "set_bus_map") and self._wants_bus_map:
+                self._cycle_snaps.append(snap)
         return samples, errors
+
+    def _refresh_bus_map(self) -> None:
+        from fleethealth.sources.kernel_log import bus_map_from_snapshot
+
+        for snap in self._cycle_snaps:
+            self._bus_map.update(bus_map_from_snapshot(snap))
+        self._cycle_snaps = []
 
     def _capacity_now(self) -> Mapping[str, int] | None:
         if self._capacity is None:
@@ -275,7 +296,6 @@ class Controller:
         # The history keeps every input issue it was given; a long-running loop only needs the recent ones.
         if len(self.history.issues) > 5000:
             del self.history.issues[:-1000]
-        self._update_bus_maps(view)
         self._inventory_now = None
         if self._inventory is not None:
             try:
@@ -310,16 +330,6 @@ class Controller:
                              decision.intents, actions, overran=duration > self.interval_s)
         self._account(report, result.health)
         return report
-
-    def _update_bus_maps(self, view: Snapshot) -> None:
-        setters = [s for s in self.sources if hasattr(s, "set_bus_map")]
-        if not setters:
-            return
-        from fleethealth.sources.kernel_log import bus_map_from_snapshot
-
-        bus = bus_map_from_snapshot(view)
-        for s in setters:
-            s.set_bus_map(bus)
 
     def _account(self, report: CycleReport, health: FleetHealth) -> None:
         self.cycles_total += 1
