@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from pathlib import Path
@@ -142,9 +143,7 @@ def register(app: typer.Typer) -> None:
             fail(f"cannot listen on {host}:{port}: {e.strerror or e}")
         typer.echo(f"serving {sc.name} ({sim.fleet.n_nodes} nodes) on {srv.url}/metrics/<node>; "
                    f"targets: {srv.url}/sd; inject: POST {srv.url}/control/fault")
-        try:
+        with contextlib.suppress(KeyboardInterrupt):
             srv.serve_forever()
-        except KeyboardInterrupt:
-            pass
 
     app.add_typer(sim_app, name="sim")

@@ -6,7 +6,14 @@
     sim.ground_truth, sim.events(t), sim.active_test(node, t), sim.render_node(node)
 """
 
-from fleethealth.sim.scenario import FaultSpec, Scenario, ScenarioError, builtin_names, load_scenario, parse_scenario
+from fleethealth.sim.scenario import (
+    FaultSpec,
+    Scenario,
+    ScenarioError,
+    builtin_names,
+    load_scenario,
+    parse_scenario,
+)
 from fleethealth.sim.simulation import Simulation
 from fleethealth.sim.truth import GroundTruth, SimEvent
 
