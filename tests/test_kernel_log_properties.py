@@ -14,7 +14,7 @@ BOOT = 1_690_000_000.0  # 2023-07-22: a year with an unambiguous syslog year arg
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=400))
+@given(st.text(alphabet=st.characters(exclude_categories=["Cs"]), max_size=400))
 def test_arbitrary_text_never_raises_and_line_numbers_are_in_range(text: str) -> None:
     r = parse_kernel_log(text, source="fuzz", node="n", boot_time=BOOT)
     n = len(text.splitlines())
