@@ -48,7 +48,7 @@ def register(app: typer.Typer) -> None:
         for name in builtin_names():
             sc = load_scenario(name)
             gpus = sum(p.nodes for p in sc.fleet.pools) * sc.fleet.gpus_per_node
-            kinds = sorted({f.kind for f in sc.faults}) or ["none"]
+            kinds: list[str] = sorted({str(f.kind) for f in sc.faults}) or ["none"]
             typer.echo(f"{name:26s} {gpus:5d} GPUs {sc.duration / 3600:6.1f} h  {', '.join(kinds)}")
 
     @sim_app.command("show")
@@ -118,8 +118,8 @@ def register(app: typer.Typer) -> None:
             typer.echo(f"recording: {out} ({rows:,} rows)")
         if events is not None:
             with events.open("w") as fh:
-                for e in sim.all_events:
-                    fh.write(json.dumps(e.to_dict(), default=str) + "\n")
+                for ev in sim.all_events:
+                    fh.write(json.dumps(ev.to_dict(), default=str) + "\n")
             typer.echo(f"events: {events} ({len(sim.all_events)})")
 
     @sim_app.command("serve")
