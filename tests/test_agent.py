@@ -103,6 +103,14 @@ def test_not_supported_fields_are_omitted_counted_and_not_asked_again() -> None:
     assert errs == {("remapped_rows", "NotSupported"): 1.0, ("ecc", "NotSupported"): 1.0}
 
 
+def test_field_values_survive_a_driver_that_rejects_an_unknown_field_id() -> None:
+    fake = FakeNvml([FakeGpu(0, fields={pynvml.NVML_FI_DEV_MEMORY_TEMP: 66.0},
+                             unknown_fields={pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION})])
+    snap = NvmlSource("n", fake).read(1.0)
+    assert _values(snap, "DCGM_FI_DEV_MEMORY_TEMP") == {"0": 66.0}
+    assert _values(snap, "DCGM_FI_DEV_GPU_RECOVERY_ACTION") == {}
+
+
 def test_lost_gpu_drops_out_and_gpu_count_falls() -> None:
     fake = _fake(3)
     src = NvmlSource("n", fake)

@@ -142,8 +142,21 @@ def _field_value(fv: Any) -> float:
 
 
 def _probe_fields(n: NvmlApi, h: Any) -> dict[str, float]:
+    try:
+        values = list(n.nvmlDeviceGetFieldValues(h, list(_FIELD_METRICS)))
+    except (pynvml.NVMLError_GpuIsLost, pynvml.NVMLError_Uninitialized):
+        raise
+    except pynvml.NVMLError:
+        # Some drivers fail the whole call for one field id they do not know (the recovery action is
+        # R565+); asking field by field keeps the ones they do know.
+        values = []
+        for fid in _FIELD_METRICS:
+            with contextlib.suppress(pynvml.NVMLError):
+                values.extend(n.nvmlDeviceGetFieldValues(h, [fid]))
+        if not values:
+            raise
     out: dict[str, float] = {}
-    for fv in n.nvmlDeviceGetFieldValues(h, list(_FIELD_METRICS)):
+    for fv in values:
         metric = _FIELD_METRICS.get(int(fv.fieldId))
         if metric is not None and int(fv.nvmlReturn) == pynvml.NVML_SUCCESS:
             out[metric] = _field_value(fv)
@@ -344,6 +357,8 @@ class FakeGpu:
     values: dict[str, Any] = field(default_factory=dict)
     fields: dict[int, float] = field(default_factory=dict)
     unsupported: set[str | int] = field(default_factory=set)
+    # Field ids this fake driver does not know: a batch containing one fails whole (as older drivers may).
+    unknown_fields: set[int] = field(default_factory=set)
     lost: bool = False
 
     def __post_init__(self) -> None:
@@ -492,6 +507,8 @@ class FakeNvml:
 
     def nvmlDeviceGetFieldValues(self, handle: Any, field_ids: Sequence[int]) -> Sequence[Any]:
         g = self._gpu(handle, "nvmlDeviceGetFieldValues")
+        if g.unknown_fields & set(field_ids):
+            self._raise(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         out = []
         for fid in field_ids:
             ok = fid in g.fields and fid not in g.unsupported
