@@ -301,3 +301,27 @@ def test_http_endpoint(served: tuple[Controller, FleetSource, FakeClock, str]) -
     clock.t = time.time()
     ctl.cycle()
     assert httpx.get(f"{url}/healthz").json()["ok"] is True
+
+
+def test_example_config_is_valid() -> None:
+    cfg = load_config(Path(__file__).parent.parent / "examples" / "controller.yaml")
+    assert cfg.actuation.mode == "advise" and cfg.sources.prometheus is not None
+
+
+def test_kill_switch_through_the_api(tmp_path: Path) -> None:
+    from fleethealth.act.ledger import Ledger
+    from fleethealth.act.runner import ActuationRunner
+
+    ctl, src, clock = make()
+    runner = ActuationRunner({}, Ledger(tmp_path / "actions.db"))
+    ctl.runner = runner
+    srv = ApiServer(ctl, "127.0.0.1", free_port(), runner=runner).start()
+    try:
+        ctl.cycle()
+        assert httpx.post(f"{srv.url}/api/v1/kill", content=b"bad rollout").json() == {"killed": True}
+        assert runner.killed
+        assert "fleethealth_actuation_killed 1.0" in httpx.get(f"{srv.url}/metrics").text
+        assert httpx.get(f"{srv.url}/api/v1/status").json()["actuation"]["kill"]["reason"] == "bad rollout"
+        assert httpx.post(f"{srv.url}/api/v1/resume").json() == {"killed": False}
+    finally:
+        srv.stop()
