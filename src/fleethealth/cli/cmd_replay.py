@@ -19,43 +19,36 @@ from fleethealth.decide.loop import CycleResult, DecisionLoop, replay_cycles
 from fleethealth.decide.model import IntentKind, State
 from fleethealth.decide.state import Event
 from fleethealth.policy import Policy, PolicyError, load_policy
-from fleethealth.signals.snapshot import Snapshot, SnapshotBuilder, merge_snapshots
+from fleethealth.signals.snapshot import Snapshot, merge_snapshots
 
 
 def read_recording(paths: list[str]) -> Snapshot:
-    """Recorded signal tables and exposition files, merged. Uses the project's readers
-    (``sources.inputs.read_inputs``, else ``sources.tables.read_table``)."""
-    try:
-        from fleethealth.sources.inputs import read_inputs
-    except ImportError:
-        read_inputs = None  # type: ignore[assignment]
-    if read_inputs is not None:
-        return read_inputs(paths, at=0.0)
-    try:
-        from fleethealth.sources.tables import read_table
-    except ImportError:
-        read_table = None  # type: ignore[assignment]
-    snaps = []
-    for p in paths:
-        if read_table is not None:
-            snaps.append(read_table(p))
+    """Recorded signal tables (``sources.tables``: .csv, .jsonl, .parquet, optionally .gz) and exposition
+    files, merged; a directory stands for the files in it. Exposition samples without a timestamp are
+    dated by the file's modification time (a recording has no other clock)."""
+    from fleethealth.sources.exposition import parse_exposition
+    from fleethealth.sources.tables import InputError, read_table, table_format
+
+    files: list[Path] = []
+    for name in paths:
+        p = Path(name)
+        if p.is_dir():
+            files += sorted(x for x in p.iterdir() if x.is_file() and not x.name.startswith("."))
+        elif p.exists():
+            files.append(p)
         else:
-            snaps.append(_read_jsonl(p))
+            raise InputError(f"{p}: cannot read: No such file or directory")
+    snaps = []
+    for f in files:
+        if table_format(f) is not None:
+            snaps.append(read_table(f))
+            continue
+        try:
+            text = f.read_bytes()
+        except OSError as e:
+            raise InputError(f"{f}: cannot read: {e.strerror or e}") from None
+        snaps.append(parse_exposition(text, default_ts=f.stat().st_mtime, source=str(f)))
     return merge_snapshots(snaps)
-
-
-def _read_jsonl(path: str) -> Snapshot:
-    """Minimal reader for the table layout (ts, metric, value, one key per label) in JSON lines, used
-    only until the project's table reader is installed."""
-    b = SnapshotBuilder()
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            if not line.strip():
-                continue
-            row = json.loads(line)
-            labels = {k: str(v) for k, v in row.items() if k not in ("ts", "metric", "value") and v not in (None, "")}
-            b.add(row["metric"], labels, float(row["value"]), float(row["ts"]))
-    return b.build(0.0)
 
 
 def read_events(path: Path) -> list[Event]:
@@ -167,9 +160,6 @@ def register(app: typer.Typer) -> None:
             return
         if not recordings:
             fail("no recording given (fleethealth replay RECORDING...)")
-        for r in recordings:
-            if "://" not in r and not Path(r).exists():
-                fail(f"{r}: cannot read: No such file or directory")
         try:
             snap = read_recording(list(recordings))
         except Exception as e:  # the readers raise one-line InputErrors; never a traceback at a user
