@@ -8,6 +8,7 @@ import threading
 import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -177,7 +178,7 @@ needs_prom = pytest.mark.skipif(PROMETHEUS is None, reason="prometheus binary mi
 
 @needs_prom
 @pytest.mark.needs_prometheus
-def test_against_real_prometheus() -> None:
+def test_against_real_prometheus(tmp_path: Path) -> None:
     fleet = FakeFleet({"node-a": 2, "node-b": 2})
     with ExporterServer(fleet) as exp, prometheus([(f"127.0.0.1:{exp.port}", "/metrics", {})]) as prom:
         prom.wait_for("DCGM_FI_DEV_GPU_TEMP", min_results=4)
@@ -200,8 +201,22 @@ def test_against_real_prometheus() -> None:
         # a range query for recordings
         rec = read_range(src.api, ["DCGM_FI_DEV_GPU_TEMP"], now - 3, now, 1.0)
         assert len(rec) >= 4 and {round(now - t, 3) for t in rec.ts.tolist()} <= {0.0, 1.0, 2.0, 3.0}
+        # `fleethealth record`: the policy's series over a window, as a table replay can read
+        from typer.testing import CliRunner
+
+        from fleethealth.cli.main import app
+        from fleethealth.sources.tables import read_table
+
+        out = tmp_path / "rec.parquet"
+        res = CliRunner().invoke(app, ["record", "--prometheus", prom.url, "--out", str(out), "--start",
+                                       f"{now - 3:.3f}", "--end", f"{now:.3f}", "--step", "1"])
+        assert res.exit_code == 0, res.output
+        back = read_table(out)
+        assert "DCGM_FI_DEV_GPU_TEMP" in back.metrics and "up" in back.metrics and len(back) > 20
         # Prometheus dies: errors, no exception, no samples
         prom.kill()
         dead = src.read(time.time())
         assert len(dead) == 0 and dead.source_errors
         assert all("cannot connect" in e.reason for e in dead.source_errors)
+        res = CliRunner().invoke(app, ["record", "--prometheus", prom.url, "--out", str(out)])
+        assert res.exit_code == 2 and "cannot connect" in res.output
