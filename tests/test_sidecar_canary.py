@@ -203,3 +203,36 @@ def test_repeated_canary_failures_end_in_failed() -> None:
         # A human (admin undrain) may try again once the engine is fixed.
         p.engine.set(mode="normal")
         assert httpx.post(p.url + "/admin/undrain", headers=p.auth).json()["state"] == "RECOVERING"
+
+
+def test_degraded_with_hysteresis_publishes_lower_weight_and_refuses_long_requests() -> None:
+    from fleethealth.serve.gpu import NvmlGpuReader
+    from fleethealth.sources.nvml import FakeGpu, FakeNvml
+
+    clock = FakeClock()
+    gpu = FakeGpu(0)
+    reader = NvmlGpuReader("node-1", nvml=FakeNvml([gpu]))
+    with running_pair(clock=clock, gpu_reader=reader, degraded_max_tokens=64) as p:
+        # Wait until the throttle counters have rates (readings at two times): thermal then averages both.
+        clock.advance(1)
+        wait_until(lambda: p.sc.gpu.last.gpus and p.sc.gpu.last.gpus[0]["categories"].get("power") is not None, 5)
+        gpu.values["temperature"] = 93  # thermal category 0.6 (temperature 0.2, no throttling 1.0): not a /gpuz failure
+        wait_until(lambda: p.sc.score is not None and p.sc.score < 0.7, 5)
+        assert p.sc.state is State.READY  # not before the dwell time
+        clock.advance(121)
+        wait_until(lambda: p.sc.state is State.DEGRADED, 5)
+        assert httpx.get(p.url + "/readyz").json()["weight"] == pytest.approx(p.sc.score)
+        body = {"model": "fake-model", "prompt": "x", "max_tokens": 8}
+        assert httpx.post(p.url + "/v1/completions", json=body).status_code == 200
+        long = httpx.post(p.url + "/v1/completions", json={**body, "max_tokens": 1000})
+        assert long.status_code == 503 and long.json()["error"]["code"] == "degraded_long_request"
+        # The way back is stricter: a good score must hold for the (longer) ready dwell.
+        gpu.values["temperature"] = 45
+        wait_until(lambda: p.sc.score == 1.0, 5)
+        clock.advance(300)
+        import time
+
+        time.sleep(0.2)
+        assert p.sc.state is State.DEGRADED
+        clock.advance(301)
+        wait_until(lambda: p.sc.state is State.READY, 5)

@@ -74,8 +74,8 @@ def test_drain_under_40_streams_loses_no_decoding_request(tmp_path: Path) -> Non
         # ... and everything else (the proxy's queue and the engine's) got 503 + Retry-After at once.
         assert len(rejected) == at_start["queued"] + at_start["sent"]
         assert all(r["retry_after"] == "3" for r in rejected)
-        # "At once" with slack for a loaded 2-core box; the decoding streams take 2 s on their own.
-        assert max(r["t_end"] for r in rejected) - t_drain < 1.5
+        # "At once": every retryable answer arrived before any decoding stream finished (those take 2 s).
+        assert max(r["t_end"] for r in rejected) < min(r["t_end"] for r in completed)
         assert t_done - t_drain < 5.0 + 2.0  # never past max_drain_seconds (plus scheduling slack)
         assert p.sc.state is State.DRAINING
         # New requests are refused, readiness is down, and the drain left evidence without prompts.

@@ -54,6 +54,8 @@ def register(app: typer.Typer) -> None:
         max_batch_tokens: int | None = typer.Option(None, help="The engine's batch token budget (OOM classes)"),
         kv_capacity_tokens: int | None = typer.Option(None, help="Tokens the engine's KV cache holds (OOM classes)"),
         clip_oversized: bool = typer.Option(False, help="Clip max_tokens of oversized requests instead of 400"),
+        degraded_max_tokens: int | None = typer.Option(
+            None, help="While DEGRADED, refuse new requests with max_tokens above this (503, retry elsewhere)"),
         log_level: str = typer.Option("info", help="uvicorn log level"),
     ) -> None:
         """Proxy the OpenAI-compatible API and tell Kubernetes the truth: /livez (engine making progress),
@@ -79,6 +81,7 @@ def register(app: typer.Typer) -> None:
             gpu_node=gpu_node or os.environ.get("NODE_NAME"), use_nvml=nvml, engine_log=engine_log,
             evidence_dir=evidence_dir, redact_prompts=not no_redact_prompts, max_batch_tokens=max_batch_tokens,
             kv_capacity_tokens=kv_capacity_tokens, oom_clip_max_tokens=clip_oversized,
+            degraded_max_tokens=degraded_max_tokens,
             gpu_fail_below=pol.lifecycle.quarantine_below, policy=pol,
         )
         if cfg.admin_token is None:

@@ -51,6 +51,7 @@ class SidecarConfig:
     warmup_timeout_s: float = 120.0
     max_batch_tokens: int | None = None  # the engine's batch token budget, for OOM classification
     kv_capacity_tokens: int | None = None  # tokens the engine's KV cache holds (vLLM logs it at start)
+    degraded_max_tokens: int | None = None  # DEGRADED: refuse new requests longer than this (None: no limit)
     oom_clip_max_tokens: bool = False  # oversized requests: clip max_tokens instead of rejecting
     concurrency_recover_s: float = 60.0  # after a batch-overload OOM: +1 concurrency per this many quiet s
     gpu_metrics_url: str | None = None  # the node's exporter (dcgm-exporter) when NVML is not used

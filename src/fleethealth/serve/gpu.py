@@ -19,6 +19,7 @@ from typing import Any, Protocol
 import httpx
 import numpy as np
 
+from fleethealth.decide.oom import context_errors_in
 from fleethealth.policy import Policy
 from fleethealth.signals.history import SignalHistory
 from fleethealth.signals.snapshot import InputIssue, Snapshot, SnapshotBuilder
@@ -174,8 +175,11 @@ class GpuCheck:
             else:
                 reason = "no fresh GPU samples"
         if errs:
+            # Hardware-looking errors (illegal address, ECC, fallen off the bus, fatal Xids) mean the node;
+            # others (a device-side assert) poison only this process's CUDA context: the pod.
+            hw = any(context_errors_in(e) or e.startswith("Xid ") for e in errs)
             v = GpuVerdict(False, score, f"CUDA errors seen: {errs[-1][:200]}", tuple(gpus), tuple(flags), errs,
-                           fatal=True)
+                           fatal=hw or gate)
         elif score is None:
             v = GpuVerdict(None, None, reason, tuple(gpus), tuple(flags))
         elif score < self.fail_below or gate:

@@ -292,6 +292,8 @@ class Sidecar:
                 limits=httpx.Limits(max_connections=c.max_concurrency + 16,
                                     max_keepalive_connections=c.max_concurrency + 16),
                 transport=self._transport,
+                # Bytes are relayed as they come (aiter_raw): ask the engine not to compress them.
+                headers={"accept-encoding": "identity"},
             )
         return self._client
 
@@ -751,6 +753,11 @@ class Sidecar:
             if not short or not self.share_gate.admit(self._canary_weight):
                 return self._unavailable(f"replica {c.replica} is RECOVERING (canary at weight "
                                          f"{self._canary_weight:.2f}); retry on another replica", "canary")
+        if st is State.DEGRADED and c.degraded_max_tokens is not None \
+                and (max_tokens is None or max_tokens > c.degraded_max_tokens):
+            return self._unavailable(f"replica {c.replica} is DEGRADED and takes no new long requests "
+                                     f"(max_tokens above {c.degraded_max_tokens}); retry on another replica",
+                                     "degraded_long_request")
         if self.oversize_limit_tokens is not None and est + (max_tokens or 0) >= self.oversize_limit_tokens:
             allowed = self.oversize_limit_tokens - est - 1
             if c.oom_clip_max_tokens and allowed > 0:
@@ -924,7 +931,8 @@ class Sidecar:
         self._record_error("upstream", f"HTTP {status}: {text[:300]}")
         self._finish(rec, f"http_{status}", status, status >= 500)
         if self.cuda_errors and self.cuda_errors[-1][0] >= (rec.sent_at or 0):
-            self.start_drain(f"CUDA error in engine response: {text[:200]}", fault=True, tier=Tier.NODE)
+            tier = Tier.NODE if context_errors_in(text) or xids_in(text) else Tier.POD
+            self.start_drain(f"CUDA error in engine response: {text[:200]}", fault=True, tier=tier)
             return self._unavailable("the engine hit a CUDA error; retry on another replica", "cuda_error")
         return Response(body, status, headers=self._resp_headers(resp.headers))
 
