@@ -210,3 +210,34 @@ def test_slow_rank_has_larger_compute_time_while_step_time_is_equal(
     if kind == "ddp":
         # several buckets per step once DDP has rebuilt them after the first step
         assert all(s["collectives"] > 1 for s in trained[0][kind][1:])
+
+
+def test_exported_pages_scored_by_the_engine_flag_the_slow_rank_and_its_gpu() -> None:
+    """16 ranks (two 8-GPU nodes) export their pages; rank 5 computes 0.3 s longer. Whole steps are equal."""
+    from prometheus_client import generate_latest
+
+    from fleethealth.policy import default_policy
+    from fleethealth.score.engine import score_snapshot
+    from fleethealth.signals.snapshot import merge_snapshots
+    from fleethealth.sources.exposition import parse_exposition
+
+    now = 1_700_000_000.0
+    pages = []
+    for r in range(16):
+        clock = FakeClock()
+        t = RankTimer(job="train", peer_group="stage0", rank=r, node=f"node{r // 8}", gpu=str(r % 8), clock=clock)
+        for s in range(5):
+            t.step_begin()
+            compute = 1.82 + 0.003 * ((r * 7 + s) % 5) + (0.3 if r == 5 else 0.0)
+            clock.t += compute
+            t.mark_collective()
+            clock.t += 2.5 - compute  # waits for the slowest
+            t.step_end()
+        pages.append(parse_exposition(generate_latest(t.registry()), default_ts=now, source=f"rank{r}"))
+    health = score_snapshot(merge_snapshots(pages, now), default_policy(), now, consumer="training")
+    ranks = {h.entity: h for h in health.by_kind("rank")}
+    assert len(ranks) == 16
+    assert ranks["train/rank5"].value == 0.0 and ranks["train/rank5"].worst == "performance"
+    assert all(h.value == 1.0 for e, h in ranks.items() if e != "train/rank5")
+    assert health.tuples["node0/gpu5"].value == 0.0
+    assert health.tuples["node1"].value == 1.0
