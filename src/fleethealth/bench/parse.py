@@ -108,7 +108,8 @@ def prom_client_rows(text: str) -> list[Row]:
             if fam.type == "counter" and name.endswith("_total") and name[:-6] in declared_counters:
                 name = name[:-6]
             ts = None if s.timestamp is None else float(s.timestamp)  # type: ignore[arg-type]
-            rows.append((name, tuple(sorted(s.labels.items())), float(s.value), ts))
+            # Prometheus drops empty-valued labels (an empty value means absent); so do we.
+            rows.append((name, tuple(sorted((k, v) for k, v in s.labels.items() if v)), float(s.value), ts))
     return rows
 
 

@@ -125,7 +125,9 @@ def _split_labels(text: str) -> LabelSet | str:
         return "duplicate label name"
     if "__name__" in keys:
         return "metric name given as a label"
-    return tuple(sorted(zip(keys, values, strict=True)))
+    # Prometheus treats an empty label value as an absent label (dcgm-exporter prints pod="" for GPUs with
+    # no workload); store it the way Prometheus does.
+    return tuple(sorted((k, v) for k, v in zip(keys, values, strict=True) if v))
 
 
 def counter_like(name: str, types: Mapping[str, str]) -> bool:
