@@ -125,3 +125,24 @@ def test_drain_deadline_ends_streams_cleanly_never_hangs() -> None:
         assert events[-1] == b"data: [DONE]"
         assert json.loads(events[-2][len(b"data: "):])["error"]["code"] == "stream_ended_by_sidecar"
         assert all(e.startswith(b"data: ") for e in events)
+
+
+def test_engine_crash_mid_stream_ends_the_stream_with_an_error_event() -> None:
+    with running_pair() as p:
+        assert httpx.get(p.url + "/v1/models").json()["data"][0]["id"] == "fake-model"  # passthrough
+        p.engine.set(token_delay_s=0.02)
+        client = openai.OpenAI(base_url=p.url + "/v1", api_key="x", max_retries=0, timeout=10)
+        stream = client.chat.completions.create(model="fake-model", messages=[{"role": "user", "content": "x"}],
+                                                stream=True, max_tokens=500)
+        got = 0
+        t0 = time.monotonic()
+        try:
+            for _ in stream:
+                got += 1
+                if got == 5:
+                    p.engine.set(mode="crash")
+            raise AssertionError("the stream should have ended with an error")
+        except openai.APIError as e:
+            assert "engine failed" in e.message
+        assert 5 <= got < 500 and time.monotonic() - t0 < 5
+        assert p.sc.outcomes["upstream_failed"] == 1
