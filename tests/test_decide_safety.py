@@ -233,3 +233,36 @@ def test_oom_events_are_classified_not_restarted() -> None:
     kinds = {i.kind for i in intents}
     assert IntentKind.REBUILD_WORKER not in kinds and IntentKind.QUARANTINE not in kinds
     assert kinds & {IntentKind.REJECT_REQUEST, IntentKind.PAGE}
+
+
+def test_silent_quarantined_node_does_not_freeze_a_small_fleet() -> None:
+    r = Run()
+    r.step(0, _fleet(5, {0}, 0))
+    assert r.st("n00") == State.QUARANTINED
+    r.steps(15, 600, 15, lambda t: _fleet(5, set(), t)[1:])  # n00 powered off for repair: no tuple at all
+    assert not r.of(IntentKind.FLEET_ALERT)
+    assert r.st("n00") == State.QUARANTINED
+
+
+def test_gone_replica_is_forgotten_after_a_day_a_quarantined_node_never() -> None:
+    r = Run()
+    reps = lambda t: [tup(f"r{i}", 0.95, kind="replica") for i in range(4)]  # noqa: E731
+    r.steps(0, 120, 15, lambda t: _fleet(12, {0}, t) + reps(t))
+    assert r.st("n00") == State.QUARANTINED and r.st("r0") == State.READY
+    # n00 (quarantined), n01 (READY) and replica r0 (scaled down) go silent
+    r.steps(3600, 3600 * 30, 3600, lambda t: _fleet(12, set(), t)[2:] + reps(t)[1:])
+    assert "r0" not in r.state.entities
+    assert r.st("n00") == State.QUARANTINED  # no quarantine is ever forgotten
+    assert r.state.entities["n01"].no_new_work  # held while unknown, so remembered
+    assert not r.of(IntentKind.FLEET_ALERT)  # 2 of 14 silent: not a telemetry outage
+
+
+def test_outage_longer_than_the_engines_memory_stays_frozen() -> None:
+    r = Run()
+    r.steps(0, 60, 15, lambda t: _fleet(30, set(), t))
+    r.steps(75, 3600, 15, lambda t: [tup(f"n{i:02d}", None, conf=0.0) for i in range(30)])
+    r.steps(3615, 3600 * 8, 300, lambda t: [])  # the history forgot them: no tuples at all
+    alerts = r.of(IntentKind.FLEET_ALERT)
+    assert [a.params["state"] for a in alerts] == ["firing"]
+    assert not r.of(IntentKind.NO_NEW_WORK)
+    assert len(r.state.entities) == 30

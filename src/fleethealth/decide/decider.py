@@ -5,7 +5,8 @@ One call per cycle: ``Decider(policy).decide(state, health, now, events)``. The 
 safety rules that keep a scorer bug, a metrics outage or a bad rollout from draining a cluster:
 
 * Fleet-wide confidence: when at least ``fleet.low_confidence_fraction`` of the (at least
-  ``fleet.min_entities``) lifecycle entities are unknown or below ``min_confidence`` together, the problem
+  ``fleet.min_entities``) lifecycle entities in service are unknown, silent or below ``min_confidence``
+  together (see ``_fleet_confidence`` for which count), the problem
   is telemetry: one FLEET_ALERT, remediation frozen (no signal-driven move to a worse state, no drain, no
   quarantine, no reset), router weights and scheduler holds kept as they were, until confidence returns
   (a resolving FLEET_ALERT). Events (test results, humans) still apply.
@@ -58,6 +59,11 @@ from fleethealth.policy import Policy, default_policy
 from fleethealth.score.health import HealthTuple
 
 LIFECYCLE_KINDS = ("node", "replica")
+# An entity the engine stopped reporting still counts for fleet confidence this long (a metrics outage),
+# and is forgotten after FORGET_AFTER_S if it holds nothing (decommissioned, scaled down).
+ABSENT_GRACE_S = 6 * 3600.0
+FORGET_AFTER_S = 24 * 3600.0
+FORGETTABLE_STATES: frozenset[State] = frozenset({State.READY, State.STARTING, State.WARMING})
 WORSE_STATES: frozenset[State] = frozenset({State.DEGRADED, State.DRAINING, State.QUARANTINED, State.FAILED})
 # Intents that change what runs where; never caused by unknown data, never issued while frozen.
 REMEDIATION_KINDS: frozenset[IntentKind] = frozenset({
@@ -178,6 +184,8 @@ class Decider:
         c = _Cycle(p, state.shallow(), now, self._version)
         s = c.s
         s.ledger = [x for x in s.ledger if now - x[0] < p.budgets.window_s]
+        keep_pages = 2 * max(p.budgets.window_s, p.attribution.app_xid_window_s)
+        s.pages = {k: ts for k, ts in s.pages.items() if now - ts < keep_pages}
         life, flagged_gpus = _lifecycle_and_flagged(health)
         serving_by_id: dict[str, HealthTuple] = {}
         if serving is not None:
@@ -203,6 +211,8 @@ class Decider:
                 c.copied.add(t.entity)
             if t.labels and any(es.labels.get(k) != str(v) for k, v in t.labels.items()):
                 c.mut(t.entity).labels.update({k: str(v) for k, v in t.labels.items()})
+
+        self._absences(c, by_id)
 
         obs: dict[str, Observation | None] = {}
         for eid in s.entities:
@@ -270,9 +280,28 @@ class Decider:
         )
 
     # ------------------------------------------------------------------------------------------
+    def _absences(self, c: _Cycle, present: Mapping[str, HealthTuple]) -> None:
+        """Track entities the engine no longer reports at all; forget those gone for FORGET_AFTER_S that
+        hold nothing (never an isolated, degraded or held one: no quarantine is ever forgotten)."""
+        for eid in list(c.s.entities):
+            es = c.s.entities[eid]
+            if eid in present:
+                if es.absent_since is not None:
+                    c.mut(eid).absent_since = None
+            elif es.absent_since is None:
+                c.mut(eid).absent_since = c.now
+            elif (c.now - es.absent_since >= FORGET_AFTER_S and es.state in FORGETTABLE_STATES
+                  and not es.no_new_work and not es.blocked):
+                del c.s.entities[eid]
+
     def _fleet_confidence(self, c: _Cycle, obs: Mapping[str, Observation | None]) -> None:
+        """Entities out of service do not count (their telemetry may rightly be gone), nor do ones gone
+        for longer than ABSENT_GRACE_S (scaled down, decommissioned), except while frozen: a freeze ends
+        when data returns, never because the silent entities were forgotten by the history."""
         p = self.policy
-        counted = [eid for eid, es in c.s.entities.items() if es.state != State.STARTING]
+        counted = [eid for eid, es in c.s.entities.items()
+                   if es.state != State.STARTING and es.state not in ISOLATED_STATES
+                   and (es.absent_since is None or c.s.frozen or c.now - es.absent_since < ABSENT_GRACE_S)]
         low = [eid for eid in counted if not ((o := obs.get(eid)) is not None and o.usable(p.lifecycle))]
         total = len(counted)
         frac = len(low) / total if total else 0.0
