@@ -80,7 +80,9 @@ def test_serves_and_stops_on_sigterm(tmp_path: Path) -> None:
         assert 'fleethealth_health{entity="n1",kind="node"' in text
         st = httpx.get(f"http://127.0.0.1:{port}/api/v1/status").json()
         src = st["sources"][0]
-        assert not src["up"] and "gone.prom" in src["last_error"]  # the missing file is reported
+        # one file readable, one missing: up but partial, and the missing file is named
+        assert src["up"] and src["partial"] and "gone.prom" in src["last_error"]
+        assert 'fleethealth_source_partial{source="files:' in text
         assert st["actuation"]["mode"] == "advise"
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(20) == 0

@@ -110,12 +110,21 @@ def render_metrics(controller: Controller, runner: Any = None) -> str:
              [({"source": s["name"]}, s["last_success"]) for s in src if s["last_success"] is not None])
     m.family("fleethealth_source_age_seconds", "gauge", "Seconds since the last read without error.",
              [({"source": s["name"]}, s["age_s"]) for s in src if s["age_s"] is not None])
+    m.family("fleethealth_source_partial", "gauge", "1 if the last read returned data but some endpoints failed.",
+             [({"source": s["name"]}, 1.0 if s["partial"] else 0.0) for s in src])
+    m.family("fleethealth_source_last_errors", "gauge", "Errors (endpoints, queries, files) in the last read.",
+             [({"source": s["name"]}, s["last_errors"]) for s in src])
     m.family("fleethealth_source_errors_total", "counter", "Reads that reported an error.",
              [({"source": s["name"]}, s["errors_total"]) for s in src])
     m.family("fleethealth_source_read_seconds", "gauge", "Duration of the last read.",
              [({"source": s["name"]}, s["last_read_s"]) for s in src])
     m.family("fleethealth_source_samples", "gauge", "Samples in the last read.",
              [({"source": s["name"]}, s["last_samples"]) for s in src])
+
+    m.family("fleethealth_scrape_targets_down", "gauge", "Exporter targets whose last scrape failed (up == 0).",
+             [({}, c.get("targets_down", 0))])
+    m.family("fleethealth_scrape_slowest_seconds", "gauge", "Slowest target scrape in the last cycle.",
+             [({}, c.get("slowest_scrape_s", 0.0))])
 
     health = pub.health
     if health is not None:

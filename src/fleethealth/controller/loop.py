@@ -25,6 +25,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import numpy as np
+
 from fleethealth.decide.loop import DecisionLoop
 from fleethealth.decide.model import Intent, Transition
 from fleethealth.decide.state import DecisionState, Event
@@ -75,14 +77,23 @@ class SourceStatus:
     reads_total: int = 0
     last_read_s: float = 0.0
     last_samples: int = 0
+    last_errors: int = 0  # errors in the last read (one per failed endpoint, query or file)
+    last_data: bool = False  # the last read returned signal samples (beyond per-target up/duration)
 
     @property
     def up(self) -> bool:
-        return self.last_attempt is not None and self.last_error is None
+        """Down when the last read failed outright; a read where some endpoints failed but data came
+        back is up and ``partial`` (those endpoints' entities go stale one by one)."""
+        return self.last_attempt is not None and (self.last_errors == 0 or self.last_data)
+
+    @property
+    def partial(self) -> bool:
+        return self.up and self.last_errors > 0
 
     def to_dict(self, now: float) -> dict[str, Any]:
         return {
-            "name": self.name, "up": self.up, "last_success": self.last_success,
+            "name": self.name, "up": self.up, "partial": self.partial, "last_errors": self.last_errors,
+            "last_success": self.last_success,
             "age_s": None if self.last_success is None else round(now - self.last_success, 3),
             "last_error": self.last_error, "errors_total": self.errors_total, "reads_total": self.reads_total,
             "last_read_s": round(self.last_read_s, 6), "last_samples": self.last_samples,
@@ -123,6 +134,13 @@ class Published:
     recent_intents: tuple[dict[str, Any], ...]
     recent_transitions: tuple[dict[str, Any], ...]
     weights: Mapping[str, Any] = field(default_factory=dict)
+
+
+def _has_signal_samples(snap: Snapshot) -> bool:
+    if len(snap) == 0:
+        return False
+    synthetic = [i for i, m in enumerate(snap.metrics) if m in ("up", "scrape_duration_seconds")]
+    return not bool(np.isin(snap.metric_ids, synthetic).all()) if synthetic else True
 
 
 class Controller:
@@ -170,6 +188,8 @@ class Controller:
         self._events_lock = threading.Lock()
         self.source_status = {s.name: SourceStatus(s.name) for s in self.sources}
         self.cycles_total = 0
+        self.targets_down = 0
+        self.slowest_scrape_s = 0.0
         self.overruns_total = 0
         self.skipped_ticks_total = 0
         self.cycle_seconds_sum = 0.0
@@ -228,13 +248,17 @@ class Controller:
             st.reads_total += 1
             st.last_samples = len(snap)
             samples += len(snap)
-            own = [e for e in snap.source_errors]
+            own = list(snap.source_errors)
+            st.last_errors = len(own)
+            st.last_data = _has_signal_samples(snap)
             if own:
                 st.errors_total += 1
-                st.last_error = "; ".join(sorted({f"{e.source}: {e.reason}" for e in own}))[:500]
+                more = f" (+{len(own) - 3} more)" if len(own) > 3 else ""
+                st.last_error = "; ".join(f"{e.source}: {e.reason}" for e in own[:3])[:500] + more
                 log.warning("source %s: %s", src.name, st.last_error)
             else:
                 st.last_error = None
+            if st.up:
                 st.last_success = now
             errors.extend(own)
             self.history.add(snap)
@@ -291,6 +315,8 @@ class Controller:
         t0 = time.perf_counter()
         view = self.history.view(now)
         structural = self.structural.observe(view, now, self._capacity_now())
+        self.targets_down = len(structural.targets_down)
+        self.slowest_scrape_s = max(structural.scrape_seconds.values(), default=0.0)
         derived = structural.snapshot
         derived.source_errors = errors + derived.source_errors  # the view above consumed them
         # The history keeps every input issue it was given; a long-running loop only needs the recent ones.
@@ -360,6 +386,7 @@ class Controller:
                 "skipped_ticks_total": self.skipped_ticks_total, "cycle_seconds_sum": self.cycle_seconds_sum,
                 "last_cycle_s": self.last_cycle_s, "intents_total": dict(self.intents_total),
                 "transitions_total": dict(self.transitions_total), "interval_s": self.interval_s,
+                "targets_down": self.targets_down, "slowest_scrape_s": self.slowest_scrape_s,
             },
             recent_intents=tuple(self.recent_intents), recent_transitions=tuple(self.recent_transitions),
             weights=weights,
