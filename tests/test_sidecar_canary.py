@@ -236,3 +236,10 @@ def test_degraded_with_hysteresis_publishes_lower_weight_and_refuses_long_reques
         assert p.sc.state is State.DEGRADED
         clock.advance(301)
         wait_until(lambda: p.sc.state is State.READY, 5)
+
+
+def test_readme_diagram_is_generated_from_the_table() -> None:
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "deploy" / "sidecar" / "README.md").read_text()
+    assert state_diagram() in readme, "regenerate the diagram in deploy/sidecar/README.md from state_diagram()"
