@@ -243,3 +243,20 @@ def test_readme_diagram_is_generated_from_the_table() -> None:
 
     readme = (Path(__file__).resolve().parents[1] / "deploy" / "sidecar" / "README.md").read_text()
     assert state_diagram() in readme, "regenerate the diagram in deploy/sidecar/README.md from state_diagram()"
+
+
+def test_canary_fails_when_gpu_memory_is_not_released() -> None:
+    from fleethealth.serve.gpu import NvmlGpuReader
+    from fleethealth.sources.nvml import FakeGpu, FakeNvml
+
+    clock = FakeClock()
+    gpu = FakeGpu(0)
+    reader = NvmlGpuReader("node-1", nvml=FakeNvml([gpu]))
+    with running_pair(clock=clock, gpu_reader=reader, canary=CanaryConfig(probes_required=50)) as p:
+        wait_until(lambda: p.sc.fb_baseline_mib is not None, 5)
+        _fragment(p)
+        # The rebuilt worker comes back but a leaked allocation still holds 20% more GPU memory.
+        gpu.values["fb_used"] = int(gpu.values["fb_used"] * 1.2)
+        assert httpx.post(p.url + "/admin/undrain", headers=p.auth).json()["state"] == "RECOVERING"
+        wait_until(lambda: p.sc.state is State.QUARANTINED, 5)
+        assert "memory was not released" in p.sc.transitions[-1].reason

@@ -39,6 +39,7 @@ class CanaryConfig:
     max_itl_s: float = 0.2
     max_failures: int = 3  # canary failures within failure_window_s before FAILED
     failure_window_s: float = 3600.0
+    memory_tolerance: float = 0.1  # GPU memory in use may exceed the last healthy READY level by this share
 
 
 @dataclass(frozen=True, slots=True)

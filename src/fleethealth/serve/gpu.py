@@ -129,10 +129,29 @@ class GpuVerdict:
     flags: tuple[str, ...] = ()
     cuda_errors: tuple[str, ...] = ()
     fatal: bool = False  # a hard gate (Xid, ECC, fallen off the bus): node tier
+    fb_used_mib: float | None = None  # framebuffer in use on this replica's GPUs (canary: memory release)
 
     def to_dict(self) -> dict[str, Any]:
         return {"ok": self.ok, "score": self.score, "reason": self.reason, "gpus": list(self.gpus),
-                "flags": list(self.flags), "cuda_errors": list(self.cuda_errors), "fatal": self.fatal}
+                "flags": list(self.flags), "cuda_errors": list(self.cuda_errors), "fatal": self.fatal,
+                "fb_used_mib": self.fb_used_mib}
+
+
+def fb_used_mib(snap: Snapshot) -> float | None:
+    """Sum over GPUs of the latest DCGM_FI_DEV_FB_USED in ``snap`` (None when absent)."""
+    try:
+        m = snap.metrics.index("DCGM_FI_DEV_FB_USED")
+    except ValueError:
+        return None
+    sel = np.flatnonzero(snap.metric_ids == m)
+    if sel.size == 0:
+        return None
+    latest: dict[int, tuple[float, float]] = {}
+    for i in sel.tolist():
+        sid, t, v = int(snap.series_ids[i]), float(snap.ts[i]), float(snap.values[i])
+        if sid not in latest or t >= latest[sid][0]:
+            latest[sid] = (t, v)
+    return sum(v for _, v in latest.values())
 
 
 @dataclass
@@ -174,17 +193,18 @@ class GpuCheck:
                 reason = "GPU signals unavailable: " + "; ".join(str(e) for e in snap.source_errors[:3])
             else:
                 reason = "no fresh GPU samples"
+        fb = fb_used_mib(snap) if snap is not None else None
         if errs:
             # Hardware-looking errors (illegal address, ECC, fallen off the bus, fatal Xids) mean the node;
             # others (a device-side assert) poison only this process's CUDA context: the pod.
             hw = any(context_errors_in(e) or e.startswith("Xid ") for e in errs)
             v = GpuVerdict(False, score, f"CUDA errors seen: {errs[-1][:200]}", tuple(gpus), tuple(flags), errs,
-                           fatal=hw or gate)
+                           fatal=hw or gate, fb_used_mib=fb)
         elif score is None:
-            v = GpuVerdict(None, None, reason, tuple(gpus), tuple(flags))
+            v = GpuVerdict(None, None, reason, tuple(gpus), tuple(flags), fb_used_mib=fb)
         elif score < self.fail_below or gate:
-            v = GpuVerdict(False, score, reason, tuple(gpus), tuple(flags), fatal=gate)
+            v = GpuVerdict(False, score, reason, tuple(gpus), tuple(flags), fatal=gate, fb_used_mib=fb)
         else:
-            v = GpuVerdict(True, score, reason, tuple(gpus), tuple(flags))
+            v = GpuVerdict(True, score, reason, tuple(gpus), tuple(flags), fb_used_mib=fb)
         self.last = v
         return v

@@ -250,6 +250,7 @@ class Sidecar:
         self._warming = False
         self._probe_inflight = False
         self._canary_weight = 0.0
+        self.fb_baseline_mib: float | None = None  # GPU memory in use while last READY
 
     # ---- lifecycle helpers -----------------------------------------------------------------------
 
@@ -335,6 +336,8 @@ class Sidecar:
         if verdict.ok is False and self.state in (State.WARMING, State.READY, State.DEGRADED, State.RECOVERING):
             self.start_drain(f"gpuz: {verdict.reason}", fault=True,
                              tier=Tier.NODE if verdict.fatal else Tier.POD)
+        if self.state is State.READY and verdict.fb_used_mib is not None:
+            self.fb_baseline_mib = verdict.fb_used_mib
         self._score_dwell(now)
         if self.state is State.RECOVERING:
             await self._canary_tick(now)
@@ -526,7 +529,7 @@ class Sidecar:
             probe_failures=int(cs["probe_fail"]),
             mean_ttft_s=cs["ttft_sum"] / cs["ttft_n"] if cs["ttft_n"] else None,
             mean_itl_s=cs["itl_sum"] / cs["itl_n"] if cs["itl_n"] else None,
-            gpu_ok=self.gpu.last.ok,
+            gpu_ok=self.gpu.last.ok, memory_released=self._memory_released(),
         )
         d = self.canary.step(obs, now)
         self._canary_weight = d.weight
@@ -544,6 +547,14 @@ class Sidecar:
             else:
                 self._step(Event.CANARY_FAILED, f"canary failed: {d.reason}")
             self._canary_weight = 0.0
+
+    def _memory_released(self) -> bool | None:
+        """After a rebuild, GPU memory in use must come back to the healthy level (a leaked or zombie
+        allocation shows as more). Unknown without GPU memory readings or a healthy baseline."""
+        used, base = self.gpu.last.fb_used_mib, self.fb_baseline_mib
+        if used is None or base is None or base <= 0:
+            return None
+        return used <= base * (1.0 + self.config.canary.memory_tolerance)
 
     def _canary_observe(self, rec: RequestRecord, ok: bool) -> None:
         if not rec.canary or self.state is not State.RECOVERING:
