@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from prom_harness import free_port
 
@@ -58,6 +59,7 @@ def test_bad_config_exits_2_with_one_clear_line(tmp_path: Path) -> None:
     assert "bad.yaml:1: interval_s:" in r.stderr and "Traceback" not in r.stderr
 
 
+@pytest.mark.slow
 def test_serves_and_stops_on_sigterm(tmp_path: Path) -> None:
     (tmp_path / "dcgm.prom").write_text(DCGM)
     port = free_port()

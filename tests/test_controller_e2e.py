@@ -28,6 +28,7 @@ from prom_harness import PROMETHEUS, free_port, prometheus
 sim_server = pytest.importorskip("fleethealth.sim.server", reason="simulator exporter not available")
 
 pytestmark = [
+    pytest.mark.slow,
     pytest.mark.needs_prometheus,
     pytest.mark.skipif(PROMETHEUS is None, reason="prometheus binary missing (apt-get install -y prometheus)"),
     pytest.mark.timeout(180),
