@@ -45,6 +45,15 @@ DCGM_DEFAULT_FIELDS: tuple[tuple[str, str, str], ...] = (
     ("DCGM_FI_PROF_PCIE_RX_BYTES", "gauge", "The rate of data received over the PCIe bus, in bytes per second."),
     ("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", "gauge", "Current clock throttle reasons."),
 )
+# Plausible gauge ranges [lo, hi) so that the text also scores sensibly (no random Xids, sane temperatures).
+_RANGES = {
+    "DCGM_FI_DEV_SM_CLOCK": (1700, 1981), "DCGM_FI_DEV_MEM_CLOCK": (2619, 2620),
+    "DCGM_FI_DEV_MEMORY_TEMP": (40, 70), "DCGM_FI_DEV_GPU_TEMP": (35, 75), "DCGM_FI_DEV_POWER_USAGE": (90, 700),
+    "DCGM_FI_DEV_GPU_UTIL": (0, 101), "DCGM_FI_DEV_MEM_COPY_UTIL": (0, 101), "DCGM_FI_DEV_ENC_UTIL": (0, 1),
+    "DCGM_FI_DEV_DEC_UTIL": (0, 1), "DCGM_FI_DEV_XID_ERRORS": (0, 1), "DCGM_FI_DEV_FB_FREE": (0, 81559),
+    "DCGM_FI_DEV_FB_USED": (0, 81559), "DCGM_FI_DEV_VGPU_LICENSE_STATUS": (0, 1),
+    "DCGM_FI_DEV_ROW_REMAP_FAILURE": (0, 1), "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS": (0, 2),
+}
 SENTINEL = "9223372036854775794"  # dcgm-exporter README: DCGM_FI_DEV_MEMORY_TEMP on a GPU without it
 
 
@@ -74,12 +83,13 @@ def dcgm_text(n_gpus: int, seed: int = 0, comma_space: bool = False, sentinel_ev
     parts: list[str] = []
     for name, typ, help_ in DCGM_DEFAULT_FIELDS:
         parts.append(f"# HELP {name} {help_}\n# TYPE {name} {typ}\n")
+        lo, hi = _RANGES.get(name, (0, 2000))
         if name.startswith("DCGM_FI_PROF"):
             vals = [f"{x:.6f}" for x in rng.random(n_gpus).tolist()]
         elif typ == "counter":
             vals = [str(x) for x in rng.integers(0, 10**12, n_gpus).tolist()]
         else:
-            vals = [str(x) for x in rng.integers(0, 2000, n_gpus).tolist()]
+            vals = [str(x) for x in rng.integers(lo, hi, n_gpus).tolist()]
         if name == "DCGM_FI_DEV_MEMORY_TEMP" and sentinel_every:
             vals[::sentinel_every] = [SENTINEL] * len(vals[::sentinel_every])
         parts.append("".join(f"{name}{lab} {v}\n" for lab, v in zip(labels, vals, strict=True)))
@@ -150,54 +160,63 @@ def cpu_calibration_ms() -> float:
 
 
 def bench_parse(n_gpus: int, repeats: int = 3, prom_sample_gpus: int = 2000, seed: int = 0) -> dict[str, Any]:
+    """Time our parser (median of cold runs: label cache cleared) and prometheus-client's (on a subsample,
+    extrapolated per sample), and check both read the same samples on the subsample."""
     from fleethealth.sources.exposition import clear_label_cache, parse_exposition
 
     default_ts = 1_700_000_000.0
     text = dcgm_text(n_gpus, seed).encode()
     n_lines = text.count(b"\n")
-    times: list[float] = []
-    warm: list[float] = []
-    snap = None
+    walls: list[float] = []
+    cpus: list[float] = []
+    snap: Snapshot | None = None
     for _ in range(max(1, repeats)):
         snap = None
         gc.collect()
         clear_label_cache()  # cold: every label string parsed from scratch
-        t0 = time.perf_counter()
+        w0, c0 = time.perf_counter(), time.process_time()
         snap = parse_exposition(text, default_ts=default_ts, source="bench")
-        times.append(time.perf_counter() - t0)
+        cpus.append(time.process_time() - c0)
+        walls.append(time.perf_counter() - w0)
     snap = None
     gc.collect()
-    t0 = time.perf_counter()
+    w0 = time.perf_counter()
     snap = parse_exposition(text, default_ts=default_ts, source="bench")  # label strings already known
-    warm.append(time.perf_counter() - t0)
-    assert snap is not None
+    warm = time.perf_counter() - w0
     samples = len(snap)
     issues = len(snap.issues)
+    mb = len(text) / 1e6
     del text, snap
     gc.collect()
 
     # prometheus-client on a subsample (it reads ~15k samples/s), extrapolated per sample.
     k = min(n_gpus, prom_sample_gpus)
     small = dcgm_text(k, seed + 7)
-    t0 = time.perf_counter()
+    w0, c0 = time.perf_counter(), time.process_time()
     theirs = prom_client_rows(small)
-    prom_s = time.perf_counter() - t0
+    prom_cpu = time.process_time() - c0
+    prom_wall = time.perf_counter() - w0
     ours = parse_exposition(small, default_ts=default_ts, source="bench-compare")
     diffs = compare_rows(our_rows(ours), theirs, default_ts)
-    parse_s = statistics.median(times)
+    parse_s = statistics.median(walls)
+    parse_cpu = statistics.median(cpus)
     sps = samples / parse_s
-    prom_sps = len(theirs) / prom_s
+    prom_sps = len(theirs) / prom_wall
     return {
         "gpus": n_gpus,
         "lines": n_lines,
+        "mb": round(mb, 1),
         "samples": samples,
         "dropped_with_issue": issues,
         "parse_s": round(parse_s, 4),
-        "parse_runs_s": [round(t, 4) for t in times],
+        "parse_runs_s": [round(t, 4) for t in walls],
         "samples_per_s": round(sps),
-        "warm_parse_s": round(warm[0], 4),
-        "warm_samples_per_s": round(samples / warm[0]),
+        "parse_cpu_s": round(parse_cpu, 4),
+        "cpu_samples_per_s": round(samples / parse_cpu),
+        "warm_parse_s": round(warm, 4),
+        "warm_samples_per_s": round(samples / warm),
         "prom_client_samples_per_s": round(prom_sps),
+        "prom_client_cpu_samples_per_s": round(len(theirs) / prom_cpu),
         "prom_client_measured_on_gpus": k,
         "prom_client_extrapolated_s": round(samples / prom_sps, 2),
         "speedup": round(sps / prom_sps, 1),
