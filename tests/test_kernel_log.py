@@ -4,7 +4,7 @@ counter construction, issues, and the live follower on a real file and a real co
 from __future__ import annotations
 
 import sys
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 
 import numpy as np
@@ -102,6 +102,18 @@ def test_syslog_year_from_now_and_new_year_rollover() -> None:
         source="syslog", now=now,
     )
     assert [e.ts for e in r.events] == [_utc(2023, 12, 31, 23, 59, 59), _utc(2024, 1, 1, 0, 0, 1)]
+
+
+def test_zoneless_stamps_are_read_in_the_given_zone_and_iso_offsets_win() -> None:
+    cest = timezone(timedelta(hours=2))
+    r = parse_kernel_log(
+        "Oct 02 12:41:07 h kernel: NVRM: Xid (PCI:0000:3d:00): 79, pid=0, x\n"
+        "[Mon Oct  2 12:41:08 2023] NVRM: Xid (PCI:0000:3d:00): 79, pid=0, x\n"
+        "2023-10-02T10:41:09+00:00 h kernel: NVRM: Xid (PCI:0000:3d:00): 79, pid=0, x\n",
+        source="tz", node="h", year=2023, tz=cest,
+    )
+    assert [e.ts for e in r.events] == [_utc(2023, 10, 2, 10, 41, 7), _utc(2023, 10, 2, 10, 41, 8),
+                                        _utc(2023, 10, 2, 10, 41, 9)]
 
 
 @pytest.mark.parametrize(
@@ -274,7 +286,7 @@ def test_bus_map_from_dcgm_exporter_snapshot() -> None:
 def test_source_follows_a_growing_rotating_file(tmp_path: Path) -> None:
     log = tmp_path / "kern.log"
     log.write_text("Oct 02 10:00:00 n1 kernel: NVRM: Xid (PCI:0000:3b:00): 31, pid=1, x\n")
-    src = KernelLogSource(path=str(log), year=2023, bus_to_gpu={"0000:3b:00.0": "0"})
+    src = KernelLogSource(path=str(log), year=2023, bus_to_gpu={"0000:3b:00.0": "0"}, tz=UTC)
     t0 = _utc(2023, 10, 2, 10, 0, 0)
     s1 = src.read(t0 + 10)
     assert _series(s1, XID_METRIC)

@@ -701,7 +701,8 @@ class KernelLogSource:
 
     Either ``path`` (a file; rotation and truncation are followed) or ``command`` (e.g. ``["dmesg", "-w"]``
     or ``["journalctl", "-k", "-f", "-o", "short-iso-precise"]``). Relative dmesg stamps use ``boot_time``,
-    read from /proc/stat when not given. A missing file or a dead command is a source error, never fatal.
+    read from /proc/stat when not given; stamps without a zone are read in ``tz``, this machine's local zone
+    by default. A missing file or a dead command is a source error, never fatal.
     """
 
     def __init__(
@@ -714,6 +715,7 @@ class KernelLogSource:
         year: int | None = None,
         bus_to_gpu: BusToGpu | None = None,
         from_start: bool = True,
+        tz: tzinfo | None = None,
         name: str | None = None,
     ) -> None:
         if (path is None) == (command is None):
@@ -722,6 +724,8 @@ class KernelLogSource:
         self.parser = KernelLogParser(
             source=self.name, node=node, boot_time=boot_time if boot_time is not None else read_boot_time(),
             year=year, bus_to_gpu=bus_to_gpu,
+            # A live follower reads this machine's logs, stamped (syslog, ctime) in its local time zone.
+            tz=tz if tz is not None else (datetime.now().astimezone().tzinfo or UTC),
         )
         self._file = _FileTail(path) if path is not None else None
         self._cmd = _CommandTail(command) if command is not None else None
