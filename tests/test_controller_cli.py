@@ -38,9 +38,8 @@ def test_once_with_files_and_a_kernel_log(tmp_path: Path) -> None:
     # a journald line naming the host; the bus id maps to n1's GPU 1 through dcgm-exporter's pci_bus_id
     (tmp_path / "kern.log").write_text(
         f"{now} n1 kernel: NVRM: Xid (PCI:0000:5d:00): 79, pid=1234, name=python3, GPU has fallen off the bus.\n")
-    (tmp_path / "ctl.yaml").write_text(
-        "interval_s: 5\nstate_db: state.db\nsources:\n  files: [dcgm.prom]\n  kernel_logs:\n    - {path: kern.log}\n")
-    r = fh("run", "--config", "ctl.yaml", "--once", cwd=tmp_path)
+    (tmp_path / "ctl.yaml").write_text("interval_s: 5\nstate_db: state.db\nsources:\n  files: [dcgm.prom]\n")
+    r = fh("run", "--config", "ctl.yaml", "--once", "--kernel-log", "kern.log", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     rep = json.loads(r.stdout)
     assert [(t["entity"], t["to"]) for t in rep["transitions_detail"]] == [("n1", "QUARANTINED")]

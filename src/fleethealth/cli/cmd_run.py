@@ -21,6 +21,8 @@ def register(app: typer.Typer) -> None:
         once: bool = typer.Option(False, "--once", help="Run one cycle, print its report as JSON, exit."),
         cycles: int = typer.Option(0, "--cycles", help="Stop after N cycles (0: run until stopped)."),
         listen: str | None = typer.Option(None, "--listen", help="Override the config's HOST:PORT."),
+        kernel_log: list[Path] = typer.Option([], "--kernel-log", help="Also follow this kernel log (repeatable)."),
+        node: str | None = typer.Option(None, "--node", help="Node name for kernel-log lines without a host."),
         log_level: str = typer.Option("info", "--log-level", help="debug, info, warning, error."),
     ) -> None:
         """Every interval: read the sources, score, decide, persist and emit intents (advise mode unless
@@ -36,13 +38,16 @@ def register(app: typer.Typer) -> None:
         )
         try:
             cfg = load_config(config)
-            if listen is not None:
-                cfg = cfg.model_copy(update={"listen": listen})
-                cfg = type(cfg).model_validate(cfg.model_dump())  # re-validate the override
+            if listen is not None or kernel_log:
+                data = cfg.model_dump()
+                if listen is not None:
+                    data["listen"] = listen
+                data["sources"]["kernel_logs"] += [{"path": str(p.resolve()), "node": node} for p in kernel_log]
+                cfg = type(cfg).model_validate(data)  # overrides are validated like the file
         except ConfigError as e:
             fail(str(e))
-        except Exception as e:  # a bad --listen override
-            fail(f"--listen: {e}")
+        except Exception as e:  # a bad override
+            fail(f"invalid option: {e}")
         try:
             asm = build(cfg)
         except PolicyError as e:
