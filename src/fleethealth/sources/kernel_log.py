@@ -176,7 +176,8 @@ class KernelLogResult:
     fallen_off: list[FallenOffEvent]
     snapshot: Snapshot
     issues: list[InputIssue]
-    # lines, xid, sxid, fallen_off, ignored (not about the GPU driver), garbled (looked like ours, unparsable)
+    # lines, xid, sxid, fallen_off, ignored (not about the GPU driver), garbled (looked like ours, unparsable),
+    # replayed (a restarted command's lines already counted)
     stats: dict[str, int]
 
 
@@ -357,14 +358,15 @@ class KernelLogParser:
     counts: dict[tuple[str, LabelSet], int] = field(default_factory=dict)
     last_values: dict[tuple[str, LabelSet], float] = field(default_factory=dict)
     stats: dict[str, int] = field(
-        default_factory=lambda: {"lines": 0, "xid": 0, "sxid": 0, "fallen_off": 0, "ignored": 0, "garbled": 0}
+        default_factory=lambda: {"lines": 0, "xid": 0, "sxid": 0, "fallen_off": 0, "ignored": 0, "garbled": 0,
+                                 "replayed": 0}
     )
     line_no: int = 0
     # Events at or before this time are replays (a restarted ``dmesg -w`` prints its whole buffer again).
     replay_until: float | None = None
     last_event_ts: float | None = None
     _last_ts: float | None = None
-    _notice: tuple[str, int, str] | None = None  # (bus, line, raw) of a pending "The NVIDIA GPU" line
+    _notice: tuple[str, int] | None = None  # (bus, line) of a pending "The NVIDIA GPU <bus>" line
     _warned: set[str] = field(default_factory=set)
     _bus_map: dict[tuple[str, str] | str, str] = field(default_factory=dict)
     _label_cache: dict[tuple[object, ...], LabelSet] = field(default_factory=dict)
@@ -441,7 +443,7 @@ class KernelLogParser:
             return
         self._last_ts = ts
         if self.replay_until is not None and ts <= self.replay_until:
-            self.stats["replayed"] = self.stats.get("replayed", 0) + 1
+            self.stats["replayed"] += 1
             return
         if env.relative:
             self._issue(out, "seconds since boot kept relative: pass boot_time to get wall-clock times",
@@ -466,7 +468,7 @@ class KernelLogParser:
         if notice is not None:
             bus = normalize_bus_id(notice["bus"])
             if bus is not None and _FALLEN not in body:
-                self._notice = (bus, self.line_no, raw)
+                self._notice = (bus, self.line_no)
                 return
         if _FALLEN in body:
             bus = normalize_bus_id(notice["bus"]) if notice is not None else None
