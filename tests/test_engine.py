@@ -258,3 +258,17 @@ def test_vectorised_engine_matches_scalar_reference(seed: int) -> None:
     ref = score_reference(snap, POL, snap.at)
     assert compare(fh, ref) == []
     assert len(ref) == 900
+
+
+def test_gpu_without_node_label_is_scored_under_a_placeholder() -> None:
+    b = SnapshotBuilder()
+    for g in range(6):
+        b.add("DCGM_FI_DEV_GPU_TEMP", {"gpu": str(g), "UUID": f"U{g}"}, 99 if g == 2 else 50, NOW - 1)
+    fh = score_snapshot(b.build(NOW), POL, NOW)
+    t = fh.tuples["(no-node-label)"]
+    assert t.value == 0.0 and t.worst_member == "(no-node-label)/gpu2"
+
+
+def test_empty_snapshot_scores_nothing() -> None:
+    fh = score_snapshot(SnapshotBuilder().build(NOW), POL, NOW)
+    assert len(fh) == 0

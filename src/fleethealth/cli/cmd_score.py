@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import time
 from datetime import datetime
 from pathlib import Path
@@ -20,7 +21,8 @@ from fleethealth.score.engine import CONSUMERS, FleetHealth, score_snapshot
 from fleethealth.score.health import HealthTuple
 from fleethealth.signals.snapshot import Snapshot, merge_snapshots
 
-console = Console(highlight=False)
+# Piped output (logs, CI) gets a wide console so entity names and reason codes are not cut.
+console = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
 
 
 def parse_at(at: str | None) -> float:

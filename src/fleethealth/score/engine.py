@@ -39,6 +39,7 @@ CONSUMERS: tuple[str, ...] = ("training", "serving", "remediation")
 NODE_INFO_METRIC = "fleethealth_node_info"
 REPLICA_INFO_METRIC = "fleethealth_replica_info"
 KINDS: tuple[EntityKind, ...] = ("gpu", "node", "replica", "rank")
+UNNAMED_NODE = "(no-node-label)"
 _GPU_SPECIFIC = {"UUID", "pci_bus_id", "gpu", "device", "job", "pod", "container", "rank", "peer_group", "xid", "le"}
 _COUNTER_SUFFIXES = ("_total", "_count", "_bucket", "_sum")
 
@@ -95,9 +96,13 @@ class _Resolver:
                 node = d.get(k)
                 if node:
                     break
+            g = d.get("gpu")
+            if not node and g:
+                # A GPU sample without any node label (a bare exporter file): scored under a visible
+                # placeholder node rather than silently dropped.
+                node = UNNAMED_NODE
             node_kid = self._kid("node:" + node) if node else -1
             node_c.append(node_kid)
-            g = d.get("gpu")
             gpu_c.append(self._kid(f"gpu:{node}/gpu{g}", node_kid) if (node and g is not None and g != "") else -1)
             rep = None
             for k in self.replica_labels:
@@ -315,7 +320,7 @@ def _entity_tables(ctx: _Ctx, policy: Policy, inventory: Mapping[str, Sequence[s
     n_keys = len(r.key_names)
     for kind in KINDS:
         ids = _uniq(np.concatenate(found[kind])) if found[kind] else np.zeros(0, np.int64)
-        lut = np.full(n_keys, -1, np.int64)
+        lut = np.full(max(n_keys, 1), -1, np.int64)
         lut[ids] = np.arange(ids.size)
         names = r.display_names(ids)
         out[kind] = _KindTable(kind, ids, lut, names)
