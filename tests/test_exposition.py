@@ -293,3 +293,25 @@ def test_property_fast_and_careful_paths_agree(text: str) -> None:
 def test_property_arbitrary_bytes_never_raise(data: bytes) -> None:
     snap = parse_exposition(data, default_ts=NOW)
     assert all(math.isfinite(v) for v in snap.values.tolist())
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.lists(_lvalue, min_size=3, max_size=3), min_size=8, max_size=30),
+    st.sampled_from([",", ", "]),
+    st.booleans(),
+)
+def test_property_bulk_template_labels_equal_careful_parse(values: list[list[str]], sep: str, quoted: bool) -> None:
+    """The template fast path for many label strings gives exactly the careful parser's result."""
+    from fleethealth.sources import exposition as ex
+
+    k0 = '"dotted.name"' if quoted else "zeta"
+    raws = list(dict.fromkeys(
+        ("{" + sep.join(f'{k}="{_esc(v)}"' for k, v in zip((k0, "alpha", "mid"), vs, strict=True)) + "}").encode()
+        for vs in values
+    ))
+    clear_label_cache()
+    ex._parse_labels_bulk(raws)
+    bulk = [ex._LABEL_CACHE[r] for r in raws]
+    careful = [ex._split_labels(r.decode()) for r in raws]
+    assert bulk == careful

@@ -20,6 +20,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from operator import itemgetter
 
 import numpy as np
 
@@ -128,6 +129,61 @@ def _split_labels(text: str) -> LabelSet | str:
     # Prometheus treats an empty label value as an absent label (dcgm-exporter prints pod="" for GPUs with
     # no workload); store it the way Prometheus does.
     return tuple(sorted((k, v) for k, v in zip(keys, values, strict=True) if v))
+
+
+def _parse_labels_bulk(raws: list[bytes]) -> None:
+    """Parse many new label strings into the cache at once.
+
+    Exporters print every series with the same keys in the same order and spacing (dcgm-exporter: gpu,
+    UUID, pci_bus_id, ...), so the first string, parsed carefully, becomes a template regex whose only
+    variables are the values (no quotes, backslashes or newlines in them). One findall over all strings
+    then yields every value tuple; the strings it does not fit (escapes, other keys) take the careful path.
+    Results are identical to ``_parse_labels`` by construction: same keys, and values without escapes.
+    """
+    todo = [r for r in raws if r not in _LABEL_CACHE]
+    if len(todo) < 8:
+        for r in todo:
+            _parse_labels(r)
+        return
+    try:
+        first = todo[0].decode("utf-8")
+        joined = b"\n".join(todo).decode("utf-8")
+    except UnicodeDecodeError:
+        first = ""
+    parsed = _split_labels(first) if first else "x"
+    if isinstance(parsed, str) or not parsed or "\\" in first:
+        for r in todo:
+            _parse_labels(r)
+        return
+    inner = first[1:-1]
+    segs: list[str] = []
+    keys: list[str] = []
+    pos = 0
+    for m in _PAIR_RE.finditer(inner):
+        k = m.group(1)
+        keys.append(_unescape(k[1:-1]) if k[:1] == '"' else k)
+        segs.append(re.escape(inner[pos : m.start(2)]))
+        pos = m.end(2)
+    segs.append(re.escape(inner[pos:]))
+    template = re.compile(r"^\{" + r'([^"\\\n]*)'.join(segs) + r"\}$", re.M)
+    found = template.findall(joined)
+    if len(found) != len(todo) or len(set(keys)) != len(keys):
+        for r in todo:
+            _parse_labels(r)
+        return
+    order = sorted(range(len(keys)), key=keys.__getitem__)
+    skeys = [keys[i] for i in order]
+    if len(keys) == 1:
+        found = [(v,) for v in found]
+    pick = itemgetter(*order) if len(order) > 1 else (lambda t: (t[order[0]],))
+    if len(_LABEL_CACHE) + len(todo) >= _LABEL_CACHE_MAX:
+        _LABEL_CACHE.clear()
+    for raw, vals in zip(todo, found, strict=True):
+        v = pick(vals)
+        if "" in v:
+            _LABEL_CACHE[raw] = tuple((k, x) for k, x in zip(skeys, v, strict=True) if x)
+        else:
+            _LABEL_CACHE[raw] = tuple(zip(skeys, v, strict=True))
 
 
 def counter_like(name: str, types: Mapping[str, str]) -> bool:
@@ -330,9 +386,12 @@ def _fast_block(ctx: _Ctx, chunk: bytes, first: int, n: int) -> bool:
     if labs == ctx.last_labs and ctx.last_sids is not None:
         sids = ctx.last_sids
     else:
-        for rl in set(labs).difference(ctx.sids):
-            if isinstance(ctx.series(rl), str):
-                return False
+        new = list(set(labs).difference(ctx.sids))
+        if new:
+            _parse_labels_bulk(new)
+            for rl in new:
+                if isinstance(ctx.series(rl), str):
+                    return False
         sids = np.fromiter(map(ctx.sids.__getitem__, labs), np.int32, n)
         ctx.last_labs, ctx.last_sids = labs, sids
     name = bname.decode("ascii")
