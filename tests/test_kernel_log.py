@@ -313,7 +313,7 @@ def test_source_follows_a_growing_rotating_file(tmp_path: Path) -> None:
 
 
 def test_source_missing_file_is_a_source_error(tmp_path: Path) -> None:
-    src = KernelLogSource(path=str(tmp_path / "nope.log"))
+    src = KernelLogSource(tmp_path / "nope.log")
     snap = src.read(100.0)
     assert len(snap) == 0 and snap.source_errors and "cannot read" in snap.source_errors[0].reason
 
@@ -325,7 +325,8 @@ def test_source_from_command(tmp_path: Path) -> None:
         "print('[10.0] NVRM: Xid (PCI:0000:3b:00): 79, pid=0, fallen', flush=True)\n"
         "print('[11.0] nvidia-nvswitch1: SXid (PCI:0000:05:00.0): 12028, Fatal, Link 3 x', flush=True)\n"
     )
-    src = KernelLogSource(command=[sys.executable, str(script)], node="n1", boot_time=1000.0)
+    # A list in the first position is a command (a path would be a str or a Path).
+    src = KernelLogSource([sys.executable, str(script)], node="n1", boot_time=1000.0)
     try:
         import time
 

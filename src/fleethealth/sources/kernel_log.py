@@ -709,7 +709,7 @@ class KernelLogSource:
 
     def __init__(
         self,
-        path: str | None = None,
+        path: str | os.PathLike[str] | Sequence[str] | None = None,
         command: Sequence[str] | None = None,
         *,
         node: str | None = None,
@@ -720,16 +720,21 @@ class KernelLogSource:
         tz: tzinfo | None = None,
         name: str | None = None,
     ) -> None:
-        if (path is None) == (command is None):
+        file: str | None = None
+        if isinstance(path, str | os.PathLike):
+            file = os.fspath(path)
+        elif path is not None:
+            command = list(path)  # KernelLogSource(["dmesg", "-w"]) reads as a command
+        if (file is None) == (command is None):
             raise ValueError("KernelLogSource needs exactly one of path or command")
-        self.name = name or (f"kernel-log:{path}" if path else "kernel-log:" + " ".join(command or ()))
+        self.name = name or (f"kernel-log:{file}" if file else "kernel-log:" + " ".join(command or ()))
         self.parser = KernelLogParser(
             source=self.name, node=node, boot_time=boot_time if boot_time is not None else read_boot_time(),
             year=year, bus_to_gpu=bus_to_gpu,
             # A live follower reads this machine's logs, stamped (syslog, ctime) in its local time zone.
             tz=tz if tz is not None else (datetime.now().astimezone().tzinfo or UTC),
         )
-        self._file = _FileTail(path) if path is not None else None
+        self._file = _FileTail(file) if file is not None else None
         self._cmd = _CommandTail(command) if command is not None else None
         self._skip_existing = not from_start
         # The last Xid per normalised bus id (the agent's DCGM_FI_DEV_XID_ERRORS); bounded by the GPU count
