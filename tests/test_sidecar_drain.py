@@ -68,14 +68,18 @@ def test_drain_under_40_streams_loses_no_decoding_request(tmp_path: Path) -> Non
         # Nothing lost, nothing cut: each request either ran to its end or got a retryable 503.
         assert len(completed) + len(rejected) == 40, results
         assert all(r["chunks"] == 40 and r["stream_error"] is None for r in completed)
-        # Exactly the streams that were decoding when the drain began ran to their end ...
-        assert at_start["decoding"] >= 10 and at_start["queued"] + at_start["sent"] >= 10
-        assert len(completed) == at_start["decoding"]
+        # Exactly the streams that were decoding when the drain began ran to their end (on a loaded box a
+        # few may have finished before the drain call landed: those are not the drain's) ...
+        outcomes = bundle["drain"]["outcomes"]
+        assert at_start["decoding"] >= 10 and at_start["queued"] + at_start["sent"] >= 10, at_start
+        assert outcomes.get("completed", 0) == at_start["decoding"], (at_start, outcomes)
+        assert "cut_at_deadline" not in outcomes and "client_gone" not in outcomes, outcomes
         # ... and everything else (the proxy's queue and the engine's) got 503 + Retry-After at once.
-        assert len(rejected) == at_start["queued"] + at_start["sent"]
+        assert len(rejected) == at_start["queued"] + at_start["sent"], (at_start, outcomes)
+        assert len(completed) - outcomes["completed"] + len(rejected) + at_start["decoding"] == 40
         assert all(r["retry_after"] == "3" for r in rejected)
         # "At once": every retryable answer arrived before any decoding stream finished (those take 2 s).
-        assert max(r["t_end"] for r in rejected) < min(r["t_end"] for r in completed)
+        assert max(r["t_end"] for r in rejected) < min(r["t_end"] for r in completed if r["t_end"] > t_drain)
         assert t_done - t_drain < 5.0 + 2.0  # never past max_drain_seconds (plus scheduling slack)
         assert p.sc.state is State.DRAINING
         # New requests are refused, readiness is down, and the drain left evidence without prompts.
@@ -83,7 +87,6 @@ def test_drain_under_40_streams_loses_no_decoding_request(tmp_path: Path) -> Non
         assert r.status_code == 503 and r.headers["retry-after"] == "3"
         assert httpx.get(p.url + "/readyz").status_code == 503
         assert "secret prompt" not in bundle_text and bundle["prompts_redacted"] is True
-        assert bundle["drain"]["outcomes"]["completed"] == len(completed)
         assert len(bundle["request_samples"]) >= 40 and bundle["metrics_window"]
         # Undrain of an admin-only drain goes straight back to READY.
         assert httpx.post(p.url + "/admin/undrain", headers=p.auth).json()["state"] == "READY"
