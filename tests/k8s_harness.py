@@ -111,7 +111,7 @@ class KubeCluster:
                 raise RuntimeError("kube-apiserver exited:\n" + self.log("apiserver"))
             return httpx.get(f"{self.url}/readyz", headers=headers, verify=False, timeout=2).status_code == 200
 
-        wait_until(ready, 60, 0.1, what="kube-apiserver /readyz")
+        wait_until(ready, 150, 0.1, what="kube-apiserver /readyz")
         kubeconfig = self.dir / "kubeconfig"
         kubeconfig.write_text(
             "apiVersion: v1\nkind: Config\nclusters:\n- name: fh\n  cluster:\n"
@@ -179,7 +179,7 @@ class KubeCluster:
             container["resources"] = {"limits": {"nvidia.com/gpu": str(gpus)}}
         pod = kube.api.request("POST", f"/api/v1/namespaces/{namespace}/pods", {
             "apiVersion": "v1", "kind": "Pod", "metadata": md,
-            "spec": {"nodeName": node, "containers": [container], "terminationGracePeriodSeconds": 0},
+            "spec": {"nodeName": node, "containers": [container], "terminationGracePeriodSeconds": 30},
         })
         if ready:
             self.set_pod_phase(namespace, name, "Running", ready=True)
