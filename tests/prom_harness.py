@@ -115,11 +115,24 @@ class ExporterServer:
         self.fleet = fleet
         self.hang_s = 0.0
         self.fail = False
+        self.lock = threading.Lock()
+        self.inflight = 0
+        self.max_inflight = 0  # the most requests served at once: shows a client's concurrency
         self.port = free_port()
         outer = self
 
         class H(BaseHTTPRequestHandler):
             def do_GET(self) -> None:  # noqa: N802
+                with outer.lock:
+                    outer.inflight += 1
+                    outer.max_inflight = max(outer.max_inflight, outer.inflight)
+                try:
+                    self._get()
+                finally:
+                    with outer.lock:
+                        outer.inflight -= 1
+
+            def _get(self) -> None:
                 if outer.hang_s:
                     time.sleep(outer.hang_s)
                 if outer.fail:

@@ -23,7 +23,7 @@ def test_scrapes_good_and_reports_bad_endpoints() -> None:
     good = ExporterServer(FakeFleet({"node-a": 2}))
     hung = ExporterServer(FakeFleet({"node-b": 2}))
     broken = ExporterServer(FakeFleet({"node-c": 2}))
-    hung.hang_s = 3.0
+    hung.hang_s = 5.0
     broken.fail = True
     dead_url = f"http://127.0.0.1:{free_port()}/metrics"
     with good, hung, broken:
@@ -38,7 +38,7 @@ def test_scrapes_good_and_reports_bad_endpoints() -> None:
         snap = src.read(now)
         took = time.perf_counter() - t0
         src.close()
-    assert took < 2.0  # fetched concurrently: the hung endpoint costs one timeout, not a serial wait
+    assert took < 4.0  # the hung endpoint costs its timeout (0.5 s), not its 5 s hang
     m = by_metric(snap)
     temps = m["DCGM_FI_DEV_GPU_TEMP"]
     assert {lab["Hostname"] for lab, _ in temps} == {"node-a"}  # only the healthy endpoint's samples
@@ -69,7 +69,8 @@ def test_many_endpoints_concurrently() -> None:
         snap2 = src.read(1015.0)
         src.close()
     assert not snap.source_errors and not snap2.source_errors
-    assert took < 0.3 * 24 / 3  # far below the serial 7.2 s
+    assert exp.max_inflight >= 8  # fetched concurrently (bounded by `concurrency`), not one by one
+    assert took < 0.3 * 24  # below the serial 7.2 s even on a loaded machine
     temps = by_metric(snap)["DCGM_FI_DEV_GPU_TEMP"]
     assert len(temps) == 24 * 8
 
