@@ -99,3 +99,13 @@ def test_clear_errors_exit_2(tmp_path: Path, recording: Path) -> None:
     assert res.exit_code == 2 and "ev.jsonl:1" in res.output
     res = runner.invoke(app, ["replay", "--format", "yaml", str(recording)])
     assert res.exit_code == 2
+
+
+def test_simulator_event_files_are_understood(recording: Path, tmp_path: Path) -> None:
+    ev = tmp_path / "sim-events.jsonl"
+    ev.write_text(json.dumps({"ts": 1767000100.0, "kind": "xid", "entity": "node-01/gpu0", "node": "node-01",
+                              "context": {"xid": 13, "line": "NVRM: Xid (PCI:0000:18:00): 13, pid=0"}}) + "\n")
+    res = runner.invoke(app, ["replay", "--format", "json", "--events", str(ev), str(recording)])
+    assert res.exit_code == 0, res.output
+    summary = _lines(res.stdout)[-1]
+    assert summary["events"] == 0 and summary["events_skipped"] == {"xid": 1}

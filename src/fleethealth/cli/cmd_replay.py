@@ -51,15 +51,35 @@ def read_recording(paths: list[str]) -> Snapshot:
     return merge_snapshots(snaps)
 
 
-def read_events(path: Path) -> list[Event]:
-    out = []
+def read_events(path: Path) -> tuple[list[Event], Counter[str]]:
+    """Decision events (active_test, reset, ack, oom) as JSON lines; the simulator's event files work too
+    (its ``cuda_oom`` events become ``oom`` events; its ``xid`` lines are already in the metrics and are
+    skipped). Returns the events and a count of the skipped kinds."""
+    out: list[Event] = []
+    skipped: Counter[str] = Counter()
     for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if line.strip():
-            try:
-                out.append(Event.from_dict(json.loads(line)))
-            except (ValueError, KeyError, TypeError) as e:
-                raise ValueError(f"{path}:{n}: not an event: {e}") from None
-    return out
+        if not line.strip():
+            continue
+        try:
+            d = json.loads(line)
+            kind = d.get("kind") if isinstance(d, dict) else None
+            if kind == "cuda_oom" and "context" in d:
+                out.append(_sim_oom(d))
+            elif kind in ("xid",):
+                skipped[str(kind)] += 1
+            else:
+                out.append(Event.from_dict(d))
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise ValueError(f"{path}:{n}: not an event: {e}") from None
+    return out, skipped
+
+
+def _sim_oom(d: dict[str, Any]) -> Event:
+    from fleethealth.backtest.events import oom_event
+    from fleethealth.sim.truth import SimEvent
+
+    return oom_event(SimEvent(float(d["ts"]), "cuda_oom", str(d["entity"]), str(d.get("node", "")),
+                              dict(d["context"]), str(d.get("truth", ""))))
 
 
 def _when(ts: float) -> str:
@@ -165,10 +185,11 @@ def register(app: typer.Typer) -> None:
         except Exception as e:  # the readers raise one-line InputErrors; never a traceback at a user
             fail(str(e).splitlines()[0] if str(e) else type(e).__name__)
         evs: list[Event] = []
+        skipped: Counter[str] = Counter()
         if events is not None:
             try:
-                evs = read_events(events)
-            except (OSError, ValueError) as e:
+                evs, skipped = read_events(events)
+            except (OSError, ValueError, ImportError) as e:
                 fail(str(e))
         store = None
         if state_db is not None:
@@ -185,6 +206,10 @@ def register(app: typer.Typer) -> None:
         for res in replay_cycles(loop, snap, evs, group_s, (lambda: time.sleep(pace)) if pace > 0 else None):
             rep.cycle(res)
             sys.stdout.flush()
-        rep.print_summary(rep.summary(loop, time.perf_counter() - t0, resumed))
+        summary = rep.summary(loop, time.perf_counter() - t0, resumed)
+        summary["events"] = len(evs)
+        if skipped:
+            summary["events_skipped"] = dict(skipped)
+        rep.print_summary(summary)
         if store is not None:
             store.close()
