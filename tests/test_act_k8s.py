@@ -421,3 +421,16 @@ def test_kill_switch_stops_a_drain_in_progress(cluster: KubeCluster, tmp_path: P
     assert r.detail["not_evicted"] == ["default/held-7"] and r.detail["forced"] == []
     assert not terminating(kube, "default", "held-7")
     assert runner.submit(Intent(2.0, IntentKind.DRAIN, "gpu-node-7", "y", {}, Tier.NODE))[0].status == "killed"
+
+
+def test_controller_and_agent_manifests_are_accepted_by_the_api_server(cluster: KubeCluster) -> None:
+    admin = cluster.kube()
+    for f in ("rbac.yaml", "controller.yaml", "agent.yaml"):
+        for doc in yaml.safe_load_all((DEPLOY / f).read_text()):
+            if doc["kind"] == "PodDisruptionBudget":
+                doc["apiVersion"] = "policy/v1beta1"  # 1.20 predates policy/v1
+            apply_manifest(admin, doc)
+    dep = admin.api.request("GET", "/apis/apps/v1/namespaces/fleethealth-system/deployments/fleethealth-controller")
+    assert dep["spec"]["replicas"] == 2
+    ds = admin.api.request("GET", "/apis/apps/v1/namespaces/fleethealth-system/daemonsets/fleethealth-agent")
+    assert ds["spec"]["template"]["spec"]["serviceAccountName"] == "fleethealth-agent"

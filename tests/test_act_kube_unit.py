@@ -89,3 +89,31 @@ def test_active_test_job_is_pinned_and_tolerates_our_taint() -> None:
     assert job_verdict({"status": {"conditions": [{"type": "Complete", "status": "True"}]}}) == "passed"
     assert job_verdict({"status": {"conditions": [{"type": "Failed", "status": "True"}]}}) == "failed"
     assert job_verdict({"status": {"active": 1}}) == "running"
+
+
+def test_deploy_manifests_parse_and_the_controller_config_validates() -> None:
+    from pathlib import Path
+
+    import yaml
+
+    from fleethealth.controller.config import ControllerConfig
+
+    deploy = Path(__file__).resolve().parent.parent / "deploy"
+    docs = {f: list(yaml.safe_load_all((deploy / f).read_text())) for f in ("rbac.yaml", "controller.yaml",
+                                                                             "agent.yaml")}
+    kinds = {d["kind"] for ds in docs.values() for d in ds}
+    assert {"ServiceAccount", "ClusterRole", "Deployment", "DaemonSet", "Role"} <= kinds
+    dep = next(d for d in docs["controller.yaml"] if d["kind"] == "Deployment")
+    assert dep["spec"]["replicas"] == 2
+    cm = next(d for d in docs["controller.yaml"] if d["kind"] == "ConfigMap")
+    cfg = ControllerConfig.model_validate(yaml.safe_load(cm["data"]["controller.yaml"]))
+    assert cfg.actuation.mode == "advise" and cfg.kubernetes is not None and cfg.kubernetes.leader_election
+    role = next(d for d in docs["rbac.yaml"] if d["kind"] == "ClusterRole" and d["metadata"]["name"] ==
+                "fleethealth-controller")
+    grants = {(r, v) for rule in role["rules"] for r in rule["resources"] for v in rule["verbs"]}
+    assert ("pods/eviction", "create") in grants and ("nodes/status", "patch") in grants
+    assert not any(r == "secrets" for r, _ in grants)
+    assert ("pods", "delete") not in grants and ("nodes", "delete") not in grants
+    ds = docs["agent.yaml"][0]
+    tol = ds["spec"]["template"]["spec"]["tolerations"]
+    assert {"key": "fleethealth.io/unhealthy", "operator": "Exists"} in tol  # keeps reporting in quarantine

@@ -8,7 +8,14 @@ from pathlib import Path
 import httpx
 import pytest
 
-from act_support import ALERTMANAGER, AlertmanagerServer, Webhook, alertmanager_with_webhook, free_port, wait_until
+from act_support import (
+    ALERTMANAGER,
+    AlertmanagerServer,
+    Webhook,
+    alertmanager_with_webhook,
+    free_port,
+    wait_until,
+)
 from fleethealth.act.config import ActuationConfig
 from fleethealth.act.ledger import Ledger
 from fleethealth.act.pager import AlertmanagerPager, alert_for, page_kind
