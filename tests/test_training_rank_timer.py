@@ -69,6 +69,52 @@ def test_exported_value_is_the_median_of_recent_steps() -> None:
     assert t.compute_seconds() == pytest.approx(1.2)  # median of 9.0, 1.2, 1.1
 
 
+class FakeGpuClock:
+    """Stands in for CUDA events (no GPU here): a mark is a host time that the 'device' reaches once
+    ``device_t`` passes it; reading one before that counts as a device sync."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+        self.device_t = 0.0
+        self.syncs = 0
+
+    def mark(self) -> float:
+        return self.t
+
+    def ready(self, mark: float) -> bool:
+        return mark <= self.device_t
+
+    def seconds(self, start: float, end: float) -> float:
+        if end > self.device_t:
+            self.syncs += 1
+            self.device_t = end
+        return end - start
+
+
+def test_gpu_steps_are_read_when_the_device_passes_them_without_a_sync_per_step() -> None:
+    from fleethealth.training.rank_timer import MAX_PENDING_STEPS
+
+    t = RankTimer(job="j", rank=0, node="n", gpu="0")
+    gpu = FakeGpuClock()
+    t._clock = gpu  # type: ignore[assignment]  # the CUDA clock's stand-in
+    results = []
+    for _ in range(6):
+        t.step_begin()
+        gpu.t += 1.0
+        t.mark_collective()
+        gpu.t += 0.5
+        results.append(t.step_end())
+        # the device runs one step behind the host
+        gpu.device_t = gpu.t - 1.5
+    assert results[0] is None  # still running on the device when the host closed it
+    assert gpu.syncs == 0
+    # each step is read at the first step_end after the device passed it; the last two are still pending
+    assert [h.step for h in t.history] == list(range(4))
+    assert len(t._pending) == MAX_PENDING_STEPS
+    t.flush()
+    assert [h.compute_s for h in t.history] == [1.0] * 6 and gpu.syncs == 1
+
+
 def _families(text: str) -> dict[str, list[Any]]:
     return {f.name: f.samples for f in text_string_to_metric_families(text)}
 

@@ -21,7 +21,8 @@ hands its gradients to the collective. ``RankTimer`` measures that from the trai
   loop enters its gradient collective (the same goes for Megatron, DeepSpeed or a hand-written loop).
 
 Times: on the GPU, CUDA events recorded on the current stream (kernels are asynchronous, so host clocks
-would measure launch time, not compute); on the CPU, ``time.perf_counter``. A step runs from
+would measure launch time, not compute), read once the GPU has passed them so the timer adds no device
+sync to the step (the host may run up to ``MAX_PENDING_STEPS`` ahead); on the CPU, ``time.perf_counter``. A step runs from
 ``step_begin()`` (or, if it is not called, the previous ``step_end()``) to ``step_end()``.
 
 Export: ``fleethealth_rank_compute_seconds{job, rank, node, gpu, peer_group}`` (the median of the last
@@ -75,12 +76,15 @@ class _CpuClock:
     def mark(self) -> Any:
         return self.clock()
 
+    def ready(self, mark: Any) -> bool:
+        return True
+
     def seconds(self, start: Any, end: Any) -> float:
         return float(end - start)
 
 
 class _CudaClock:
-    """Marks are CUDA events on the current stream; read only at step end."""
+    """Marks are CUDA events on the current stream; read once the GPU has passed them."""
 
     def __init__(self, torch: Any) -> None:
         self.torch = torch
@@ -90,9 +94,28 @@ class _CudaClock:
         ev.record()
         return ev
 
+    def ready(self, mark: Any) -> bool:
+        return bool(mark.query())
+
     def seconds(self, start: Any, end: Any) -> float:
+        start.synchronize()
         end.synchronize()
         return float(start.elapsed_time(end)) / 1000.0
+
+
+@dataclass(slots=True)
+class _Pending:
+    step: int
+    begin: Any
+    first: Any
+    last: Any
+    end: Any
+    collectives: int
+
+
+# Steps the GPU may lag behind the host before step_end() waits for it: reading CUDA events as soon as the
+# GPU passes them keeps the host's run-ahead (no device sync per step) with bounded memory.
+MAX_PENDING_STEPS = 2
 
 
 class RankTimer:
@@ -140,6 +163,7 @@ class RankTimer:
         self._gauges: dict[str, Any] = {}
         self._server: Any = None
         self._published_steps = 0
+        self._pending: deque[_Pending] = deque()
 
     # -- identity -------------------------------------------------------------------------------------
 
@@ -246,8 +270,10 @@ class RankTimer:
             self._last = mark
             self._collectives += 1
 
-    def step_end(self) -> StepTiming | None:
-        """Close the step; returns its timing (None if the step was never begun)."""
+    def step_end(self, wait: bool = False) -> StepTiming | None:
+        """Close the step. Returns its timing when it is known now: always on the CPU; on the GPU once the
+        device has passed the step's end (``wait=True`` waits for it, ``flush()`` for all). None if the
+        step was never begun or is still running on the GPU; it then lands in ``history`` later."""
         end = self._clock.mark()
         with self._lock:
             begin = self._begin if self._begin is not None else self._boundary
@@ -257,20 +283,39 @@ class RankTimer:
             self._collectives = 0
         if begin is None:
             return None
-        clock = self._clock
-        timing = StepTiming(
-            step=self._step,
-            compute_s=clock.seconds(begin, last) if last is not None else None,
-            first_collective_s=clock.seconds(begin, first) if first is not None else None,
-            step_s=clock.seconds(begin, end),
-            collectives=n,
-        )
+        pending = _Pending(self._step, begin, first, last, end, n)
         self._step += 1
-        self.history.append(timing)
-        self._publish()
-        if self.on_step is not None:
-            self.on_step(timing)
-        return timing
+        self._pending.append(pending)
+        resolved = self._resolve(wait=wait)
+        return resolved[-1] if resolved and resolved[-1].step == pending.step else None
+
+    def flush(self) -> None:
+        """Wait for the GPU and record every step still pending."""
+        self._resolve(wait=True)
+
+    def _resolve(self, wait: bool) -> list[StepTiming]:
+        clock = self._clock
+        done: list[StepTiming] = []
+        while self._pending:
+            p = self._pending[0]
+            if not (wait or len(self._pending) > MAX_PENDING_STEPS or clock.ready(p.end)):
+                break
+            self._pending.popleft()
+            step_s = clock.seconds(p.begin, p.end)  # first: once the end is reached, the other marks are
+            timing = StepTiming(
+                step=p.step,
+                compute_s=clock.seconds(p.begin, p.last) if p.last is not None else None,
+                first_collective_s=clock.seconds(p.begin, p.first) if p.first is not None else None,
+                step_s=step_s,
+                collectives=p.collectives,
+            )
+            self.history.append(timing)
+            done.append(timing)
+            if self.on_step is not None:
+                self.on_step(timing)
+        if done:
+            self._publish()
+        return done
 
     @contextmanager
     def step(self) -> Iterator[None]:
@@ -329,8 +374,9 @@ class RankTimer:
         for name, value in values.items():
             if value is not None:
                 self._gauges[name].labels(**labels).set(value)
-        self._gauges[STEPS_METRIC].labels(**labels).inc(self._step - self._published_steps)
-        self._published_steps = self._step
+        recorded = self.history[-1].step + 1
+        self._gauges[STEPS_METRIC].labels(**labels).inc(recorded - self._published_steps)
+        self._published_steps = recorded
 
     def serve(self, port: int = 0, addr: str = "0.0.0.0") -> int:
         """Serve /metrics on ``port`` (0: a free one) from a daemon thread; returns the port."""
