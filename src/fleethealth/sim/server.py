@@ -48,10 +48,12 @@ class SimExporterServer:
         return self
 
     def stop(self) -> None:
-        self._httpd.shutdown()
-        self._httpd.server_close()
+        # shutdown() waits for serve_forever to notice; calling it on a server never started would hang
         if self._thread is not None:
+            self._httpd.shutdown()
             self._thread.join(timeout=5)
+            self._thread = None
+        self._httpd.server_close()
 
     def __enter__(self) -> SimExporterServer:
         return self.start()
