@@ -31,8 +31,8 @@ def register(app: typer.Typer) -> None:
         listen: str = typer.Option("0.0.0.0:9400", help="HOST:PORT to serve /metrics and /healthz on."),
         kernel_log: str | None = typer.Option(
             None, "--kernel-log",
-            help="Kernel log to watch for Xids: a FILE (e.g. /var/log/kern.log), 'dmesg' (dmesg -w) or "
-                 "'journal' (journalctl -k -f).",
+            help="Kernel log to watch for Xids: /dev/kmsg (read directly), a FILE (e.g. /var/log/kern.log), "
+                 "'dmesg' (dmesg -w) or 'journal' (journalctl -k -f).",
         ),
         interval: float = typer.Option(15.0, help="Seconds between collections.", min=0.1),
         hostname: str | None = typer.Option(

@@ -46,6 +46,7 @@ import contextlib
 import os
 import queue
 import re
+import stat
 import subprocess
 import threading
 from collections.abc import Mapping, Sequence
@@ -628,6 +629,13 @@ def read_boot_time(proc_stat: str = "/proc/stat") -> float | None:
     return None
 
 
+def _is_char_device(path: str) -> bool:
+    try:
+        return stat.S_ISCHR(os.stat(path).st_mode)
+    except OSError:
+        return False
+
+
 class _FileTail:
     """Reads complete new lines from a file, following truncation and rotation (new inode)."""
 
@@ -649,6 +657,40 @@ class _FileTail:
         data = self.partial + data
         *complete, self.partial = data.split(b"\n")
         return [c.decode("utf-8", errors="replace") for c in complete]
+
+
+class _KmsgTail:
+    """Reads /dev/kmsg records without blocking (one record per read; ``prio,seq,usec,flags;message``).
+    Needs no dmesg binary, only read access to the device (CAP_SYSLOG in a container)."""
+
+    def __init__(self, path: str, from_start: bool) -> None:
+        self.path = path
+        self.from_start = from_start
+        self.fd: int | None = None
+
+    def read_lines(self) -> list[str]:
+        if self.fd is None:
+            self.fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
+            if not self.from_start:
+                os.lseek(self.fd, 0, os.SEEK_END)
+        out: list[str] = []
+        while True:
+            try:
+                record = os.read(self.fd, 8192)
+            except BlockingIOError:
+                break
+            except BrokenPipeError:  # the ring buffer overwrote records we had not read: go on
+                continue
+            if not record:
+                break
+            # Continuation lines (" KEY=value" device properties) follow the message; they are not ours.
+            out.append(record.decode("utf-8", errors="replace").split("\n", 1)[0])
+        return out
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
 
 
 class _CommandTail:
@@ -701,7 +743,8 @@ class KernelLogSource:
     """Follows a kernel log file or command incrementally; ``read(now)`` returns the new events' samples
     plus every known series' current value at ``now`` (as a scrape would), so rates and freshness work.
 
-    Either ``path`` (a file; rotation and truncation are followed) or ``command`` (e.g. ``["dmesg", "-w"]``
+    Either ``path`` (a file, rotation and truncation followed; or ``/dev/kmsg``, read directly) or
+    ``command`` (e.g. ``["dmesg", "-w"]``
     or ``["journalctl", "-k", "-f", "-o", "short-iso-precise"]``). Relative dmesg stamps use ``boot_time``,
     read from /proc/stat when not given; stamps without a zone are read in ``tz``, this machine's local zone
     by default. A missing file or a dead command is a source error, never fatal.
@@ -734,7 +777,8 @@ class KernelLogSource:
             # A live follower reads this machine's logs, stamped (syslog, ctime) in its local time zone.
             tz=tz if tz is not None else (datetime.now().astimezone().tzinfo or UTC),
         )
-        self._file = _FileTail(file) if file is not None else None
+        self._kmsg = _KmsgTail(file, from_start) if file is not None and _is_char_device(file) else None
+        self._file = _FileTail(file) if file is not None and self._kmsg is None else None
         self._cmd = _CommandTail(command) if command is not None else None
         self._skip_existing = not from_start
         # The last Xid per normalised bus id (the agent's DCGM_FI_DEV_XID_ERRORS); bounded by the GPU count
@@ -745,6 +789,12 @@ class KernelLogSource:
         self.parser.set_bus_map(bus_to_gpu)
 
     def _lines(self) -> tuple[list[str], str | None]:
+        if self._kmsg is not None:
+            try:
+                return self._kmsg.read_lines(), None
+            except OSError as e:
+                self._kmsg.close()
+                return [], f"cannot read {self._kmsg.path}: {e.strerror or e}"
         if self._file is not None:
             try:
                 if self._skip_existing:
@@ -781,3 +831,5 @@ class KernelLogSource:
     def close(self) -> None:
         if self._cmd is not None:
             self._cmd.close()
+        if self._kmsg is not None:
+            self._kmsg.close()
