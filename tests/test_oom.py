@@ -133,7 +133,7 @@ events = st.builds(
 FATAL = fatal_xids(range(1, 200))
 
 
-@settings(max_examples=120, deadline=None)
+@settings(max_examples=80, deadline=None)
 @given(events)
 def test_total_and_explained(ev: OomEvent) -> None:
     v = classify_oom(ev)
@@ -141,14 +141,14 @@ def test_total_and_explained(ev: OomEvent) -> None:
     assert v.explanation
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(events, st.sampled_from(FATAL))
 def test_any_recent_fatal_xid_is_a_device_fault(ev: OomEvent, xid: int) -> None:
     ev2 = OomEvent(**{**{f: getattr(ev, f) for f in ev.__dataclass_fields__}, "recent_xids": (*ev.recent_xids, xid)})
     assert classify_oom(ev2).cls is OomClass.DEVICE_FAULT
 
 
-@settings(max_examples=120, deadline=None)
+@settings(max_examples=80, deadline=None)
 @given(events, st.integers(min_value=1, max_value=512))
 def test_never_restart_on_every_oom(ev: OomEvent, limit: int) -> None:
     intents = oom_intents(ev, 1.0, current_limit=limit)
@@ -166,7 +166,7 @@ def test_never_restart_on_every_oom(ev: OomEvent, limit: int) -> None:
             assert 1 <= i.params["max_concurrency"] <= limit
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(st.integers(min_value=1, max_value=10_000), st.one_of(st.none(), st.integers(min_value=0, max_value=20_000)))
 def test_concurrency_only_goes_down(limit: int, running: int | None) -> None:
     new = new_concurrency_limit(limit, running)

@@ -175,7 +175,8 @@ def test_canary_ramps_weight_and_admits_only_a_share_of_short_requests() -> None
         wait_until(lambda: httpx.get(p.url + "/readyz").status_code == 200, 5)
         assert httpx.get(p.url + "/readyz").json()["weight"] == pytest.approx(0.1)
         body = {"model": "fake-model", "prompt": "x", "max_tokens": 4}
-        codes = [httpx.post(p.url + "/v1/completions", json=body).status_code for _ in range(20)]
+        with httpx.Client(base_url=p.url) as c:
+            codes = [c.post("/v1/completions", json=body).status_code for _ in range(20)]
         assert 1 <= codes.count(200) <= 3 and codes.count(503) >= 17
         long = httpx.post(p.url + "/v1/completions", json={**body, "max_tokens": 500})
         assert long.status_code == 503 and long.json()["error"]["code"] == "canary"

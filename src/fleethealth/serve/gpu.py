@@ -93,7 +93,7 @@ class ExporterGpuReader:
 
     async def read(self, now: float) -> Snapshot:
         if self._client is None:
-            self._client = httpx.AsyncClient(timeout=self.timeout_s)
+            self._client = httpx.AsyncClient(timeout=self.timeout_s, verify=not self.url.startswith("http://"))
         try:
             r = await self._client.get(self.url, headers={"Accept": ACCEPT})
             r.raise_for_status()
