@@ -160,7 +160,16 @@ def write_recording(sim: Simulation, path: str | Path, steps: int | None = None,
 def read_recording(path: str | Path) -> Snapshot:
     """Read a recorded signal table back into one Snapshot (all its samples, labels re-interned)."""
     p = Path(path)
-    table = pacsv.read_csv(str(p)) if p.suffix.lower() == ".csv" else pq.read_table(str(p))
+    if p.suffix.lower() == ".csv":
+        # labels are text even when they look like numbers (le="+Inf", gpu="3"): never let CSV infer types
+        import csv
+
+        with p.open(newline="") as fh:
+            header = next(csv.reader(fh), [])
+        types = {c: (pa.float64() if c in ("ts", "value") else pa.string()) for c in header}
+        table = pacsv.read_csv(str(p), convert_options=pacsv.ConvertOptions(column_types=types))
+    else:
+        table = pq.read_table(str(p))
     keys = [c for c in table.column_names if c not in FIXED]
     b = SnapshotBuilder()
     if table.num_rows == 0:
