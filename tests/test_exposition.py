@@ -315,3 +315,44 @@ def test_property_bulk_template_labels_equal_careful_parse(values: list[list[str
     bulk = [ex._LABEL_CACHE[r] for r in raws]
     careful = [ex._split_labels(r.decode()) for r in raws]
     assert bulk == careful
+
+
+NODE_EXPORTER = """\
+# HELP go_gc_duration_seconds A summary of the pause duration of garbage collection cycles.
+# TYPE go_gc_duration_seconds summary
+go_gc_duration_seconds{quantile="0"} 2.1e-05
+go_gc_duration_seconds{quantile="0.5"} 3.4e-05
+go_gc_duration_seconds{quantile="1"} 0.000521
+go_gc_duration_seconds_sum 0.812
+go_gc_duration_seconds_count 11020
+# HELP node_cpu_seconds_total Seconds the CPUs spent in each mode.
+# TYPE node_cpu_seconds_total counter
+node_cpu_seconds_total{cpu="0",mode="idle"} 1.23456789e+06
+node_cpu_seconds_total{cpu="0",mode="iowait"} 312.5
+node_cpu_seconds_total{cpu="1",mode="idle"} 1.2345e+06
+# HELP node_hwmon_temp_celsius Hardware monitor for temperature (input)
+# TYPE node_hwmon_temp_celsius gauge
+node_hwmon_temp_celsius{chip="platform_coretemp_0",sensor="temp1"} 45
+# HELP node_memory_MemAvailable_bytes Memory information field MemAvailable_bytes.
+# TYPE node_memory_MemAvailable_bytes gauge
+node_memory_MemAvailable_bytes 1.0283745280e+11
+# HELP sglang:num_running_reqs The number of running requests.
+# TYPE sglang:num_running_reqs gauge
+sglang:num_running_reqs{model_name="Qwen/Qwen2.5-7B"} 3.0
+sglang:token_usage{model_name="Qwen/Qwen2.5-7B"} 0.71
+"""
+
+
+def test_node_exporter_and_sglang_text_equal_prometheus_client() -> None:
+    assert_same_as_prom_client(NODE_EXPORTER)
+    snap = parse_exposition(NODE_EXPORTER, default_ts=NOW)
+    assert len(snap) == 12 and not snap.issues
+    names = set(snap.metrics)
+    assert {"go_gc_duration_seconds", "go_gc_duration_seconds_sum", "node_cpu_seconds_total",
+            "sglang:num_running_reqs", "sglang:token_usage"} <= names
+
+
+def test_prometheus_client_default_registry_output_equal() -> None:
+    from prometheus_client import REGISTRY
+
+    assert_same_as_prom_client(generate_latest(REGISTRY).decode())

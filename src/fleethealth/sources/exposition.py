@@ -68,7 +68,7 @@ _COUNTER_SUFFIXES = ("_total", "_count", "_bucket")
 # the costly part of a cold parse; scrapes of the same exporters repeat the same strings every cycle
 # (Prometheus keeps the same kind of cache per target). Pure memo of a pure function; bounded.
 _LABEL_CACHE: dict[bytes, LabelSet | str] = {}
-_LABEL_CACHE_MAX = 2_000_000
+_LABEL_CACHE_MAX = 500_000  # a 100k-GPU fleet has ~100k GPU label sets
 
 
 def clear_label_cache() -> None:
