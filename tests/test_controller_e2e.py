@@ -87,6 +87,13 @@ def test_fault_to_intent_and_prometheus_outage() -> None:
                              and t.value > 0.5 for n in nodes[:6]), 30, "a healthy, known fleet")
                 assert ctl.state.entities["node-02"].state.value == "READY"
 
+                def replicas_weighted() -> bool:
+                    w = httpx.get(f"{api.url}/api/v1/weights").json()["replicas"]
+                    return len(w) == 4 and all(r["state"] == "READY" and r["weight"] > 0.9 for r in w.values())
+
+                # serving replicas warm up, then the router weight follows their (healthy) score
+                wait(replicas_weighted, 20, "router weights for the 4 serving replicas")
+
                 # -- 1. a GPU falls off the bus --------------------------------------------------
                 exporter.inject({"kind": "xid79_off_bus", "target": "node-02/gpu3", "onset": 0})
                 exporter.advance(scenario.step)
@@ -154,4 +161,59 @@ def test_fault_to_intent_and_prometheus_outage() -> None:
                 api.stop()
                 source.close()
     finally:
+        exporter.stop()
+
+
+def test_direct_scrape_outage_goes_stale_and_fault_is_caught() -> None:
+    """Without Prometheus: the controller scrapes the simulator's endpoints itself. A dead exporter makes
+    its node unknown (never healthy, never remediated); a GPU falling off the bus elsewhere is caught."""
+    from fleethealth.sim.scenario import Scenario
+    from fleethealth.sim.simulation import Simulation
+    from fleethealth.sources.scrape import ScrapeSource, ScrapeTarget
+
+    scenario = Scenario.model_validate({"name": "e2e-scrape", "seed": 7, "duration": "1d", "fleet": {"pools": [
+        {"name": "train-a", "nodes": 6, "workload": "training", "jobs": [{"name": "pretrain", "pp": 1}]},
+    ]}})
+    sim = Simulation(scenario)
+    exporter = sim_server.SimExporterServer(sim).start()
+    policy = e2e_policy()
+    clock_t = [time.time()]
+
+    class Clock:
+        def now(self) -> float:
+            return clock_t[0]
+
+        def sleep(self, s: float) -> None:
+            clock_t[0] += s
+
+    src = ScrapeSource([ScrapeTarget(exporter.node_url(n), {"node": n}) for n in sim.fleet.nodes], timeout_s=2)
+    ctl = Controller(policy, [src], interval_s=1.0, clock=Clock())
+
+    def step(n: int = 1) -> None:
+        for _ in range(n):
+            ctl.cycle()
+            clock_t[0] += 1.0
+
+    try:
+        step(3)
+        h = ctl.published.health
+        assert h is not None and all((t := h.get(n)) is not None and t.value is not None for n in sim.fleet.nodes)
+        exporter.inject({"kind": "exporter_outage", "target": "node-01", "onset": 0})
+        exporter.advance(scenario.step)
+        step(6)  # past max_age_s (4 s): node-01's last samples are stale
+        st = ctl.published.sources[0]
+        assert st["up"] and st["partial"] and "node-01" in st["last_error"]  # one endpoint failed
+        h = ctl.published.health
+        assert h is not None
+        n1 = h.get("node-01")
+        assert n1 is not None and n1.value is None and n1.confidence == 0.0
+        assert ctl.targets_down == 1
+        exporter.inject({"kind": "xid79_off_bus", "target": "node-04/gpu2", "onset": 0})
+        exporter.advance(scenario.step)
+        step(2)
+        remediated = {i["entity"] for i in ctl.published.recent_intents if i["intent"] in REMEDIATION}
+        assert remediated == {"node-04"}  # the dead exporter's node is never remediated
+        assert ctl.state.entities["node-01"].state.value == "READY"
+    finally:
+        src.close()
         exporter.stop()

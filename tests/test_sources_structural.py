@@ -91,3 +91,35 @@ def test_samples_without_gpus_emit_nothing() -> None:
     b = SnapshotBuilder()
     b.add("vllm:num_requests_waiting", {"replica": "r1", "instance": "r1:8000"}, 3, 0)
     assert len(StructuralTracker().observe(b.build(0), 0).snapshot) == 0
+
+
+def test_a_failed_scrape_silences_the_node_at_once_and_derived_samples_age_with_their_data() -> None:
+    tr = StructuralTracker(max_age_s=90)
+    h = SignalHistory(default_policy())
+    h.add(dcgm(0, {"n1": list(range(8)), "n2": list(range(8))}, up={"n1:9400": 1.0, "n2:9400": 1.0}))
+    r = tr.observe(h.view(10), 10)
+    assert {t for _, _, _, t in r.snapshot.rows()} == {0.0}  # stamped with the data's time, not `now`
+    # n1's exporter fails now; its samples from t=0 are still within max_age, but it is known dead
+    b = SnapshotBuilder()
+    b.add("up", {"instance": "n1:9400", "job": "dcgm"}, 0.0, 15)
+    h.add(b.build(15))
+    r = tr.observe(h.view(15), 15)
+    assert (GPUS_MISSING, "n1") not in derived(r.snapshot) and (GPUS_MISSING, "n2") in derived(r.snapshot)
+
+
+def test_targets_sharing_an_instance_speak_for_their_own_node_only() -> None:
+    tr = StructuralTracker(max_age_s=90)
+    b = SnapshotBuilder()
+    for n in ("n1", "n2"):
+        for g in range(2):
+            b.add("DCGM_FI_DEV_GPU_TEMP", {"Hostname": n, "gpu": str(g), "instance": "sim:80", "node": n}, 50, 0)
+    b.add("up", {"instance": "sim:80", "node": "n1", "job": "x"}, 1.0, 0)
+    b.add("up", {"instance": "sim:80", "node": "n2", "job": "x"}, 1.0, 0)
+    tr.observe(b.build(0), 0)
+    b = SnapshotBuilder()
+    b.add("up", {"instance": "sim:80", "node": "n1", "job": "x"}, 1.0, 200)
+    b.add("up", {"instance": "sim:80", "node": "n2", "job": "x"}, 0.0, 200)  # n2's page is down
+    for g in range(2):
+        b.add("DCGM_FI_DEV_GPU_TEMP", {"Hostname": "n1", "gpu": str(g), "instance": "sim:80", "node": "n1"}, 50, 200)
+    d = derived(tr.observe(b.build(200), 200).snapshot)
+    assert d[(GPUS_MISSING, "n1")] == 0.0 and (GPUS_MISSING, "n2") not in d

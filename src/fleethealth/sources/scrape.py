@@ -70,6 +70,13 @@ class ScrapeSource:
     ) -> None:
         self.name = name
         self.targets = [t if isinstance(t, ScrapeTarget) else ScrapeTarget(url=t) for t in targets]
+        # `instance` names one target, as in Prometheus: host:port, plus the path when several targets
+        # share a host:port (one exporter serving a page per node), so their `up` series never collide.
+        netlocs = [t.instance for t in self.targets]
+        self._instance = {
+            t.url: (t.instance if netlocs.count(t.instance) == 1 else t.instance + urlsplit(t.url).path)
+            for t in self.targets
+        }
         self.timeout_s = timeout_s
         self.concurrency = max(1, concurrency)
         self.max_body_bytes = max_body_bytes
@@ -110,14 +117,14 @@ class ScrapeSource:
                 except _FetchError as e:
                     return TargetResult(t, False, time.perf_counter() - t0, error=str(e))
                 dur = time.perf_counter() - t0
-            extra = {"instance": t.instance, "job": t.job, **t.labels}
+            extra = {"instance": self._instance[t.url], "job": t.job, **t.labels}
             snap = parse_text(body, default_ts=now, source=t.url, extra_labels=extra)
             merged.extend_snapshot(snap)
             return TargetResult(t, True, dur, samples=len(snap))
 
         results = await asyncio.gather(*(one(t) for t in self.targets))
         for r in results:
-            lbl = {"instance": r.target.instance, "job": r.target.job, **r.target.labels}
+            lbl = {"instance": self._instance[r.target.url], "job": r.target.job, **r.target.labels}
             merged.add("up", lbl, 1.0 if r.ok else 0.0, now)
             merged.add("scrape_duration_seconds", lbl, r.duration_s, now)
             if not r.ok:

@@ -104,6 +104,7 @@ class StructuralTracker:
 
         # Learn which nodes each scrape target carries (a sample with both an instance and a node label).
         alive_by_target: set[int] = set()
+        dead_nodes: set[str] = set()
         if len(view):
             present = np.zeros(max(len(view.labelsets), 1), bool)
             present[view.series_ids[fresh & ~target_rows]] = True
@@ -116,14 +117,17 @@ class StructuralTracker:
         up_latest = _latest_per_series(view, fresh & is_up[view.metric_ids]) if len(view) else {}
         for sid, v in up_latest.items():
             inst = desc[sid][2] or dict(view.labelsets[sid]).get("job", "?")
+            own = desc[sid][0]
+            # A target carrying its own node label (one target per node, e.g. a path per node on one
+            # host:port) speaks for that node only, whatever else shares its instance.
+            names = {own} if own is not None and own != inst else set(self.target_nodes.get(inst, ()))
             if v < 0.5:
                 report.targets_down.append(inst)
                 b.source_errors.append(InputIssue(f"target {inst}", 0, "scrape failed (up=0)"))
+                # The node's exporter is known dead now, even while its last samples are not yet stale:
+                # what it reported before says nothing about GPUs missing now.
+                dead_nodes.update(names)
             else:
-                own = desc[sid][0]
-                names = set(self.target_nodes.get(inst, ()))
-                if own is not None and own != inst:
-                    names.add(own)  # the target itself carries a node label (relabelled per node)
                 for n in names:
                     if n in node_ix:
                         alive_by_target.add(node_ix[n])
@@ -162,6 +166,17 @@ class StructuralTracker:
         alive = current > 0
         for i in alive_by_target:
             alive[i] = True
+        for n in dead_nodes:
+            if n in node_ix:
+                alive[node_ix[n]] = False
+        # Derived samples carry the time of the newest observation they come from, so they go stale
+        # together with the data (never fresher than what they were computed from).
+        newest = np.full(n_nodes, -np.inf)
+        if len(view):
+            rows = fresh & sample_rows
+            nodes_r = node_of[view.series_ids[rows]]
+            ok = nodes_r >= 0
+            np.maximum.at(newest, nodes_r[ok], view.ts[rows][ok])
 
         # GPUs per node now: distinct GPU ids among fresh GPU-metric samples.
         gpu_now = np.zeros(n_nodes, np.int64)
@@ -191,8 +206,9 @@ class StructuralTracker:
             report.gpus_now[node] = int(gpu_now[i])
             report.gpus_expected[node] = expected
             labels = (("node", node),)
-            b.add(GPUS_MISSING, labels, float(missing), now)
-            b.add(SERIES_VANISHED, labels, float(max(0, int(retained[i]) - int(current[i]))), now)
+            at = float(newest[i]) if np.isfinite(newest[i]) else now  # alive by `up` alone: now
+            b.add(GPUS_MISSING, labels, float(missing), at)
+            b.add(SERIES_VANISHED, labels, float(max(0, int(retained[i]) - int(current[i]))), at)
         report.snapshot = b.build(now)
         return report
 
