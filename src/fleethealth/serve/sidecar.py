@@ -106,6 +106,7 @@ class RequestRecord:
     abort_reason: str | None = None
     queue: asyncio.Queue[Any] = field(default_factory=asyncio.Queue)
     released: bool = False
+    task: asyncio.Task[Any] | None = None  # the task writing its response (cancelled if a client stalls it)
 
     def abort(self, reason: str) -> None:
         if self.abort_reason is None:
@@ -615,11 +616,15 @@ class Sidecar:
             await asyncio.sleep(0.02)
         for r in list(self.active):
             r.abort(f"drain deadline ({self.config.max_drain_seconds:g}s) reached")
-        # Give the handlers a moment to send their final events.
+        # Give the handlers a moment to send their final events; a client that stops reading must not hold
+        # the drain open, so a writer still stuck after that is cancelled (its connection is closed).
         for _ in range(100):
             if not self.active:
                 break
             await asyncio.sleep(0.01)
+        for r in list(self.active):
+            if r.task is not None and not r.task.done():
+                r.task.cancel()
         d.finished = self.clock.now()
         self.drain_history.append(d.to_dict(d.finished, len(self.active)))
         d.evidence_path = self.write_evidence(d)
@@ -903,10 +908,14 @@ class Sidecar:
     async def _stream_body(self, rec: RequestRecord, first: bytes, pump: asyncio.Task[None]) -> AsyncIterator[bytes]:
         ended_clean = first.endswith(b"\n\n")
         outcome, status, error = "client_gone", 499, False
+        rec.task = asyncio.current_task()
         try:
             yield first
             while True:
                 item = await rec.queue.get()
+                if rec.abort_reason is not None and not isinstance(item, _Abort | _Failure):
+                    # Past the drain deadline: chunks still queued behind a slow client are dropped.
+                    item = _Abort(rec.abort_reason)
                 if item is _END:
                     outcome, status = "completed", 200
                     break
@@ -933,6 +942,8 @@ class Sidecar:
                 yield item
         finally:
             pump.cancel()
+            if outcome == "client_gone" and rec.abort_reason is not None:
+                outcome = "cut_at_deadline"
             self._finish(rec, outcome, status, error)
 
     def _upstream_error(self, rec: RequestRecord, payload: dict[str, Any], resp: httpx.Response,
