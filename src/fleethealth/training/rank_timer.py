@@ -118,6 +118,13 @@ class _Pending:
 MAX_PENDING_STEPS = 2
 
 
+def _is_fsdp(model: Any) -> bool:
+    # FSDP's module is heavy to import; a DDP user never pays for it.
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    return isinstance(model, FullyShardedDataParallel)
+
+
 class RankTimer:
     """Measures one rank's compute time to its gradient collective; see the module doc.
 
@@ -211,7 +218,6 @@ class RankTimer:
     def attach(self, model: Any, process_group: Any = None) -> RankTimer:
         """Register the timing comm hook on a DDP or FSDP model (replacing the default hook with the same
         collective). Call before the first forward. Returns self."""
-        from torch.distributed.fsdp import FullyShardedDataParallel
         from torch.nn.parallel import DistributedDataParallel
 
         self._pick_clock(model)
@@ -227,7 +233,7 @@ class RankTimer:
                 return ddp_hooks.allreduce_hook(state, bucket)
 
             model.register_comm_hook(pg, ddp_hook)
-        elif isinstance(model, FullyShardedDataParallel):
+        elif _is_fsdp(model):
             import torch.distributed as dist
             from torch.distributed.algorithms._comm_hooks import default_hooks as fsdp_hooks
 
