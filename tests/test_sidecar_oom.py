@@ -36,6 +36,12 @@ def test_oversized_request_gets_a_clear_400_and_is_refused_before_the_engine() -
         assert p.sc.state is State.READY  # the replica is fine
         assert _oom_count(httpx.get(p.url + "/metrics").text, "oversized_request") == 1
         assert [i.kind.value for i in p.sc.intents] == ["reject_request"]
+        # The OOM event is published in the shape the decisions layer reads (OomEvent's fields).
+        from fleethealth.decide.oom import OomClass, OomEvent, classify_oom
+
+        ev = httpx.get(p.url + "/admin/state", headers=p.auth).json()["oom_events"][0]["event"]
+        again = OomEvent(**{k: tuple(v) if isinstance(v, list) else v for k, v in ev.items()})
+        assert classify_oom(again).cls is OomClass.OVERSIZED_REQUEST and again.kv_capacity_tokens == 3000
 
 
 def test_oversized_request_clipped_when_configured() -> None:

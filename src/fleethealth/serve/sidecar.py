@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hashlib
 import itertools
 import json
@@ -988,7 +989,10 @@ class Sidecar:
             self._record_intent(i)
         self.ooms[str(v.cls)] += 1
         self.last_oom_at = now
+        # ``event`` has OomEvent's fields: the decisions layer's "oom" events take exactly this payload.
         self.oom_events.append({"ts": now, "class": str(v.cls), "explanation": v.explanation,
+                                "event": {k: (list(x) if isinstance(x, tuple) else x)
+                                          for k, x in dataclasses.asdict(ev).items()},
                                 "evidence": list(v.evidence), "request": rec.sample(), "text": text[:500]})
         self._record_error("oom", f"{v.cls}: {v.explanation}")
         self._finish(rec, f"oom_{v.cls}", 400 if v.cls is OomClass.OVERSIZED_REQUEST else 503,
@@ -1062,6 +1066,7 @@ class Sidecar:
                 "ramp_started_at": self.canary.ramp_started_at},
             "canary_failures": len(self.canary_failures),
             "gpu": self.gpu.last.to_dict(), "ooms": dict(self.ooms), "outcomes": dict(self.outcomes),
+            "oom_events": list(self.oom_events)[-10:],
             "transitions": [t.to_dict() for t in list(self.transitions)[-20:]],
             "intents": [i.to_dict() for i in list(self.intents)[-20:]],
             "last_errors": list(self.last_errors)[-10:],
