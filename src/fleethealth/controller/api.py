@@ -100,6 +100,8 @@ def render_metrics(controller: Controller, runner: Any = None) -> str:
     if pub.report is not None:
         m.family("fleethealth_cycle_stage_seconds", "gauge", "Duration of each stage of the last cycle.",
                  [({"stage": k}, v) for k, v in pub.report.stage_s.items()])
+        m.family("fleethealth_cycle_stage_cpu_seconds", "gauge", "CPU time of each stage of the last cycle.",
+                 [({"stage": k}, v) for k, v in pub.report.stage_cpu_s.items()])
     m.family("fleethealth_last_cycle_timestamp_seconds", "gauge", "When the last cycle ran (its clock).",
              [({}, pub.ts)])
 
