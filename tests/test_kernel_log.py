@@ -67,7 +67,8 @@ def test_dmesg_relative_stamp_with_boot_time() -> None:
 def test_dmesg_relative_stamp_without_boot_time_is_kept_relative_and_reported() -> None:
     r = parse_kernel_log("[  100.5] NVRM: Xid (PCI:0000:18:00): 48, pid=1, DBE\n" * 3, source="d", node="n")
     assert [e.ts for e in r.events] == [100.5, 100.5, 100.5]
-    assert len(r.issues) == 1 and "boot_time" in r.issues[0].reason
+    assert not r.issues  # every line became an event
+    assert len(r.notes) == 1 and "boot_time" in r.notes[0].reason
 
 
 def test_dmesg_ctime_stamp() -> None:
@@ -256,13 +257,15 @@ def test_garbled_unknown_and_unrelated_lines_are_counted_never_fatal() -> None:
     assert r.stats["garbled"] == 2 and r.stats["ignored"] >= 2 and r.stats["lines"] == 7
     lines = sorted(i.line for i in r.issues if "garbled" in i.reason)
     assert lines == [3, 4]
-    assert any("9999" in i.reason and i.line == 6 for i in r.issues)
+    assert [i.line for i in r.issues] == [3, 4]  # only the lines that could not become events
+    assert any("9999" in n.reason and n.line == 6 for n in r.notes)
+    assert len(r.snapshot.issues) == 2
 
 
 def test_lines_without_host_or_node_are_reported_once() -> None:
     r = parse_kernel_log("[1.0] NVRM: Xid (PCI:0000:66:00): 79, pid=1\n" * 2, source="f", boot_time=0.0)
     assert len(r.events) == 2 and r.events[0].node is None
-    assert sum("no host name" in i.reason for i in r.issues) == 1
+    assert not r.issues and sum("no host name" in n.reason for n in r.notes) == 1
     ((labels, _),) = _series(r.snapshot, XID_METRIC).items()
     assert "Hostname" not in dict(labels)
 

@@ -36,8 +36,9 @@ Signals (the ``snapshot``): counters ``fleethealth_kernel_xid_total{Hostname, pc
 millisecond before the series' first event (so ``increase()`` over a window sees the first event), and
 the gauge ``DCGM_FI_DEV_GPU_RECOVERY_ACTION{Hostname, pci_bus_id, gpu?}`` with each Xid 154's new action.
 
-Nothing here is fatal: a garbled Xid line, an unknown stamp or an unknown code becomes an ``InputIssue``
-with its line number. Lines that are not about the GPU driver are counted in ``stats`` and ignored.
+Nothing here is fatal: a garbled Xid line or one without any time becomes an ``InputIssue`` with its line
+number (``issues``); remarks on lines that did parse (an Xid code missing from NVIDIA's catalog, relative
+times, no host name) are ``notes``. Lines that are not about the GPU driver are counted in ``stats``.
 """
 
 from __future__ import annotations
@@ -176,10 +177,14 @@ class KernelLogResult:
     sxid_events: list[SXidEvent]
     fallen_off: list[FallenOffEvent]
     snapshot: Snapshot
+    # Lines that looked like the driver's but could not become events, with their line numbers (also in
+    # ``snapshot.issues``).
     issues: list[InputIssue]
     # lines, xid, sxid, fallen_off, ignored (not about the GPU driver), garbled (looked like ours, unparsable),
     # replayed (a restarted command's lines already counted)
     stats: dict[str, int]
+    # Remarks on lines that did become events: unknown Xid codes, relative times, no host name.
+    notes: list[InputIssue] = field(default_factory=list)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -389,12 +394,18 @@ class KernelLogParser:
         except ValueError:
             return None
 
-    def _issue(self, out: _Batch, reason: str, text: str = "", *, once: str | None = None) -> None:
+    def _issue(self, out: _Batch, reason: str, text: str = "") -> None:
+        """A line that could not become an event (it is counted as garbled)."""
+        out.issues.append(InputIssue(self.source, self.line_no, reason, text))
+
+    def _note(self, out: _Batch, reason: str, text: str = "", *, once: str | None = None) -> None:
+        """Something worth knowing about lines that did become events (an unknown code, a missing host);
+        ``once`` keys say it a single time per parser, however many lines repeat it."""
         if once is not None:
             if once in self._warned:
                 return
             self._warned.add(once)
-        out.issues.append(InputIssue(self.source, self.line_no if once is None else 0, reason, text))
+        out.notes.append(InputIssue(self.source, self.line_no, reason, text))
 
     def _labels(self, node: str | None, bus: str, gpu: int | None, **extra: str) -> LabelSet:
         key = (node, bus, gpu, *extra.items())
@@ -447,8 +458,8 @@ class KernelLogParser:
             self.stats["replayed"] += 1
             return
         if env.relative:
-            self._issue(out, "seconds since boot kept relative: pass boot_time to get wall-clock times",
-                        once="relative")
+            self._note(out, "seconds since boot kept relative: pass boot_time to get wall-clock times",
+                       once="relative")
         node = env.host or self.node
         body = env.body
 
@@ -488,8 +499,8 @@ class KernelLogParser:
         self.stats["ignored"] += 1
 
     def _no_node(self, out: _Batch) -> None:
-        self._issue(out, "line carries no host name and no node was given: samples have no Hostname label",
-                    once="no-node")
+        self._note(out, "line carries no host name and no node was given: samples have no Hostname label",
+                   once="no-node")
 
     def _on_xid(self, m: re.Match[str], node: str | None, ts: float, raw: str, out: _Batch) -> None:
         bus = normalize_bus_id(m["bus"])
@@ -507,11 +518,11 @@ class KernelLogParser:
             if rm := _RECOVERY_RE.search(message):
                 action = _action_code(rm["new"])
                 if action not in RECOVERY_ACTIONS:
-                    self._issue(out, f"unknown GPU recovery action {action}", raw)
+                    self._note(out, f"unknown GPU recovery action {action}", raw, once=f"action-{action}")
             else:
-                self._issue(out, "Xid 154 without a recovery action", raw)
+                self._note(out, "Xid 154 without a recovery action", raw, once="xid154-no-action")
         if xid_info(code) is None:
-            self._issue(out, f"Xid {code} is not in NVIDIA's catalog (counted anyway)", raw)
+            self._note(out, f"Xid {code} is not in NVIDIA's catalog (counted anyway)", raw, once=f"xid-{code}")
         self.stats["xid"] += 1
         out.events.append(XidEvent(ts, node, bus, gpu, code, pid, name, message, raw, self.line_no, action))
         self._count(out, XID_METRIC, self._labels(node, bus, gpu, xid=str(code)), ts)
@@ -522,8 +533,9 @@ class KernelLogParser:
 
     def _on_sxid(self, m: re.Match[str], node: str | None, ts: float, raw: str, out: _Batch) -> None:
         bus = normalize_bus_id(m["bus"])
-        if bus is None:  # pragma: no cover
+        if bus is None:  # pragma: no cover - the regex only admits bus-shaped text
             self.stats["garbled"] += 1
+            self._issue(out, "bad PCI address", raw)
             return
         if node is None:
             self._no_node(out)
@@ -549,6 +561,7 @@ class _Batch:
     fallen_off: list[FallenOffEvent] = field(default_factory=list)
     samples: list[tuple[str, LabelSet, float, float]] = field(default_factory=list)
     issues: list[InputIssue] = field(default_factory=list)
+    notes: list[InputIssue] = field(default_factory=list)
 
 
 _COUNTERS = frozenset((XID_METRIC, SXID_METRIC, FALLEN_OFF_METRIC))
@@ -609,6 +622,7 @@ def parse_kernel_log(
         fallen_off=batch.fallen_off,
         snapshot=_build(_recount_in_time_order(batch.samples), batch.issues, at),
         issues=batch.issues,
+        notes=batch.notes,
         stats=dict(parser.stats),
     )
 
