@@ -233,8 +233,8 @@ class _Ctx:
     sids: dict[bytes, int] = field(default_factory=dict)
     bad_labels: dict[bytes, str] = field(default_factory=dict)
     counter_cache: dict[str, bool] = field(default_factory=dict)
-    last_labs: list[bytes] | None = None
-    last_sids: np.ndarray | None = None
+    # The last block's label sequence: text slots to rebuild a block from values, raw labels, series ids.
+    template: tuple[list[bytes], list[bytes], np.ndarray] | None = None
     issues: list[InputIssue] = field(default_factory=list)
     m: list[int] = field(default_factory=list)
     s: list[int] = field(default_factory=list)
@@ -307,44 +307,57 @@ def parse_exposition(
 
 
 def _parse_into(ctx: _Ctx, raw: bytes, om: bool) -> None:
-    # Blocks are the text between comment lines: raw.split(b"\n#") gives chunks whose first line is a
-    # comment (its '#' eaten by the split) and whose other lines are samples. Chunk 0 has no comment line
-    # unless the text starts with '#'; an empty first line (line 0) stands in for it. Each chunk's line
-    # count comes back from the block parser, so the text is never scanned just to number lines.
+    # Blocks are the text between comment lines: each `\n#` starts one, whose first line is that comment
+    # and whose other lines are samples. Block 0 has no comment line unless the text starts with '#'; an
+    # empty line 0 stands in for it. Blocks are (start, end) offsets into the text, so the fast path reads
+    # the text in place; each block's line count comes back from its parser (no pass just to count).
     line = 1
     eof = False
-    for k, chunk in enumerate(raw.split(b"\n#")):
+    pos = 0
+    size = len(raw)
+    k = 0
+    while True:
+        nxt = raw.find(b"\n#", pos)
+        end = size if nxt < 0 else nxt
         first = line
+        buf, a, b = raw, pos, end
+        todo = True
         if eof:
-            if chunk.strip():
-                ctx.issue(first, "text after # EOF", chunk.split(b"\n", 1)[0])
-            line += chunk.count(b"\n") + 1
-            continue
-        if k == 0 and not chunk.startswith(b"#"):
-            chunk = b"\n" + chunk
+            seg = raw[a:b]
+            if seg.strip():
+                ctx.issue(first, "text after # EOF", seg.split(b"\n", 1)[0])
+            line += seg.count(b"\n") + 1
+            todo = False
+        elif k == 0 and not raw.startswith(b"#"):
+            buf = b"\n" + raw[a:b]
+            a, b = 0, len(buf)
             first -= 1
         else:
-            nl = chunk.find(b"\n")
-            eof = _header(ctx, (chunk if nl < 0 else chunk[:nl]).lstrip(b"#"))
+            nl = raw.find(b"\n", a, b)
+            eof = _header(ctx, raw[a : b if nl < 0 else nl].lstrip(b"#"))
             if nl < 0:
                 line += 1
-                continue
-            if eof:
-                rest = chunk[nl:].strip()
+                todo = False
+            elif eof:
+                rest = raw[nl:b].strip()
                 if rest:
                     ctx.issue(first + 1, "text after # EOF", rest.split(b"\n", 1)[0])
-                line += chunk.count(b"\n") + 1
-                continue
-        lost = 0
-        if chunk.endswith((b"\n", b" ", b"\t")):
-            stripped = chunk.rstrip()
-            lost = chunk.count(b"\n", len(stripped))
-            chunk = stripped
-        # Line i (1-based) after the comment line is line first + i of the text.
-        n = _fast_block(ctx, chunk, first + 1)
-        if n is None:
-            n = _slow_block(ctx, chunk, first + 1)
-        line = first + n + lost + 1
+                line += raw.count(b"\n", a, b) + 1
+                todo = False
+        if todo:
+            e = b
+            while e > a and buf[e - 1] in (9, 10, 32):
+                e -= 1
+            lost = buf.count(b"\n", e, b)
+            # Line i (1-based) after the comment line is line first + i of the text.
+            n = _fast_block(ctx, buf, a, e, first + 1)
+            if n is None:
+                n = _slow_block(ctx, buf[a:e], first + 1)
+            line = first + n + lost + 1
+        if nxt < 0:
+            break
+        pos = nxt + 2
+        k += 1
 
 
 def _header(ctx: _Ctx, header: bytes) -> bool:
@@ -361,32 +374,25 @@ def _header(ctx: _Ctx, header: bytes) -> bool:
     return False
 
 
-def _fast_block(ctx: _Ctx, chunk: bytes, first: int) -> int | None:
-    """All lines after the comment line are `name{labels} value` with one name: bulk path. Returns the
-    number of those lines, or None, having added nothing, when it cannot prove the shape."""
-    nl = chunk.find(b"\n")
+def _fast_block(ctx: _Ctx, buf: bytes, a: int, e: int, first: int) -> int | None:
+    """All lines of buf[a:e] after its comment line are `name{labels} value` with one name: bulk path.
+    Returns the number of those lines, or None, having added nothing, when it cannot prove the shape."""
+    nl = buf.find(b"\n", a, e)
     if nl < 0:
         return 0
-    brace = chunk.find(b"{", nl + 1, nl + 300)
+    brace = buf.find(b"{", nl + 1, min(e, nl + 300))
     if brace < 0:
         return None
-    bname = chunk[nl + 1 : brace]
+    bname = buf[nl + 1 : brace]
     if _NAME_RE.fullmatch(bname) is None:
         return None
-    core = chunk.replace(b"\n" + bname + b"{", b"\n{")
-    if (len(chunk) - len(core)) % len(bname):
-        return None
-    r = (len(chunk) - len(core)) // len(bname)  # lines that start with name{
-    # "} " -> "}\n\n": each line splits into (labels, b"", value), and the growth counts the splits, so the
-    # line count falls out without another pass over the text: lines = pieces - 1 - 2 * splits.
-    core2 = core.replace(b"} ", b"}\n\n")
-    s = len(core2) - len(core)
-    parts = core2.split(b"\n")
-    n = len(parts) - 1 - 2 * s
-    if not (n == r == s):
-        return None  # a line without name{ or "} ", a label value holding "} ", a blank line...
-    labs = parts[1::3]
-    vals = parts[3::3]
+    got = _template_block(ctx, buf, a, nl, e, bname)
+    if got is None:
+        got = _split_block(ctx, buf[a:e], bname)
+        if got is None:
+            return None
+    labs, vals, sids = got
+    n = len(vals)
     if b"_" in b"".join(vals):
         return None  # int()/float() take 1_000, Prometheus does not: let the careful path judge
     try:
@@ -398,17 +404,6 @@ def _fast_block(ctx: _Ctx, chunk: bytes, first: int) -> int | None:
             values = np.fromiter(map(float, vals), np.float64, n)
         except ValueError:
             return None  # timestamps, exemplars or a broken value: careful path
-    if labs == ctx.last_labs and ctx.last_sids is not None:
-        sids = ctx.last_sids
-    else:
-        new = list(set(labs).difference(ctx.sids))
-        if new:
-            _parse_labels_bulk(new)
-            for rl in new:
-                if isinstance(ctx.series(rl), str):
-                    return None
-        sids = np.fromiter(map(ctx.sids.__getitem__, labs), np.int32, n)
-        ctx.last_labs, ctx.last_sids = labs, sids
     name = bname.decode("ascii")
     counter = ctx.is_counter(name)
     bad = ~np.isfinite(values) | blank_sentinel_mask(values, name.startswith("DCGM_"))
@@ -426,6 +421,62 @@ def _fast_block(ctx: _Ctx, chunk: bytes, first: int) -> int | None:
         np.full(k, mid, np.int32), sids, values, np.full(k, ctx.default_ts, np.float64)
     )
     return n
+
+
+_VALUE_RE = re.compile(rb"\} ([^\n]*)")
+
+
+def _template_block(
+    ctx: _Ctx, buf: bytes, a: int, nl: int, e: int, bname: bytes
+) -> tuple[list[bytes], list[bytes], np.ndarray] | None:
+    """Blocks after the first repeat the same label strings in the same order (one block per field, one
+    line per GPU). Take only the values out (one regex pass), rebuild the text that the previous label
+    sequence would give with them, and compare in place: equal bytes prove every line is
+    `name{labels_i} value_i` without cutting the labels out again."""
+    t = ctx.template
+    if t is None:
+        return None
+    slots, labs, sids = t
+    n = len(labs)
+    vals = _VALUE_RE.findall(buf, nl, e)
+    if len(vals) != n:
+        return None
+    slots[0] = buf[a:nl]
+    slots[1::3] = [b"\n" + bname] * n
+    slots[3::3] = vals
+    rebuilt = b"".join(slots)
+    if len(rebuilt) != e - a or not buf.startswith(rebuilt, a):
+        return None
+    return labs, vals, sids
+
+
+def _split_block(ctx: _Ctx, chunk: bytes, bname: bytes) -> tuple[list[bytes], list[bytes], np.ndarray] | None:
+    """Cut every line into (raw labels, value) with C-level replace/split, then intern the label strings."""
+    core = chunk.replace(b"\n" + bname + b"{", b"\n{")
+    if (len(chunk) - len(core)) % len(bname):
+        return None
+    r = (len(chunk) - len(core)) // len(bname)  # lines that start with name{
+    # "} " -> "}\n\n": each line splits into (labels, b"", value), and the growth counts the splits, so the
+    # line count falls out without another pass over the text: lines = pieces - 1 - 2 * splits.
+    core2 = core.replace(b"} ", b"}\n\n")
+    s = len(core2) - len(core)
+    parts = core2.split(b"\n")
+    n = len(parts) - 1 - 2 * s
+    if not (n == r == s):
+        return None  # a line without name{ or "} ", a label value holding "} ", a blank line...
+    labs = parts[1::3]
+    vals = parts[3::3]
+    new = list(set(labs).difference(ctx.sids))
+    if new:
+        _parse_labels_bulk(new)
+        for rl in new:
+            if isinstance(ctx.series(rl), str):
+                return None
+    sids = np.fromiter(map(ctx.sids.__getitem__, labs), np.int32, n)
+    slots: list[bytes] = [b""] * (1 + 3 * n)
+    slots[2::3] = [lab + b" " for lab in labs]
+    ctx.template = (slots, labs, sids)
+    return labs, vals, sids
 
 
 def _parse_number(tok: bytes) -> float | None:
