@@ -798,6 +798,7 @@ class KernelLogSource:
         # The last Xid per normalised bus id (the agent's DCGM_FI_DEV_XID_ERRORS); bounded by the GPU count
         # even under Xid floods.
         self.last_xid: dict[str, XidEvent] = {}
+        self.notes: list[InputIssue] = []
 
     def set_bus_map(self, bus_to_gpu: BusToGpu | None) -> None:
         self.parser.set_bus_map(bus_to_gpu)
@@ -832,6 +833,7 @@ class KernelLogSource:
         batch = self.parser.feed(lines, now=now)
         for e in batch.events:
             self.last_xid[e.pci_bus_id] = e
+        self.notes.extend(batch.notes)  # bounded: each kind of note is said once per parser
         samples = list(batch.samples)
         for (metric, labels), count in self.parser.counts.items():
             samples.append((metric, labels, float(count), now))
