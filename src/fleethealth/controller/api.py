@@ -193,9 +193,18 @@ def _jsonable(d: Mapping[str, Any]) -> dict[str, Any]:
 def create_app(controller: Controller, runner: Any = None) -> FastAPI:
     app = FastAPI(title="fleethealth controller", docs_url=None, redoc_url=None, openapi_url=None)
 
+    # Rendering every entity of a 100k-GPU fleet costs about a second: do it once per cycle, not per
+    # scrape (several Prometheus replicas may scrape the controller). The kill switch state is live.
+    cache: dict[str, Any] = {"pub": None, "killed": None, "text": ""}
+
     @app.get("/metrics")
     def metrics() -> PlainTextResponse:
-        return PlainTextResponse(render_metrics(controller, runner), media_type=CONTENT_TYPE_TEXT)
+        pub = controller.published
+        killed = None if runner is None else bool(getattr(runner, "killed", False))
+        if cache["pub"] is not pub or cache["killed"] != killed:
+            cache["text"] = render_metrics(controller, runner)
+            cache["pub"], cache["killed"] = pub, killed
+        return PlainTextResponse(cache["text"], media_type=CONTENT_TYPE_TEXT)
 
     @app.get("/healthz")
     def healthz() -> JSONResponse:
