@@ -154,7 +154,6 @@ def test_fault_to_intent_and_prometheus_outage() -> None:
                 text = httpx.get(f"{api.url}/metrics").text
                 assert 'fleethealth_remediation_frozen 1.0' in text
                 assert 'fleethealth_health_known{entity="node-00",kind="node"} 0.0' in text
-                assert ctl.overruns_total == 0 or ctl.cycles_total > 5 * ctl.overruns_total
             finally:
                 ctl.stop()
                 th.join(10)
