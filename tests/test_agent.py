@@ -194,6 +194,15 @@ def test_agent_serves_metrics_over_http_with_kernel_log_xids(tmp_path: Path) -> 
         agent.stop()
 
 
+def test_agent_keeps_serving_gpu_metrics_when_the_kernel_log_fails() -> None:
+    agent = Agent(NvmlSource("n", _fake(1)), KernelLogSource(command=["/nonexistent/dmesg", "-w"]), interval=60)
+    snap = parse_page(render_exposition(agent.collect(10.0)))
+    ups = {labels["source"]: v for m, labels, v, _ in snap.rows() if m == "fleethealth_agent_source_up"}
+    assert ups == {"nvml": 1.0, "kernel_log": 0.0}
+    assert _values(snap, "DCGM_FI_DEV_GPU_TEMP") == {"0": 45.0}
+    assert agent.healthy(10.0)  # GPU readings are fresh; the kernel log's failure is its own signal
+
+
 def test_cli_without_gpu_exits_2_with_one_line() -> None:
     from fleethealth.cli.main import app
 

@@ -371,3 +371,20 @@ def test_source_reads_dev_kmsg_directly_without_blocking() -> None:
         assert src.parser.stats["lines"] > 0
     finally:
         src.close()
+
+
+def test_source_from_now_on_skips_what_the_file_already_held(tmp_path: Path) -> None:
+    log = tmp_path / "kern.log"
+    log.write_text("Oct 02 10:00:00 n1 kernel: NVRM: Xid (PCI:0000:3b:00): 79, pid=1, old\n")
+    src = KernelLogSource(log, from_start=False, year=2023, tz=UTC)
+    assert len(src.read(_utc(2023, 10, 2, 10, 0, 5))) == 0
+    with log.open("a") as f:
+        f.write("Oct 02 10:00:10 n1 kernel: NVRM: Xid (PCI:0000:3b:00): 48, pid=1, new\n")
+    snap = src.read(_utc(2023, 10, 2, 10, 0, 15))
+    assert {labels["xid"] for m, labels, _, _ in snap.rows() if m == XID_METRIC} == {"48"}
+
+
+def test_source_with_a_command_that_cannot_run_is_a_source_error() -> None:
+    src = KernelLogSource(command=["/nonexistent/dmesg", "-w"])
+    snap = src.read(1.0)
+    assert len(snap) == 0 and "cannot run" in snap.source_errors[0].reason
