@@ -218,7 +218,12 @@ def test_quarantine_page_evidence_then_active_test_and_release(cluster: KubeClus
         def test_pods() -> list[dict[str, Any]]:
             return kube.list_pods("fleethealth-system", label_selector="fleethealth.io/active-test=true")
 
-        wait_until(lambda: len(test_pods()) == 2, 30, 0.1, what="job controller creating test pods")
+        try:
+            wait_until(lambda: len(test_pods()) == 2, 30, 0.1, what="job controller creating test pods")
+        except TimeoutError:
+            print([(e["reason"], e["message"]) for e in kube.list_events("fleethealth-system")])
+            print(cluster.log("controller-manager", 3000))
+            raise
         for p in test_pods():
             assert p["spec"]["nodeName"] == node
             cluster.set_pod_phase("fleethealth-system", p["metadata"]["name"], "Succeeded")

@@ -35,14 +35,16 @@ def test_plan_drain_skips_like_kubectl_and_groups_tensor_parallel_pods() -> None
     tp = {"fleethealth.io/tp-group": "job7"}
     others = {("default", "fleethealth.io/tp-group", "job7"): [pod("tp-0", labels=tp), pod("tp-1", labels=tp),
                                                                  pod("tp-2", labels=tp, deleting=True)]}
+    test_pod = pod("dcgm-diag")
+    test_pod["spec"] = {"tolerations": [{"key": cfg.taint_key, "operator": "Exists"}]}
     node_pods = [pod("web", owner="ReplicaSet"), pod("ds", owner="DaemonSet"), pod("static", mirror=True),
                  pod("done", phase="Succeeded"), pod("going", deleting=True), pod("tp-0", labels=tp),
-                 pod("bare")]
+                 pod("bare"), test_pod]
     plan = plan_drain(node_pods, cfg, lambda ns, lab, val: others[(ns, lab, val)])
     assert plan.groups == [[("default", "bare")], [("default", "tp-0"), ("default", "tp-1")], [("default", "web")]]
     why = {s["pod"]: s["why"] for s in plan.skipped}
     assert why == {"default/ds": "daemonset pod", "default/static": "mirror pod", "default/done": "finished",
-                   "default/going": "already terminating"}
+                   "default/going": "already terminating", "default/dcgm-diag": "tolerates the quarantine taint"}
     # With ignore_daemonsets off, a DaemonSet pod is evicted like any other.
     plan2 = plan_drain([pod("ds", owner="DaemonSet")], ActuationConfig(ignore_daemonsets=False))
     assert plan2.groups == [[("default", "ds")]]

@@ -128,6 +128,16 @@ def is_mirror_pod(pod: dict[str, Any]) -> bool:
     return "kubernetes.io/config.mirror" in (pod.get("metadata", {}).get("annotations") or {})
 
 
+def tolerates_quarantine(pod: dict[str, Any], taint_key: str) -> bool:
+    """Pods that tolerate our own taint are meant to run on an isolated node: our active tests, the node
+    agent, diagnostics. Draining them would undo the quarantine's purpose (and kill the test that decides
+    the way out)."""
+    for t in (pod.get("spec") or {}).get("tolerations") or []:
+        if t.get("key") == taint_key or (not t.get("key") and t.get("operator") == "Exists"):
+            return True
+    return False
+
+
 def tp_group_of(pod: dict[str, Any], tp_labels: tuple[str, ...]) -> tuple[str, str, str] | None:
     labels = pod.get("metadata", {}).get("labels") or {}
     for lab in tp_labels:
@@ -141,7 +151,8 @@ def plan_drain(node_pods: list[dict[str, Any]], cfg: ActuationConfig,
     """What draining a node means, as kubectl drain sees it, plus tensor-parallel groups.
 
     Skips DaemonSet pods (their controller would put them straight back) and mirror pods (static, owned
-    by the kubelet; the API cannot remove them), and pods already terminating or finished. Pods of one
+    by the kubelet; the API cannot remove them), pods that tolerate our quarantine taint (active tests,
+    the agent), and pods already terminating or finished. Pods of one
     tensor-parallel group are evicted as one unit, with their members on other nodes: a group missing a
     rank cannot make progress and only holds GPUs elsewhere.
     """
@@ -157,6 +168,10 @@ def plan_drain(node_pods: list[dict[str, Any]], cfg: ActuationConfig,
             continue
         if cfg.ignore_daemonsets and is_daemonset_pod(pod):
             plan.skipped.append({"pod": "/".join(ident), "why": "daemonset pod"})
+            continue
+        if tolerates_quarantine(pod, cfg.taint_key) or (md.get("labels") or {}).get(
+                f"{cfg.label_prefix}/active-test") == "true":
+            plan.skipped.append({"pod": "/".join(ident), "why": "tolerates the quarantine taint"})
             continue
         if md.get("deletionTimestamp"):
             plan.skipped.append({"pod": "/".join(ident), "why": "already terminating"})
