@@ -36,6 +36,9 @@ def register(app: typer.Typer) -> None:
             level=getattr(logging, log_level.upper(), logging.INFO), stream=sys.stderr,
             format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         )
+        # one line per HTTP request (every query, every scrape) would drown the decisions in the log
+        for noisy in ("httpx", "httpcore"):
+            logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
         try:
             cfg = load_config(config)
             if listen is not None or kernel_log:
