@@ -43,6 +43,19 @@ def wait_ok(url: str, timeout_s: float = 60.0) -> None:
     raise SystemExit(f"{url} did not come up within {timeout_s}s")
 
 
+def cpu_s(pid: int) -> tuple[float, float]:
+    """(user, system) CPU seconds of a process so far (Linux /proc): figures that hold on a busy machine,
+    where wall-clock latencies mostly measure the other tenants. On loopback the kernel delivers a send
+    in the sender's context, so system time includes the receiving side's TCP work."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    tck = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tck, int(fields[12]) / tck
+
+
+def per(a: tuple[float, float], b: tuple[float, float], n: int, scale: float) -> str:
+    return f"user {scale * (b[0] - a[0]) / n:.1f} + system {scale * (b[1] - a[1]) / n:.1f}"
+
+
 def pct(xs: list[float], q: float) -> float:
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(q * len(xs)))]
@@ -122,12 +135,22 @@ def main() -> None:
         wait_ok(proxied + "/readyz")
         print(f"# fleethealth sidecar benchmark ({os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f})")
         lat_d = asyncio.run(sequential_latency(direct, a.requests))
+        c0 = cpu_s(side.pid), cpu_s(engine.pid)
         lat_p = asyncio.run(sequential_latency(proxied, a.requests))
+        c1 = cpu_s(side.pid), cpu_s(engine.pid)
+        n_req = a.requests + 20
         print(f"request latency (max_tokens=1, {a.requests} sequential): direct median {1e3 * statistics.median(lat_d):.2f} ms "
               f"p99 {1e3 * pct(lat_d, 0.99):.2f} ms; via sidecar median {1e3 * statistics.median(lat_p):.2f} ms "
               f"p99 {1e3 * pct(lat_p, 0.99):.2f} ms; added median {1e3 * (statistics.median(lat_p) - statistics.median(lat_d)):.2f} ms")
+        print(f"CPU per proxied request (ms): sidecar {per(c0[0], c1[0], n_req, 1e3)}; "
+              f"engine {per(c0[1], c1[1], n_req, 1e3)} ({n_req} requests)")
         tot_d, gap_d = asyncio.run(stream_times(direct, a.tokens, a.streams))
+        c2 = cpu_s(side.pid), cpu_s(engine.pid)
         tot_p, gap_p = asyncio.run(stream_times(proxied, a.tokens, a.streams))
+        c3 = cpu_s(side.pid), cpu_s(engine.pid)
+        n_tok = a.tokens * (a.streams + 2)
+        print(f"CPU per proxied streamed token (us): sidecar {per(c2[0], c3[0], n_tok, 1e6)}; "
+              f"engine {per(c2[1], c3[1], n_tok, 1e6)}")
         per_tok = (statistics.median(tot_p) - statistics.median(tot_d)) / a.tokens
         print(f"streaming ({a.tokens} tokens, {a.streams} streams): direct median {1e3 * statistics.median(tot_d):.1f} ms/stream, "
               f"via sidecar {1e3 * statistics.median(tot_p):.1f} ms/stream; added per token {1e6 * per_tok:.1f} us "
