@@ -356,3 +356,59 @@ def test_prometheus_client_default_registry_output_equal() -> None:
     from prometheus_client import REGISTRY
 
     assert_same_as_prom_client(generate_latest(REGISTRY).decode())
+
+
+@st.composite
+def _multi_block_mutated(draw: st.DrawFn) -> str:
+    """dcgm-like text (several fields x 10 GPUs, same label order), with a few lines of later blocks
+    mutated so that the template path must notice and fall back."""
+    n = 10
+    labels = [f'{{gpu="{g}",UUID="GPU-{g:04d}",Hostname="node-{g // 8}"}}' for g in range(n)]
+    blocks = []
+    for f in range(3):
+        lines = [f"# TYPE DCGM_F{f} gauge"] + [f"DCGM_F{f}{lab} {g * 10 + f}" for g, lab in enumerate(labels)]
+        blocks.append(lines)
+    for _ in range(draw(st.integers(0, 3))):
+        b = draw(st.integers(1, 2))
+        i = draw(st.integers(1, n))
+        kind = draw(st.sampled_from(["label", "drop", "swap", "brace", "ts", "nan", "dup", "space", "name"]))
+        line = blocks[b][i]
+        if kind == "label":
+            blocks[b][i] = line.replace('gpu="', 'gpu="x')
+        elif kind == "drop":
+            del blocks[b][i]
+        elif kind == "swap" and i + 1 < len(blocks[b]):
+            blocks[b][i], blocks[b][i + 1] = blocks[b][i + 1], blocks[b][i]
+        elif kind == "brace":
+            blocks[b][i] = line.replace('UUID="', 'UUID="} ')
+        elif kind == "ts":
+            blocks[b][i] = line + " 1700000000000"
+        elif kind == "nan":
+            blocks[b][i] = line.rsplit(" ", 1)[0] + " NaN"
+        elif kind == "dup":
+            blocks[b].insert(i, line)
+        elif kind == "space":
+            blocks[b][i] = line.replace("} ", "}  ")
+        elif kind == "name":
+            blocks[b][i] = line.replace("DCGM_F", "DCGM_G", 1)
+    return "\n".join(ln for blk in blocks for ln in blk) + "\n"
+
+
+@settings(max_examples=120, deadline=None)
+@given(_multi_block_mutated())
+def test_property_template_path_agrees_with_careful_path(text: str) -> None:
+    from fleethealth.sources import exposition as ex
+
+    def run() -> tuple[list[tuple[str, tuple[tuple[str, str], ...], float, float]], list[tuple[int, str]]]:
+        snap = parse_exposition(text, default_ts=NOW)
+        return (sorted((m, tuple(sorted(lab.items())), v, t) for m, lab, v, t in snap.rows()),
+                sorted((i.line, i.reason) for i in snap.issues))
+
+    fast = run()
+    orig = ex._fast_block
+    ex._fast_block = lambda *a, **k: None  # type: ignore[assignment]
+    try:
+        careful = run()
+    finally:
+        ex._fast_block = orig
+    assert fast == careful
