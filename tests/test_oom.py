@@ -54,6 +54,18 @@ CASES = [
     ("kv cache full", OomEvent(0, prompt_tokens=200, max_tokens=200, kv_cache_usage=0.97, running_requests=64),
      OomClass.BATCH_OVERLOAD),
     ("no context at all", OomEvent(0), OomClass.BATCH_OVERLOAD),
+    ("any other CUDA error next to the OOM", OomEvent(0, cuda_errors=("CUDA error: unspecified failure",)),
+     OomClass.DEVICE_FAULT),
+    ("a device-side assert is the application's", OomEvent(0, cuda_errors=(
+        "CUDA error: device-side assert triggered",)), OomClass.BATCH_OVERLOAD),
+    ("fragmented, failed allocation unknown: free+cached large",
+     OomEvent(0, free_bytes=4 * GiB, reserved_bytes=12 * GiB, total_bytes=80 * GiB), OomClass.FRAGMENTATION),
+    ("reserved given as the allocator's total: cached = reserved - allocated",
+     OomEvent(0, requested_bytes=2 * GiB, free_bytes=GiB // 2, reserved_bytes=78 * GiB, allocated_bytes=77 * GiB,
+              total_bytes=80 * GiB), OomClass.BATCH_OVERLOAD),
+    ("total reservation with a big cached part",
+     OomEvent(0, requested_bytes=2 * GiB, free_bytes=GiB // 2, reserved_bytes=78 * GiB, allocated_bytes=60 * GiB,
+              total_bytes=80 * GiB), OomClass.FRAGMENTATION),
 ]
 
 

@@ -73,6 +73,23 @@ def context_errors_in(text: str) -> list[str]:
     return [p for p in CONTEXT_ERROR_PATTERNS if p in low]
 
 
+# Errors that poison only the process that raised them (an application bug), not the device.
+APP_ERROR_PATTERNS: tuple[str, ...] = ("device-side assert",)
+
+
+def context_error_kinds(text: str) -> list[str]:
+    """Why ``text`` (one CUDA error seen near an OOM) means the context or device is not trustworthy:
+    the known hardware-looking patterns, else any other CUDA error that is neither an OOM nor an
+    application bug (reported as ``cuda_error``). Empty when it means nothing of the kind."""
+    found = context_errors_in(text)
+    if found:
+        return found
+    low = text.lower()
+    if "cuda" in low and not is_oom_text(text) and not any(p in low for p in APP_ERROR_PATTERNS):
+        return ["cuda_error"]
+    return []
+
+
 def xids_in(text: str) -> list[int]:
     """Xid codes mentioned in ``text`` (kernel log shape ``NVRM: Xid (PCI:...): 79, ...`` or ``Xid 79``)."""
     out: list[int] = []
@@ -136,7 +153,8 @@ class OomEvent:
     kv_capacity_tokens: int | None = None
     requested_bytes: int | None = None  # the allocation that failed
     free_bytes: int | None = None
-    reserved_bytes: int | None = None  # reserved by the allocator but unallocated (cached, fragmented)
+    reserved_bytes: int | None = None  # reserved by the allocator but unallocated (or total reserved, see
+    # _cached_bytes: a value >= allocated_bytes is read as torch.cuda.memory_reserved())
     allocated_bytes: int | None = None
     total_bytes: int | None = None
     recent_xids: tuple[int, ...] = ()
@@ -169,6 +187,7 @@ class OomThresholds:
     overload_kv_usage: float = 0.9
     fragmentation_min_share: float = 0.05  # free+reserved at least this share of total memory ...
     fragmentation_cover: float = 1.0  # ... and at least this multiple of the failed allocation
+    fragmentation_unknown_share: float = 0.1  # failed allocation unknown: spare must be this share of total
     concurrency_factor: float = 0.75  # BATCH_OVERLOAD: new concurrency limit = running * factor
     min_concurrency: int = 1
 
@@ -201,6 +220,17 @@ def _capacity(ev: OomEvent) -> tuple[int | None, str]:
     return min(known)
 
 
+def _cached_bytes(ev: OomEvent) -> int | None:
+    """Reserved-but-unallocated bytes. ``reserved_bytes`` is read that way unless it is at least
+    ``allocated_bytes``, in which case it is the allocator's total reservation (torch.cuda.memory_reserved)
+    and the cached part is the difference."""
+    if ev.reserved_bytes is None:
+        return None
+    if ev.allocated_bytes is not None and ev.reserved_bytes >= ev.allocated_bytes:
+        return ev.reserved_bytes - ev.allocated_bytes
+    return ev.reserved_bytes
+
+
 def _batch_full(ev: OomEvent, th: OomThresholds) -> list[str]:
     over = []
     if ev.batch_tokens is not None and ev.max_batch_tokens and ev.batch_tokens >= th.overload_batch_share * ev.max_batch_tokens:
@@ -213,7 +243,7 @@ def _batch_full(ev: OomEvent, th: OomThresholds) -> list[str]:
 def classify_oom(ev: OomEvent, th: OomThresholds = DEFAULT_THRESHOLDS) -> OomVerdict:
     """Pick the OOM's class (see the module docstring for the order and why)."""
     fx = fatal_xids(ev.recent_xids, th)
-    ctx = sorted({p for e in ev.cuda_errors for p in context_errors_in(e)})
+    ctx = sorted({p for e in ev.cuda_errors for p in context_error_kinds(e)})
     if fx or ctx:
         parts = []
         if fx:
@@ -238,22 +268,27 @@ def classify_oom(ev: OomEvent, th: OomThresholds = DEFAULT_THRESHOLDS) -> OomVer
             OomClass.OVERSIZED_REQUEST,
             f"request needs {req} tokens (prompt {ev.prompt_tokens} + output {req - (ev.prompt_tokens or 0)}) "
             f"but {cap_name} is {cap}: reject it or lower max_tokens"
-            + (f" to at most {allowed}" if allowed else " (the prompt alone is too long)"),
+            + (f" to at most {allowed}" if allowed else
+               " (the prompt alone is too long)" if ev.prompt_tokens is not None else ""),
             (f"request_tokens:{req}", f"{cap_name}:{cap}"),
             max_tokens_allowed=allowed,
         )
+    cached = _cached_bytes(ev)
     spare = None
-    if ev.free_bytes is not None or ev.reserved_bytes is not None:
-        spare = (ev.free_bytes or 0) + (ev.reserved_bytes or 0)
-    if spare is not None and ev.total_bytes and ev.requested_bytes is not None \
-            and spare >= th.fragmentation_cover * ev.requested_bytes \
-            and spare >= th.fragmentation_min_share * ev.total_bytes \
-            and (ev.reserved_bytes or 0) > 0:
+    if ev.free_bytes is not None or cached is not None:
+        spare = (ev.free_bytes or 0) + (cached or 0)
+    # With the failed allocation known, "enough in total" is exact; without it, spare memory must be large.
+    enough = spare is not None and (
+        spare >= th.fragmentation_cover * ev.requested_bytes if ev.requested_bytes is not None
+        else bool(ev.total_bytes) and spare >= th.fragmentation_unknown_share * (ev.total_bytes or 0))
+    if spare is not None and ev.total_bytes and enough and spare >= th.fragmentation_min_share * ev.total_bytes \
+            and (cached or 0) > 0:
         return OomVerdict(
             OomClass.FRAGMENTATION,
             f"{_gib(spare)} was free or reserved-but-unallocated (of {_gib(ev.total_bytes)}) yet an allocation "
-            f"of {_gib(ev.requested_bytes)} failed: memory is fragmented; drain and rebuild the worker",
-            (f"spare_bytes:{spare}", f"requested_bytes:{ev.requested_bytes}", f"reserved_bytes:{ev.reserved_bytes}"),
+            + (f"of {_gib(ev.requested_bytes)} " if ev.requested_bytes is not None else "")
+            + "failed: memory is fragmented; drain and rebuild the worker",
+            (f"spare_bytes:{spare}", f"requested_bytes:{ev.requested_bytes}", f"cached_bytes:{cached}"),
         )
 
     full = _batch_full(ev, th)
