@@ -44,6 +44,7 @@ class Behavior:
     error_text: str = "CUDA error: an illegal memory access was encountered"
     max_model_len: int = 4096
     kv_cache_usage: float = 0.3
+    token_padding: int = 0  # extra bytes per streamed token (to fill socket buffers in tests)
 
 
 class FakeEngine:
@@ -193,8 +194,9 @@ class FakeEngine:
                     obj = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": self.model,
                            "choices": [choice]}
                 else:
+                    text = f"t{i} " + "x" * self.behavior.token_padding
                     obj = {"id": rid, "object": "text_completion", "created": created, "model": self.model,
-                           "choices": [{"index": 0, "text": f"t{i} ", "finish_reason": "length" if last else None}]}
+                           "choices": [{"index": 0, "text": text, "finish_reason": "length" if last else None}]}
                 yield f"data: {json.dumps(obj)}\n\n".encode()
             yield b"data: [DONE]\n\n"
 

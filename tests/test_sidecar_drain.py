@@ -149,3 +149,28 @@ def test_engine_crash_mid_stream_ends_the_stream_with_an_error_event() -> None:
             assert "engine failed" in e.message
         assert 5 <= got < 500 and time.monotonic() - t0 < 5
         wait_until(lambda: p.sc.outcomes["upstream_failed"] == 1, 5)  # recorded after the last byte went out
+
+
+def test_a_client_that_stops_reading_cannot_hold_the_drain_open() -> None:
+    import socket
+
+    with running_pair(max_drain_seconds=0.5) as p:
+        p.engine.set(token_padding=65536, token_delay_s=0.0)  # 64 KiB per token: socket buffers fill up
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        s.connect(("127.0.0.1", p.sidecar_srv.port))
+        body = json.dumps({"model": "fake-model", "prompt": "x", "max_tokens": 400, "stream": True}).encode()
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        assert s.recv(1024).startswith(b"HTTP/1.1 200")
+        wait_until(lambda: any(r.phase.value == "decoding" for r in p.sc.active), 5)
+        time.sleep(0.5)  # the client reads nothing more: the sidecar's writer blocks
+        t0 = time.monotonic()
+        _drain(p.url, p.auth)
+        wait_until(lambda: not p.sc.active, 10)
+        assert time.monotonic() - t0 < 0.5 + 1.0 + 2.0  # deadline, grace for final events, slack
+        assert p.sc.outcomes["cut_at_deadline"] == 1
+        s.settimeout(10)
+        while s.recv(1 << 20):  # the connection is closed, not left hanging
+            pass
+        s.close()
