@@ -313,3 +313,29 @@ def test_live_injection() -> None:
     s = run(sim, 1)[-1]
     assert values(s, "DCGM_FI_DEV_XID_ERRORS", Hostname="node-00", gpu="1") == [79.0]
     assert sim.ground_truth[0].onset == START + 4 * 15 - 15
+
+
+def test_oom_contexts_classify_as_their_ground_truth() -> None:
+    """The decisions layer's OOM classifier, fed the simulator's events the way the backtest feeds them,
+    finds each event's true class."""
+    import dataclasses
+
+    from fleethealth.backtest.events import oom_event
+    from fleethealth.decide.oom import OomEvent, classify_oom
+
+    expect = {"single_request": "oversized_request", "batch_overload": "batch_overload",
+              "fragmentation": "fragmentation", "driver": "device_fault"}
+    faults = [{"kind": "cuda_oom", "target": "replica:llama3-8b-000", "onset": 15,
+               "params": {"class": c, "count": 4, "interval_s": 15}} for c in expect]
+    sim = Simulation(small_scenario(faults))
+    run(sim, 6)
+    names = {f.name for f in dataclasses.fields(OomEvent)}
+    seen = 0
+    for e in sim.all_events:
+        if e.kind != "cuda_oom":
+            continue
+        payload = oom_event(e).payload
+        fields = {k: tuple(v) if isinstance(v, list) else v for k, v in payload.items() if k in names}
+        assert str(classify_oom(OomEvent(ts=e.ts, **fields)).cls) == expect[e.truth]
+        seen += 1
+    assert seen == 16

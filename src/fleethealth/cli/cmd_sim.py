@@ -95,6 +95,7 @@ def register(app: typer.Typer) -> None:
         if every < 1:
             fail("--every must be at least 1")
         t0 = time.perf_counter()
+        c0 = time.process_time()
         if out is not None:
             from fleethealth.sim.recording import write_recording
 
@@ -109,11 +110,12 @@ def register(app: typer.Typer) -> None:
                 steps += 1
                 rows += len(snap)
         dt = time.perf_counter() - t0
+        cpu = time.process_time() - c0
         gpus = sim.fleet.n_gpus
         gpu_h = gpus * steps * sim.step_s / 3600
         typer.echo(f"{sc.name}: {steps} steps x {gpus} GPUs ({sc.step:g}s resolution, "
                    f"{steps * sim.step_s / 3600:.1f} h simulated) in {dt:.2f} s = {steps / max(dt, 1e-9):.0f} steps/s, "
-                   f"{gpu_h / max(dt, 1e-9):,.0f} GPU-hours/s, {rows:,} samples")
+                   f"{gpu_h / max(dt, 1e-9):,.0f} GPU-hours/s, {rows:,} samples (CPU {cpu:.2f} s)")
         if out is not None:
             typer.echo(f"recording: {out} ({rows:,} rows)")
         if events is not None:
