@@ -47,7 +47,9 @@ def register(app: typer.Typer) -> None:
         liveness_timeout: float = typer.Option(30.0, min=0.1, help="Running work without a token this long fails /livez"),
         gpu_metrics_url: str | None = typer.Option(None, help="The node's exporter /metrics (dcgm-exporter)"),
         gpu_node: str | None = typer.Option(None, help="This node's name in the exporter (default: $NODE_NAME)"),
-        nvml: bool = typer.Option(False, help="Read the local GPUs through NVML instead of an exporter"),
+        nvml: bool | None = typer.Option(
+            None, "--nvml/--no-nvml",
+            help="Read the local GPUs through NVML (default: when the library loads and no --gpu-metrics-url)"),
         engine_log: Path | None = typer.Option(None, help="Engine log file to tail for CUDA errors and Xids"),
         evidence_dir: Path | None = typer.Option(None, help="Directory for evidence bundles written on drain"),
         no_redact_prompts: bool = typer.Option(False, help="Keep prompts in evidence request samples"),

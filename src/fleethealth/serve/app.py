@@ -28,7 +28,7 @@ from prometheus_client.registry import Collector
 
 from fleethealth.decide.model import State
 from fleethealth.serve.config import Clock, SidecarConfig
-from fleethealth.serve.gpu import ExporterGpuReader, GpuReader, NvmlGpuReader
+from fleethealth.serve.gpu import ExporterGpuReader, GpuReader, NvmlGpuReader, nvml_present
 from fleethealth.serve.sidecar import Phase, Sidecar
 
 
@@ -113,7 +113,7 @@ def create_app(config: SidecarConfig, clock: Clock | None = None, gpu_reader: Gp
                transport: httpx.AsyncBaseTransport | None = None) -> FastAPI:
     if gpu_reader is None and config.gpu_metrics_url:
         gpu_reader = ExporterGpuReader(config.gpu_metrics_url, node=config.gpu_node)
-    elif gpu_reader is None and config.use_nvml:
+    elif gpu_reader is None and (config.use_nvml or (config.use_nvml is None and nvml_present())):
         gpu_reader = NvmlGpuReader(config.gpu_node or config.replica)
     sc = Sidecar(config, clock=clock, gpu_reader=gpu_reader, transport=transport)
     registry = CollectorRegistry(auto_describe=False)

@@ -56,7 +56,7 @@ class SidecarConfig:
     concurrency_recover_s: float = 60.0  # after a batch-overload OOM: +1 concurrency per this many quiet s
     gpu_metrics_url: str | None = None  # the node's exporter (dcgm-exporter) when NVML is not used
     gpu_node: str | None = None  # keep only this node's samples from the exporter (label Hostname etc.)
-    use_nvml: bool = False
+    use_nvml: bool | None = None  # None: NVML when the library loads and no exporter URL is given
     gpu_fail_below: float = 0.3  # a GPU tuple below this fails /gpuz (default: policy quarantine_below)
     cuda_error_window_s: float = 600.0  # CUDA context errors seen within this fail /gpuz
     engine_log: Path | None = None

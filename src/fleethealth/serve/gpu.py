@@ -12,6 +12,7 @@ would turn a metrics problem into an outage.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -105,6 +106,19 @@ class ExporterGpuReader:
     async def aclose(self) -> None:
         if self._client is not None:
             await self._client.aclose()
+
+
+def nvml_present() -> bool:
+    """Whether the NVIDIA management library loads here (it does not on machines without a GPU driver)."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:
+        return False
+    with contextlib.suppress(Exception):
+        pynvml.nvmlShutdown()
+    return True
 
 
 class NvmlGpuReader:
