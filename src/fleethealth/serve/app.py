@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -109,7 +109,7 @@ class SidecarCollector(Collector):
         yield err
 
 
-def create_app(config: SidecarConfig, clock: Clock | None = None, gpu_reader: GpuReader | None = None,
+def create_app(config: SidecarConfig, clock: Clock | Callable[[], float] | None = None, gpu_reader: GpuReader | None = None,
                transport: httpx.AsyncBaseTransport | None = None) -> FastAPI:
     if gpu_reader is None and config.gpu_metrics_url:
         gpu_reader = ExporterGpuReader(config.gpu_metrics_url, node=config.gpu_node)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -23,6 +24,24 @@ class SystemClock:
         return time.time()
 
 
+class FunctionClock:
+    """A plain ``() -> float`` (``time.time``, a test's lambda) as a Clock."""
+
+    def __init__(self, fn: Callable[[], float]) -> None:
+        self.fn = fn
+
+    def now(self) -> float:
+        return float(self.fn())
+
+
+def as_clock(clock: Clock | Callable[[], float] | None) -> Clock:
+    if clock is None:
+        return SystemClock()
+    if hasattr(clock, "now"):
+        return clock  # type: ignore[return-value]
+    return FunctionClock(clock)  # type: ignore[arg-type]
+
+
 def default_replica_name() -> str:
     return os.environ.get("POD_NAME") or os.environ.get("HOSTNAME") or socket.gethostname()
 
@@ -31,7 +50,7 @@ def default_replica_name() -> str:
 class SidecarConfig:
     upstream: str  # the engine's base URL, e.g. http://127.0.0.1:8000
     replica: str = field(default_factory=default_replica_name)
-    admin_token: str | None = None
+    admin_token: str | None = field(default_factory=lambda: os.environ.get("FLEETHEALTH_ADMIN_TOKEN") or None)
     admin_loopback_only: bool = True  # admin endpoints answer only clients on 127.0.0.0/8 or ::1
     max_drain_seconds: float = 30.0
     retry_after_s: int = 5

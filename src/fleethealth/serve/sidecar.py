@@ -25,7 +25,7 @@ import json
 import logging
 import re
 from collections import Counter, deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -49,7 +49,7 @@ from fleethealth.decide.oom import (
 )
 from fleethealth.serve.admission import Admission, Rejected
 from fleethealth.serve.canary import Canary, Observation, ShareGate, Verdict, recent_failures
-from fleethealth.serve.config import Clock, SidecarConfig, SystemClock
+from fleethealth.serve.config import Clock, SidecarConfig, as_clock
 from fleethealth.serve.gpu import GpuCheck, GpuReader, GpuVerdict
 from fleethealth.serve.lifecycle import Event, ReplicaLifecycle, admits
 from fleethealth.serve.progress import ProgressWatch
@@ -198,10 +198,10 @@ def _error_json(message: str, etype: str, code: str) -> dict[str, Any]:
 
 
 class Sidecar:
-    def __init__(self, config: SidecarConfig, clock: Clock | None = None, gpu_reader: GpuReader | None = None,
+    def __init__(self, config: SidecarConfig, clock: Clock | Callable[[], float] | None = None, gpu_reader: GpuReader | None = None,
                  transport: httpx.AsyncBaseTransport | None = None) -> None:
         self.config = config
-        self.clock: Clock = clock or SystemClock()
+        self.clock: Clock = as_clock(clock)
         self.gpu_reader = gpu_reader
         self._transport = transport
         now = self.clock.now()
