@@ -161,11 +161,11 @@ STEPS = 6
 
 
 def _worker(rank: int, world: int, rdzv: str, out_dir: str) -> None:
-    """Runs in a spawned process: DDP then FSDP, each rank timing its steps; rank SLOW_RANK sleeps inside
+    """Runs in a spawned process: DDP, FSDP then FSDP2, each rank timing its steps; rank SLOW_RANK sleeps inside
     its forward (after any collective of the forward, as a throttled GPU would be slow)."""
     import torch
     import torch.distributed as dist
-    from torch.distributed.fsdp import FullyShardedDataParallel
+    from torch.distributed.fsdp import FullyShardedDataParallel, fully_shard
     from torch.nn.parallel import DistributedDataParallel
 
     torch.set_num_threads(1)
@@ -191,6 +191,7 @@ def _worker(rank: int, world: int, rdzv: str, out_dir: str) -> None:
         # A tiny bucket cap gives several buckets per step, as real models have.
         "ddp": lambda m: DistributedDataParallel(m, bucket_cap_mb=0.5),
         "fsdp": lambda m: FullyShardedDataParallel(m, device_id=torch.device("cpu")),
+        "fsdp2": fully_shard,
     }
     for kind, wrap in wrappers.items():
         model = wrap(Net())
@@ -241,7 +242,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> dict[int, dict[str, lis
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("kind", ["ddp", "fsdp"])
+@pytest.mark.parametrize("kind", ["ddp", "fsdp", "fsdp2"])
 def test_slow_rank_has_larger_compute_time_while_step_time_is_equal(
     trained: dict[int, dict[str, list[dict[str, Any]]]], kind: str
 ) -> None:

@@ -16,9 +16,11 @@ hands its gradients to the collective. ``RankTimer`` measures that from the trai
   slow rank spends *before* an all-gather turns into waiting inside its peers' measured compute. The
   measurement is exact for one FSDP unit (all-gather, then compute, then reduce-scatter, as in the test)
   and an underestimate of the gap with nested units, where GPU-side signals (SM clock, throttling) should
-  back it up.
-* **FSDP2 (``fully_shard``)** exposes no comm hook; call ``tracker.mark_collective()`` yourself where your
-  loop enters its gradient collective (the same goes for Megatron, DeepSpeed or a hand-written loop).
+  back it up. The same holds for FSDP2.
+* **FSDP2 (``fully_shard``)** has no comm hook: ``attach`` installs, on every ``fully_shard`` module, a
+  custom reduce-scatter (``set_custom_reduce_scatter``) that is FSDP2's default one plus the entry mark.
+  Elsewhere (Megatron, DeepSpeed, a hand-written loop) call ``tracker.mark_collective()`` yourself where
+  the loop enters its gradient collective.
 
 Times: on the GPU, CUDA events recorded on the current stream (kernels are asynchronous, so host clocks
 would measure launch time, not compute), read once the GPU has passed them so the timer adds no device
@@ -125,6 +127,34 @@ def _is_fsdp(model: Any) -> bool:
     return isinstance(model, FullyShardedDataParallel)
 
 
+def _fsdp2_modules(model: Any) -> list[Any]:
+    """The ``fully_shard`` modules in ``model`` (each has its own reduce-scatter), or [] if none."""
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # pragma: no cover - torch without FSDP2
+        return []
+    modules = getattr(model, "modules", None)
+    return [m for m in modules() if isinstance(m, FSDPModule)] if modules is not None else []
+
+
+def _timed_reduce_scatter(timer: RankTimer) -> Any:
+    """FSDP2's default reduce-scatter, noting each call's entry on ``timer``. FSDP2 has no comm hook;
+    ``set_custom_reduce_scatter`` is its public way to own the collective."""
+    try:
+        from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultReduceScatter
+    except ImportError as e:  # pragma: no cover - the private module moved in another torch version
+        raise TypeError("this torch version hides FSDP2's default reduce-scatter: call "
+                        "RankTimer.mark_collective() where the gradient reduce-scatter starts") from e
+
+    class TimedReduceScatter(DefaultReduceScatter):  # type: ignore[misc, valid-type]
+        def __call__(self, output_tensor: Any, input_tensor: Any, group: Any, op: Any,
+                     async_op: bool = False) -> Any:
+            timer.mark_collective()
+            return super().__call__(output_tensor, input_tensor, group, op, async_op)
+
+    return TimedReduceScatter()
+
+
 class RankTimer:
     """Measures one rank's compute time to its gradient collective; see the module doc.
 
@@ -216,8 +246,8 @@ class RankTimer:
             self._clock = self._cpu_clock
 
     def attach(self, model: Any, process_group: Any = None) -> RankTimer:
-        """Register the timing comm hook on a DDP or FSDP model (replacing the default hook with the same
-        collective). Call before the first forward. Returns self."""
+        """Register the timing comm hook on a DDP, FSDP or FSDP2 (``fully_shard``) model (replacing the
+        default hook with the same collective). Call before the first forward. Returns self."""
         from torch.nn.parallel import DistributedDataParallel
 
         self._pick_clock(model)
@@ -247,9 +277,13 @@ class RankTimer:
                 return fsdp_hooks.reduce_scatter_hook(state, grad, output)
 
             model.register_comm_hook(state, fsdp_hook)
+        elif (fsdp2_modules := _fsdp2_modules(model)):
+            comm = _timed_reduce_scatter(self)
+            for module in fsdp2_modules:
+                module.set_custom_reduce_scatter(comm)
         else:
             raise TypeError(
-                f"attach() takes a DistributedDataParallel or FullyShardedDataParallel model, not "
+                f"attach() takes a DistributedDataParallel, FullyShardedDataParallel or fully_shard model, not "
                 f"{type(model).__name__}; for other setups call mark_collective() where the gradient "
                 "collective starts"
             )
