@@ -37,6 +37,18 @@ def test_recording_round_trip(tmp_path: Path, suffix: str) -> None:
     assert rows(got) == rows(expected)
 
 
+@pytest.mark.parametrize("suffix", [".parquet", ".csv", ".jsonl.gz"])
+def test_shared_table_reader_reads_recordings(tmp_path: Path, suffix: str) -> None:
+    from fleethealth.sources.tables import read_table
+
+    path = tmp_path / f"rec{suffix}"
+    write_recording(Simulation(small_scenario()), path, steps=3)
+    got = read_table(path)
+    expected = merge_snapshots([s for _, s in Simulation(small_scenario()).steps(3)])
+    assert not got.issues
+    assert rows(got) == rows(expected)
+
+
 def test_recording_columns(tmp_path: Path) -> None:
     path = tmp_path / "rec.parquet"
     write_recording(Simulation(small_scenario()), path, steps=2)

@@ -2,8 +2,9 @@
 series lacks that label), streamed to Parquet (or CSV) a batch of steps at a time so a long scenario never
 sits in memory. ``read_recording`` turns a table back into a Snapshot.
 
-The layout is the one ``fleethealth.sources.tables`` reads and writes; this writer streams because a
-simulated week is hundreds of millions of rows.
+The layout is the one ``fleethealth.sources.tables`` reads and writes (``read_table`` reads these files);
+this writer streams Parquet and CSV because a simulated week is hundreds of millions of rows. Other
+extensions (.jsonl, .gz) go through ``tables.write_table`` in memory.
 """
 
 from __future__ import annotations
@@ -153,7 +154,16 @@ def write_recording(sim: Simulation, path: str | Path, steps: int | None = None,
             if k % every == 0:
                 yield snap
 
-    rows = write_snapshots(gen(), path, _label_keys(sim))
+    if Path(path).suffix.lower() in (".parquet", ".csv"):
+        rows = write_snapshots(gen(), path, _label_keys(sim))
+    else:
+        # .jsonl and gzipped tables: the shared table writer, all samples in memory (short runs only)
+        from fleethealth.signals.snapshot import merge_snapshots
+        from fleethealth.sources.tables import write_table
+
+        merged = merge_snapshots(list(gen()))
+        write_table(merged, path)
+        rows = len(merged)
     return RecordingStats(str(path), n, rows, time.perf_counter() - t0)
 
 
