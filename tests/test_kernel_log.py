@@ -62,6 +62,8 @@ def test_dmesg_relative_stamp_with_boot_time() -> None:
     assert e.message == "GPU has fallen off the bus."
     assert e.line == 1
     assert not r.issues
+    assert e.entity == "n1"  # the bus map did not know the GPU: the node carries it
+    assert e.to_dict()["xid"] == 79 and e.to_dict()["entity"] == "n1"
 
 
 def test_dmesg_relative_stamp_without_boot_time_is_kept_relative_and_reported() -> None:
@@ -284,6 +286,7 @@ def test_bus_map_from_dcgm_exporter_snapshot() -> None:
         source="s", year=2023, bus_to_gpu=bus_map,
     )
     assert [e.gpu for e in r.events] == [1, None]
+    assert [e.entity for e in r.events] == ["n2/gpu1", "n3"]
 
 
 def test_source_follows_a_growing_rotating_file(tmp_path: Path) -> None:

@@ -51,7 +51,7 @@ import stat
 import subprocess
 import threading
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, tzinfo
 from functools import lru_cache
 
@@ -124,6 +124,12 @@ def _normalized_bus_map(bus_to_gpu: BusToGpu | None) -> dict[tuple[str, str] | s
 # Events and result
 
 
+def _entity(node: str | None, gpu: int | None) -> str | None:
+    if node and gpu is not None:
+        return f"{node}/gpu{gpu}"
+    return node or None
+
+
 @dataclass(frozen=True, slots=True)
 class XidEvent:
     """One ``NVRM: Xid`` line. ``ts`` is unix seconds (or seconds since boot when the boot time was
@@ -141,6 +147,15 @@ class XidEvent:
     raw: str
     line: int
     recovery_action: int | None = None
+
+    @property
+    def entity(self) -> str | None:
+        """The scorer's entity id: ``node/gpuN`` when the GPU is known, else the node (None if neither)."""
+        return _entity(self.node, self.gpu)
+
+    def to_dict(self) -> dict[str, object]:
+        """Plain data for evidence bundles and JSON output."""
+        return {**asdict(self), "entity": self.entity}
 
 
 @dataclass(frozen=True, slots=True)
