@@ -211,7 +211,7 @@ def test_quarantine_page_evidence_then_active_test_and_release(cluster: KubeClus
         # No pass, no uncordon.
         release = Intent(time.time(), IntentKind.RELEASE, node, "event:test_passed", {"canary": True, "n": 6}, Tier.NODE)
         refused = node_act.apply(release)
-        assert not refused.ok and not refused.retry and "no passed active test" in refused.error
+        assert not refused.ok and refused.retry and "(latest: running)" in refused.error
         assert kube.get_node(node)["spec"]["unschedulable"] is True
 
         # Play the kubelet: the Job controller's test pods succeed.
@@ -228,8 +228,9 @@ def test_quarantine_page_evidence_then_active_test_and_release(cluster: KubeClus
             assert p["spec"]["nodeName"] == node
             cluster.set_pod_phase("fleethealth-system", p["metadata"]["name"], "Succeeded")
         wait_until(lambda: tests.latest_verdict(node) == "passed", 30, 0.1, what="jobs complete")
-        events_for_decisions = [r.to_event() for r in tests.results(node)]
-        assert all(e["passed"] and e["entity"] == node and e["type"] == "active_test" for e in events_for_decisions)
+        [round_] = tests.rounds(node)  # both tests of the round passed: one event for the decisions layer
+        ev_ = round_.to_event()
+        assert ev_["passed"] and ev_["entity"] == node and ev_["test"] == "dcgm_diag_r2+nccl_bandwidth"
 
         [rel] = runner.submit(release)
         assert rel.status == "applied", rel
@@ -239,6 +240,25 @@ def test_quarantine_page_evidence_then_active_test_and_release(cluster: KubeClus
         assert n["metadata"]["labels"]["fleethealth.io/state"] == "RECOVERING"
         cond = next(c for c in n["status"]["conditions"] if c["type"] == "GPUHealthy")
         assert cond["status"] == "True"
+
+
+def test_one_failed_test_fails_the_round_and_blocks_release(cluster: KubeCluster) -> None:
+    kube = cluster.kube()
+    cluster.add_node("gpu-node-9")
+    cfg = ActuationConfig(test_namespace="fh-round")
+    tests = ActiveTests(kube, cfg)
+    act = KubeNodeActuator(kube, cfg, active_tests=tests)
+    assert act.apply(Intent(1.0, IntentKind.NO_NEW_WORK, "gpu-node-9", "x", {"value": 0.2}, Tier.NODE)).ok
+    assert tests.apply(Intent(1.0, IntentKind.RUN_ACTIVE_TEST, "gpu-node-9", "x",
+                              {"tests": ["dcgm_diag_r2", "nccl_bandwidth"]}, Tier.NODE)).ok
+    wait_until(lambda: len(kube.list_pods("fh-round")) == 2, 30, 0.1, what="test pods")
+    for p in kube.list_pods("fh-round"):
+        ok = p["metadata"]["labels"]["fleethealth.io/test"] == "dcgm_diag_r2"
+        cluster.set_pod_phase("fh-round", p["metadata"]["name"], "Succeeded" if ok else "Failed")
+    wait_until(lambda: [r.verdict for r in tests.rounds("gpu-node-9")] == ["failed"], 30, 0.1, what="round failed")
+    out = act.apply(Intent(2.0, IntentKind.RELEASE, "gpu-node-9", "x", {}, Tier.NODE))
+    assert not out.ok and not out.retry and "(latest: failed)" in out.error
+    assert kube.get_node("gpu-node-9")["spec"]["unschedulable"] is True
 
 
 def test_operator_cordon_is_not_lifted_by_us(cluster: KubeCluster, tmp_path: Path) -> None:
@@ -439,3 +459,141 @@ def test_controller_and_agent_manifests_are_accepted_by_the_api_server(cluster: 
     assert dep["spec"]["replicas"] == 2
     ds = admin.api.request("GET", "/apis/apps/v1/namespaces/fleethealth-system/daemonsets/fleethealth-agent")
     assert ds["spec"]["template"]["spec"]["serviceAccountName"] == "fleethealth-agent"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_fault_on_simulated_exporter_to_quarantine_and_back(cluster: KubeCluster, tmp_path: Path) -> None:
+    """The whole loop on real servers: simulator exporter -> Prometheus -> controller (score, decide) ->
+    runner -> kube-apiserver. An Xid 79 on node-02 ends with node-02 cordoned, tainted and conditioned, its
+    pod evicted and an evidence bundle with Prometheus' window; a repair and passed active-test Jobs bring
+    it back (RELEASE -> uncordon)."""
+    import threading
+
+    sim_server = pytest.importorskip("fleethealth.sim.server", reason="simulator exporter not available")
+    from fleethealth.controller.loop import Controller
+    from fleethealth.decide.state import Event
+    from fleethealth.policy import default_policy
+    from fleethealth.sim.scenario import Scenario
+    from fleethealth.sim.simulation import Simulation
+    from fleethealth.sources.prometheus import PrometheusSource
+    from prom_harness import PROMETHEUS, prometheus
+
+    if PROMETHEUS is None:
+        pytest.skip("prometheus not installed")
+    p = default_policy()
+    policy = p.model_copy(update={
+        "freshness": p.freshness.model_copy(update={"max_age_s": 4.0, "rate_window_s": 30.0}),
+        "lifecycle": p.lifecycle.model_copy(update={
+            "degraded_dwell_s": 2.0, "quarantine_dwell_s": 2.0, "ready_dwell_s": 4.0, "warming_s": 1.0,
+            "recovering_dwell_s": 4.0}),
+        "fleet": p.fleet.model_copy(update={"min_entities": 3}),
+        "xid": p.xid.model_copy(update={"window_s": 5.0}),
+    })
+    scenario = Scenario.model_validate({"name": "act-e2e", "seed": 5, "duration": "1d", "fleet": {"pools": [
+        {"name": "train-a", "nodes": 6, "workload": "training", "jobs": [{"name": "pretrain", "pp": 1}]}]}})
+    sim = Simulation(scenario)
+    nodes = list(sim.fleet.nodes)
+    kube = cluster.kube()
+    for n in nodes:
+        cluster.add_node(n, gpus=8, labels={"pool": "train-a"})
+    bad = "node-02"
+    cluster.add_pod("pretrain-rank-2", bad, labels={"job-name": "pretrain"}, gpus=8)
+
+    cfg = ActuationConfig(mode="enforce", enforce=frozenset(IntentKind), drain_timeout_s=2.0,
+                          attempts_per_cycle=1, backoff_initial_s=0.2, test_namespace="fh-e2e")
+    tests = ActiveTests(kube, cfg)
+    node_act = KubeNodeActuator(kube, cfg, active_tests=tests)
+    exporter = sim_server.SimExporterServer(sim).start()
+    try:
+        with prometheus([], scrape_interval_s=1.0, http_sd=[f"{exporter.url}/sd"]) as prom:
+            prom.wait_for("up == 1", min_results=len(nodes), timeout_s=30)
+            evidence = EvidenceCollector(tmp_path / "evidence", EvidenceIndex(tmp_path / "state.db"),
+                                         prometheus=PrometheusRange(prom.url), kube=kube, window_s=120)
+            runner = ActuationRunner({
+                IntentKind.NO_NEW_WORK: [node_act], IntentKind.ALLOW_NEW_WORK: [node_act],
+                IntentKind.SET_CONDITION: [node_act], IntentKind.CAPTURE_EVIDENCE: [evidence],
+                IntentKind.QUARANTINE: [evidence, node_act], IntentKind.DRAIN: [evidence, node_act],
+                IntentKind.RELEASE: [node_act], IntentKind.RUN_ACTIVE_TEST: [tests],
+                IntentKind.SET_WEIGHT: [RouterActuator(WeightBoard())],
+            }, Ledger(tmp_path / "ledger.db"), cfg)
+            seen: set[tuple[str, str]] = set()
+
+            def test_events(now: float) -> list[Event]:
+                out = []
+                for r in tests.rounds():
+                    if r.verdict in ("passed", "failed") and (r.entity, r.round) not in seen:
+                        seen.add((r.entity, r.round))
+                        out.append(Event(now, "active_test", r.entity, passed=r.verdict == "passed",
+                                         actor=f"job/{r.job}"))
+                return out
+
+            source = PrometheusSource(prom.url, policy, timeout_s=2)
+            ctl = Controller(policy, [source], interval_s=0.5, runner=runner, events=test_events)
+            th = threading.Thread(target=ctl.run, daemon=True)
+            th.start()
+            try:
+                wait_until(lambda: all(ctl.state.entities.get(n) is not None
+                                       and ctl.state.entities[n].state.value == "READY" for n in nodes),
+                           60, 0.1, what="every node READY")
+                wait_until(lambda: not any(kube.get_node(n)["spec"].get("unschedulable") for n in nodes), 20, 0.2,
+                           what="no node cordoned while healthy")
+
+                exporter.inject({"kind": "xid79_off_bus", "target": f"{bad}/gpu3", "onset": 0})
+                exporter.advance(scenario.step)
+                t_fault = time.monotonic()
+
+                def isolated() -> bool:
+                    n = kube.get_node(bad)
+                    return bool(n["spec"].get("unschedulable")) and any(
+                        t["key"] == cfg.taint_key and t["value"] == "QUARANTINED" for t in n["spec"].get("taints") or [])
+
+                wait_until(isolated, 30, 0.05, what=f"{bad} cordoned and tainted QUARANTINED")
+                latency = time.monotonic() - t_fault
+                print(f"\nfault on the exporter -> node cordoned+tainted on the API server: {latency:.2f}s")
+                n = kube.get_node(bad)
+                cond = next(c for c in n["status"]["conditions"] if c["type"] == "GPUHealthy")
+                assert cond["status"] == "False" and cond["reason"].startswith("Gate")
+                wait_until(lambda: terminating(kube, "default", "pretrain-rank-2"), 15, 0.1, what="pod evicted")
+                cluster.delete_terminating_pods()
+                for other in nodes:
+                    if other != bad:
+                        assert not any(t["key"] == cfg.taint_key for t in kube.get_node(other)["spec"].get("taints")
+                                       or []), other
+                [bundle] = evidence.index.list(bad)
+                metrics = json.loads((Path(bundle["path"]) / "metrics.json").read_text())
+                assert any(q["series"] > 0 for q in metrics["queries"].values())
+
+                # A technician repairs the node; the active tests (Jobs pinned to it) pass.
+                wait_until(lambda: len(kube.list_pods("fh-e2e")) >= 2, 30, 0.1, what="active-test pods")
+                sim.apply_action(bad, "repair", exporter.now())
+                exporter.advance(scenario.step)
+                assert sim.active_test(bad, exporter.now())
+                for pod in kube.list_pods("fh-e2e"):
+                    cluster.set_pod_phase("fh-e2e", pod["metadata"]["name"], "Succeeded")
+
+                def released() -> bool:
+                    return any(r.status == "applied" for r in runner.ledger.actions(entity=bad)
+                               if r.kind == "release")
+
+                try:
+                    wait_until(released, 60, 0.1, what=f"RELEASE of {bad} applied")
+                except TimeoutError:
+                    print("STATE", ctl.state.entities[bad])
+                    print("TESTS", [r.to_event() for r in tests.results()])
+                    for r in runner.ledger.actions(entity=bad):
+                        print("LEDGER", r.kind, r.actuator, r.status, r.last_error, r.intent.get("reason"))
+                    print("TRANS", [t for t in ctl.published.recent_transitions if t["entity"] == bad])
+                    raise
+                wait_until(lambda: not kube.get_node(bad)["spec"].get("unschedulable"), 10, 0.1,
+                           what=f"{bad} uncordoned")
+                n = kube.get_node(bad)
+                assert not any(t["key"] == cfg.taint_key for t in n["spec"].get("taints") or [])
+                print(f"{bad}: {ctl.state.entities[bad].state.value} after release; "
+                      f"{len(runner.ledger.actions(status='applied'))} actions applied in all")
+            finally:
+                ctl.stop()
+                th.join(10)
+                source.close()
+    finally:
+        exporter.stop()

@@ -161,6 +161,22 @@ class ActiveTests:
             ))
         return sorted(out, key=lambda r: (r.ts, r.job))
 
+    def rounds(self, node: str | None = None) -> list[ActiveTestResult]:
+        """One result per (node, round): a round is the set of tests one RUN_ACTIVE_TEST started, and it
+        passes only when every test in it passed (fails as soon as one fails). Feed the decisions layer
+        these, not the per-Job results: one Job passing must not release a node whose other test fails."""
+        by: dict[tuple[str, str], list[ActiveTestResult]] = {}
+        for r in self.results(node):
+            by.setdefault((r.entity, r.round), []).append(r)
+        out = []
+        for (entity, rnd), rs in by.items():
+            verdicts = {r.verdict for r in rs}
+            verdict = "failed" if "failed" in verdicts else "passed" if verdicts == {"passed"} else "running"
+            out.append(ActiveTestResult(entity=entity, test="+".join(sorted(r.test for r in rs)), verdict=verdict,
+                                        job=",".join(sorted(r.job for r in rs)), round=rnd,
+                                        ts=max(r.ts for r in rs)))
+        return sorted(out, key=lambda r: (r.ts, r.job))
+
     def latest_verdict(self, node: str) -> str:
         """passed only if every test of the node's latest round passed; none if no test ever ran."""
         res = self.results(node)

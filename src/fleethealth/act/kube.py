@@ -240,7 +240,9 @@ class KubeNodeActuator:
             if self.active_tests is not None and not intent.params.get("skip_test_check"):
                 verdict = self.active_tests.latest_verdict(node)
                 if verdict != "passed":
-                    return Outcome.failure(f"no passed active test for {node} (latest: {verdict})", retry=False)
+                    # A round still running may pass: try again later. Failed or none: never uncordon.
+                    return Outcome.failure(f"no passed active test for {node} (latest: {verdict})",
+                                           retry=verdict == "running")
             return Outcome.success(**self._mark(intent, node, cordon=False, taint=False, healthy=True))
         if k == IntentKind.ALLOW_NEW_WORK:
             return Outcome.success(**self._mark(intent, node, cordon=False, taint=False, healthy=True))
