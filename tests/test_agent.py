@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import time
+from datetime import UTC
 from pathlib import Path
 
 import httpx
@@ -152,7 +153,7 @@ def test_agent_serves_metrics_over_http_with_kernel_log_xids(tmp_path: Path) -> 
     klog_path.write_text("")
     fake = _fake(2)
     clock = [1_700_000_000.0]
-    klog = KernelLogSource(path=str(klog_path), node="node-a", year=2023)
+    klog = KernelLogSource(path=str(klog_path), node="node-a", year=2023, tz=UTC)  # clock[0] is this line's time
     agent = Agent(NvmlSource("node-a", fake), klog, interval=3600, clock=lambda: clock[0])
     host, port = agent.start("127.0.0.1", 0)
     try:
@@ -186,6 +187,13 @@ def test_agent_serves_metrics_over_http_with_kernel_log_xids(tmp_path: Path) -> 
             assert _values(snap, "DCGM_FI_DEV_GPU_TEMP")["0"] == 93
             ups = {labels["source"]: v for m, labels, v, _ in snap.rows() if m == "fleethealth_agent_source_up"}
             assert ups == {"nvml": 1.0, "kernel_log": 1.0}
+
+            # Past the hold the last-Xid gauge returns to 0 (a reset GPU is not gated for ever); the counter stays.
+            clock[0] += 301
+            agent.collect(clock[0])
+            snap = parse_page(client.get("/metrics").text)
+            assert _values(snap, "DCGM_FI_DEV_XID_ERRORS") == {"0": 0.0, "1": 0.0}
+            assert _values(snap, "fleethealth_kernel_xid_total") == {"1": 1.0}
 
             # Collections stop (clock runs on): /healthz goes 503 rather than serving stale numbers quietly.
             clock[0] += 4 * 3600

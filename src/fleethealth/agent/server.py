@@ -43,11 +43,13 @@ class Agent:
         kernel_log: KernelLogSource | None = None,
         *,
         interval: float = 15.0,
+        xid_hold_s: float = 300.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.nvml = nvml
         self.kernel_log = kernel_log
         self.interval = interval
+        self.xid_hold_s = xid_hold_s
         self.clock = clock
         self._lock = threading.Lock()
         self._page = ""
@@ -60,7 +62,9 @@ class Agent:
     # -- one collection ---------------------------------------------------------------------------------
 
     def _xid_gauges(self, now: float) -> Snapshot:
-        """DCGM_FI_DEV_XID_ERRORS per GPU: the last Xid the kernel log showed for its bus (0 if none)."""
+        """DCGM_FI_DEV_XID_ERRORS per GPU: the last Xid the kernel log showed for its bus, for
+        ``xid_hold_s`` after it happened, then 0. DCGM keeps the last value for good, which would gate a
+        GPU long after a reset fixed it; the exact record is the ``fleethealth_kernel_xid_total`` counter."""
         b = SnapshotBuilder()
         if self.kernel_log is None:
             return b.build(now)
@@ -68,8 +72,9 @@ class Agent:
         for g in self.nvml.gpus:
             bus = normalize_bus_id(g.pci_bus_id)
             e = last.get(bus) if bus is not None else None
+            recent = e is not None and now - e.ts <= self.xid_hold_s
             b.add("DCGM_FI_DEV_XID_ERRORS", g.labels(self.nvml.hostname, self.nvml.driver),
-                  float(e.xid) if e is not None else 0.0, now)
+                  float(e.xid) if recent and e is not None else 0.0, now)
         return b.build(now)
 
     def collect(self, now: float) -> Snapshot:

@@ -35,6 +35,10 @@ def register(app: typer.Typer) -> None:
                  "'dmesg' (dmesg -w) or 'journal' (journalctl -k -f).",
         ),
         interval: float = typer.Option(15.0, help="Seconds between collections.", min=0.1),
+        xid_hold: float = typer.Option(
+            300.0, "--xid-hold", min=0.0,
+            help="Seconds DCGM_FI_DEV_XID_ERRORS shows a GPU's last Xid before returning to 0 (the Xid "
+                 "counters keep the full record)."),
         hostname: str | None = typer.Option(
             None, help="Hostname label (default: this machine's name; use the Kubernetes node name there)."),
         fake_nvml: Path | None = typer.Option(
@@ -62,7 +66,7 @@ def register(app: typer.Typer) -> None:
             cmd = _COMMANDS.get(kernel_log)
             klog = (KernelLogSource(command=cmd, node=node, from_start=True) if cmd is not None
                     else KernelLogSource(path=kernel_log, node=node))
-        runner = Agent(nvml, klog, interval=interval)
+        runner = Agent(nvml, klog, interval=interval, xid_hold_s=xid_hold)
         try:
             bound = runner.start(host, port)
         except OSError as e:

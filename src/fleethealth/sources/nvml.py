@@ -111,7 +111,8 @@ METRIC_HELP: dict[str, tuple[str, str]] = {
     "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL": ("counter", "Total number of NVLink recovery errors."),
     "DCGM_FI_DEV_GPU_RECOVERY_ACTION": ("gauge", "GPU recovery action the driver asks for (0 none, 1 GPU reset, "
                                                  "2 node reboot, 3 drain P2P, 4 drain and reset)."),
-    "DCGM_FI_DEV_XID_ERRORS": ("gauge", "Value of the last XID error encountered."),
+    "DCGM_FI_DEV_XID_ERRORS": ("gauge", "Value of the last XID error encountered (0 once it is older than "
+                                        "the agent's --xid-hold)."),
     GPU_COUNT_METRIC: ("gauge", "GPUs NVML sees on this node (a drop is a hardware signal)."),
     NVML_ERRORS_METRIC: ("counter", "NVML probes that failed, by probe and error (NotSupported fields are "
                                     "counted once)."),
