@@ -339,3 +339,16 @@ def test_oom_contexts_classify_as_their_ground_truth() -> None:
         assert str(classify_oom(OomEvent(ts=e.ts, **fields)).cls) == expect[e.truth]
         seen += 1
     assert seen == 16
+
+
+def test_default_dcgm_field_list_leaves_optional_fields_out() -> None:
+    sim = Simulation(small_scenario([{"kind": "row_remap_pending", "target": "node-00/gpu1", "onset": 0}],
+                                    dcgm_fields="default"))
+    snap = run(sim, 2)[-1]
+    names = set(snap.metrics[i] for i in np.unique(snap.metric_ids))
+    assert "DCGM_FI_DEV_GPU_TEMP" in names and "DCGM_FI_DEV_XID_ERRORS" in names
+    for m in ("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "DCGM_FI_DEV_ROW_REMAP_PENDING",
+              "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL", "DCGM_FI_DEV_THERMAL_VIOLATION"):
+        assert m not in names
+    # the Xid still shows: the remap is visible as Xid 63 only
+    assert values(snap, "DCGM_FI_DEV_XID_ERRORS", Hostname="node-00", gpu="1") == [63.0]

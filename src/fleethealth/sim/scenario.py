@@ -118,6 +118,9 @@ class FleetSpec(Strict):
     driver_version: str = "550.54.15"
     kernel_version: str = "5.15.0-105-generic"
     node_prefix: str = "node-"
+    # full: every field the simulator knows (a tuned exporter); default: dcgm-exporter's default counter
+    # list, without ECC, NVLink, violation, row-remap and recovery-action fields
+    dcgm_fields: Literal["full", "default"] = "full"
     pools: list[PoolSpec] = Field(min_length=1)
 
     @field_validator("pools")

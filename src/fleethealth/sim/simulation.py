@@ -51,6 +51,13 @@ GPU_COUNTERS = [
     "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL", "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL",
     "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL", "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL",
 ]
+# dcgm-exporter's default counter list (the rest is commented out there and must be switched on)
+DEFAULT_DCGM_FIELDS = frozenset({
+    "DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_MEMORY_TEMP", "DCGM_FI_DEV_SM_CLOCK", "DCGM_FI_DEV_MEM_CLOCK",
+    "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_MEM_COPY_UTIL", "DCGM_FI_DEV_FB_USED",
+    "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_XID_ERRORS", "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
+    "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
+})
 XID_COUNT = "DCGM_EXP_XID_ERRORS_COUNT"
 RANK_COMPUTE = "fleethealth_rank_compute_seconds"
 RANK_STEP = "fleethealth_rank_step_seconds"
@@ -79,7 +86,7 @@ HELP: dict[str, str] = {
     "DCGM_FI_DEV_POWER_USAGE": "Power draw (in W).",
     "DCGM_FI_DEV_GPU_UTIL": "GPU utilization (in %).",
     "DCGM_FI_DEV_XID_ERRORS": "Value of the last XID error encountered.",
-    XID_COUNT: "Count of XID Errors within user-specified time window (see xid-count-window-size param).",
+    XID_COUNT: "Count of XID errors by xid.",
     RANK_COMPUTE: "Per-rank compute time of the last step, up to entry into the collective (seconds).",
     RANK_STEP: "Whole-step time of the last step (equal on every rank of a job).",
 }
@@ -268,7 +275,10 @@ class Simulation:
         self._row_prefix: list[str] = []
         G = f.n_gpus
         gpu_entries = [(self._gpu_labels(g), g // f.gpus_per_node, g, -1) for g in range(G)]
+        default_only = f.spec.dcgm_fields == "default"
         for m in GPU_GAUGES + GPU_COUNTERS:
+            if default_only and m not in DEFAULT_DCGM_FIELDS:
+                continue
             self._add_rows(m, "gpu", gpu_entries)
         rank_entries = []
         for rk in range(len(f.rank_gpu)):
