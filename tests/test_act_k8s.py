@@ -261,6 +261,32 @@ def test_one_failed_test_fails_the_round_and_blocks_release(cluster: KubeCluster
     assert kube.get_node("gpu-node-9")["spec"]["unschedulable"] is True
 
 
+def test_tensor_parallel_group_goes_whole_or_not_at_all(cluster: KubeCluster) -> None:
+    kube = cluster.kube()
+    cluster.add_node("gpu-node-10")
+    cluster.add_node("gpu-node-11")
+    grp = {"fleethealth.io/tp-group": "tp-held"}
+    cluster.add_pod("tph-0", "gpu-node-10", labels=grp)
+    cluster.add_pod("tph-1", "gpu-node-11", labels={**grp, "app": "tph1"})
+    pdb(kube, "tph1", {"app": "tph1"})  # the member on the other node is protected
+    out = KubeNodeActuator(kube, ActuationConfig(drain_timeout_s=1.0, backoff_initial_s=0.2)).apply(
+        Intent(1.0, IntentKind.DRAIN, "gpu-node-10", "x", {}, Tier.NODE))
+    assert not out.ok and out.retry
+    assert sorted(out.detail["not_evicted"]) == ["default/tph-0", "default/tph-1"]
+    assert out.detail["blocked"]["default/tph-1"].startswith("429")
+    # Neither rank was evicted: the job keeps running until the whole group can go.
+    assert not terminating(kube, "default", "tph-0") and not terminating(kube, "default", "tph-1")
+
+
+def test_noexecute_only_when_configured(cluster: KubeCluster) -> None:
+    kube = cluster.kube()
+    cluster.add_node("gpu-node-12")
+    KubeNodeActuator(kube, ActuationConfig(noexecute=True)).apply(
+        Intent(1.0, IntentKind.NO_NEW_WORK, "gpu-node-12", "x", {"value": 0.1}, Tier.NODE))
+    effects = {t["effect"] for t in kube.get_node("gpu-node-12")["spec"]["taints"] if t["key"] == "fleethealth.io/unhealthy"}
+    assert effects == {"NoSchedule", "NoExecute"}
+
+
 def test_operator_cordon_is_not_lifted_by_us(cluster: KubeCluster, tmp_path: Path) -> None:
     kube = cluster.kube()
     cluster.add_node("gpu-node-op")

@@ -377,6 +377,11 @@ class KubeNodeActuator:
             still: list[list[tuple[str, str]]] = []
             for group in pending:
                 left = []
+                if len(group) > 1 and not self._group_evictable(group, blocked):
+                    # A tensor-parallel group goes whole or not at all: evicting some ranks while a budget
+                    # holds the others would only stop the job and keep its GPUs busy.
+                    still.append(group)
+                    continue
                 for ns, name in group:
                     try:
                         self.kube.evict_pod(ns, name)
@@ -420,6 +425,25 @@ class KubeNodeActuator:
         if errors:
             return Outcome.failure(f"drain errors on {len(errors)} pod(s)", retry=False, **detail)
         return Outcome.success(**detail)
+
+    def _group_evictable(self, group: list[tuple[str, str]], blocked: dict[str, str]) -> bool:
+        """Dry-run every member's eviction; records the members a budget holds."""
+        ok = True
+        for ns, name in group:
+            try:
+                self.kube.evict_pod(ns, name, dry_run=True)
+            except KubeError as e:
+                if e.status == 404:
+                    continue
+                if e.status == 429 or is_retryable_status(e.status):
+                    blocked[f"{ns}/{name}"] = f"{e.status} {e.reason} (group held)"
+                    ok = False
+                else:
+                    raise
+        if not ok:
+            for ns, name in group:
+                blocked.setdefault(f"{ns}/{name}", "group held by a member's disruption budget")
+        return ok
 
     def _evict_one(self, intent: Intent) -> Outcome:
         ns = str(intent.params.get("namespace", "default"))

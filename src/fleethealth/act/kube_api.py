@@ -145,12 +145,16 @@ class Kube:
         return self.api.request("PATCH", f"/api/v1/namespaces/{_q(namespace)}/pods/{_q(name)}/status", patch,
                                 content_type=STRATEGIC)
 
-    def evict_pod(self, namespace: str, name: str, grace_s: int | None = None) -> dict[str, Any]:
+    def evict_pod(self, namespace: str, name: str, grace_s: int | None = None,
+                  dry_run: bool = False) -> dict[str, Any]:
         # No apiVersion/kind: the server applies the version it serves (policy/v1beta1 on 1.20, v1 later).
         body: dict[str, Any] = {"metadata": {"name": name, "namespace": namespace}}
         if grace_s is not None:
             body["deleteOptions"] = {"gracePeriodSeconds": grace_s}
-        return self.api.request("POST", f"/api/v1/namespaces/{_q(namespace)}/pods/{_q(name)}/eviction", body)
+        # A dry run checks the PodDisruptionBudgets (429 if one would break) without evicting.
+        q = {"dryRun": "All"} if dry_run else None
+        return self.api.request("POST", f"/api/v1/namespaces/{_q(namespace)}/pods/{_q(name)}/eviction", body,
+                                query=q)
 
     def delete_pod(self, namespace: str, name: str, grace_s: int | None = None) -> dict[str, Any]:
         q = {"gracePeriodSeconds": str(grace_s)} if grace_s is not None else None
