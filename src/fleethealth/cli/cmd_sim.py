@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Annotated
@@ -145,6 +146,7 @@ def register(app: typer.Typer) -> None:
             fail(f"cannot listen on {host}:{port}: {e.strerror or e}")
         typer.echo(f"serving {sc.name} ({sim.fleet.n_nodes} nodes) on {srv.url}/metrics/<node>; "
                    f"targets: {srv.url}/sd; inject: POST {srv.url}/control/fault")
+        sys.stdout.flush()  # the address must reach a parent reading our pipe before we block
         with contextlib.suppress(KeyboardInterrupt):
             srv.serve_forever()
 
