@@ -220,3 +220,18 @@ def test_against_real_prometheus(tmp_path: Path) -> None:
         assert all("cannot connect" in e.reason for e in dead.source_errors)
         res = CliRunner().invoke(app, ["record", "--prometheus", prom.url, "--out", str(out)])
         assert res.exit_code == 2 and "cannot connect" in res.output
+
+
+def test_reads_share_interning_and_compaction_keeps_last_timestamps(scripted: Scripted) -> None:
+    from fleethealth.sources.prometheus import _Series
+
+    src = PrometheusSource(scripted.url, default_policy())
+    a = src.read(1000.0)
+    b = src.read(1001.0)
+    # the same growing lists: the rolling history maps ids once, not on every read
+    assert a.labelsets is b.labelsets and a.metrics is b.metrics
+    ser = _Series()
+    ser.slot("m", (("a", "1"),))[2:] = [5.0, 1]
+    ser.slot("m", (("a", "2"),))[2:] = [6.0, 3]
+    live = ser.compacted(2)
+    assert list(live.slots) == [("m", (("a", "2"),))] and live.slots[("m", (("a", "2"),))][2:] == [6.0, 3]

@@ -27,7 +27,7 @@ import httpx
 import numpy as np
 
 from fleethealth.policy import Policy
-from fleethealth.signals.snapshot import InputIssue, LabelSet, Snapshot, SnapshotBuilder
+from fleethealth.signals.snapshot import InputIssue, LabelSet, Snapshot
 from fleethealth.sources.base import describe_http_error
 
 INFO_METRICS: tuple[str, ...] = ("fleethealth_node_info", "fleethealth_replica_info")
@@ -173,13 +173,51 @@ def _bad_value(v: float) -> str | None:
     return None
 
 
-class _ResultReader:
-    """Turns vector/matrix results into builder rows, keeping only samples newer than already emitted."""
+class _Series:
+    """Persistent interning for one source: metric names, label sets and, per (metric, labels) series,
+    the newest timestamp already emitted. Snapshots share these lists (they only grow between
+    compactions), so the rolling history maps their ids once instead of on every read."""
 
-    def __init__(self, builder: SnapshotBuilder, source: str, seen: dict[tuple[str, LabelSet], float] | None):
-        self.b = builder
+    def __init__(self) -> None:
+        self.metrics: list[str] = []
+        self.labelsets: list[LabelSet] = []
+        self._mix: dict[str, int] = {}
+        self._six: dict[LabelSet, int] = {}
+        self.slots: dict[tuple[str, LabelSet], list[Any]] = {}  # -> [metric id, series id, last ts, read no]
+
+    def slot(self, name: str, labels: LabelSet) -> list[Any]:
+        key = (name, labels)
+        sl = self.slots.get(key)
+        if sl is None:
+            mid = self._mix.get(name)
+            if mid is None:
+                mid = self._mix[name] = len(self.metrics)
+                self.metrics.append(name)
+            sid = self._six.get(labels)
+            if sid is None:
+                sid = self._six[labels] = len(self.labelsets)
+                self.labelsets.append(labels)
+            sl = self.slots[key] = [mid, sid, -math.inf, 0]
+        return sl
+
+    def compacted(self, live_read: int) -> _Series:
+        """A fresh table with only the series touched by read ``live_read`` (their last timestamps kept),
+        so a churning fleet (pods come and go) does not grow memory forever."""
+        out = _Series()
+        for (name, labels), sl in self.slots.items():
+            if sl[3] >= live_read:
+                out.slot(name, labels)[2:] = sl[2:]
+        return out
+
+
+class _ResultReader:
+    """Turns vector/matrix results into sample columns, keeping only samples newer than already emitted."""
+
+    def __init__(self, series: _Series, source: str, read_no: int = 0, dedup: bool = True) -> None:
+        self.series = series
         self.source = source
-        self.seen = seen
+        self.read_no = read_no
+        self.dedup = dedup
         self.bad: dict[tuple[str, str], int] = {}
         self._m: list[int] = []
         self._s: list[int] = []
@@ -187,51 +225,63 @@ class _ResultReader:
         self._t: list[float] = []
 
     def add(self, res: QueryResult, stamp: float | None = None) -> None:
+        lo, hi = _INT32_BLANK
+        m_app, s_app, v_app, t_app = self._m.append, self._s.append, self._v.append, self._t.append
+        slot_of = self.series.slot
         for series in res.result:
-            metric = dict(series.get("metric") or {})
-            name = metric.pop("__name__", None)
-            if name is None:
+            metric = series.get("metric")
+            if not metric or "__name__" not in metric:
                 continue  # an expression result without a name is no signal
-            labels: LabelSet = tuple(sorted(metric.items()))
-            if "values" in series:
-                pairs = series["values"]
-            elif "value" in series:
-                pairs = [series["value"]]
-            else:
-                continue
-            key = (name, labels)
-            last = self.seen.get(key, -math.inf) if self.seen is not None else -math.inf
-            mid = self.b.metric_id(name)
-            sid = self.b.series_id(labels)
+            items = sorted(metric.items())
+            name = metric["__name__"]
+            items.remove(("__name__", name))
+            labels: LabelSet = tuple(items)
+            pairs = series.get("values")
+            if pairs is None:
+                one = series.get("value")
+                if one is None:
+                    continue
+                pairs = (one,)
+            sl = slot_of(name, labels)
+            mid, sid = sl[0], sl[1]
+            last = sl[2] if self.dedup else -math.inf
             newest = last
             for ts_raw, val_raw in pairs:
                 ts = float(ts_raw) if stamp is None else stamp
                 if ts <= last:
                     continue
                 v = float(val_raw)
-                why = _bad_value(v)
-                if why is not None:
-                    self.bad[(name, why)] = self.bad.get((name, why), 0) + 1
-                    continue
-                self._m.append(mid)
-                self._s.append(sid)
-                self._v.append(v)
-                self._t.append(ts)
-                newest = max(newest, ts)
-            if self.seen is not None and newest > last:
-                self.seen[key] = newest
+                # fast path: an ordinary finite value (NaN fails every comparison)
+                if not (-_BLANK_ABOVE < v < lo or hi < v < _BLANK_ABOVE):
+                    why = _bad_value(v)
+                    if why is not None:
+                        self.bad[(name, why)] = self.bad.get((name, why), 0) + 1
+                        continue
+                m_app(mid)
+                s_app(sid)
+                v_app(v)
+                t_app(ts)
+                if ts > newest:
+                    newest = ts
+            if self.dedup:
+                sl[3] = self.read_no
+                if newest > last:
+                    sl[2] = newest
 
-    def flush(self) -> list[InputIssue]:
-        if self._m:
-            self.b.add_arrays(
-                np.asarray(self._m, np.int32), np.asarray(self._s, np.int32),
-                np.asarray(self._v, np.float64), np.asarray(self._t, np.float64),
-            )
+    def issues(self) -> list[InputIssue]:
         # One issue per metric and cause, with a count: a fleet of blank fields must not flood the log.
         return [
             InputIssue(self.source, 0, f"{n} sample(s) dropped: {why}", name)
             for (name, why), n in sorted(self.bad.items())
         ]
+
+    def snapshot(self, at: float, issues: list[InputIssue], errors: list[InputIssue]) -> Snapshot:
+        return Snapshot(
+            at=at, metrics=self.series.metrics, labelsets=self.series.labelsets,
+            metric_ids=np.asarray(self._m, np.int32), series_ids=np.asarray(self._s, np.int32),
+            values=np.asarray(self._v, np.float64), ts=np.asarray(self._t, np.float64),
+            issues=issues + self.issues(), source_errors=errors,
+        )
 
 
 class PrometheusSource:
@@ -263,7 +313,8 @@ class PrometheusSource:
         self.max_age_s = policy.freshness.max_age_s
         self.min_window_s = min_window_s
         self.slack_s = slack_s
-        self._seen: dict[tuple[str, LabelSet], float] = {}
+        self._series = _Series()
+        self._reads = 0
         self._last_ok: dict[str, float] = {}
         self.last_success: float | None = None
         self.last_error: str | None = None
@@ -293,8 +344,9 @@ class PrometheusSource:
         return out
 
     def read(self, now: float) -> Snapshot:
-        b = SnapshotBuilder()
-        reader = _ResultReader(b, self.name, self._seen)
+        self._reads += 1
+        reader = _ResultReader(self._series, self.name, self._reads)
+        issues: list[InputIssue] = []
         errors: list[InputIssue] = []
         for group, promql, is_range in self.queries(now):
             try:
@@ -306,25 +358,24 @@ class PrometheusSource:
                 errors.append(InputIssue(self.name, 0, f"unexpected result type {res.result_type!r}", promql))
                 continue
             reader.add(res, stamp=None if is_range else now)
-            b.issues.extend(InputIssue(self.name, 0, f"partial response: {w}", promql) for w in res.warnings)
+            issues.extend(InputIssue(self.name, 0, f"partial response: {w}", promql) for w in res.warnings)
             self._last_ok[group] = now
-        b.issues.extend(reader.flush())
-        b.source_errors.extend(errors)
+        snap = reader.snapshot(now, issues, errors)
         if errors:
             self.last_error = errors[0].reason
         else:
             self.last_success = now
             self.last_error = None
-        self._prune(now)
-        return b.build(now)
+        self._compact()
+        return snap
 
-    def _prune(self, now: float) -> None:
-        # Forget series not seen for a long while so a churning fleet does not grow memory forever.
-        horizon = now - 4 * max(self.rate_window_s, self.max_age_s)
-        if len(self._seen) > 1024 and now > 0:
-            stale = [k for k, t in self._seen.items() if t < horizon]
-            for k in stale:
-                del self._seen[k]
+    def _compact(self) -> None:
+        # Series seen in none of the last reads are forgotten once they outnumber the live ones.
+        slots = len(self._series.slots)
+        if slots > 100_000 and self._reads % 16 == 0:
+            live = self._series.compacted(self._reads - 8)
+            if len(live.slots) * 2 < slots:
+                self._series = live
 
 
 def read_range(
@@ -342,14 +393,13 @@ def read_range(
     Raises PromQueryError: a recording or an evidence bundle that silently lacks data is worse than a
     clear failure the caller can report.
     """
-    b = SnapshotBuilder()
-    reader = _ResultReader(b, f"prometheus:{api.base_url}", None)
+    reader = _ResultReader(_Series(), f"prometheus:{api.base_url}", dedup=False)
+    issues: list[InputIssue] = []
     for names_chunk in _chunks(list(names), max(1, chunk)):
         res = api.query_range(name_selector(names_chunk, matchers), start, end, step_s)
         reader.add(res)
-        b.issues.extend(InputIssue(reader.source, 0, f"partial response: {w}") for w in res.warnings)
-    b.issues.extend(reader.flush())
-    return b.build(end)
+        issues.extend(InputIssue(reader.source, 0, f"partial response: {w}") for w in res.warnings)
+    return reader.snapshot(end, issues, [])
 
 
 def record_policy_range(
