@@ -187,3 +187,16 @@ def test_mermaid_diagram_is_generated_from_the_table() -> None:
     assert "below 0.3 for 300s" in text and "above 0.85 for 600s" in text
     for s in State:
         assert str(s) in text
+
+
+def test_flag_needs_the_dwell_both_ways_so_peer_noise_does_not_flap_it() -> None:
+    r = Run()
+    for t in range(0, 3600, 60):
+        r.step(t, [tup("n1", 0.8 if (t // 60) % 3 == 0 else 1.0)])  # one noisy scrape in three
+    assert not r.of(IntentKind.SET_CONDITION)
+    r.steps(3600, 3720, 60, lambda t: [tup("n1", 0.82)])
+    assert [i.params["status"] for i in r.of(IntentKind.SET_CONDITION)] == [True]
+    r.steps(3780, 3840, 60, lambda t: [tup("n1", 0.95)])
+    assert r.state.entities["n1"].flagged  # 60 s above: not yet
+    r.step(3900, [tup("n1", 0.95)])
+    assert [i.params["status"] for i in r.of(IntentKind.SET_CONDITION)] == [True, False]

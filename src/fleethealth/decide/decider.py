@@ -48,6 +48,7 @@ from fleethealth.decide.lifecycle import (
     Cond,
     Observation,
     Rule,
+    Timer,
     advance_timers,
     candidate_rules,
     holding_conds,
@@ -59,6 +60,7 @@ from fleethealth.policy import Policy, default_policy
 from fleethealth.score.health import HealthTuple
 
 LIFECYCLE_KINDS = ("node", "replica")
+FLAG_TIMER = "flag"  # the READY-but-flagged condition's own timer, kept with the lifecycle's
 # An entity the engine stopped reporting still counts for fleet confidence this long (a metrics outage),
 # and is forgotten after FORGET_AFTER_S if it holds nothing (decommissioned, scaled down).
 ABSENT_GRACE_S = 6 * 3600.0
@@ -620,14 +622,35 @@ class Decider:
             c.emit(IntentKind.RELEASE, es.entity, reason, {"canary": False, **info}, tier)
 
     def _flag(self, c: _Cycle, es: EntityLifecycle, o: Observation | None) -> None:
+        """READY but below ``flag_below``: a published condition (SET_CONDITION), not an action. Raised
+        and cleared only after ``degraded_dwell_s`` on the other side, so peer noise does not flap it;
+        the timer (key ``flag``) pauses on unknown like the lifecycle's."""
         lc = self.policy.lifecycle
-        if o is None or not o.usable(lc) or es.state != State.READY:
+        if es.state != State.READY:
+            es.timers.pop(FLAG_TIMER, None)
             return
-        flagged = o.value is not None and o.value < lc.flag_below
-        if flagged != es.flagged:
-            es.flagged = flagged
-            c.emit(IntentKind.SET_CONDITION, es.entity, o.reason if flagged else "recovered",
-                   {"condition": "HealthFlagged", "status": flagged, "value": o.value})
+        usable = o is not None and o.usable(lc) and o.value is not None
+        tm = es.timers.get(FLAG_TIMER)
+        if not usable:
+            if tm is not None:
+                tm.last_ts = None
+            return
+        assert o is not None and o.value is not None
+        if (o.value < lc.flag_below) == es.flagged:
+            es.timers.pop(FLAG_TIMER, None)  # on the side it already is
+            return
+        if tm is None:
+            tm = es.timers[FLAG_TIMER] = Timer(0.0, c.now)
+        elif tm.last_ts is None:
+            tm.last_ts = c.now
+        else:
+            tm.accum_s += c.now - tm.last_ts
+            tm.last_ts = c.now
+        if tm.accum_s >= lc.degraded_dwell_s:
+            es.timers.pop(FLAG_TIMER, None)
+            es.flagged = not es.flagged
+            c.emit(IntentKind.SET_CONDITION, es.entity, o.reason if es.flagged else "recovered",
+                   {"condition": "HealthFlagged", "status": es.flagged, "value": o.value})
 
     # ------------------------------------------------------------------------------------------
     def _scheduler(self, c: _Cycle, es: EntityLifecycle, o: Observation | None) -> None:

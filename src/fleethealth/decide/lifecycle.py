@@ -126,6 +126,7 @@ ISOLATED_STATES: frozenset[State] = frozenset({State.DRAINING, State.QUARANTINED
 REMEDIATION_TARGETS: frozenset[State] = frozenset({State.DRAINING, State.QUARANTINED})
 
 
+_SIGNAL_KEYS = frozenset(str(c) for c in SIGNAL_CONDS)
 # Per state, the signal conditions its rules read (only those need timers).
 TIMED_CONDS: dict[State, tuple[Cond, ...]] = {
     st: tuple(dict.fromkeys(r.cond for r in RULES if r.src == st and r.cond in SIGNAL_CONDS)) for st in State
@@ -186,7 +187,7 @@ def advance_timers(timers: dict[str, Timer], obs: Observation | None, now: float
     """Apply one observation to the timers (in place), as described in the module docstring. Only the
     conditions that some rule of ``state`` reads are timed; other timers are dropped."""
     timed = TIMED_CONDS[state]
-    for key in [k for k in timers if k not in timed]:
+    for key in [k for k in timers if k in _SIGNAL_KEYS and Cond(k) not in timed]:
         del timers[key]
     if obs is None or not obs.usable(lc):
         for t in timers.values():
@@ -210,7 +211,7 @@ def advance_timers(timers: dict[str, Timer], obs: Observation | None, now: float
 def timers_after_transition(timers: dict[str, Timer], src: State, dst: State) -> dict[str, Timer]:
     """The timers that survive a transition (see the module docstring)."""
     if src == State.READY and dst == State.DEGRADED:
-        return {k: t for k, t in timers.items() if Cond(k) not in IMPROVING_CONDS}
+        return {k: t for k, t in timers.items() if k in _SIGNAL_KEYS and Cond(k) not in IMPROVING_CONDS}
     return {}
 
 
