@@ -1,0 +1,342 @@
+"""The backtest's HTML report: one self-contained file (inline CSS and SVG, no script, nothing fetched).
+
+Sections: the verdict (targets), the baseline comparison table, the injected faults against what each arm
+did, score timelines of the affected entities (state bands, thresholds, fault onsets), and a fleet
+heatmap (every node and replica over time).
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fleethealth.backtest.arms import BASELINE_HELP, PRODUCT
+from fleethealth.backtest.runner import BacktestRun
+from fleethealth.decide.model import State
+
+STATE_COLOURS = {
+    State.READY: "#e8f5e9", State.DEGRADED: "#fff3c4", State.DRAINING: "#ffd8a8", State.QUARANTINED: "#ffc9c9",
+    State.RECOVERING: "#d0ebff", State.FAILED: "#e599f7", State.STARTING: "#f1f3f5", State.WARMING: "#f1f3f5",
+}
+COLUMNS = [
+    ("precision", "precision", "{:.2f}"), ("recall", "recall", "{:.2f}"),
+    ("detection_s", "detect (median)", "dur"), ("removal_s", "remove (median)", "dur"),
+    ("quarantines", "quarantines", "{}"), ("false_quarantines", "false", "{}"),
+    ("flaps_per_node_day", "flaps/node/day", "{:.3f}"), ("pages", "pages", "{}"),
+    ("budget_exhaustions", "budget exhausted", "{}"), ("gpu_hours_lost", "GPU-h lost", "{:.1f}"),
+]
+
+CSS = """
+body{font-family:-apple-system,'Segoe UI',Roboto,Helvetica,Arial,sans-serif;margin:24px 32px;color:#212529;
+ background:#fff;max-width:1320px}
+h1{font-size:24px;margin:0 0 4px} h2{font-size:18px;margin:28px 0 8px;border-bottom:1px solid #dee2e6;
+ padding-bottom:4px} .sub{color:#6c757d;margin:0 0 12px}
+table{border-collapse:collapse;font-size:13px;margin:6px 0} th,td{padding:5px 9px;border-bottom:1px solid #e9ecef;
+ text-align:right} th{background:#f8f9fa;font-weight:600} td.l,th.l{text-align:left}
+tr.product td{font-weight:600;background:#f3f8ff} .ok{color:#2b8a3e} .bad{color:#c92a2a;font-weight:600}
+.pill{display:inline-block;border-radius:10px;padding:2px 10px;margin:2px 4px 2px 0;font-size:12px}
+.pill.ok{background:#d3f9d8;color:#2b8a3e} .pill.bad{background:#ffe3e3;color:#c92a2a}
+.cards{display:flex;gap:12px;flex-wrap:wrap;margin:10px 0}
+.card{border:1px solid #dee2e6;border-radius:8px;padding:10px 14px;min-width:120px}
+.card .v{font-size:22px;font-weight:600} .card .k{font-size:12px;color:#6c757d}
+.legend span{display:inline-block;margin-right:14px;font-size:12px}
+.legend i{display:inline-block;width:12px;height:12px;margin-right:4px;vertical-align:-1px;border:1px solid #ced4da}
+svg text{font-family:inherit} .note{font-size:12px;color:#6c757d}
+"""
+
+
+def _dur(s: float | None) -> str:
+    if s is None or (isinstance(s, float) and math.isnan(s)):
+        return "-"
+    if s < 120:
+        return f"{s:.0f} s"
+    if s < 7200:
+        return f"{s / 60:.1f} min"
+    return f"{s / 3600:.1f} h"
+
+
+def _fmt(v: Any, f: str) -> str:
+    if v is None:
+        return "-"
+    if f == "dur":
+        return _dur(v)
+    return f.format(v)
+
+
+def _esc(s: Any) -> str:
+    return html.escape(str(s), quote=True)
+
+
+def _colour(v: float) -> str:
+    """Score -> colour: red (0) through amber (0.5) to green (1); grey for unknown."""
+    if v is None or math.isnan(v):
+        return "#adb5bd"
+    v = min(1.0, max(0.0, v))
+    stops = [(0.0, (201, 42, 42)), (0.3, (240, 140, 0)), (0.7, (250, 210, 80)), (0.85, (148, 216, 45)),
+             (1.0, (47, 158, 68))]
+    for (a, ca), (b, cb) in zip(stops[:-1], stops[1:], strict=True):
+        if v <= b:
+            w = (v - a) / (b - a) if b > a else 0.0
+            c = tuple(int(ca[k] + (cb[k] - ca[k]) * w) for k in range(3))
+            return f"#{c[0]:02x}{c[1]:02x}{c[2]:02x}"
+    return "#2f9e44"
+
+
+def _state_intervals(run: BacktestRun, entity: str) -> list[tuple[float, float, State]]:
+    trs = [t for t in run.arms[PRODUCT].transitions if t.entity == entity]
+    out = []
+    cur, since = State.READY, run.start
+    for t in trs:
+        if t.ts > since:
+            out.append((since, t.ts, cur))
+        cur, since = t.to_state, t.ts
+    out.append((since, run.end, cur))
+    return out
+
+
+def _affected(run: BacktestRun, limit: int = 8) -> list[str]:
+    """Entities worth a timeline: those named by ground truth (node or replica) first, then those the
+    product acted on."""
+    names = set(run.timeline.names)
+    out: list[str] = []
+    for g in sorted(run.truths, key=lambda g: (not g.faulty, g.onset)):
+        e = g.entity if g.kind != "gpu" else g.entity.split("/")[0]
+        if e in names and e not in out:
+            out.append(e)
+    for t in run.arms[PRODUCT].transitions:
+        if t.to_state in (State.DEGRADED, State.QUARANTINED, State.DRAINING) and t.entity not in out \
+                and t.entity in names:
+            out.append(t.entity)
+    return out[:limit]
+
+
+def _timeline_svg(run: BacktestRun, entity: str, mat: np.ndarray, width: int = 1240, height: int = 150) -> str:
+    tl = run.timeline
+    if entity not in tl.names or not tl.ts:
+        return ""
+    j = tl.names.index(entity)
+    ts = np.asarray(tl.ts)
+    vals = mat[:, j]
+    x0, x1, y0, y1 = 48, width - 12, 14, height - 22
+    span = max(run.end - run.start, 1.0)
+
+    def X(t: float) -> float:
+        return x0 + (t - run.start) / span * (x1 - x0)
+
+    def Y(v: float) -> float:
+        return y1 - v * (y1 - y0)
+
+    parts = [f'<svg class="timeline" width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
+             f'xmlns="http://www.w3.org/2000/svg" role="img" aria-label="score timeline of {_esc(entity)}">']
+    for a, b, st in _state_intervals(run, entity):
+        parts.append(f'<rect x="{X(a):.1f}" y="{y0}" width="{max(X(b) - X(a), 0.5):.1f}" height="{y1 - y0}" '
+                     f'fill="{STATE_COLOURS.get(st, "#fff")}"><title>{st} {_dur(a - run.start)} - '
+                     f'{_dur(b - run.start)}</title></rect>')
+    lc = run.policy.lifecycle
+    for thr, lab in ((lc.degraded_below, "degraded"), (lc.quarantine_below, "quarantine")):
+        parts.append(f'<line x1="{x0}" x2="{x1}" y1="{Y(thr):.1f}" y2="{Y(thr):.1f}" stroke="#868e96" '
+                     f'stroke-dasharray="3,3" stroke-width="0.8"/><text x="{x1 - 4}" y="{Y(thr) - 3:.1f}" '
+                     f'font-size="10" fill="#868e96" text-anchor="end">{lab} {thr}</text>')
+    # the score line, broken where unknown
+    seg: list[str] = []
+    segs: list[list[str]] = []
+    for t, v in zip(ts.tolist(), vals.tolist(), strict=True):
+        if math.isnan(v):
+            if seg:
+                segs.append(seg)
+            seg = []
+            continue
+        seg.append(f"{X(t):.1f},{Y(v):.1f}")
+    if seg:
+        segs.append(seg)
+    for s in segs:
+        parts.append(f'<polyline fill="none" stroke="#1c7ed6" stroke-width="1.4" points="{" ".join(s)}"/>')
+    unknown = np.isnan(vals)
+    if unknown.any():
+        for t in ts[unknown].tolist():
+            parts.append(f'<rect x="{X(t):.1f}" y="{y1 + 1}" width="2" height="4" fill="#868e96"/>')
+    for g in run.truths:
+        ent = g.entity.split("/")[0] if g.kind == "gpu" else g.entity
+        if ent != entity:
+            continue
+        xo = X(g.onset)
+        col = "#e03131" if g.faulty else "#f08c00"
+        parts.append(f'<line x1="{xo:.1f}" x2="{xo:.1f}" y1="{y0 - 4}" y2="{y1}" stroke="{col}" stroke-width="1.6"/>'
+                     f'<text x="{xo + 3:.1f}" y="{y0 + 8}" font-size="11" fill="{col}">{_esc(g.fault)}'
+                     f'{" (faulty)" if g.faulty else ""}</text>')
+        if g.end is not None:
+            xe = X(g.end)
+            parts.append(f'<line x1="{xe:.1f}" x2="{xe:.1f}" y1="{y0}" y2="{y1}" stroke="{col}" '
+                         f'stroke-dasharray="2,2"/>')
+    for v in (0.0, 0.5, 1.0):
+        parts.append(f'<text x="{x0 - 6}" y="{Y(v) + 4:.1f}" font-size="10" text-anchor="end" fill="#495057">'
+                     f'{v:.1f}</text>')
+    hours = span / 3600.0
+    step_h = 1 if hours <= 12 else 3 if hours <= 36 else 6 if hours <= 96 else 24
+    h = 0.0
+    while h <= hours + 1e-9:
+        xx = X(run.start + h * 3600)
+        parts.append(f'<line x1="{xx:.1f}" x2="{xx:.1f}" y1="{y1}" y2="{y1 + 4}" stroke="#495057"/>'
+                     f'<text x="{xx:.1f}" y="{height - 4}" font-size="10" text-anchor="middle" fill="#495057">'
+                     f'{h:.0f}h</text>')
+        h += step_h
+    parts.append(f'<rect x="{x0}" y="{y0}" width="{x1 - x0}" height="{y1 - y0}" fill="none" stroke="#ced4da"/>')
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def _heatmap_svg(run: BacktestRun, mat: np.ndarray, width: int = 1240, max_cols: int = 288) -> str:
+    tl = run.timeline
+    if not tl.ts or not tl.names:
+        return "<p class='note'>no cycles</p>"
+    order = sorted(range(len(tl.names)), key=lambda i: (tl.kinds.get(tl.names[i], ""), tl.names[i]))
+    n_rows = len(order)
+    n = mat.shape[0]
+    cols = min(max_cols, n)
+    edges = np.linspace(0, n, cols + 1).astype(int)
+    row_h = max(3, min(9, 560 // max(n_rows, 1)))
+    x0, y0 = 128, 6
+    cw = (width - x0 - 10) / cols
+    height = y0 + n_rows * row_h + 28
+    parts = [f'<svg class="heatmap" width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
+             f'xmlns="http://www.w3.org/2000/svg" role="img" aria-label="fleet heatmap">']
+    with np.errstate(all="ignore"):
+        for r, j in enumerate(order):
+            col = mat[:, j]
+            y = y0 + r * row_h
+            for c in range(cols):
+                a, b = edges[c], max(edges[c + 1], edges[c] + 1)
+                chunk = col[a:b]
+                v = float(np.nanmin(chunk)) if not np.isnan(chunk).all() else float("nan")
+                parts.append(f'<rect x="{x0 + c * cw:.2f}" y="{y}" width="{cw + 0.3:.2f}" height="{row_h}" '
+                             f'fill="{_colour(v)}"/>')
+            if row_h >= 7 or r % max(1, 8 // row_h) == 0:
+                parts.append(f'<text x="{x0 - 4}" y="{y + row_h - 1}" font-size="{min(9, row_h + 2)}" '
+                             f'text-anchor="end" fill="#495057">{_esc(tl.names[j])}</text>')
+    span = max(run.end - run.start, 1.0)
+    for g in run.truths:
+        if g.onset < run.end:
+            xo = x0 + (g.onset - run.start) / span * (width - x0 - 10)
+            parts.append(f'<line x1="{xo:.1f}" x2="{xo:.1f}" y1="{y0}" y2="{y0 + n_rows * row_h}" stroke="#000" '
+                         f'stroke-opacity="0.25" stroke-dasharray="2,3"><title>{_esc(g.fault)} onset</title></line>')
+    hours = span / 3600.0
+    step_h = 1 if hours <= 12 else 3 if hours <= 36 else 6 if hours <= 96 else 24
+    h = 0.0
+    while h <= hours + 1e-9:
+        xx = x0 + h * 3600 / span * (width - x0 - 10)
+        parts.append(f'<text x="{xx:.1f}" y="{height - 8}" font-size="10" text-anchor="middle" fill="#495057">'
+                     f'{h:.0f}h</text>')
+        h += step_h
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def render_report(run: BacktestRun, result: dict[str, Any]) -> str:
+    sc = run.scenario
+    mat = run.timeline.matrix()
+    arms: list[tuple[str, dict[str, Any]]] = [(PRODUCT, result)] + list(result.get("baselines", {}).items())
+    when = datetime.fromtimestamp(run.start, UTC).strftime("%Y-%m-%d %H:%M UTC")
+    out = ["<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
+           f"<title>fleethealth backtest: {_esc(sc.name)}</title><style>{CSS}</style></head><body>"]
+    out.append(f"<h1 id='title'>Backtest: {_esc(sc.name)}</h1>")
+    out.append(f"<p class='sub'>{_esc(sc.description)}<br>{run.gpus} GPUs, {len(run.nodes)} nodes, "
+               f"{len(run.replica_node)} serving replicas; {_dur(run.end - run.start)} simulated from {when} at "
+               f"{run.step_s:.0f} s telemetry, decisions every {run.cycle_s:.0f} s (and on every Xid/OOM event); "
+               f"policy {_esc(result.get('policy_version', ''))}; seed {sc.seed}.</p>")
+    # verdict
+    out.append("<div id='targets'>")
+    for k, ok in result.get("targets", {}).items():
+        out.append(f"<span class='pill {'ok' if ok else 'bad'}'>{'&#10003;' if ok else '&#10007;'} {_esc(k)}</span>")
+    out.append("</div><div class='cards'>")
+    for key, label, f in COLUMNS[:6] + COLUMNS[7:8]:
+        out.append(f"<div class='card'><div class='v'>{_fmt(result.get(key), f)}</div>"
+                   f"<div class='k'>{_esc(label)}</div></div>")
+    out.append("</div>")
+    # comparison table
+    out.append("<h2>fleethealth against the baselines (same telemetry)</h2>")
+    out.append("<table id='comparison'><tr><th class='l'>arm</th>"
+               + "".join(f"<th>{_esc(lab)}</th>" for _, lab, _ in COLUMNS) + "<th class='l'>fails on</th></tr>")
+    for name, m in arms:
+        fails = [k for k, ok in m.get("targets", {}).items() if not ok]
+        cells = []
+        for key, _, f in COLUMNS:
+            v = m.get(key)
+            cls = ""
+            if key in ("precision", "recall") and v is not None:
+                cls = "ok" if v >= 0.95 else "bad"
+            elif key == "false_quarantines" and v:
+                cls = "bad"
+            cells.append(f"<td class='{cls}'>{_fmt(v, f)}</td>")
+        desc = "the product: gates, min across categories, confidence, dwell, budgets" if name == PRODUCT \
+            else BASELINE_HELP.get(name, "")
+        out.append(f"<tr class='{'product' if name == PRODUCT else ''}'><td class='l' title='{_esc(desc)}'>"
+                   f"{_esc(name)}</td>{''.join(cells)}<td class='l {'bad' if fails else 'ok'}'>"
+                   f"{_esc(', '.join(fails) or 'none')}</td></tr>")
+    out.append("</table>")
+    out.append("<p class='note'>" + "<br>".join(f"<b>{_esc(k)}</b>: {_esc(v)}" for k, v in BASELINE_HELP.items()
+                                                if k in result.get("baselines", {})) + "</p>")
+    # incidents
+    out.append("<h2>Injected faults and what each arm did</h2>")
+    out.append("<table id='incidents'><tr><th class='l'>fault</th><th class='l'>where</th><th>onset</th>"
+               "<th class='l'>right action</th>"
+               + "".join(f"<th>{_esc(n)}</th>" for n, _ in arms) + "</tr>")
+    per_arm = {n: {(r["fault"], r["node"], r["onset_s"]): r for r in m.get("incidents", [])} for n, m in arms}
+    for r in result.get("incidents", []):
+        ikey = (r["fault"], r["node"], r["onset_s"])
+        cells = []
+        for n, _ in arms:
+            x = per_arm[n].get(ikey)
+            if x is None:
+                cells.append("<td>-</td>")
+                continue
+            txt = ("&#10003; " if x["action_ok"] else "&#10007; ") + (_dur(x["response_s"]) if x["response_s"]
+                                                                      is not None else "no response")
+            cells.append(f"<td class='{'ok' if x['action_ok'] else 'bad'}' title='{_esc(x['first_response'])}'>"
+                         f"{txt}</td>")
+        out.append(f"<tr><td class='l'>{_esc(r['fault'])}</td><td class='l'>{_esc(', '.join(r['entities'][:3]))}"
+                   f"</td><td>{_dur(r['onset_s'])}</td><td class='l'>{_esc(r['expected'])}</td>{''.join(cells)}</tr>")
+    if not result.get("incidents"):
+        out.append(f"<tr><td class='l' colspan='{4 + len(arms)}'>no fault that calls for an action "
+                   "(any quarantine here is a false one)</td></tr>")
+    out.append("</table>")
+    fq = [(n, q) for n, m in arms for q in m.get("false_quarantine_list", [])]
+    if fq:
+        out.append("<table id='false'><tr><th class='l'>arm</th><th>when</th><th class='l'>entity</th>"
+                   "<th class='l'>why it is false</th></tr>")
+        for n, q in fq[:60]:
+            out.append(f"<tr><td class='l'>{_esc(n)}</td><td>{_dur(q['ts_s'])}</td><td class='l'>{_esc(q['entity'])}"
+                       f"</td><td class='l'>{_esc(q['why'])}</td></tr>")
+        if len(fq) > 60:
+            out.append(f"<tr><td class='l' colspan='4'>... and {len(fq) - 60} more</td></tr>")
+        out.append("</table>")
+    # timelines
+    out.append("<h2>Score timelines of the affected entities (fleethealth)</h2><div class='legend'>")
+    for st in (State.READY, State.DEGRADED, State.DRAINING, State.QUARANTINED, State.RECOVERING, State.FAILED):
+        out.append(f"<span><i style='background:{STATE_COLOURS[st]}'></i>{st}</span>")
+    out.append("<span><i style='background:#e03131'></i>fault onset (faulty)</span>"
+               "<span><i style='background:#f08c00'></i>event, not a fault</span></div>")
+    aff = _affected(run)
+    if not aff:
+        out.append("<p class='note'>no entity was affected</p>")
+    for e in aff:
+        out.append(f"<h3 style='font-size:14px;margin:12px 0 2px'>{_esc(e)}</h3>{_timeline_svg(run, e, mat)}")
+    out.append("<h2>Fleet heatmap (every node and replica, worst score per column)</h2>")
+    out.append("<div class='legend'>" + "".join(
+        f"<span><i style='background:{_colour(v)}'></i>{v:.1f}</span>" for v in (1.0, 0.85, 0.7, 0.5, 0.3, 0.0))
+        + "<span><i style='background:#adb5bd'></i>unknown</span></div>")
+    out.append(_heatmap_svg(run, mat))
+    out.append(f"<p class='note'>fleethealth backtest; {run.steps} telemetry steps, "
+               f"{result.get('cycles', 0)} decision cycles; {run.cpu_s:.1f} CPU s.</p></body></html>")
+    return "".join(out)
+
+
+def write_report(run: BacktestRun, result: dict[str, Any], path: str | Path) -> Path:
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(render_report(run, result), encoding="utf-8")
+    return p

@@ -1,0 +1,245 @@
+"""Run a scenario through the simulator and every arm's decisions, on the simulator's clock.
+
+Per telemetry step (the scenario's ``step``, 15 s by default): the simulator's snapshot goes into one
+shared rolling history, the rule baselines look at it, and the slow-rank tracker measures how slow the
+truly faulty nodes' ranks are. Per decision cycle: the controller's sequence exactly (history view ->
+structural signals -> ``DecisionLoop.cycle`` with that cycle's events) for the product and for each
+engine baseline.
+
+Decision cadence: a cycle every ``cycle_s`` of simulated time (60 s by default; the engine costs about a
+third of a CPU second per cycle for a 512-GPU fleet, so a 15 s cadence makes a day four times slower),
+plus an immediate cycle on any step that carries a non-metric event (an Xid line in the kernel log, a CUDA
+OOM), as the controller's event-driven sources would. ``cycle_s`` equal to the scenario's step gives the
+controller's own cadence.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from fleethealth.backtest.arms import (
+    BASELINES,
+    ENGINE_BASELINES,
+    PRODUCT,
+    RULE_BASELINES,
+    ArmLog,
+    EngineArm,
+    LivenessArm,
+    RuleArm,
+    SharedHistory,
+    StaticRulesArm,
+    engine_scorer,
+)
+from fleethealth.backtest.events import EngineLimits, World, oom_event
+from fleethealth.backtest.history import FastHistory
+from fleethealth.decide.state import Event
+from fleethealth.policy import Policy
+from fleethealth.sim.scenario import Scenario
+from fleethealth.sim.simulation import Simulation
+from fleethealth.sim.truth import GroundTruth
+from fleethealth.sources.structural import StructuralTracker
+
+
+@dataclass(slots=True)
+class Timeline:
+    """The product's scores per decision cycle (for the report): value per node and replica, NaN when
+    unknown or absent."""
+
+    ts: list[float] = field(default_factory=list)
+    names: list[str] = field(default_factory=list)
+    kinds: dict[str, str] = field(default_factory=dict)
+    rows: list[np.ndarray] = field(default_factory=list)
+    _ix: dict[str, int] = field(default_factory=dict)
+
+    def add(self, now: float, health: Any) -> None:
+        vals: dict[int, float] = {}
+        for kind in ("node", "replica"):
+            ks = getattr(health, "kinds", {}).get(kind)
+            if ks is None:
+                continue
+            for name, v in zip(ks.names, ks.value.tolist(), strict=True):
+                i = self._ix.get(name)
+                if i is None:
+                    i = self._ix[name] = len(self.names)
+                    self.names.append(name)
+                    self.kinds[name] = kind
+                vals[i] = v
+        row = np.full(len(self.names), np.nan)
+        for i, v in vals.items():
+            row[i] = v
+        self.ts.append(now)
+        self.rows.append(row)
+
+    def matrix(self) -> np.ndarray:
+        """cycles x entities."""
+        n = len(self.names)
+        out = np.full((len(self.rows), n), np.nan)
+        for k, r in enumerate(self.rows):
+            out[k, : r.size] = r
+        return out
+
+
+@dataclass(slots=True)
+class SlowRecord:
+    """How slow a truly faulty node's ranks ran at one step: (t, node, job, slowdown fraction)."""
+
+    t: float
+    node: str
+    job: str
+    job_gpus: int
+    slowdown: float
+
+
+class SlowTracker:
+    """Measures, per telemetry step, the slowdown of ranks on nodes that ground truth says are faulty:
+    the median over the node's ranks of compute time / its pipeline stage's median, minus one. A
+    synchronous job runs at its slowest rank's pace, so the job loses that fraction of its GPU-hours."""
+
+    def __init__(self, sim: Simulation, truths: Sequence[GroundTruth]) -> None:
+        f = sim.fleet
+        self.sim = sim
+        self.faulty = [(g.entity, g.onset, g.end) for g in truths if g.kind == "node" and g.faulty]
+        self.rank_job = np.asarray(f.rank_job)
+        self.rank_stage = np.asarray(f.rank_stage)
+        self.node_of_rank = np.asarray(sim.node_of_rank)
+        self.job_names = [j.name for j in f.jobs]
+        self.job_gpus = np.bincount(self.rank_job, minlength=len(f.jobs)) if len(self.rank_job) else np.zeros(0)
+        self.node_ix = {n: i for i, n in enumerate(f.nodes)}
+        self.records: list[SlowRecord] = []
+
+    def observe(self, t: float) -> None:
+        active = [e for e, on, end in self.faulty if on <= t and (end is None or t < end)]
+        if not active or self.rank_job.size == 0:
+            return
+        comp = np.asarray(self.sim.rank_compute, np.float64)
+        for node in active:
+            n = self.node_ix.get(node)
+            if n is None:
+                continue
+            mine = np.nonzero(self.node_of_rank == n)[0]
+            if mine.size == 0:
+                continue
+            j = int(self.rank_job[mine[0]])
+            ratios = []
+            for st in np.unique(self.rank_stage[mine]).tolist():
+                peers = np.nonzero((self.rank_job == j) & (self.rank_stage == st))[0]
+                med = float(np.median(comp[peers]))
+                own = mine[self.rank_stage[mine] == st]
+                if med > 0:
+                    ratios.append(float(np.median(comp[own])) / med)
+            if ratios:
+                slow = min(1.0, max(0.0, max(ratios) - 1.0))
+                if slow > 0:
+                    self.records.append(SlowRecord(t, node, self.job_names[j], int(self.job_gpus[j]), slow))
+
+
+@dataclass(slots=True)
+class BacktestRun:
+    scenario: Scenario
+    policy: Policy
+    start: float
+    end: float
+    step_s: float
+    cycle_s: float
+    nodes: list[str]
+    node_pool: dict[str, str]
+    node_tp_group: dict[str, str]
+    replica_node: dict[str, str]
+    truths: list[GroundTruth]
+    sim_events: list[Any]
+    arms: dict[str, ArmLog]
+    timeline: Timeline
+    slow: list[SlowRecord]
+    wall_s: float
+    cpu_s: float
+    steps: int
+    gpus: int
+
+
+def _arm_names(baselines: Sequence[str]) -> list[str]:
+    bad = [b for b in baselines if b not in BASELINES]
+    if bad:
+        raise ValueError(f"unknown baseline {', '.join(bad)}: expected some of {', '.join(BASELINES)}")
+    return [PRODUCT] + [b for b in BASELINES if b in baselines]
+
+
+def run_backtest(
+    scenario: Scenario,
+    policy: Policy,
+    baselines: Sequence[str] = BASELINES,
+    cycle_s: float = 60.0,
+    on_cycle: Callable[[float, Any, ArmLog], None] | None = None,
+    limits: EngineLimits = EngineLimits(),
+) -> BacktestRun:
+    """Run ``scenario`` through the product and ``baselines``; ``on_cycle(now, CycleResult, product
+    log)`` is called after each of the product's cycles (the demo's live view)."""
+    names = _arm_names(baselines)
+    t_wall, t_cpu = time.perf_counter(), time.process_time()
+    sim = Simulation(scenario)
+    f = sim.fleet
+    truths = sim.ground_truth
+    replica_node = {r.name: f.nodes[r.node] for r in f.replicas}
+    inventory = {"node": list(f.nodes)}
+    history = SharedHistory(FastHistory(policy))
+    structural = StructuralTracker(node_labels=policy.node_labels, max_age_s=policy.freshness.max_age_s,
+                                   future_skew_s=policy.freshness.future_skew_s)
+    engine_arms: list[EngineArm] = []
+    for name in names:
+        if name == PRODUCT or name in ENGINE_BASELINES:
+            scorer = engine_scorer(inventory, aggregation="mean" if name == "weighted-mean" else None,
+                                   naive=name == "no-confidence")
+            world = World(sim.active_test, replica_node)
+            engine_arms.append(EngineArm(name, policy, history, scorer, world))
+    rule_arms: list[RuleArm] = []
+    for name in names:
+        if name == "static-rules":
+            rule_arms.append(StaticRulesArm(f.nodes))
+        elif name == "liveness-only":
+            rule_arms.append(LivenessArm(f.nodes, replica_node))
+    assert set(RULE_BASELINES) >= {a.name for a in rule_arms}
+    slow = SlowTracker(sim, truths)
+    timeline = Timeline()
+    next_cycle = sim.start + cycle_s
+    steps = 0
+    pending: list[Event] = []
+    for t, snap in sim.steps():
+        steps += 1
+        history.add(snap)
+        slow.observe(t)
+        for ra in rule_arms:
+            c0 = time.process_time()
+            ra.observe(t, snap)
+            ra.log.cpu_s += time.process_time() - c0
+        evs = sim.events(t)
+        pending += [oom_event(e, limits) for e in evs if e.kind == "cuda_oom"]
+        if t + 1e-9 < next_cycle and not evs:
+            continue
+        while next_cycle <= t + 1e-9:
+            next_cycle += cycle_s
+        c0 = time.process_time()
+        view = history.view(t)
+        derived = structural.observe(view, t).snapshot
+        shared_s = time.process_time() - c0
+        for arm in engine_arms:
+            c0 = time.process_time()
+            res = arm.cycle(derived, t, pending)
+            arm.log.cpu_s += time.process_time() - c0 + shared_s / len(engine_arms)
+            if arm.name == PRODUCT:
+                timeline.add(t, res.health)
+                if on_cycle is not None:
+                    on_cycle(t, res, arm.log)
+        pending = []
+    logs = {a.name: a.log for a in engine_arms} | {a.name: a.log for a in rule_arms}
+    return BacktestRun(
+        scenario=scenario, policy=policy, start=sim.start, end=sim.start + steps * sim.step_s, step_s=sim.step_s,
+        cycle_s=cycle_s, nodes=list(f.nodes), node_pool=dict(zip(f.nodes, f.node_pool, strict=True)),
+        node_tp_group={n: f.node_labels(i).get("tp_group", "") for i, n in enumerate(f.nodes)},
+        replica_node=replica_node, truths=sim.ground_truth, sim_events=sim.all_events,
+        arms={n: logs[n] for n in names}, timeline=timeline, slow=slow.records,
+        wall_s=time.perf_counter() - t_wall, cpu_s=time.process_time() - t_cpu, steps=steps, gpus=f.n_gpus,
+    )

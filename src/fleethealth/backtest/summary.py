@@ -1,0 +1,88 @@
+"""The backtest's result: the product's metrics at the top level (the JSON contract: ``precision``,
+``recall``, ``detection_s``, ``removal_s``, ``quarantines``, ``false_quarantines``,
+``flaps_per_node_day``, ``pages``), the same object per baseline, the per-incident outcomes, and the
+scenario's targets checked."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fleethealth.backtest.arms import PRODUCT
+from fleethealth.backtest.metrics import ArmScore, score_arm
+from fleethealth.backtest.runner import BacktestRun
+
+# Scenarios where nothing is faulty: any quarantine is a false one (issue 4's targets).
+NO_QUARANTINE = frozenset({"exporter-outage", "rack-partition", "xid13-bad-kernel", "serving-build-regression",
+                           "stage-imbalance", "noise-only"})
+
+
+def score_all(run: BacktestRun) -> dict[str, ArmScore]:
+    return {
+        name: score_arm(log, run.truths, replica_node=run.replica_node, nodes=run.nodes, node_pool=run.node_pool,
+                        start=run.start, end=run.end, policy=run.policy, slow=run.slow, step_s=run.step_s)
+        for name, log in run.arms.items()
+    }
+
+
+def targets(run: BacktestRun, m: dict[str, Any], outcomes: list[Any]) -> dict[str, bool]:
+    """The issue's targets that apply to this scenario, checked on one arm's metrics."""
+    out: dict[str, bool] = {"precision>=0.95": m["precision"] >= 0.95, "recall>=0.95": m["recall"] >= 0.95}
+    name = run.scenario.name
+    if name in NO_QUARANTINE or not any(g.faulty for g in run.truths):
+        out["no_quarantine"] = m["quarantines"] == 0
+    if name == "noise-only":
+        out["flaps<=0.1/node/day"] = m["flaps_per_node_day"] <= 0.1
+    for g in m["groups"]:
+        out[f"{g['group']}:budget_held"] = bool(g["budget_held"])
+        out[f"{g['group']}:paged"] = bool(g["paged"])
+    gates = [o for o in outcomes if o.incident.fault in ("xid79_off_bus", "ecc_dbe_remap_failure")]
+    if gates:
+        out["hard_gate_removed<=2_scrapes"] = all(
+            o.removal_s is not None and o.removal_s <= 2 * run.step_s for o in gates)
+    return out
+
+
+def _outcome_rows(score: ArmScore, start: float) -> list[dict[str, Any]]:
+    rows = []
+    for o in score.outcomes:
+        i = o.incident
+        rows.append({
+            "fault": i.fault, "node": i.node, "entities": sorted(i.entities), "onset_s": round(i.onset - start, 1),
+            "expected": i.expected, "faulty": i.faulty, "group": i.group, "action_ok": o.action_ok,
+            "response_s": None if o.response_s is None else round(o.response_s, 1),
+            "removal_s": None if o.removal_s is None else round(o.removal_s, 1), "first_response": o.how,
+        })
+    return rows
+
+
+def evaluate(run: BacktestRun) -> dict[str, Any]:
+    scores = score_all(run)
+    prod = scores[PRODUCT]
+    out: dict[str, Any] = {
+        "scenario": run.scenario.name,
+        "policy_version": run.policy.version_tag,
+        "gpus": run.gpus,
+        "simulated_s": run.end - run.start,
+        "step_s": run.step_s,
+        "cycle_s": run.cycle_s,
+        **prod.metrics,
+        "targets": targets(run, prod.metrics, prod.outcomes),
+        "incidents": _outcome_rows(prod, run.start),
+        "false_quarantine_list": [{"ts_s": round(ts - run.start, 1), "entity": e, "why": w}
+                                  for ts, e, w in prod.false_quarantines],
+        "baselines": {},
+        "wall_s": round(run.wall_s, 2),
+        "cpu_s": round(run.cpu_s, 2),
+        "gpu_hours_per_cpu_s": round(run.gpus * (run.end - run.start) / 3600.0 / max(run.cpu_s, 1e-9), 1),
+    }
+    for name, sc in scores.items():
+        if name == PRODUCT:
+            continue
+        out["baselines"][name] = {
+            **sc.metrics,
+            "targets": targets(run, sc.metrics, sc.outcomes),
+            "incidents": _outcome_rows(sc, run.start),
+            "false_quarantine_list": [{"ts_s": round(ts - run.start, 1), "entity": e, "why": w}
+                                      for ts, e, w in sc.false_quarantines],
+        }
+    return out

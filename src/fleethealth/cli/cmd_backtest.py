@@ -1,0 +1,146 @@
+"""`fleethealth backtest`: a scenario through the product's decision loop and the baselines, scored against
+ground truth."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from fleethealth.cli.common import fail
+
+METRIC_ROWS = [
+    ("precision", "{:.3f}"), ("recall", "{:.3f}"), ("detection_s", "dur"), ("removal_s", "dur"),
+    ("quarantines", "{}"), ("false_quarantines", "{}"), ("flaps_per_node_day", "{:.3f}"), ("pages", "{}"),
+    ("budget_exhaustions", "{}"), ("gpu_hours_lost", "{:.1f}"),
+]
+
+
+def _fmt(v: Any, f: str) -> str:
+    if v is None:
+        return "-"
+    if f == "dur":
+        return f"{v:.0f}s"
+    return f.format(v)
+
+
+def load_inputs(scenario: str, policy: Path | None, duration: str | None, seed: int | None) -> tuple[Any, Any]:
+    from fleethealth.policy import PolicyError, load_policy
+    from fleethealth.sim.scenario import ScenarioError, load_scenario, parse_duration
+
+    try:
+        sc = load_scenario(scenario)
+        over: dict[str, Any] = {}
+        if duration is not None:
+            over["duration"] = parse_duration(duration)
+        if seed is not None:
+            over["seed"] = seed
+        if over:
+            sc = sc.with_overrides(**over)
+    except (ScenarioError, ValueError) as e:
+        fail(str(e))
+    try:
+        pol = load_policy(policy)
+    except PolicyError as e:
+        fail(str(e))
+    except OSError as e:
+        fail(f"{policy}: cannot read policy: {e.strerror or e}")
+    return sc, pol
+
+
+def parse_baselines(values: list[str] | None) -> list[str]:
+    from fleethealth.backtest.arms import BASELINES
+
+    if not values:
+        return list(BASELINES)
+    out: list[str] = []
+    for v in values:
+        for b in v.split(","):
+            b = b.strip()
+            if not b:
+                continue
+            if b == "none":
+                return []
+            if b == "all":
+                return list(BASELINES)
+            if b not in BASELINES:
+                fail(f"unknown baseline {b!r}: expected {', '.join(BASELINES)}, all or none")
+            out.append(b)
+    return out
+
+
+def print_table(result: dict[str, Any]) -> None:
+    arms = [("fleethealth", result)] + list(result.get("baselines", {}).items())
+    typer.echo(f"scenario {result['scenario']}: {result['gpus']} GPUs, {result['simulated_s'] / 3600:.1f} h simulated, "
+               f"decisions every {result['cycle_s']:.0f} s; {result['cpu_s']:.1f} CPU s "
+               f"({result['gpu_hours_per_cpu_s']:.0f} GPU-h per CPU s)")
+    w = max(12, *(len(n) for n, _ in arms))
+    typer.echo(f"{'metric':<20}" + "".join(f"{n:>{w + 2}}" for n, _ in arms))
+    for key, f in METRIC_ROWS:
+        typer.echo(f"{key:<20}" + "".join(f"{_fmt(m.get(key), f):>{w + 2}}" for _, m in arms))
+    typer.echo("")
+    for name, m in arms:
+        t = m.get("targets", {})
+        bad = [k for k, ok in t.items() if not ok]
+        typer.echo(f"{name:<16} targets: {'all met' if not bad else 'MISSED ' + ', '.join(bad)}")
+    incs = result.get("incidents", [])
+    if incs:
+        typer.echo("\ninjected faults (fleethealth):")
+        for r in incs:
+            resp = "no response" if r["response_s"] is None else f"response {r['response_s']:.0f}s"
+            rem = "" if r["removal_s"] is None else f", removed {r['removal_s']:.0f}s"
+            typer.echo(f"  {'ok ' if r['action_ok'] else 'MISS'} {r['fault']:<26} {r['node']:<10} "
+                       f"onset {r['onset_s'] / 3600:5.2f}h expect {r['expected']:<16} {resp}{rem}")
+    for q in result.get("false_quarantine_list", []):
+        typer.echo(f"  false quarantine {q['entity']} at {q['ts_s'] / 3600:.2f}h: {q['why']}")
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("backtest")
+    def backtest(
+        scenario: Annotated[str, typer.Option("--scenario", "-s", help="built-in scenario name or YAML file")],
+        policy: Annotated[Path | None, typer.Option("--policy", help="policy YAML (default: the shipped one)")]
+        = None,
+        baseline: Annotated[list[str] | None, typer.Option(
+            "--baseline", "-b",
+            help="baselines to compare (repeat or comma-separate): static-rules, liveness-only, weighted-mean, "
+                 "no-confidence; 'all' (default) or 'none'")] = None,
+        fmt: Annotated[str, typer.Option("--format", help="table | json")] = "table",
+        report: Annotated[Path | None, typer.Option("--report", help="write a self-contained HTML report")] = None,
+        duration: Annotated[str | None, typer.Option("--duration", help="override the scenario's duration")]
+        = None,
+        seed: Annotated[int | None, typer.Option("--seed", help="override the scenario's seed")] = None,
+        cycle: Annotated[float, typer.Option("--cycle", help="decision cycle in simulated seconds (plus one "
+                                                             "on every Xid/OOM event)")] = 60.0,
+    ) -> None:
+        """Replay a scenario through the same decision loop as production and score the outcome against
+        ground truth: quarantine precision/recall, detection and removal times, flapping, pages, budgets,
+        GPU-hours lost; baselines side by side on the same telemetry."""
+        if fmt not in ("table", "json"):
+            fail(f"--format must be table or json, not {fmt!r}")
+        if cycle <= 0:
+            fail("--cycle must be positive")
+        from fleethealth.backtest import evaluate, run_backtest
+        from fleethealth.backtest.report import write_report
+
+        sc, pol = load_inputs(scenario, policy, duration, seed)
+        bl = parse_baselines(baseline)
+        try:
+            run = run_backtest(sc, pol, bl, cycle_s=cycle)
+        except ValueError as e:
+            fail(f"{sc.name}: {e}")
+        result = evaluate(run)
+        if report is not None:
+            try:
+                p = write_report(run, result, report)
+            except OSError as e:
+                fail(f"{report}: cannot write report: {e.strerror or e}")
+            result["report"] = str(p)
+        if fmt == "json":
+            typer.echo(json.dumps(result, indent=1, default=str))
+        else:
+            print_table(result)
+            if report is not None:
+                typer.echo(f"\nreport: {result['report']}")
