@@ -168,7 +168,7 @@ def test_a_client_that_stops_reading_cannot_hold_the_drain_open() -> None:
         t0 = time.monotonic()
         _drain(p.url, p.auth)
         wait_until(lambda: not p.sc.active, 10)
-        assert time.monotonic() - t0 < 0.5 + 1.0 + 2.0  # deadline, grace for final events, slack
+        assert time.monotonic() - t0 < 0.5 + 1.0 + 5.0  # deadline, grace for final events, loaded-box slack
         assert p.sc.outcomes["cut_at_deadline"] == 1
         s.settimeout(10)
         while s.recv(1 << 20):  # the connection is closed, not left hanging

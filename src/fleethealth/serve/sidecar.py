@@ -619,9 +619,9 @@ class Sidecar:
             r.abort(f"drain deadline ({self.config.max_drain_seconds:g}s) reached")
         # Give the handlers a moment to send their final events; a client that stops reading must not hold
         # the drain open, so a writer still stuck after that is cancelled (its connection is closed).
-        for _ in range(100):
-            if not self.active:
-                break
+        loop = asyncio.get_running_loop()
+        grace_end = loop.time() + 1.0  # real time, even under an injected clock
+        while self.active and loop.time() < grace_end:
             await asyncio.sleep(0.01)
         for r in list(self.active):
             if r.task is not None and not r.task.done():
