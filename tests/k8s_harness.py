@@ -167,7 +167,7 @@ class KubeCluster:
 
     def add_pod(self, name: str, node: str, namespace: str = "default", labels: dict[str, str] | None = None,
                 owner: dict[str, Any] | None = None, ready: bool = True, annotations: dict[str, str] | None = None,
-                gpus: int = 0) -> dict[str, Any]:
+                gpus: int = 0, container_port: int | None = None) -> dict[str, Any]:
         kube = self.kube()
         md: dict[str, Any] = {"name": name, "namespace": namespace, "labels": labels or {}}
         if owner:
@@ -177,6 +177,8 @@ class KubeCluster:
         container: dict[str, Any] = {"name": "main", "image": "busybox"}
         if gpus:
             container["resources"] = {"limits": {"nvidia.com/gpu": str(gpus)}}
+        if container_port:
+            container["ports"] = [{"containerPort": container_port}]
         pod = kube.api.request("POST", f"/api/v1/namespaces/{namespace}/pods", {
             "apiVersion": "v1", "kind": "Pod", "metadata": md,
             "spec": {"nodeName": node, "containers": [container], "terminationGracePeriodSeconds": 30},

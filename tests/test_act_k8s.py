@@ -343,7 +343,7 @@ def test_leader_failover_acts_once(cluster: KubeCluster, tmp_path: Path) -> None
 def test_readiness_gate_condition_and_labels(cluster: KubeCluster) -> None:
     kube = cluster.kube()
     cluster.add_node("gpu-node-4")
-    cluster.add_pod("vllm-0", "gpu-node-4", labels={"app": "vllm"})
+    cluster.add_pod("vllm-0", "gpu-node-4", labels={"app": "vllm"}, container_port=8000)
     board = WeightBoard()
     act = RouterActuator(board, kube)
     low = Intent(1.0, IntentKind.SET_WEIGHT, "vllm-0", "min:latency", {"weight": 0.2, "state": "DEGRADED"},
@@ -359,6 +359,16 @@ def test_readiness_gate_condition_and_labels(cluster: KubeCluster) -> None:
     assert p["metadata"]["labels"]["fleethealth.io/healthy"] == "true"
     assert next(c for c in p["status"]["conditions"] if c["type"] == "fleethealth.io/healthy")["status"] == "True"
     assert board.weights["vllm-0"].weight == 0.9
+    # The pod's IP and port fill the EDS endpoint (the decisions layer knows replicas, not addresses).
+    kube.patch_pod_status("default", "vllm-0", {"status": {"podIP": "10.9.8.7"}})
+    act.apply(Intent(3.0, IntentKind.SET_WEIGHT, "vllm-0", "ok", {"weight": 0.8, "state": "READY"}, Tier.INSTANCE))
+    w = board.weights["vllm-0"]
+    assert (w.address, w.port, w.weight) == ("10.9.8.7", 8000, 0.8)
+    from fleethealth.act.router import cluster_load_assignment
+
+    [ep] = cluster_load_assignment("llama", board.weights)["endpoints"][0]["lb_endpoints"]
+    assert ep["endpoint"]["address"]["socket_address"] == {"address": "10.9.8.7", "port_value": 8000}
+    assert ep["load_balancing_weight"] == 80
 
 
 def _sa_token(kube: Kube, ns: str, sa: str) -> str:

@@ -13,7 +13,7 @@ by the replica's health weight (0..1) and says whether the replica should take t
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from fleethealth.act.config import ActuationConfig
@@ -152,6 +152,14 @@ class RouterActuator:
             if e.status == 404:
                 return Outcome.success(replica=w.replica, changed=changed, pod="absent")
             return Outcome.from_status(e.status, e.reason)
+        if w.address is None or w.port is None:
+            # EDS needs an address: the pod's IP and its first container port, unless the intent said.
+            ip = (cur.get("status") or {}).get("podIP")
+            ports = [pt.get("containerPort") for c in (cur.get("spec") or {}).get("containers") or []
+                     for pt in c.get("ports") or [] if pt.get("containerPort")]
+            w = replace(w, address=w.address or ip, port=w.port or (int(ports[0]) if ports else None))
+            if w.address and w.port:
+                changed = self.board.set(w) or changed
         p = self.cfg.label_prefix
         want = {f"{p}/healthy": "true" if yes else "false", f"{p}/state": w.state}
         labels = cur.get("metadata", {}).get("labels") or {}
