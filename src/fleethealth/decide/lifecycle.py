@@ -18,8 +18,9 @@ Conditions come in two kinds:
   ``reset_failed``, ``human_ready``, ``human_quarantine``) and ``drain_timeout`` (time in state, checked
   only on usable data like the signal conditions).
 
-Timers, exactly: an observation is *usable* when its value is known and its confidence is at least
-``lifecycle.min_confidence``. On a usable observation at time t, every signal condition that holds adds the
+Timers, exactly: only the signal conditions that some rule of the current state reads are timed. An
+observation is *usable* when its value is known and its confidence is at least
+``lifecycle.min_confidence``. On a usable observation at time t, every timed condition that holds adds the
 time since the previous usable observation (if the timer was running) to its accumulated time; every
 condition that does not hold has its timer reset to nothing. An unusable observation pauses all timers:
 their accumulated time is kept, and the span between the last usable observation and the next one does
