@@ -123,13 +123,14 @@ def build_sources(cfg: ControllerConfig, policy: Policy) -> tuple[list[Source], 
 
 
 def _active_test_events(tests: Any) -> Callable[[float], list[Event]]:
-    """Finished active-test Jobs become events for the decisions layer, each exactly once."""
-    seen: set[tuple[str, str, str]] = set()
+    """Finished active-test rounds become events for the decisions layer, each exactly once. A round (the
+    tests one RUN_ACTIVE_TEST started) passes only when all its Jobs passed: never one Job's verdict alone."""
+    seen: set[tuple[str, str]] = set()
 
     def poll(now: float) -> list[Event]:
         out = []
-        for r in tests.results():
-            key = (r.entity, r.job, r.round)
+        for r in tests.rounds():
+            key = (r.entity, r.round)
             if r.verdict not in ("passed", "failed") or key in seen:
                 continue
             seen.add(key)
