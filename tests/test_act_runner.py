@@ -215,3 +215,20 @@ def test_config_loading_rejects_typos_and_accepts_all(tmp_path: Path) -> None:
     with pytest.raises(ValueError):
         load_actuation_config({"mode": "enforce", "enforse": ["page"]})
     assert not load_actuation_config(None).enforces(IntentKind.PAGE)
+
+
+def test_in_progress_outcomes_do_not_use_up_attempts_or_block_the_cycle(tmp_path: Path) -> None:
+    clock = Clock()
+    cfg = ActuationConfig(mode="enforce", enforce=frozenset(IntentKind), attempts_per_cycle=3, max_attempts=2,
+                          backoff_initial_s=1.0, backoff_max_s=1.0)
+    held = Outcome.failure("drain in progress", retry=True, in_progress=True)
+    rec = Recorder(script=[held] * 5)
+    r = make(tmp_path, cfg, rec, clock=clock)
+    assert r.submit(q())[0].status == "retrying"
+    assert len(rec.calls) == 1 and clock.sleeps == []  # one pass per cycle, no sleeping in the caller
+    for _ in range(4):
+        clock.t += 1.0
+        assert [x.status for x in r.retry_due()] == ["retrying"]  # past max_attempts, still not failed
+    clock.t += 1.0
+    assert [x.status for x in r.retry_due()] == ["applied"]
+    assert len(r.ledger.attempts(q().key)) == 6

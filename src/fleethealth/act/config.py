@@ -40,6 +40,8 @@ class ActuationConfig(BaseModel):
     label_prefix: str = "fleethealth.io"
     condition_type: str = "GPUHealthy"
     drain_timeout_s: float = Field(default=900.0, gt=0)
+    # One apply waits at most this long for PDB-held pods, then returns "in progress" to the runner.
+    drain_block_s: float = Field(default=5.0, ge=0)
     # Pods still not evicted at the drain limit are reported; deleted only if this is set.
     force_delete_after_timeout: bool = False
     # Pods sharing one of these labels' values form a tensor-parallel group, evicted together.

@@ -211,6 +211,7 @@ class KubeNodeActuator:
         # An ActiveTests instance: RELEASE needs its word that the node passed.
         self.active_tests = active_tests
         self.event_namespace = event_namespace
+        self._drain_started: dict[str, float] = {}
 
     def apply(self, intent: Intent) -> Outcome:
         try:
@@ -370,7 +371,11 @@ class KubeNodeActuator:
         evicted: list[str] = []
         errors: dict[str, str] = {}
         pending = [list(g) for g in plan.groups]
-        deadline = self.clock() + timeout
+        # The drain limit runs from the first attempt at this intent; one apply blocks at most drain_block_s
+        # so the controller's cycle is never held for the whole limit: the runner calls again (in_progress).
+        started = self._drain_started.setdefault(intent.key, self.clock())
+        deadline = started + timeout
+        block_until = min(deadline, self.clock() + cfg.drain_block_s)
         delay = min(1.0, cfg.backoff_initial_s) or 0.1
         blocked: dict[str, str] = {}
         while pending:
@@ -399,14 +404,15 @@ class KubeNodeActuator:
             pending = still
             if not pending or self.should_stop():
                 break
-            remaining = deadline - self.clock()
+            remaining = block_until - self.clock()
             if remaining <= 0:
                 break
             self.sleep(min(delay, remaining))
             delay = min(delay * 2, 5.0)
         left_pods = [f"{ns}/{n}" for g in pending for ns, n in g]
         forced: list[str] = []
-        if left_pods and cfg.force_delete_after_timeout and not self.should_stop():
+        expired = self.clock() >= deadline
+        if left_pods and expired and cfg.force_delete_after_timeout and not self.should_stop():
             for p in left_pods:
                 ns, n = p.split("/", 1)
                 try:
@@ -419,9 +425,17 @@ class KubeNodeActuator:
                   "groups": [[f"{ns}/{n}" for ns, n in g] for g in plan.groups if len(g) > 1],
                   "not_evicted": left_pods, "blocked": {p: blocked[p] for p in left_pods if p in blocked},
                   "forced": forced, "errors": errors}
+        if left_pods and not expired and not self.should_stop():
+            return Outcome.failure(f"drain in progress: {len(left_pods)} pod(s) held (PodDisruptionBudget or API "
+                                   f"refusal), limit in {deadline - self.clock():.0f}s", retry=True,
+                                   in_progress=True, **detail)
         if left_pods:
-            return Outcome.failure(f"drain incomplete: {len(left_pods)} pod(s) not evicted within {timeout:.0f}s "
-                                   "(PodDisruptionBudget or API refusal)", retry=True, **detail)
+            # Reported, never lost: the pods a budget still protects at the limit need a human.
+            self._drain_started.pop(intent.key, None)
+            why = "stopped by the kill switch or lost leadership" if not expired else f"not evicted within {timeout:.0f}s"
+            return Outcome.failure(f"drain incomplete: {len(left_pods)} pod(s) {why} "
+                                   "(PodDisruptionBudget or API refusal)", retry=not expired, **detail)
+        self._drain_started.pop(intent.key, None)
         if errors:
             return Outcome.failure(f"drain errors on {len(errors)} pod(s)", retry=False, **detail)
         return Outcome.success(**detail)

@@ -180,12 +180,15 @@ class ActuationRunner:
             if outcome.ok:
                 self.ledger.record_attempt(intent, act.name, outcome, now, "applied")
                 return self._emit(intent, act.name, "applied", n, detail=outcome.detail, record=False)
-            if not outcome.retry or n >= cfg.max_attempts:
+            # "in_progress": the actuator is making progress under its own deadline (a drain waiting on
+            # disruption budgets): not a failure, so it does not use up max_attempts.
+            in_progress = bool(outcome.detail.get("in_progress"))
+            if not outcome.retry or (n >= cfg.max_attempts and not in_progress):
                 self.ledger.record_attempt(intent, act.name, outcome, now, "failed")
                 return self._emit(intent, act.name, "failed", n, outcome.error, outcome.detail, record=False)
             wait = self._backoff(n)
             self.ledger.record_attempt(intent, act.name, outcome, now, "retrying", next_ts=now + wait)
-            if tries >= cfg.attempts_per_cycle:
+            if tries >= cfg.attempts_per_cycle or in_progress:
                 return self._emit(intent, act.name, "retrying", n, outcome.error, outcome.detail, record=False)
             self.sleep(wait)
 
