@@ -87,6 +87,22 @@ def _colour(v: float) -> str:
     return "#2f9e44"
 
 
+def _ticks(span_s: float, most: int = 16) -> list[float]:
+    """Tick offsets (seconds from the start) at a round step giving at most ``most`` ticks."""
+    for step_min in (5, 10, 15, 30, 60, 120, 180, 360, 720, 1440, 2880):
+        if span_s / (step_min * 60) <= most:
+            break
+    step = step_min * 60.0
+    return [k * step for k in range(int(span_s // step) + 1)]
+
+
+def _tick_label(off: float) -> str:
+    h, m = int(off // 3600), int(off % 3600 // 60)
+    if off >= 86400 and off % 86400 == 0:
+        return f"{h // 24}d"
+    return f"{h}h" if m == 0 else (f"{m}m" if h == 0 else f"{h}h{m:02d}")
+
+
 def _state_intervals(run: BacktestRun, entity: str) -> list[tuple[float, float, State]]:
     trs = [t for t in run.arms[PRODUCT].transitions if t.entity == entity]
     out = []
@@ -176,15 +192,11 @@ def _timeline_svg(run: BacktestRun, entity: str, mat: np.ndarray, width: int = 1
     for v in (0.0, 0.5, 1.0):
         parts.append(f'<text x="{x0 - 6}" y="{Y(v) + 4:.1f}" font-size="10" text-anchor="end" fill="#495057">'
                      f'{v:.1f}</text>')
-    hours = span / 3600.0
-    step_h = 1 if hours <= 12 else 3 if hours <= 36 else 6 if hours <= 96 else 24
-    h = 0.0
-    while h <= hours + 1e-9:
-        xx = X(run.start + h * 3600)
+    for off in _ticks(span):
+        xx = X(run.start + off)
         parts.append(f'<line x1="{xx:.1f}" x2="{xx:.1f}" y1="{y1}" y2="{y1 + 4}" stroke="#495057"/>'
                      f'<text x="{xx:.1f}" y="{height - 4}" font-size="10" text-anchor="middle" fill="#495057">'
-                     f'{h:.0f}h</text>')
-        h += step_h
+                     f'{_tick_label(off)}</text>')
     parts.append(f'<rect x="{x0}" y="{y0}" width="{x1 - x0}" height="{y1 - y0}" fill="none" stroke="#ced4da"/>')
     parts.append("</svg>")
     return "".join(parts)
@@ -224,14 +236,10 @@ def _heatmap_svg(run: BacktestRun, mat: np.ndarray, width: int = 1240, max_cols:
             xo = x0 + (g.onset - run.start) / span * (width - x0 - 10)
             parts.append(f'<line x1="{xo:.1f}" x2="{xo:.1f}" y1="{y0}" y2="{y0 + n_rows * row_h}" stroke="#000" '
                          f'stroke-opacity="0.25" stroke-dasharray="2,3"><title>{_esc(g.fault)} onset</title></line>')
-    hours = span / 3600.0
-    step_h = 1 if hours <= 12 else 3 if hours <= 36 else 6 if hours <= 96 else 24
-    h = 0.0
-    while h <= hours + 1e-9:
-        xx = x0 + h * 3600 / span * (width - x0 - 10)
+    for off in _ticks(span):
+        xx = x0 + off / span * (width - x0 - 10)
         parts.append(f'<text x="{xx:.1f}" y="{height - 8}" font-size="10" text-anchor="middle" fill="#495057">'
-                     f'{h:.0f}h</text>')
-        h += step_h
+                     f'{_tick_label(off)}</text>')
     parts.append("</svg>")
     return "".join(parts)
 

@@ -243,3 +243,33 @@ def run_backtest(
         arms={n: logs[n] for n in names}, timeline=timeline, slow=slow.records,
         wall_s=time.perf_counter() - t_wall, cpu_s=time.process_time() - t_cpu, steps=steps, gpus=f.n_gpus,
     )
+
+
+def compress(scenario: Scenario, lead_s: float = 1800.0, tail_s: float = 3 * 3600.0,
+             gap_s: float | None = None) -> Scenario:
+    """The same scenario with the quiet hours cut: the first fault starts ``lead_s`` in, consecutive
+    onsets are at most ``gap_s`` apart (None: spacing kept), and the run ends ``tail_s`` after the last
+    onset (or end) of a fault. Faults keep their order, kinds, targets, magnitudes and durations. For
+    tests and quick runs; the built-in scenarios as written are the reference."""
+    if not scenario.faults:
+        return scenario.with_overrides(duration=min(scenario.duration, lead_s + tail_s))
+    data = scenario.model_dump()
+    faults = data["faults"]
+    order = sorted(range(len(faults)), key=lambda k: faults[k]["onset"])
+    prev_old = prev_new = None
+    last = 0.0
+    for k in order:
+        f = faults[k]
+        old = f["onset"]
+        if prev_old is None:
+            new = min(old, lead_s)
+        else:
+            gap = old - prev_old
+            new = prev_new + (gap if gap_s is None else min(gap, gap_s))
+        prev_old, prev_new = old, new
+        f["onset"] = new
+        if f.get("end") is not None:
+            f["end"] = f["end"] - old + new
+        last = max(last, new if f.get("end") is None else min(f["end"], new + tail_s))
+    data["duration"] = max(scenario.step, min(scenario.duration, last + tail_s))
+    return Scenario.model_validate(data)

@@ -114,6 +114,9 @@ def register(app: typer.Typer) -> None:
         seed: Annotated[int | None, typer.Option("--seed", help="override the scenario's seed")] = None,
         cycle: Annotated[float, typer.Option("--cycle", help="decision cycle in simulated seconds (plus one "
                                                              "on every Xid/OOM event)")] = 60.0,
+        compress_gaps: Annotated[str | None, typer.Option(
+            "--compress", help="cut quiet hours: faults start 30 min in, at most this far apart, and the run "
+                               "ends this long after the last one (e.g. 90m); for quick runs")] = None,
     ) -> None:
         """Replay a scenario through the same decision loop as production and score the outcome against
         ground truth: quarantine precision/recall, detection and removal times, flapping, pages, budgets,
@@ -126,6 +129,15 @@ def register(app: typer.Typer) -> None:
         from fleethealth.backtest.report import write_report
 
         sc, pol = load_inputs(scenario, policy, duration, seed)
+        if compress_gaps is not None:
+            from fleethealth.backtest.runner import compress
+            from fleethealth.sim.scenario import parse_duration
+
+            try:
+                gap = parse_duration(compress_gaps)
+            except ValueError as e:
+                fail(f"--compress: {e}")
+            sc = compress(sc, tail_s=gap, gap_s=gap)
         bl = parse_baselines(baseline)
         try:
             run = run_backtest(sc, pol, bl, cycle_s=cycle)
