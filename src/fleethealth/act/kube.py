@@ -242,8 +242,9 @@ class KubeNodeActuator:
                 verdict = self.active_tests.latest_verdict(node)
                 if verdict != "passed":
                     # A round still running may pass: try again later. Failed or none: never uncordon.
+                    # (A running round ends: its Jobs carry activeDeadlineSeconds.)
                     return Outcome.failure(f"no passed active test for {node} (latest: {verdict})",
-                                           retry=verdict == "running")
+                                           retry=verdict == "running", in_progress=verdict == "running")
             return Outcome.success(**self._mark(intent, node, cordon=False, taint=False, healthy=True))
         if k == IntentKind.ALLOW_NEW_WORK:
             return Outcome.success(**self._mark(intent, node, cordon=False, taint=False, healthy=True))
