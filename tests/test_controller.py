@@ -326,3 +326,28 @@ def test_kill_switch_through_the_api(tmp_path: Path) -> None:
         assert httpx.post(f"{srv.url}/api/v1/resume").json() == {"killed": False}
     finally:
         srv.stop()
+
+
+def test_build_routes_intents_to_the_configured_actuators(tmp_path: Path) -> None:
+    from fleethealth.controller.build import build
+
+    cfg = parse_config(textwrap.dedent("""\
+        state_db: state.db
+        sources:
+          prometheus: {url: "http://127.0.0.1:9"}
+          files: [x.prom]
+        alertmanager: {url: "http://127.0.0.1:9093"}
+        evidence: {dir: evidence}
+        """), "ctl.yaml", base_dir=tmp_path)
+    asm = build(cfg)
+    try:
+        routes = {k: [a.name for a in v] for k, v in asm.runner.routes.items()}
+        assert routes[IntentKind.PAGE] == ["alertmanager"] and routes[IntentKind.FLEET_ALERT] == ["alertmanager"]
+        assert routes[IntentKind.CAPTURE_EVIDENCE] == ["evidence"]
+        assert routes[IntentKind.QUARANTINE][0] == "evidence"  # the bundle before any isolation
+        assert routes[IntentKind.SET_WEIGHT] == ["router"]
+        assert [s.name for s in asm.controller.sources][0].startswith("prometheus:")
+        assert asm.runner.config.mode == "advise"
+        assert (tmp_path / "state.actions.db").exists()
+    finally:
+        asm.close()
