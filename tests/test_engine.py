@@ -272,3 +272,33 @@ def test_gpu_without_node_label_is_scored_under_a_placeholder() -> None:
 def test_empty_snapshot_scores_nothing() -> None:
     fh = score_snapshot(SnapshotBuilder().build(NOW), POL, NOW)
     assert len(fh) == 0
+
+
+def test_last_xid_gauge_that_never_resets_stops_gating_after_the_window() -> None:
+    """dcgm-exporter keeps the last Xid until it restarts: an old value is not a new occurrence."""
+    h = SignalHistory(POL)
+    lab = gpu_labels("n0", 0)
+    t0 = NOW - 3000
+    for k in range(0, 3001, 30):
+        b = SnapshotBuilder()
+        b.add("DCGM_FI_DEV_XID_ERRORS", lab, 79 if k >= 600 else 0, t0 + k)
+        b.add("DCGM_FI_DEV_GPU_TEMP", lab, 60, t0 + k)
+        h.add(b.build(t0 + k))
+        if k == 900:
+            early = score_snapshot(h.view(t0 + k), POL, t0 + k).tuples["n0/gpu0"]
+    assert early.reason == "gate:xid"
+    late = score_snapshot(h.view(NOW), POL, NOW).tuples["n0/gpu0"]
+    assert late.value == 1.0 and "xid:79" not in late.flags
+    b = SnapshotBuilder()
+    b.add("DCGM_FI_DEV_XID_ERRORS", lab, 48, NOW + 30)
+    h.add(b.build(NOW + 30))
+    assert score_snapshot(h.view(NOW + 30), POL, NOW + 30).tuples["n0/gpu0"].reason == "gate:xid"
+
+
+def test_kernel_log_fallen_off_gates_the_gpu() -> None:
+    b = fleet()
+    lab = {"Hostname": "n3", "gpu": "4", "pci_bus_id": "0000:3b:00.0"}
+    b.add("fleethealth_kernel_gpu_fallen_off_total", lab, 0, NOW - 100)
+    b.add("fleethealth_kernel_gpu_fallen_off_total", lab, 1, NOW - 99.999)
+    t = score_snapshot(b.build(NOW), POL, NOW).tuples["n3"]
+    assert t.reason == "gate:kernel_fallen_off" and t.worst_member == "n3/gpu4"

@@ -64,9 +64,8 @@ def read_all(inputs: list[str], at: float, kernel_logs: list[Path] | None = None
                 text = p.read_text(errors="replace")
             except OSError as e:
                 fail(f"{p}: cannot read: {e.strerror or e}")
-            res = parse_kernel_log(text, source=str(p), node=node, bus_to_gpu=bus)
+            res = parse_kernel_log(text, source=str(p), node=node, bus_to_gpu=bus, now=at)
             parts.append(res.snapshot)
-            snap.issues.extend(res.issues)
         snap = merge_snapshots(parts, at)
     return snap
 

@@ -495,9 +495,18 @@ def _evaluate_xid(
     fresh_e[ent[lp][age_s <= max_age]] = True
     codes: list[tuple[int, int]] = []  # (entity, xid)
     if spec.kind == "gauge":
-        # Last-Xid value: any nonzero value seen within the Xid window counts as an occurrence.
-        w = (ts > now - window) & (vals > 0)
-        for e, v in set(zip(ent[w].tolist(), vals[w].astype(np.int64).tolist(), strict=True)):
+        # DCGM's last-Xid field keeps its value until the exporter restarts, so a value is an occurrence
+        # only when it *started* within the Xid window: the start of the series' final run of equal
+        # values (the history keeps that start). With no earlier evidence the first sample is the start.
+        order = _order_by_series_ts(ser, ts)
+        s_o, v_o, t_o, e_o = ser[order], vals[order], ts[order], ent[order]
+        new_run = np.ones(s_o.size, bool)
+        new_run[1:] = (s_o[1:] != s_o[:-1]) | (v_o[1:] != v_o[:-1])
+        run_start_ts = t_o[np.maximum.accumulate(np.where(new_run, np.arange(s_o.size), 0))]
+        last = np.ones(s_o.size, bool)
+        last[:-1] = s_o[1:] != s_o[:-1]
+        w = last & (v_o > 0) & (run_start_ts > now - window) & (now - t_o <= max_age)
+        for e, v in set(zip(e_o[w].tolist(), v_o[w].astype(np.int64).tolist(), strict=True)):
             codes.append((e, v))
         res.raw = _reduce_worst(ent[lp][age_s <= max_age], vals[lp][age_s <= max_age], n, True)
     else:

@@ -23,6 +23,12 @@ from fleethealth.signals.snapshot import InputIssue, LabelSet, Snapshot
 _COUNTER_SUFFIXES = ("_total", "_count", "_bucket", "_sum", "_created")
 
 
+def value_start_metrics(policy: Policy) -> set[str]:
+    """Gauges whose *change* is the event (DCGM's last-Xid value): the view also carries the time the
+    current value started, so an old value is not mistaken for a new occurrence."""
+    return {s.metric for s in policy.signals if s.shape == "xid" and s.kind == "gauge"}
+
+
 def counter_metrics(policy: Policy) -> dict[str, float]:
     """Counter-like metric names the policy reads, with how long each must be kept (seconds)."""
     out: dict[str, float] = {}
@@ -60,6 +66,8 @@ class SignalHistory:
         self.dense_s = dense_s
         self.coarse_s = coarse_s
         self.counter_keep = counter_metrics(policy)
+        self.value_start = value_start_metrics(policy)
+        self._track_start = np.zeros(0, bool)
         self.metrics: list[str] = []
         self._metric_ix: dict[str, int] = {}
         self.labelsets: list[LabelSet] = []
@@ -71,6 +79,7 @@ class SignalHistory:
         self._g_s = np.zeros(0, np.int32)
         self._g_v = np.zeros(0, np.float64)
         self._g_t = np.full(0, -np.inf)
+        self._g_since = np.full(0, -np.inf)  # when the current value started (event-like gauges)
         # counters: chunks (at, m, s, corrected v, t); reset correction per (metric, series)
         self._chunks: list[tuple[float, np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
         self._c_last = np.zeros(0, np.float64)
@@ -91,6 +100,7 @@ class SignalHistory:
             if keep is None and name.endswith(_COUNTER_SUFFIXES) and name in self.counter_keep:
                 keep = self.counter_keep[name]
             self._keep_of_metric = np.append(self._keep_of_metric, -1.0 if keep is None else keep)
+            self._track_start = np.append(self._track_start, name in self.value_start)
         return ix
 
     def _maps(self, snap: Snapshot) -> tuple[np.ndarray, np.ndarray]:
@@ -159,6 +169,7 @@ class SignalHistory:
             self._g_s = np.concatenate((self._g_s, np.zeros(grown, np.int32)))
             self._g_v = np.concatenate((self._g_v, np.full(grown, np.nan)))
             self._g_t = np.concatenate((self._g_t, np.full(grown, -np.inf)))
+            self._g_since = np.concatenate((self._g_since, np.full(grown, -np.inf)))
         # keep the latest sample per slot (ties: the later one in the batch)
         order = np.lexsort((t, slot))
         so = slot[order]
@@ -168,6 +179,8 @@ class SignalHistory:
         sl = slot[pick]
         newer = t[pick] >= self._g_t[sl]
         sl, pick = sl[newer], pick[newer]
+        changed = ~(self._g_v[sl] == v[pick])  # NaN (new slot) counts as a change
+        self._g_since[sl] = np.where(changed, t[pick], self._g_since[sl])
         self._g_m[sl] = m[pick]
         self._g_s[sl] = s[pick]
         self._g_v[sl] = v[pick]
@@ -234,6 +247,12 @@ class SignalHistory:
         parts_s = [self._g_s[live]]
         parts_v = [self._g_v[live]]
         parts_t = [self._g_t[live]]
+        if self._track_start.any():
+            ev = live & self._track_start[self._g_m] & (self._g_since < self._g_t) & np.isfinite(self._g_since)
+            parts_m.append(self._g_m[ev])
+            parts_s.append(self._g_s[ev])
+            parts_v.append(self._g_v[ev])
+            parts_t.append(self._g_since[ev])
         for _at, m, s, v, t in self._chunks:
             parts_m.append(m)
             parts_s.append(s)
