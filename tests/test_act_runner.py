@@ -232,3 +232,15 @@ def test_in_progress_outcomes_do_not_use_up_attempts_or_block_the_cycle(tmp_path
     clock.t += 1.0
     assert [x.status for x in r.retry_due()] == ["applied"]
     assert len(r.ledger.attempts(q().key)) == 6
+
+
+def test_ledger_counts_and_prune_keep_retrying_actions(tmp_path: Path) -> None:
+    clock = Clock()
+    cfg = ActuationConfig(mode="enforce", enforce=frozenset(IntentKind), attempts_per_cycle=1)
+    r = make(tmp_path, cfg, Recorder(script=[Outcome.success(), Outcome.from_status(503, "x")]), clock=clock)
+    r.submit(q(n=1))
+    r.submit(q(n=2))
+    assert r.ledger.counts() == {"applied": 1, "retrying": 1}
+    assert r.status()["actions"] == {"applied": 1, "retrying": 1}
+    assert r.ledger.prune(clock.t + 1) == 1
+    assert r.ledger.counts() == {"retrying": 1} and r.ledger.attempts(q(n=1).key) == []

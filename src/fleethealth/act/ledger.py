@@ -182,6 +182,29 @@ class Ledger:
         return [{"key": r["key"], "actuator": r["actuator"], "n": r["n"], "ts": r["ts"], "ok": bool(r["ok"]),
                  "retry": bool(r["retry"]), "error": r["error"], "detail": json.loads(r["detail"])} for r in rows]
 
+    def counts(self) -> dict[str, int]:
+        with self._lock:
+            rows = self._db.execute("SELECT status, COUNT(*) AS n FROM actions GROUP BY status").fetchall()
+        return {str(r["status"]): int(r["n"]) for r in rows}
+
+    def prune(self, before_ts: float) -> int:
+        """Forget settled actions (and their attempts) last touched before ``before_ts``; actions still
+        retrying are kept whatever their age. Returns how many actions went."""
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                keys = self._db.execute(
+                    "SELECT key, actuator FROM actions WHERE last_ts<? AND status!='retrying'", (before_ts,)
+                ).fetchall()
+                self._db.executemany("DELETE FROM attempts WHERE key=? AND actuator=?",
+                                     [(k["key"], k["actuator"]) for k in keys])
+                self._db.execute("DELETE FROM actions WHERE last_ts<? AND status!='retrying'", (before_ts,))
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+        return len(keys)
+
     # -- settings (kill switch survives restarts and is shared by replicas on one database) ------------
     def get_setting(self, name: str) -> str | None:
         with self._lock:

@@ -132,9 +132,7 @@ class ActuationRunner:
 
     def status(self) -> dict[str, Any]:
         kill = self.ledger.get_setting(KILL_SETTING)
-        counts: dict[str, int] = {}
-        for rec in self.ledger.actions(limit=100000):
-            counts[rec.status] = counts.get(rec.status, 0) + 1
+        counts = self.ledger.counts()
         return {
             "mode": self.config.mode, "enforce": sorted(str(k) for k in self.config.enforce),
             "killed": self.killed, "kill": json.loads(kill) if kill else None,
