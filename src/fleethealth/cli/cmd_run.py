@@ -17,7 +17,7 @@ from fleethealth.cli.common import fail
 def register(app: typer.Typer) -> None:
     @app.command("run")
     def run(
-        config: Path = typer.Option(..., "--config", "-c", help="Controller config YAML (see README)."),
+        config: Path = typer.Option(..., "--config", "-c", help="Controller config YAML (documented in examples/controller.yaml)."),
         once: bool = typer.Option(False, "--once", help="Run one cycle, print its report as JSON, exit."),
         cycles: int = typer.Option(0, "--cycles", help="Stop after N cycles (0: run until stopped)."),
         listen: str | None = typer.Option(None, "--listen", help="Override the config's HOST:PORT."),
