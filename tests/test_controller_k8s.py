@@ -55,6 +55,7 @@ def test_capacity_from_kubernetes_gates_the_node_and_it_is_cordoned(
         k8s_harness.apply_manifest(kube, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
     cluster.add_node("ctl-n1", gpus=8, labels={"pool": "p"})
     cluster.add_node("ctl-n2", gpus=8, labels={"pool": "p"})
+    cluster.add_node("ctl-n3", gpus=8, labels={"pool": "p"})  # its exporter never reported
     (tmp_path / "dcgm.prom").write_text(dcgm_page({"ctl-n1": 7, "ctl-n2": 8}))
     cfg = parse_config(f"""
 interval_s: 1
@@ -82,6 +83,9 @@ actuation:
         h = ctl.published.health
         assert h is not None and h.tuples["ctl-n1"].reason == "gate:gpus_missing"
         assert h.tuples["ctl-n2"].value is not None and h.tuples["ctl-n2"].value > 0.9
+        n3 = h.tuples["ctl-n3"]  # known to Kubernetes, silent: unknown, never healthy, never remediated
+        assert n3.value is None and n3.confidence == 0.0
+        assert not any(i.entity == "ctl-n3" and i.kind.value == "quarantine" for i in rep.intents)
         lease = kube.get_lease("fleethealth-system", "fleethealth-controller")
         assert lease["spec"]["holderIdentity"] == "ctl-test"  # leader: allowed to act
         n1 = kube.get_node("ctl-n1")

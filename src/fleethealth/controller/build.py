@@ -162,6 +162,7 @@ def build(cfg: ControllerConfig, *, clock: Clock | None = None, policy: Policy |
     is_leader: Callable[[], bool] | None = None
     events: Callable[[float], list[Event]] | None = None
     gpu_capacity: Callable[[], Mapping[str, int]] | None = None
+    inventory: Callable[[], Mapping[str, Sequence[str]] | None] | None = None
     pre: list[Callable[[float], None]] = []
     if cfg.kubernetes is not None:
         from fleethealth.act.active_test import ActiveTests
@@ -196,6 +197,12 @@ def build(cfg: ControllerConfig, *, clock: Clock | None = None, policy: Policy |
             return dict(cache["cap"])
 
         gpu_capacity = capacity
+
+        def known_nodes() -> Mapping[str, Sequence[str]]:
+            # Every GPU node Kubernetes knows gets a tuple, unknown if its exporter never reported.
+            return {"node": sorted(capacity())}
+
+        inventory = known_nodes
     if cfg.evidence is not None:
         from fleethealth.act.evidence import EvidenceCollector, EvidenceIndex, PrometheusRange
 
@@ -229,7 +236,7 @@ def build(cfg: ControllerConfig, *, clock: Clock | None = None, policy: Policy |
 
     ctl = Controller(
         policy, sources, interval_s=cfg.interval_s, clock=clock, store=store, runner=runner,
-        history_s=cfg.history_s, gpu_capacity=cap_fn, events=events,
+        history_s=cfg.history_s, gpu_capacity=cap_fn, events=events, inventory=inventory,
         weights=lambda now: weights_document(board.weights, now),
     )
     ctl.pre_cycle.extend(pre)
