@@ -134,7 +134,7 @@ def test_sigkill_mid_replay_then_resume_equals_an_uninterrupted_run(tmp_path: Pa
     cut = tmp_path / "cut.db"
     kills = 0
     for target in (15, 45):  # kill twice: once early, once after the quarantine
-        p = subprocess.Popen(cmd + ["--state-db", str(cut), "--pace", "0.03"], stdout=subprocess.DEVNULL,
+        p = subprocess.Popen(cmd + ["--state-db", str(cut), "--pace", "0.1"], stdout=subprocess.DEVNULL,
                              stderr=subprocess.PIPE, env=env)
         deadline = time.monotonic() + 150
         n = 0
