@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from fake_engine import ADMIN_TOKEN, running_pair, wait_until
+from fake_engine import ADMIN_TOKEN, FakeEngine, ServerThread, running_pair, wait_until
 from fleethealth.serve.app import create_app
 from fleethealth.serve.config import SidecarConfig
 
@@ -76,31 +76,49 @@ def _free_port() -> int:
 
 
 @pytest.mark.slow  # a subprocess importing the whole CLI: about 10 s on a loaded 2-core box
-def test_cli_runs_the_sidecar(tmp_path: Path) -> None:
+def test_cli_runs_the_sidecar_and_sigterm_drains_before_exit(tmp_path: Path) -> None:
     token = tmp_path / "token"
     token.write_text("cli-token\n")
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if k != "FLEETHEALTH_ADMIN_TOKEN"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "fleethealth.cli.main", "sidecar", "--upstream", f"http://127.0.0.1:{_free_port()}",
-         "--listen", f"127.0.0.1:{port}", "--admin-token-file", str(token), "--max-drain-seconds", "2",
-         "--log-level", "warning"],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
-        def up() -> bool:
-            try:
-                return httpx.get(f"http://127.0.0.1:{port}/livez", timeout=1).status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        wait_until(up, 30, 0.1)
+    engine = FakeEngine()
+    with ServerThread(engine.app) as esrv:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "fleethealth.cli.main", "sidecar", "--upstream", esrv.url,
+             "--listen", f"127.0.0.1:{port}", "--admin-token-file", str(token), "--max-drain-seconds", "10",
+             "--log-level", "warning", "--no-nvml"],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         base = f"http://127.0.0.1:{port}"
-        assert httpx.get(base + "/readyz").json()["state"] == "STARTING"
-        assert httpx.get(base + "/admin/state").status_code == 401
-        assert httpx.get(base + "/admin/state", headers={"Authorization": "Bearer cli-token"}).status_code == 200
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(15)
+        try:
+            def ready() -> bool:
+                try:
+                    return httpx.get(base + "/readyz", timeout=1).status_code == 200
+                except httpx.HTTPError:
+                    return False
+
+            wait_until(ready, 40, 0.1)
+            assert httpx.get(base + "/admin/state").status_code == 401
+            assert httpx.get(base + "/admin/state", headers={"Authorization": "Bearer cli-token"}).status_code == 200
+            # A stream is decoding when SIGTERM arrives: it finishes, then the process exits by itself.
+            engine.set(token_delay_s=0.05)
+            body = {"model": "fake-model", "prompt": "x", "max_tokens": 60, "stream": True}
+            with httpx.stream("POST", base + "/v1/completions", json=body, timeout=30) as r:
+                it = r.iter_raw()
+                first = next(it)
+                proc.send_signal(signal.SIGTERM)
+                # Still listening, but draining: new requests get a retryable 503 instead of a refused connection.
+                wait_until(lambda: httpx.get(base + "/readyz", timeout=5).json()["state"] == "DRAINING", 10, 0.05)
+                late = httpx.post(base + "/v1/completions", json={**body, "stream": False}, timeout=10)
+                assert late.status_code == 503 and late.headers["retry-after"]
+                rest = b"".join(it)
+            events = [e for e in (first + rest).split(b"\n\n") if e]
+            assert events[-1] == b"data: [DONE]" and b'"error"' not in rest
+            assert len(events) == 61
+            assert proc.wait(20) == 0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
 
 
 def test_cli_errors_are_one_line() -> None:

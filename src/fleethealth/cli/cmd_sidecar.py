@@ -62,11 +62,9 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Proxy the OpenAI-compatible API and tell Kubernetes the truth: /livez (engine making progress),
         /readyz (may take requests), /gpuz (GPU trusted), /metrics, /admin/{drain,undrain,state}."""
-        import uvicorn
-
         from fleethealth.policy import PolicyError, load_policy
-        from fleethealth.serve.app import create_app
         from fleethealth.serve.config import SidecarConfig, default_replica_name
+        from fleethealth.serve.server import run_sidecar
 
         host, port = _host_port(listen)
         try:
@@ -89,6 +87,4 @@ def register(app: typer.Typer) -> None:
         if cfg.admin_token is None:
             typer.echo("warning: no admin token (--admin-token-file or FLEETHEALTH_ADMIN_TOKEN): /admin/* will "
                        "refuse every call", err=True)
-        # proxy_headers off: the admin loopback check must see the real peer, not X-Forwarded-For.
-        uvicorn.run(create_app(cfg), host=host, port=port, log_level=log_level, proxy_headers=False,
-                    timeout_graceful_shutdown=int(max_drain_seconds) + 5)
+        run_sidecar(cfg, host, port, log_level)

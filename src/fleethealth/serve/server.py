@@ -1,0 +1,46 @@
+"""Running the sidecar as a process: uvicorn with signal handling that drains before exiting."""
+
+from __future__ import annotations
+
+import asyncio
+
+import uvicorn
+
+from fleethealth.serve.app import create_app
+from fleethealth.serve.config import SidecarConfig
+from fleethealth.serve.sidecar import Sidecar
+
+
+class DrainingServer(uvicorn.Server):
+    """SIGTERM/SIGINT first drains (as POST /admin/drain would), then exits; a second signal exits at once.
+    With a preStop hook the drain is already done and this returns at once; without one (docker stop, a
+    bare process) streams in flight still finish and queued requests still get their 503 + Retry-After."""
+
+    _draining = False
+
+    def __init__(self, config: uvicorn.Config, sidecar: Sidecar) -> None:
+        super().__init__(config)
+        self.sidecar = sidecar
+
+    def handle_exit(self, sig: int, frame: object) -> None:
+        if self._draining or self.should_exit:
+            super().handle_exit(sig, frame)  # type: ignore[arg-type]
+            return
+        self._draining = True
+        # Signal handlers run in the thread of the event loop, between its callbacks.
+        loop = asyncio.get_event_loop()
+        loop.call_soon_threadsafe(lambda: loop.create_task(self._drain_then_exit()))
+
+    async def _drain_then_exit(self) -> None:
+        sc = self.sidecar
+        sc.start_drain("SIGTERM", fault=False)
+        await sc.wait_drained(sc.config.max_drain_seconds + 5)
+        self.should_exit = True
+
+
+def run_sidecar(cfg: SidecarConfig, host: str, port: int, log_level: str = "info") -> None:
+    # proxy_headers off: the admin loopback check must see the real peer, not X-Forwarded-For.
+    app = create_app(cfg)
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, proxy_headers=False,
+                            timeout_graceful_shutdown=int(cfg.max_drain_seconds) + 5)
+    DrainingServer(config, app.state.sidecar).run()
