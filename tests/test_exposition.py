@@ -228,11 +228,12 @@ def test_builder_sharing_and_extra_labels() -> None:
     snap = parse_exposition('m{gpu="0",instance="own"} 2\nn 3\n', default_ts=NOW + 1, builder=b,
                             extra_labels={"instance": "h2:9400"})
     got = sorted((m, tuple(sorted(lab.items())), v, t) for m, lab, v, t in snap.rows())
-    assert got == [
+    assert got == sorted([
         ("m", (("gpu", "0"), ("instance", "h1:9400")), 1.0, NOW),
-        ("m", (("gpu", "0"), ("instance", "own")), 2.0, NOW + 1),  # the sample's own label wins
+        # The scraper's label wins; the sample's own value is kept as exported_instance (Prometheus).
+        ("m", (("exported_instance", "own"), ("gpu", "0"), ("instance", "h2:9400")), 2.0, NOW + 1),
         ("n", (("instance", "h2:9400"),), 3.0, NOW + 1),
-    ]
+    ])
     assert snap.at == NOW + 1
     assert len(snap.metrics) == 2
 

@@ -265,8 +265,14 @@ class _Ctx:
             self.bad_labels[raw] = parsed
             return parsed
         if self.extra:
-            merged = dict(self.extra)
-            merged.update(parsed)  # the sample's own labels win over the scraper's (honor_labels)
+            # As Prometheus does by default (honor_labels: false): the scraper's labels win, and a sample's
+            # own conflicting value is kept as exported_<name>.
+            merged = dict(parsed)
+            for k, v in self.extra:
+                own = merged.get(k)
+                if own is not None and own != v:
+                    merged["exported_" + k] = own
+                merged[k] = v
             parsed = tuple(sorted(merged.items()))
         sid = self.sids[raw] = self.builder.series_id(parsed)
         return sid
@@ -286,7 +292,8 @@ def parse_exposition(
     Samples without a timestamp get ``default_ts``; timestamps are milliseconds in 0.0.4 and seconds in
     OpenMetrics (detected by the closing `# EOF` unless ``openmetrics`` says). Histogram and summary lines
     (`_bucket`, `_sum`, `_count`) stay separate samples under their own names, `le` is a label.
-    ``extra_labels`` are added to every sample unless the sample has that label itself. With ``builder``,
+    ``extra_labels`` are added to every sample (a sample's own different value for one of them is kept as
+    ``exported_<name>``, as Prometheus does). With ``builder``,
     samples go into it (shared interning across endpoints) and the result is ``builder.build(default_ts)``.
     """
     b = builder if builder is not None else SnapshotBuilder()

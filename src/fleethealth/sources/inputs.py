@@ -80,8 +80,8 @@ def _instance(url: str) -> str:
 def read_inputs(inputs: Sequence[str], at: float, timeout_s: float = 10.0) -> Snapshot:
     """Read and merge every input into one Snapshot at ``at`` (the time given to untimestamped samples).
 
-    Samples fetched from a URL get an ``instance`` label (host:port, as Prometheus adds it) unless they
-    carry one. Raises ``InputError`` only for a local file that cannot be read at all.
+    Samples fetched from a URL get an ``instance`` label (host:port, as Prometheus adds it; a sample's own
+    instance label is kept as ``exported_instance``). Raises ``InputError`` only for a local file that cannot be read at all.
     """
     items = _expand(inputs)
     urls = [u for u in items if is_url(u)]
