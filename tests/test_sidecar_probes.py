@@ -158,8 +158,11 @@ def test_gpuz_unknown_without_signals_does_not_fail() -> None:
 
 def test_cuda_error_in_engine_log_fails_gpuz_and_drains(tmp_path: Path) -> None:
     log = tmp_path / "engine.log"
-    log.write_text("INFO starting engine\n")
+    # An old engine's error already in the (append-only) log is history, not a reason to drain.
+    log.write_text("ERROR CUDA error: an illegal memory access was encountered (previous engine)\nINFO starting engine\n")
     with running_pair(engine_log=log, evidence_dir=tmp_path / "ev") as p:
+        time.sleep(0.3)
+        assert p.sc.state is State.READY and _status(p.url + "/gpuz") == 200
         with log.open("a") as f:
             f.write("ERROR RuntimeError: CUDA error: an illegal memory access was encountered\n")
         wait_until(lambda: p.sc.state is State.QUARANTINED, 5)

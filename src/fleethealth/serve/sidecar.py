@@ -246,7 +246,7 @@ class Sidecar:
         self._below_since: float | None = None
         self._above_since: float | None = None
         self.evidence_last: dict[str, Any] | None = None
-        self._log_pos = 0
+        self._log_pos: int | None = None
         self._client: httpx.AsyncClient | None = None
         self._loop_task: asyncio.Task[None] | None = None
         self._warming = False
@@ -452,20 +452,25 @@ class Sidecar:
         path = self.config.engine_log
         if path is None:
             return
+        first = self._log_pos is None
         try:
             with open(path, "rb") as f:
                 f.seek(0, 2)
                 size = f.tell()
-                if size < self._log_pos:
-                    self._log_pos = 0  # truncated or rotated
-                f.seek(max(self._log_pos, size - 256 * 1024))
+                pos = self._log_pos or 0
+                if size < pos:
+                    pos = 0  # truncated or rotated
+                f.seek(max(pos, size - 256 * 1024))
                 data = f.read()
                 self._log_pos = f.tell()
         except OSError:
             return
         for line in data.decode("utf-8", "replace").splitlines():
             self.engine_log_tail.append(line)
-            self._inspect_error_text(line, from_log=True)
+            # What was in the log before the sidecar started is history (a previous engine's errors, kept
+            # by an append-only log): evidence, not a reason to drain the engine running now.
+            if not first:
+                self._inspect_error_text(line, from_log=True)
 
     def _inspect_error_text(self, text: str, from_log: bool = False) -> None:
         now = self.clock.now()
