@@ -70,7 +70,7 @@ def test_bundle_from_real_prometheus_is_written_redacted_and_indexed(
     assert res.status == "applied", res
     d = Path(res.detail["path"])
     assert sorted(p.name for p in d.iterdir()) == ["errors.json", "events.json", "manifest.json", "metrics.json",
-                                                   "tuples.json"]
+                                                   "node.json", "tuples.json"]
     metrics = json.loads((d / "metrics.json").read_text())
     q = metrics["queries"]['{Hostname="node-a"}']
     assert q["series"] > 0

@@ -184,6 +184,9 @@ def test_quarantine_page_evidence_then_active_test_and_release(cluster: KubeClus
         assert any(e["reason"] == "FleetHealthNoNewWork" for e in events)
         assert results[("quarantine", "evidence")].detail.get("reused") is True
         assert index.list(node)[0]["path"] == str(bundle)
+        node_doc = json.loads((bundle / "node.json").read_text())
+        assert node_doc["spec"]["unschedulable"] is True and node_doc["capacity"]["nvidia.com/gpu"] == "8"
+        assert {p["name"] for p in node_doc["pods"]} >= {"free-1", "guarded-1"}
 
         # The page reaches the webhook with the evidence link.
         wait_until(lambda: any(a["labels"]["entity"] == node for a in hook.alerts()), 20, what="page at webhook")
@@ -636,3 +639,20 @@ def test_fault_on_simulated_exporter_to_quarantine_and_back(cluster: KubeCluster
                 source.close()
     finally:
         exporter.stop()
+
+
+def test_kubeconfig_and_inventory_cli(cluster: KubeCluster) -> None:
+    from typer.testing import CliRunner
+
+    from fleethealth.act.kube_api import OfficialKubeApi
+    from fleethealth.cli.main import app
+
+    cluster.add_node("gpu-node-13", gpus=4)
+    cluster.add_pod("inv-0", "gpu-node-13", labels={"job-name": "train-x", "fleethealth.io/tp-group": "g1"}, gpus=4)
+    via_file = Kube(OfficialKubeApi.from_config(str(cluster.kubeconfig)))
+    assert "gpu-node-13" in {n["metadata"]["name"] for n in via_file.list_nodes()}
+    res = CliRunner().invoke(app, ["act", "inventory", "--kubeconfig", str(cluster.kubeconfig)])
+    assert res.exit_code == 0, res.output
+    inv, _ = json.JSONDecoder().raw_decode(res.output[res.output.index("{"):])
+    n = inv["nodes"]["gpu-node-13"]
+    assert n["gpu_capacity"] == 4 and n["jobs"] == ["train-x"] and n["tp_groups"] == ["default/g1"]

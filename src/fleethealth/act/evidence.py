@@ -234,6 +234,20 @@ class EvidenceCollector:
                 problems.append(f"kubernetes events: {e.status} {e.reason}")
         files["events.json"] = {"events": [_slim_event(e) for e in events]}
 
+        node_doc: dict[str, Any] = {}
+        if self.kube is not None:
+            try:
+                obj = self.kube.get_node(node)
+                node_doc = {"labels": obj.get("metadata", {}).get("labels"), "spec": obj.get("spec"),
+                            "conditions": (obj.get("status") or {}).get("conditions"),
+                            "capacity": (obj.get("status") or {}).get("capacity"),
+                            "nodeInfo": (obj.get("status") or {}).get("nodeInfo"),
+                            # Pods as facts only: their specs can carry secrets in env.
+                            "pods": [_slim_pod(p) for p in self.kube.list_pods(field_selector=f"spec.nodeName={node}")]}
+            except KubeError as e:
+                problems.append(f"kubernetes node: {e.status} {e.reason}")
+        files["node.json"] = node_doc
+
         files["manifest.json"] = {
             "entity": entity, "node": node, "ts": now, "reason": reason,
             "intent": intent.to_dict() if intent is not None else None,
@@ -252,3 +266,12 @@ def _slim_event(e: dict[str, Any]) -> dict[str, Any]:
             "involvedObject": {k: (e.get("involvedObject") or {}).get(k) for k in ("kind", "name", "namespace")},
             "firstTimestamp": e.get("firstTimestamp"), "lastTimestamp": e.get("lastTimestamp"),
             "source": e.get("source")}
+
+
+def _slim_pod(p: dict[str, Any]) -> dict[str, Any]:
+    md, spec = p.get("metadata", {}), p.get("spec", {})
+    return {"namespace": md.get("namespace"), "name": md.get("name"), "labels": md.get("labels"),
+            "owners": [f"{o.get('kind')}/{o.get('name')}" for o in md.get("ownerReferences") or []],
+            "phase": (p.get("status") or {}).get("phase"), "deleting": bool(md.get("deletionTimestamp")),
+            "gpus": [((c.get("resources") or {}).get("limits") or {}).get("nvidia.com/gpu")
+                     for c in spec.get("containers") or []]}

@@ -44,6 +44,11 @@ class OfficialKubeApi:
     def __init__(self, api_client: Any, timeout_s: float = 10.0) -> None:
         self.api_client = api_client
         self.timeout_s = timeout_s
+        if not getattr(api_client.configuration, "verify_ssl", True):
+            # The operator chose an unverified API endpoint (insecure-skip-tls-verify): say nothing per call.
+            import urllib3
+
+            urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)
 
     @classmethod
     def from_host(cls, host: str, token: str | None = None, verify_ssl: bool = True,
