@@ -1,6 +1,7 @@
 """`fleethealth demo`: a small simulated fleet with a scripted mix of faults through the full loop, with a
 live terminal view. The scenario is embedded (it is the demo's script, not a fixture): 256 GPUs on 32
-nodes, training and serving, four simulated hours, one fault of each family the seed warns about, in an
+nodes, training and serving, three simulated hours, one fault of each family the seed warns about, spaced so that
+the remediation budget (one quarantine per pool per hour here) is not what the demo is about, in an
 order that reads like a shift: a hard gate, a slow thermal drift, a pending remap, a dead exporter, an
 oversized request, a replica burning its SLO, an NVLink failure, a DBE with a failed remap.
 """
@@ -20,9 +21,9 @@ from fleethealth.sim.scenario import Scenario, parse_scenario
 
 DEMO_SCENARIO = """\
 name: demo
-description: "256 GPUs (training and serving), four hours, one fault of each kind the seed warns about"
+description: "256 GPUs (training and serving), three hours, one fault of each kind the seed warns about"
 seed: 42
-duration: 4h
+duration: 3h
 step: 15s
 fleet:
   pools:
@@ -36,14 +37,14 @@ fleet:
       workload: serving
       serving: {model: llama3-70b, gpus_per_replica: 4, builds: [v0.6.3]}
 faults:
-  - {kind: xid79_off_bus, target: node-03/gpu5, onset: 20m}
-  - {kind: thermal_drift, target: node-11, onset: 25m, params: {ramp_s: 1800}}
-  - {kind: row_remap_pending, target: node-07/gpu2, onset: 45m}
-  - {kind: exporter_outage, target: node-17, onset: 1h, end: 1.5h}
-  - {kind: cuda_oom, target: "replica:llama3-70b-003", onset: 95m, params: {class: single_request, count: 2}}
-  - {kind: replica_slo_burn, target: "replica:llama3-70b-010", onset: 2h}
-  - {kind: nvlink_errors, target: node-21, onset: 150m}
-  - {kind: ecc_dbe_remap_failure, target: node-15/gpu5, onset: 3h}
+  - {kind: xid79_off_bus, target: node-03/gpu5, onset: 15m}
+  - {kind: row_remap_pending, target: node-07/gpu2, onset: 30m}
+  - {kind: thermal_drift, target: node-11, onset: 40m, params: {ramp_s: 1800}}
+  - {kind: exporter_outage, target: node-17, onset: 50m, end: 70m}
+  - {kind: cuda_oom, target: "replica:llama3-70b-003", onset: 60m, params: {class: single_request, count: 2}}
+  - {kind: replica_slo_burn, target: "replica:llama3-70b-010", onset: 90m}
+  - {kind: nvlink_errors, target: node-21, onset: 145m}
+  - {kind: ecc_dbe_remap_failure, target: node-30/gpu5, onset: 160m}
 """
 
 
