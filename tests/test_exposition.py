@@ -371,7 +371,7 @@ def _multi_block_mutated(draw: st.DrawFn) -> str:
         blocks.append(lines)
     for _ in range(draw(st.integers(0, 3))):
         b = draw(st.integers(1, 2))
-        i = draw(st.integers(1, n))
+        i = draw(st.integers(1, len(blocks[b]) - 1))
         kind = draw(st.sampled_from(["label", "drop", "swap", "brace", "ts", "nan", "dup", "space", "name"]))
         line = blocks[b][i]
         if kind == "label":
