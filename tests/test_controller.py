@@ -232,6 +232,8 @@ def test_config_parses_and_resolves_relative_paths(tmp_path: Path) -> None:
         ("sources: {}\n", "configure at least one of"),
         ("sources:\n  kernel_logs:\n    - {node: x}\n", ":3: sources.kernel_logs[0]: give exactly one"),
         ("listen: nowhere\nsources: {files: [a]}\n", ":1: listen: must be HOST:PORT"),
+        ("sources:\n  prometheus:\n    url: http://x\n    extra_metrics: [ok_total, 'bad name']\n",
+         ":4: sources.prometheus.extra_metrics: not valid metric names: bad name"),
         ("sources: [\n", "not valid YAML"),
         ("- a\n", "a YAML mapping"),
     ],

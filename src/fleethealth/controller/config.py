@@ -30,6 +30,7 @@ evidence: {dir: /var/lib/fleethealth/evidence}  # optional: bundles before drain
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -51,6 +52,14 @@ class PrometheusConfig(_Strict):
     matchers: str = ""  # extra label matchers for every selector, e.g. 'cluster="a"'
     gauge_mode: Literal["raw", "instant"] = "raw"
     extra_metrics: list[str] = Field(default_factory=list)
+
+    @field_validator("extra_metrics")
+    @classmethod
+    def _names(cls, v: list[str]) -> list[str]:
+        bad = [m for m in v if not re.match(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$", m)]
+        if bad:
+            raise ValueError(f"not valid metric names: {', '.join(bad)}")
+        return v
 
     @field_validator("url")
     @classmethod
