@@ -20,6 +20,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from itertools import repeat
 from operator import itemgetter
 
 import numpy as np
@@ -178,12 +179,13 @@ def _parse_labels_bulk(raws: list[bytes]) -> None:
     pick = itemgetter(*order) if len(order) > 1 else (lambda t: (t[order[0]],))
     if len(_LABEL_CACHE) + len(todo) >= _LABEL_CACHE_MAX:
         _LABEL_CACHE.clear()
-    for raw, vals in zip(todo, found, strict=True):
-        v = pick(vals)
-        if "" in v:
-            _LABEL_CACHE[raw] = tuple((k, x) for k, x in zip(skeys, v, strict=True) if x)
-        else:
-            _LABEL_CACHE[raw] = tuple(zip(skeys, v, strict=True))
+    # C-level loops (map/zip) build the pairs; a Python loop only for the rare strings with empty values.
+    picked = list(map(pick, found))
+    _LABEL_CACHE.update(zip(todo, map(tuple, map(zip, repeat(skeys), picked)), strict=True))
+    if '=""' in joined:
+        for raw, v in zip(todo, picked, strict=True):
+            if "" in v:
+                _LABEL_CACHE[raw] = tuple((k, x) for k, x in zip(skeys, v, strict=True) if x)
 
 
 def counter_like(name: str, types: Mapping[str, str]) -> bool:
@@ -251,6 +253,14 @@ class _Ctx:
         if c is None:
             c = self.counter_cache[name] = counter_like(name, self.types)
         return c
+
+    def series_many(self, raws: list[bytes]) -> bool:
+        """Intern many raw label strings already in the label cache; False if any is invalid."""
+        parsed = list(map(_LABEL_CACHE.get, raws))
+        if self.extra or not set(map(type, parsed)) <= {tuple}:
+            return not any(isinstance(self.series(r), str) for r in raws)
+        self.sids.update(zip(raws, map(self.builder.series_id, parsed), strict=True))  # type: ignore[arg-type]
+        return True
 
     def series(self, raw: bytes) -> int | str:
         """Series id for a raw label string (with extra labels merged), or why it is invalid."""
@@ -490,9 +500,8 @@ def _split_block(ctx: _Ctx, chunk: bytes, bname: bytes) -> tuple[list[bytes], li
     new = list(set(labs).difference(ctx.sids))
     if new:
         _parse_labels_bulk(new)
-        for rl in new:
-            if isinstance(ctx.series(rl), str):
-                return None
+        if not ctx.series_many(new):
+            return None
     sids = np.fromiter(map(ctx.sids.__getitem__, labs), np.int32, n)
     slots: list[bytes] = [b""] * (1 + 3 * n)
     slots[2::3] = [lab + b" " for lab in labs]
