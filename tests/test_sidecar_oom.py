@@ -34,7 +34,9 @@ def test_oversized_request_gets_a_clear_400_and_is_refused_before_the_engine() -
         ok = client.completions.create(model="fake-model", prompt="short", max_tokens=4)
         assert ok.choices[0].text.startswith("t0")
         assert p.sc.state is State.READY  # the replica is fine
-        assert _oom_count(httpx.get(p.url + "/metrics").text, "oversized_request") == 1
+        m = httpx.get(p.url + "/metrics")
+        assert m.headers["content-type"].startswith("text/plain; version=0.0.4")
+        assert _oom_count(m.text, "oversized_request") == 1
         assert [i.kind.value for i in p.sc.intents] == ["reject_request"]
         # The OOM event is published in the shape the decisions layer reads (OomEvent's fields).
         from fleethealth.decide.oom import OomClass, OomEvent, classify_oom

@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 from fastapi import FastAPI, HTTPException, Query, Request
 from fastapi.responses import JSONResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -30,6 +30,8 @@ from fleethealth.decide.model import State
 from fleethealth.serve.config import Clock, SidecarConfig
 from fleethealth.serve.gpu import ExporterGpuReader, GpuReader, NvmlGpuReader, nvml_present
 from fleethealth.serve.sidecar import Phase, Sidecar
+
+CONTENT_TYPE_0_0_4 = "text/plain; version=0.0.4; charset=utf-8"
 
 
 def _is_loopback(host: str | None) -> bool:
@@ -154,7 +156,8 @@ def create_app(config: SidecarConfig, clock: Clock | Callable[[], float] | None 
 
     @app.get("/metrics", tags=["probes"], summary="Prometheus metrics (classic text format)")
     async def metrics() -> Response:
-        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+        # Classic text format 0.0.4 (what every Prometheus parses; prometheus-client's "latest" is 1.0.0).
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_0_0_4)
 
     def admin(request: Request) -> None:
         if config.admin_loopback_only and not _is_loopback(request.client.host if request.client else None):
