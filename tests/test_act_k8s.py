@@ -122,9 +122,8 @@ def test_quarantine_page_evidence_then_active_test_and_release(cluster: KubeClus
         evidence = EvidenceCollector(tmp_path / "evidence", index, kube=kube,
                                      prometheus=PrometheusRange(f"http://127.0.0.1:{free_port()}", timeout_s=1),  # down
                                      tuple_history=lambda e: [{"ts": 1.0, "value": 0.05, "flags": ["xid:79"]}])
-        runner: ActuationRunner
-        node_act = KubeNodeActuator(kube, cfg, should_stop=lambda: runner.should_stop(), active_tests=tests)
-        pager = AlertmanagerPager(am.url, evidence_link=evidence.link)
+        node_act = KubeNodeActuator(kube, cfg, active_tests=tests)
+        pager = AlertmanagerPager(am.url)  # the runner links it to the evidence collector
         runner = ActuationRunner({
             IntentKind.NO_NEW_WORK: [node_act], IntentKind.CAPTURE_EVIDENCE: [evidence],
             IntentKind.QUARANTINE: [evidence, node_act], IntentKind.RUN_ACTIVE_TEST: [tests],
@@ -477,8 +476,7 @@ def test_kill_switch_stops_a_drain_in_progress(cluster: KubeCluster, tmp_path: P
     pdb(kube, "held7", {"app": "held7"})
     cfg = ActuationConfig(mode="enforce", enforce=frozenset({IntentKind.DRAIN}), drain_timeout_s=60.0,
                           drain_block_s=60.0, attempts_per_cycle=1)
-    runner: ActuationRunner
-    act = KubeNodeActuator(kube, cfg, should_stop=lambda: runner.should_stop())
+    act = KubeNodeActuator(kube, cfg)  # the runner binds its kill switch to the drain
     runner = ActuationRunner({IntentKind.DRAIN: [act]}, Ledger(tmp_path / "l.db"), cfg)
     threading.Timer(1.0, runner.kill, args=("operator",)).start()
     t0 = time.monotonic()
@@ -559,16 +557,9 @@ def test_fault_on_simulated_exporter_to_quarantine_and_back(cluster: KubeCluster
                 IntentKind.RELEASE: [node_act], IntentKind.RUN_ACTIVE_TEST: [tests],
                 IntentKind.SET_WEIGHT: [RouterActuator(WeightBoard())],
             }, Ledger(tmp_path / "ledger.db"), cfg)
-            seen: set[tuple[str, str]] = set()
-
             def test_events(now: float) -> list[Event]:
-                out = []
-                for r in tests.rounds():
-                    if r.verdict in ("passed", "failed") and (r.entity, r.round) not in seen:
-                        seen.add((r.entity, r.round))
-                        out.append(Event(now, "active_test", r.entity, passed=r.verdict == "passed",
-                                         actor=f"job/{r.job}"))
-                return out
+                return [Event(now, "active_test", r.entity, passed=r.verdict == "passed", actor=f"job/{r.job}")
+                        for r in tests.new_verdicts()]
 
             source = PrometheusSource(prom.url, policy, timeout_s=2)
             ctl = Controller(policy, [source], interval_s=0.5, runner=runner, events=test_events)

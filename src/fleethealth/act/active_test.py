@@ -107,6 +107,7 @@ class ActiveTests:
         self.cfg = config or ActuationConfig()
         self.default_tests = default_tests or ["dcgm_diag_r2", "nccl_bandwidth"]
         self.clock = clock
+        self._seen_rounds: set[tuple[str, str]] = set()
 
     def apply(self, intent: Intent) -> Outcome:
         if intent.tier in (Tier.POD, Tier.INSTANCE):
@@ -176,6 +177,17 @@ class ActiveTests:
                                         job=",".join(sorted(r.job for r in rs)), round=rnd,
                                         ts=max(r.ts for r in rs)))
         return sorted(out, key=lambda r: (r.ts, r.job))
+
+    def new_verdicts(self) -> list[ActiveTestResult]:
+        """Rounds that finished (passed or failed) since the last call, each once: the controller turns
+        them into ``active_test`` events for the decisions layer."""
+        seen = self._seen_rounds
+        out = []
+        for r in self.rounds():
+            if r.verdict in ("passed", "failed") and (r.entity, r.round) not in seen:
+                seen.add((r.entity, r.round))
+                out.append(r)
+        return out
 
     def latest_verdict(self, node: str) -> str:
         """passed only if every test of the node's latest round passed; none if no test ever ran."""

@@ -201,17 +201,26 @@ class KubeNodeActuator:
 
     def __init__(self, kube: Kube, config: ActuationConfig | None = None, *,
                  clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep,
-                 should_stop: Callable[[], bool] = lambda: False,
+                 should_stop: Callable[[], bool] | None = None,
                  active_tests: Any = None, event_namespace: str = "default") -> None:
         self.kube = kube
         self.cfg = config or ActuationConfig()
         self.clock = clock
         self.sleep = sleep
-        self.should_stop = should_stop
+        self._should_stop = should_stop
         # An ActiveTests instance: RELEASE needs its word that the node passed.
         self.active_tests = active_tests
         self.event_namespace = event_namespace
         self._drain_started: dict[str, float] = {}
+
+    def should_stop(self) -> bool:
+        return self._should_stop() if self._should_stop is not None else False
+
+    def bind_stop(self, should_stop: Callable[[], bool]) -> None:
+        """The runner hands over its kill switch and leadership (unless one was given explicitly), so a
+        drain in progress stops at once when actuation is killed or leadership is lost."""
+        if self._should_stop is None:
+            self._should_stop = should_stop
 
     def apply(self, intent: Intent) -> Outcome:
         try:

@@ -85,6 +85,11 @@ class AlertmanagerPager:
         self.generator_url = generator_url
         self.clock = clock
 
+    def bind_evidence(self, link: Callable[[str], str | None]) -> None:
+        """The runner hands over the evidence collector's lookup (unless one was given explicitly)."""
+        if self.evidence_link is None:
+            self.evidence_link = link
+
     def apply(self, intent: Intent) -> Outcome:
         link = self.evidence_link(intent.entity) if self.evidence_link else None
         alert = alert_for(intent, self.clock(), link, self.generator_url)

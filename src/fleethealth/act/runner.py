@@ -71,6 +71,20 @@ class ActuationRunner:
         self.sleep = sleep
         self.is_leader = is_leader or (lambda: True)
         self.on_result = on_result
+        self._bind()
+
+    def _bind(self) -> None:
+        """Wire actuators to each other's facilities so safety never depends on wiring by hand: long
+        actions (drains) stop on the kill switch or lost leadership; pages link the latest evidence."""
+        acts = {id(a): a for route in self.routes.values() for a in route}.values()
+        links = [getattr(a, "link") for a in acts if callable(getattr(a, "link", None))]  # noqa: B009
+        for a in acts:
+            bind_stop = getattr(a, "bind_stop", None)
+            if callable(bind_stop):
+                bind_stop(self.should_stop)
+            bind_evidence = getattr(a, "bind_evidence", None)
+            if callable(bind_evidence) and links:
+                bind_evidence(links[0])
 
     # -- kill switch ---------------------------------------------------------------------------------
     def kill(self, reason: str = "") -> None:
