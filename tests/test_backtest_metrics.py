@@ -97,6 +97,20 @@ def test_correlated_group_budget_and_page() -> None:
     assert g["budget_held"] is False and g["paged"] is False and g["quarantined"] == 6
 
 
+def test_regressed_build_wants_a_page_about_the_version_not_quarantines() -> None:
+    truths = [gt("llama-000", "serving_build_regression", 600, faulty=False, action="page", kind="replica",
+                 group="build:v0.7.0"),
+              gt("node-09", "serving_build_regression", 600, faulty=False, action="none")]
+    failed_page = Intent(T0 + 900, IntentKind.PAGE, "node-03", "event:test_failed", {}, None)
+    s = score(ArmLog("q", transitions=[tr(900, "llama-000", State.QUARANTINED)], intents=[failed_page]), truths)
+    assert s.metrics["false_quarantines"] == 1 and s.metrics["precision"] == 0.0
+    assert [o.action_ok for o in s.outcomes] == [False]
+    version_page = Intent(T0 + 700, IntentKind.PAGE, "version/build=v0.7.0", "version_correlation", {}, None)
+    s = score(ArmLog("p", intents=[version_page]), truths)
+    assert s.metrics["quarantines"] == 0 and [o.action_ok for o in s.outcomes] == [True]
+    assert s.outcomes[0].response_s == 100
+
+
 def test_flaps_exclude_warm_up() -> None:
     trs = []
     for n in NODES:

@@ -7,8 +7,11 @@ Definitions (also in the README's backtest section):
   or a replica on it) is faulty with expected action ``quarantine`` and that fault was active at the time
   (or ended less than ``grace_s`` before). A quarantine of a node whose truth is ``schedule_reset`` (a
   pending row remap: reset, do not repair) is *false*. Quarantines of members of a correlated event
-  (truth ``group``, e.g. a bad driver rollout) are judged as a group, not one by one: they are neither
-  true nor false positives; the group's check is that the budget held and a human was paged.
+  (truth ``group`` on a faulty entity, e.g. a bad driver rollout) are judged as a group, not one by one:
+  they are neither true nor false positives; the group's check is that the budget held and a human was
+  paged about the event (a page for an exhausted budget, a suspect version or a TP-group limit; a page for
+  one node failing its active test does not count). Quarantining a replica of a regressed build (truth
+  ``group`` but not faulty) is false.
 * **precision** = true / (true + false) quarantines; **1.0 when there were no quarantines** (none was
   wrong; a miss shows in recall). **recall** = caught incidents / incidents due a quarantine; **1.0 when
   none was due**. An incident is one injected fault on one node (its node, GPU and replica truth rows
@@ -52,6 +55,9 @@ ACTION_INTENT = {
     "page": IntentKind.PAGE,
 }
 WARMUP_STATES = frozenset({State.STARTING, State.WARMING})
+_RANK = {"none": 0, "quarantine": 4, "schedule_reset": 3, "page": 2}
+# Pages about a correlated event (as opposed to one node failing its active test).
+CORRELATED_PAGES = frozenset({"budget_exhausted", "version_correlation", "tp_group_limit"})
 
 
 @dataclass(slots=True)
@@ -107,10 +113,12 @@ def incidents(truths: Iterable[GroundTruth], replica_node: dict[str, str]) -> li
                                 g.detail)
             continue
         inc.entities.add(g.entity)
-        # a fault's rows agree on expected action but for OOM device faults (replica/gpu/node): keep the
-        # strongest one for the incident
-        if g.expected_action == "quarantine" and g.faulty:
-            inc.expected, inc.faulty = "quarantine", True
+        # one fault's rows on one node may differ (a build regression: the replica wants a page, its node
+        # nothing; an OOM device fault: replica, GPU and node): the incident takes the strongest
+        if _RANK.get(g.expected_action, 1) > _RANK.get(inc.expected, 1):
+            inc.expected = g.expected_action
+        inc.faulty = inc.faulty or g.faulty
+        inc.group = inc.group or g.group
     return sorted(out.values(), key=lambda i: (i.onset, i.node, i.fault))
 
 
@@ -153,7 +161,9 @@ def score_arm(
         if any(i.faulty and i.expected == "quarantine" and i.group is None for i in here):
             tp += 1
             continue
-        grp = next((i.group for i in here if i.group is not None), None)
+        # only faulty members of a correlated event are judged as a group (budget-bounded quarantines of
+        # a bad driver rollout are fine); quarantining a replica of a regressed build is still false
+        grp = next((i.group for i in here if i.group is not None and i.faulty), None)
         if grp is not None:
             grouped += 1
             group_q[grp].append((ts, ent))
@@ -204,7 +214,7 @@ def score_arm(
             ok = any(inc.active(ts, grace_s) and node_of(e, replica_node) == inc.node for ts, e in quarantines)
             caught += ok
         elif inc.expected == "page":
-            ok = any(inc.active(ts, grace_s) for ts, _ in pages)
+            ok = any(inc.active(ts, grace_s) and (inc.group is None or r in CORRELATED_PAGES) for ts, r in pages)
         else:
             kind = ACTION_INTENT.get(inc.expected)
             ok = kind is not None and any(inc.active(ts, grace_s) for k in keys
@@ -231,7 +241,7 @@ def score_arm(
             for k, t0 in enumerate(times):
                 if sum(1 for t in times[k:] if t - t0 < policy.budgets.window_s) > allowed:
                     held = False
-        paged = any(ts >= onset for ts, _ in pages)
+        paged = any(ts >= onset and r in CORRELATED_PAGES for ts, r in pages)
         groups.append({"group": gname, "members": len(members), "faulty": sum(i.faulty for i in members),
                        "quarantined": len(qs), "budget_held": held, "paged": paged})
 
