@@ -413,3 +413,10 @@ def test_property_template_path_agrees_with_careful_path(text: str) -> None:
     finally:
         ex._fast_block = orig
     assert fast == careful
+
+
+def test_empty_label_values_mean_absent_in_both_label_paths() -> None:
+    # Twelve GPUs so that the bulk template path parses them; spaced "= """ on purpose.
+    text = "".join(f'm{{gpu="{g}", pod= "{"p" if g % 2 else ""}"}} {g}\n' for g in range(12))
+    got = {lab["gpu"]: lab.get("pod") for _, lab, _, _ in rows(text)}
+    assert got == {str(g): ("p" if g % 2 else None) for g in range(12)}

@@ -2,17 +2,25 @@
 
 Theory of operation. A scrape of dcgm-exporter is blocks of lines, one block per metric family (`# HELP`,
 `# TYPE`, then one line per GPU), and every GPU's label string `{gpu="0",UUID=...}` is byte-identical
-across all of its metrics. So the text is split at comment lines into blocks, and a block whose lines all
-start with the same `name{` goes through a fast path made of C-level bytes operations only: strip the
-name, split each line at `} ` into (raw label string, value), intern the raw label string (parsed once,
-the first time it is seen, then a dict hit), convert values with one `map(float, ...)`, and check values
-(NaN, Inf, DCGM blank sentinels, negative counters) with numpy. Anything the fast path cannot prove
-well-formed (mixed names as in histograms, timestamps, exemplars, odd spacing, a broken line) falls back,
-per block, to a careful line-by-line parser that reports each bad line with its number. Both paths give
-the same samples; the fast path only exists because 100k GPUs x 25 fields must parse in seconds.
+across all of its metrics and in the same order in every block. The text is cut at comment lines into
+blocks (offsets, no copies), and a block whose lines all start with the same `name{` takes a fast path
+made only of C-level bytes, regex and numpy operations, no Python per line:
+
+- first such block: strip the name, split every line at `} ` into (raw label string, value); intern each
+  raw label string once (new ones are parsed together through a template regex built from the first,
+  see ``_parse_labels_bulk``; later parses of the same exporter hit a cache);
+- every later block with the same label sequence: pull out only the values with one regex, rebuild the
+  text the known labels would give with those values, and compare it with the block in place; equality
+  proves the shape, so the series ids are reused as they are;
+- values: numpy's integer reader for plain digits, else int(), else float() (same floats as float());
+  NaN, Inf, DCGM blank sentinels and negative counters are found with numpy and become issues.
+
+Anything the fast path cannot prove (mixed names as in histograms, timestamps, exemplars, odd spacing,
+a broken line) falls back, per block, to a careful line-by-line parser that reports each bad line with
+its number. Property tests check that both paths, and prometheus-client, read the same samples.
 
 Bad input never raises and never becomes a value: it becomes an ``InputIssue(source, line, reason,
-text)`` on the snapshot.
+text)`` on the snapshot. Empty label values mean "label absent", as in Prometheus.
 """
 
 from __future__ import annotations
@@ -182,7 +190,7 @@ def _parse_labels_bulk(raws: list[bytes]) -> None:
     # C-level loops (map/zip) build the pairs; a Python loop only for the rare strings with empty values.
     picked = list(map(pick, found))
     _LABEL_CACHE.update(zip(todo, map(tuple, map(zip, repeat(skeys), picked)), strict=True))
-    if '=""' in joined:
+    if '""' in joined:  # an empty value (values with escapes never get here: the template refuses them)
         for raw, v in zip(todo, picked, strict=True):
             if "" in v:
                 _LABEL_CACHE[raw] = tuple((k, x) for k, x in zip(skeys, v, strict=True) if x)
