@@ -119,3 +119,13 @@ def test_deploy_manifests_parse_and_the_controller_config_validates() -> None:
     ds = docs["agent.yaml"][0]
     tol = ds["spec"]["template"]["spec"]["tolerations"]
     assert {"key": "fleethealth.io/unhealthy", "operator": "Exists"} in tol  # keeps reporting in quarantine
+
+
+def test_intent_state_names_unknown_and_params() -> None:
+    from fleethealth.act.kube import intent_state
+    from fleethealth.decide.model import Intent, IntentKind, Tier
+
+    assert intent_state(Intent(0, IntentKind.QUARANTINE, "n", "r", {}, Tier.NODE)) == "QUARANTINED"
+    assert intent_state(Intent(0, IntentKind.NO_NEW_WORK, "n", "r", {"value": None}, Tier.NODE)) == "UNKNOWN"
+    assert intent_state(Intent(0, IntentKind.NO_NEW_WORK, "n", "r", {"value": 0.6}, Tier.NODE)) == "DEGRADED"
+    assert intent_state(Intent(0, IntentKind.DRAIN, "n", "r", {"state": "DRAINING"}, Tier.NODE)) == "DRAINING"

@@ -51,6 +51,8 @@ def intent_state(intent: Intent) -> str:
     st = intent.params.get("state")
     if isinstance(st, str) and st:
         return st
+    if intent.kind == IntentKind.NO_NEW_WORK and "value" in intent.params and intent.params["value"] is None:
+        return "UNKNOWN"  # no fresh data: nothing new goes there, but nothing says it is degraded
     return {
         IntentKind.QUARANTINE: State.QUARANTINED, IntentKind.NO_NEW_WORK: State.DEGRADED,
         IntentKind.DRAIN: State.DRAINING, IntentKind.RELEASE: State.RECOVERING,
