@@ -31,7 +31,7 @@ import numpy as np
 from fleethealth.policy import Policy, SignalSpec
 from fleethealth.score import shapes
 from fleethealth.score.health import REASON_NO_FRESH_DATA, EntityKind, HealthTuple, SignalDetail
-from fleethealth.signals.snapshot import InputIssue, LabelSet, Snapshot
+from fleethealth.signals.snapshot import InputIssue, LabelSet, Snapshot, order_by_series_time
 from fleethealth.signals.xid import classify_xid
 
 Consumer = Literal["training", "serving", "remediation"]
@@ -172,25 +172,13 @@ def _is_counter(spec: SignalSpec) -> bool:
     return spec.kind == "counter"
 
 
-def _order_by_series_ts(series: np.ndarray, ts: np.ndarray) -> np.ndarray:
-    """Order by (series, ts) with one sort of a combined float key (series major, time minor), which
-    is several times faster than a lexsort; exact while series x time span stays below 2**52."""
-    if series.size == 0:
-        return np.zeros(0, np.int64)
-    t0 = float(ts.min())
-    span = float(ts.max()) - t0 + 1.0
-    if float(series.max()) * span < 2.0**52 / 1024:
-        return np.argsort(series.astype(np.float64) * span + (ts - t0))
-    return np.lexsort((ts, series))
-
-
 def _latest_per_series(series: np.ndarray, ts: np.ndarray) -> np.ndarray:
     """Positions (into the given arrays) of the latest sample of each series."""
     if series.size == 0:
         return np.zeros(0, np.int64)
     if np.bincount(series).max() <= 1:  # one sample per series: each is its own latest
         return np.arange(series.size)
-    order = _order_by_series_ts(series, ts)
+    order = order_by_series_time(series, ts)
     s = series[order]
     last = np.ones(s.size, bool)
     last[:-1] = s[1:] != s[:-1]
@@ -204,7 +192,7 @@ def _increase_per_series(
 
     Returns (series ids, increase, first ts, last ts, last value); series with one sample have NaN.
     """
-    order = _order_by_series_ts(series, ts)
+    order = order_by_series_time(series, ts)
     s, v, t = series[order], values[order], ts[order]
     if s.size == 0:
         e = np.zeros(0)
@@ -498,7 +486,7 @@ def _evaluate_xid(
         # DCGM's last-Xid field keeps its value until the exporter restarts, so a value is an occurrence
         # only when it *started* within the Xid window: the start of the series' final run of equal
         # values (the history keeps that start). With no earlier evidence the first sample is the start.
-        order = _order_by_series_ts(ser, ts)
+        order = order_by_series_time(ser, ts)
         s_o, v_o, t_o, e_o = ser[order], vals[order], ts[order], ent[order]
         new_run = np.ones(s_o.size, bool)
         new_run[1:] = (s_o[1:] != s_o[:-1]) | (v_o[1:] != v_o[:-1])
@@ -526,7 +514,6 @@ def _evaluate_xid(
     for e, code in sorted(codes):
         cls = classify_xid(code, xp.gate_buckets, xp.gate_xids, xp.app_xids, xp.reset_xids)
         res.flags.append((e, f"xid:{code}"))
-        sub[e] = sub[e] if not np.isnan(sub[e]) else 1.0
         if cls == "gate":
             sub[e] = 0.0
             res.notes[e] = f"Xid {code} gates the GPU (needs reset or reboot)"

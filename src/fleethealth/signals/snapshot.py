@@ -181,3 +181,16 @@ def window(snap: Snapshot, start: float, end: float) -> Snapshot:
         end, snap.metrics, snap.labelsets, snap.metric_ids[keep], snap.series_ids[keep], snap.values[keep],
         snap.ts[keep], list(snap.issues), list(snap.source_errors),
     )
+
+
+def order_by_series_time(series: np.ndarray, ts: np.ndarray) -> np.ndarray:
+    """Permutation ordering samples by (series, time), with one sort of a combined float key (series
+    major, time minor): several times faster than ``np.lexsort``; exact while series x time span stays
+    far below 2**52, with a lexsort fallback otherwise."""
+    if series.size == 0:
+        return np.zeros(0, np.int64)
+    t0 = float(ts.min())
+    span = float(ts.max()) - t0 + 1.0
+    if float(series.max()) * span < 2.0**52 / 1024:
+        return np.argsort(series.astype(np.float64) * span + (ts - t0))
+    return np.lexsort((ts, series))
