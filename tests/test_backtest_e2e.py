@@ -14,7 +14,6 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 from typer.testing import CliRunner
 
@@ -157,21 +156,3 @@ def test_table_output_and_errors(tmp_path: Path) -> None:
     assert r.exit_code == 2 and "unknown baseline" in r.output
     r = cli.invoke(app, ["backtest", "--scenario", str(sc), "--format", "xml"])
     assert r.exit_code == 2
-
-
-def test_fast_history_matches_the_plain_one() -> None:
-    from fleethealth.backtest.history import FastHistory
-    from fleethealth.policy import default_policy
-    from fleethealth.signals.history import SignalHistory
-    from fleethealth.sim import Simulation, parse_scenario
-
-    sim = Simulation(parse_scenario(SMALL).with_overrides(duration=900.0))
-    p = default_policy()
-    a, b = SignalHistory(p), FastHistory(p)
-    for k, (t, snap) in enumerate(sim.steps()):
-        a.add(snap)
-        b.add(snap)
-        if k % 20 == 19:
-            va, vb = a.view(t), b.view(t)
-            for f in ("metric_ids", "series_ids", "values", "ts"):
-                assert np.array_equal(getattr(va, f), getattr(vb, f), equal_nan=True), f

@@ -36,9 +36,9 @@ from fleethealth.backtest.arms import (
     engine_scorer,
 )
 from fleethealth.backtest.events import EngineLimits, World, oom_event
-from fleethealth.backtest.history import FastHistory
 from fleethealth.decide.state import Event
 from fleethealth.policy import Policy
+from fleethealth.signals.history import SignalHistory
 from fleethealth.sim.scenario import Scenario
 from fleethealth.sim.simulation import Simulation
 from fleethealth.sim.truth import GroundTruth
@@ -185,7 +185,7 @@ def run_backtest(
     truths = sim.ground_truth
     replica_node = {r.name: f.nodes[r.node] for r in f.replicas}
     inventory = {"node": list(f.nodes)}
-    history = SharedHistory(FastHistory(policy))
+    history = SharedHistory(SignalHistory(policy))
     structural = StructuralTracker(node_labels=policy.node_labels, max_age_s=policy.freshness.max_age_s,
                                    future_skew_s=policy.freshness.future_skew_s)
     engine_arms: list[EngineArm] = []
