@@ -244,3 +244,18 @@ def test_ledger_counts_and_prune_keep_retrying_actions(tmp_path: Path) -> None:
     assert r.status()["actions"] == {"applied": 1, "retrying": 1}
     assert r.ledger.prune(clock.t + 1) == 1
     assert r.ledger.counts() == {"retrying": 1} and r.ledger.attempts(q(n=1).key) == []
+
+
+def test_actuators_as_a_list_route_by_their_kinds_and_mode_shorthand(tmp_path: Path) -> None:
+    class Pager(Recorder):
+        kinds = frozenset({IntentKind.PAGE})
+
+    class Node(Recorder):
+        kinds = frozenset({IntentKind.QUARANTINE, IntentKind.NO_NEW_WORK})
+
+    pager, node = Pager("pager"), Node("node")
+    r = ActuationRunner([pager, node], Ledger(tmp_path / "l.db"), "enforce")
+    assert r.submit(q(kind=IntentKind.PAGE))[0].actuator == "pager"
+    assert [x.status for x in r.submit(q())] == ["applied"] and node.calls
+    assert r.submit(q(kind=IntentKind.SET_WEIGHT))[0].status == "unrouted"
+    assert ActuationRunner([node], Ledger(tmp_path / "m.db"), "advise").submit(q(n=3))[0].status == "advised"

@@ -53,7 +53,7 @@ class ActionResult:
 class ActuationRunner:
     def __init__(
         self,
-        actuators: Mapping[IntentKind, Sequence[Actuator]],
+        actuators: Mapping[IntentKind, Sequence[Actuator]] | Sequence[Actuator],
         ledger: Ledger,
         config: ActuationConfig | str | None = None,
         *,
@@ -62,10 +62,21 @@ class ActuationRunner:
         is_leader: Callable[[], bool] | None = None,
         on_result: Callable[[ActionResult], None] | None = None,
     ) -> None:
-        if config is None or isinstance(config, str):
-            config = ActuationConfig(mode=config or "advise")  # type: ignore[arg-type]
+        if config is None:
+            config = ActuationConfig()
+        elif isinstance(config, str):
+            # The shorthand "enforce" means every kind; a config object names the kinds one by one.
+            config = ActuationConfig(mode=config, enforce=frozenset(IntentKind) if config == "enforce"  # type: ignore[arg-type]
+                                     else frozenset())
         self.config = config
-        self.routes = {k: list(v) for k, v in actuators.items()}
+        if isinstance(actuators, Mapping):
+            self.routes = {IntentKind(k): list(v) for k, v in actuators.items()}
+        else:
+            # A plain list: each actuator serves the kinds it declares, in list order (evidence first).
+            self.routes = {}
+            for a in actuators:
+                for kind in getattr(a, "kinds", ()):
+                    self.routes.setdefault(IntentKind(kind), []).append(a)
         self.ledger = ledger
         self.clock = clock
         self.sleep = sleep
