@@ -115,3 +115,10 @@ def test_bad_lines_in_a_readable_file_are_issues_not_errors(tmp_path: Path) -> N
     assert [(m, v) for m, _, v, _ in snap.rows()] == [("ok", 1.0)]
     assert [(i.source, i.line) for i in snap.issues] == [(str(p), 2), (str(p), 3)]
     assert snap.source_errors == []
+
+
+def test_malformed_url_is_a_source_error_not_an_exception() -> None:
+    snap = read_inputs(["http://"], at=NOW, timeout_s=2)
+    assert len(snap) == 0
+    assert [e.source for e in snap.source_errors] == ["http://"]
+    assert snap.source_errors[0].reason.startswith("cannot fetch")

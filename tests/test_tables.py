@@ -153,3 +153,12 @@ def test_large_recording_is_columnar_fast(tmp_path: Path) -> None:
     assert len(back) == len(snap) == 2000 * 25 - 40
     assert len(back.labelsets) == 2000
     assert all(math.isfinite(v) for v in back.values[:100].tolist())
+
+
+def test_odd_but_readable_tables(tmp_path: Path) -> None:
+    bom = tmp_path / "excel.csv"
+    bom.write_bytes(b"\xef\xbb\xbfts,metric,value,gpu\r\n1,a,2,0\r\n")
+    assert sorted(our_rows(read_table(bom))) == [("a", (("gpu", "0"),), 2.0, 1.0)]
+    nested = tmp_path / "nested.jsonl"
+    nested.write_text('{"ts": 1, "metric": "a", "value": 2, "meta": {"x": 1}, "on": true}\n')
+    assert sorted(our_rows(read_table(nested))) == [("a", (("meta", '{"x": 1}'), ("on", "true")), 2.0, 1.0)]

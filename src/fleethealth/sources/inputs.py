@@ -43,7 +43,7 @@ def fetch_url(url: str, timeout_s: float) -> tuple[bytes, str] | str:
         # Classic text first: prometheus-client rewrites vllm: names to vllm_ when serving OpenMetrics.
         r = httpx.get(url, timeout=timeout_s, headers={"Accept": _ACCEPT}, follow_redirects=True)
         r.raise_for_status()
-    except (httpx.HTTPError, OSError, ValueError) as e:
+    except (httpx.HTTPError, httpx.InvalidURL, OSError, ValueError) as e:
         return describe_http_error(e)
     return r.content, r.headers.get("content-type", "")
 

@@ -69,6 +69,8 @@ def read_table(path: str | Path) -> Snapshot:
         raise InputError(f"{p}: cannot read: not a table (use .csv, .jsonl, .ndjson or .parquet, optionally .gz)")
     kind, gz = fmt
     raw = _read_bytes(p, gz)
+    if raw.startswith(b"\xef\xbb\xbf"):  # a UTF-8 byte-order mark (spreadsheet exports)
+        raw = raw[3:]
     source = str(p)
     issues: list[InputIssue] = []
     if kind == "csv":
@@ -226,7 +228,10 @@ def _codes(arr: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, list[str | None
     if isinstance(arr, pa.ChunkedArray):
         arr = arr.combine_chunks()
     if not (pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type)):
-        arr = pc.cast(arr, pa.string())
+        try:
+            arr = pc.cast(arr, pa.string())
+        except (pa.ArrowException, ValueError):  # nested JSON values and the like: their JSON text
+            arr = pa.array([None if v is None else _jstr(v) for v in arr.to_pylist()], pa.string())
     enc = pc.dictionary_encode(arr)
     dictionary: list[str | None] = enc.dictionary.to_pylist()
     codes = np.asarray(enc.indices.fill_null(-1).to_numpy(zero_copy_only=False), np.int64)
