@@ -45,6 +45,7 @@ class Behavior:
     max_model_len: int = 4096
     kv_cache_usage: float = 0.3
     token_padding: int = 0  # extra bytes per streamed token (to fill socket buffers in tests)
+    export_metrics: bool = True  # False: /metrics answers 404 (an engine without Prometheus metrics)
 
 
 class FakeEngine:
@@ -87,6 +88,8 @@ class FakeEngine:
 
         @app.get("/metrics")
         async def metrics() -> PlainTextResponse:
+            if not self.behavior.export_metrics:
+                return PlainTextResponse("not found", status_code=404)
             m = f'model_name="{self.model}",engine="0"'
             text = (
                 "# TYPE vllm:num_requests_running gauge\n"

@@ -72,6 +72,20 @@ def test_hung_non_streaming_work_seen_through_engine_metrics() -> None:
         wait_until(lambda: _status(p.url + "/livez") == 200, 5, 0.05)
 
 
+def test_hung_non_streaming_work_without_engine_metrics() -> None:
+    # An engine with no token counter: a non-streaming request past the timeout is the sign of a hang.
+    with running_pair(liveness_timeout_s=0.8, max_drain_seconds=0.5) as p:
+        p.engine.set(export_metrics=False, mode="hang")
+        t = threading.Thread(target=lambda: httpx.post(
+            p.url + "/v1/completions", json={"model": "fake-model", "prompt": "x", "max_tokens": 5}, timeout=30),
+            daemon=True)
+        t.start()
+        wait_until(lambda: _status(p.url + "/livez") == 503, 5, 0.05)
+        p.engine.set(mode="normal")
+        t.join(10)
+        wait_until(lambda: _status(p.url + "/livez") == 200, 5, 0.05)
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

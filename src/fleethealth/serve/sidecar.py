@@ -367,18 +367,25 @@ class Sidecar:
                     self.model_max_len = int(mml) if isinstance(mml, int | float) else None
             except (httpx.HTTPError, ValueError, AttributeError):
                 pass
+        vals: dict[str, float] = {}
         if up:
             try:
                 r = await self.client.get("/metrics", timeout=c.health_timeout_s)
                 if r.status_code == 200:
                     vals = engine_values(r.text)
-                    self.engine = vals
-                    running = vals.get("vllm:num_requests_running", vals.get("sglang:num_running_reqs"))
-                    self.progress.observe_engine(now, running, vals.get("vllm:generation_tokens_total"))
                     self.metrics_window.append({"ts": now, **vals, "proxy_in_flight": len(self.active),
                                                 "proxy_queued": self.admission.queued})
             except httpx.HTTPError:
                 pass
+        # Engine figures we could not read are unknown, not their last value: a stale "running" would
+        # look like a hang, a stale token counter would hide one.
+        self.engine = vals
+        gen = vals.get("vllm:generation_tokens_total")
+        if gen is None:
+            self.progress.last_gen_tokens = None
+        running = vals.get("vllm:num_requests_running", vals.get("sglang:num_running_reqs"))
+        self.progress.observe_engine(now, running if running is not None else 0.0, gen)
+        self._update_active(now)
         was_up = self.engine_up
         if up:
             self.engine_fail_streak = 0
@@ -724,10 +731,12 @@ class Sidecar:
         self.samples.append(rec.sample())
 
     def _update_active(self, now: float) -> None:
-        # Only streams count as proxy-visible work: a long non-streaming request shows no chunk until it
-        # ends, so its progress comes from the engine's token counter instead.
+        # A long non-streaming request shows no chunk until it ends: when the engine exports a token
+        # counter its progress comes from there, and only streams count as proxy-visible work. Without a
+        # counter, a non-streaming request running past the timeout is the only sign of a hang left.
+        counted = self.progress.last_gen_tokens is None
         self.progress.set_proxy_active(
-            sum(1 for r in self.active if r.stream and r.phase in (Phase.SENT, Phase.DECODING)), now)
+            sum(1 for r in self.active if (r.stream or counted) and r.phase in (Phase.SENT, Phase.DECODING)), now)
 
     def _unavailable(self, message: str, code: str = "replica_unavailable") -> JSONResponse:
         self.outcomes[f"rejected_{code}"] += 1
