@@ -580,7 +580,7 @@ class Sidecar:
         cs["requests"] += 1
         if not ok:
             cs["errors"] += 1
-        if rec.first_at is not None and rec.sent_at is not None:
+        if rec.stream and rec.first_at is not None and rec.sent_at is not None:  # non-streams have no TTFT
             cs["ttft_sum"] += rec.first_at - rec.sent_at
             cs["ttft_n"] += 1
         if rec.chunks > 1:
