@@ -292,6 +292,20 @@ def test_noexecute_only_when_configured(cluster: KubeCluster) -> None:
     assert effects == {"NoSchedule", "NoExecute"}
 
 
+def test_no_fresh_data_is_unknown_not_unhealthy(cluster: KubeCluster) -> None:
+    kube = cluster.kube()
+    cluster.add_node("gpu-node-14")
+    act = KubeNodeActuator(kube, ActuationConfig())
+    assert act.apply(Intent(1.0, IntentKind.NO_NEW_WORK, "gpu-node-14", "no_fresh_data",
+                            {"value": None, "confidence": 0.0}, Tier.NODE)).ok
+    n = kube.get_node("gpu-node-14")
+    assert n["spec"]["unschedulable"] is True  # nothing new lands on an unknown node
+    assert n["metadata"]["labels"]["fleethealth.io/state"] == "UNKNOWN"
+    assert n["metadata"]["labels"]["fleethealth.io/score-band"] == "unknown"
+    cond = next(c for c in n["status"]["conditions"] if c["type"] == "GPUHealthy")
+    assert cond["status"] == "Unknown" and cond["reason"] == "NoFreshData"
+
+
 def test_operator_cordon_is_not_lifted_by_us(cluster: KubeCluster, tmp_path: Path) -> None:
     kube = cluster.kube()
     cluster.add_node("gpu-node-op")

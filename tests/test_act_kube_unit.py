@@ -68,6 +68,8 @@ def test_condition_keeps_transition_time_and_is_none_when_unchanged() -> None:
     assert c2 is not None and c2["lastTransitionTime"] == c1["lastTransitionTime"]
     c3 = condition(node, "GPUHealthy", True, "recovered", "ok", 300.0)
     assert c3 is not None and c3["lastTransitionTime"] != c1["lastTransitionTime"]
+    c4 = condition(node, "GPUHealthy", None, "no_fresh_data", "stale", 400.0)
+    assert c4 is not None and c4["status"] == "Unknown" and c4["reason"] == "NoFreshData"
 
 
 def test_label_values_and_bands() -> None:

@@ -86,10 +86,10 @@ def _taint_set(taints: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
     return {(str(t.get("key")), str(t.get("value", "")), str(t.get("effect"))) for t in taints}
 
 
-def condition(node: dict[str, Any], ctype: str, healthy: bool, reason: str, message: str,
+def condition(node: dict[str, Any], ctype: str, healthy: bool | None, reason: str, message: str,
               now: float) -> dict[str, Any] | None:
     """The condition to write, or None when the node already says exactly this."""
-    status = "True" if healthy else "False"
+    status = "Unknown" if healthy is None else "True" if healthy else "False"
     reason_cc = "".join(p[:1].upper() + p[1:] for p in _words(reason)) or "Unknown"
     old = next((c for c in node.get("status", {}).get("conditions", []) or [] if c.get("type") == ctype), None)
     if old and old.get("status") == status and old.get("reason") == reason_cc and old.get("message") == message:
@@ -244,7 +244,10 @@ class KubeNodeActuator:
             res = self._drain(intent, node)
             return _merge(res, changed)
         if k == IntentKind.NO_NEW_WORK:
-            return Outcome.success(**self._mark(intent, node, cordon=True, taint=True, healthy=False))
+            # No fresh data is not evidence of a fault: the condition says Unknown, not False.
+            unknown = intent_state(intent) == "UNKNOWN"
+            return Outcome.success(**self._mark(intent, node, cordon=True, taint=True,
+                                                healthy=None if unknown else False))
         if k == IntentKind.DRAIN:
             changed = self._mark(intent, node, cordon=True, taint=True, healthy=False)
             return _merge(self._drain(intent, node), changed)
@@ -263,8 +266,11 @@ class KubeNodeActuator:
             # params: condition (type, default GPUHealthy), status (True = the condition holds) or healthy.
             value, _, _ = tuple_facts(intent)
             ctype = str(intent.params.get("condition") or self.cfg.condition_type)
+            holds: bool | None
             if "status" in intent.params:
-                holds = bool(intent.params["status"])
+                holds = None if intent.params["status"] is None else bool(intent.params["status"])
+            elif "healthy" not in intent.params and value is None:
+                holds = None  # no fresh data: Unknown
             else:
                 healthy = bool(intent.params.get("healthy", value is not None and value >= 0.7))
                 holds = healthy if ctype == self.cfg.condition_type else not healthy
@@ -280,7 +286,7 @@ class KubeNodeActuator:
 
     # -- node marking --------------------------------------------------------------------------------
     def _mark(self, intent: Intent, node: str, *, cordon: bool | None, taint: bool | None,
-              healthy: bool, condition_type: str | None = None, state_label: bool = True) -> dict[str, Any]:
+              healthy: bool | None, condition_type: str | None = None, state_label: bool = True) -> dict[str, Any]:
         """Cordon/taint/label the node and set the condition; write only what differs. Returns changes."""
         cfg = self.cfg
         state = intent_state(intent)
