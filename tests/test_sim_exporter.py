@@ -117,8 +117,7 @@ def test_real_prometheus_scrapes_the_simulator() -> None:
     with SimExporterServer(sim, port=0, speed=15.0) as srv, prometheus([], http_sd=[f"{srv.url}/sd"]) as prom:
         prom.wait_for('DCGM_FI_DEV_GPU_TEMP{Hostname="node-03"}', min_results=8, timeout_s=30)
         prom.wait_for('vllm:time_to_first_token_seconds_bucket{le="+Inf"}', min_results=4, timeout_s=30)
-        r = httpx.get(f"{prom.url}/api/v1/query", params={"query": "count(up == 1)"}, timeout=5).json()
-        assert r["data"]["result"][0]["value"][1] == "6"
+        prom.wait_for("up == 1", min_results=6, timeout_s=30)  # every node's page scraped (poll, not sleep)
         r = httpx.get(f"{prom.url}/api/v1/query",
                       params={"query": 'count(DCGM_FI_DEV_GPU_TEMP{instance="node-00:9400"})'}, timeout=5).json()
         assert r["data"]["result"][0]["value"][1] == "8"
