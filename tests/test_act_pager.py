@@ -41,6 +41,8 @@ def test_page_kinds_and_alert_labels() -> None:
     assert a["annotations"]["evidence"] == "/var/lib/fh/evidence/node-a-10"
     assert a["annotations"]["intent_key"] == fail.key
     assert page_kind(Intent(0, IntentKind.PAGE, "pool/a", "budget_exhausted", {})) == "budget_exhausted"
+    assert page_kind(Intent(0, IntentKind.PAGE, "tp_group/g1", "tp_group_limit", {})) == "budget_exhausted"
+    assert page_kind(Intent(0, IntentKind.PAGE, "job/j", "app_xid:job", {"severity": "ticket"})) == "page"
     assert page_kind(Intent(0, IntentKind.PAGE, "version/build=b7", "version_correlation", {})) == "version_correlation"
     fleet = Intent(0, IntentKind.FLEET_ALERT, "fleet", "fleet_confidence_low", {"state": "firing"})
     resolved = Intent(9, IntentKind.FLEET_ALERT, "fleet", "fleet_confidence_restored", {"state": "resolved"})

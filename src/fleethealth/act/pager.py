@@ -32,8 +32,8 @@ def page_kind(intent: Intent) -> str:
     r = intent.reason.lower()
     if intent.kind == IntentKind.FLEET_ALERT or "confidence" in r or "telemetry" in r:
         return "fleet_confidence"
-    if "budget" in r:
-        return "budget_exhausted"
+    if "budget" in r or r.startswith("tp_group_limit"):
+        return "budget_exhausted"  # the quarantine budget, or one node per tensor-parallel group
     if "version" in r or intent.params.get("version_label"):
         return "version_correlation"
     if str(intent.params.get("state", "")).upper() == "FAILED" or "failed" in r:
