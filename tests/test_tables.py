@@ -162,3 +162,16 @@ def test_odd_but_readable_tables(tmp_path: Path) -> None:
     nested = tmp_path / "nested.jsonl"
     nested.write_text('{"ts": 1, "metric": "a", "value": 2, "meta": {"x": 1}, "on": true}\n')
     assert sorted(our_rows(read_table(nested))) == [("a", (("meta", '{"x": 1}'), ("on", "true")), 2.0, 1.0)]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.binary(max_size=200), st.sampled_from(["csv", "jsonl", "parquet"]))
+def test_property_garbage_tables_never_crash(tmp_path_factory: pytest.TempPathFactory, junk: bytes, ext: str) -> None:
+    p = tmp_path_factory.mktemp("junk") / f"j.{ext}"
+    p.write_bytes((b"ts,metric,value,gpu\n" if ext == "csv" else b"") + junk)
+    try:
+        snap = read_table(p)
+    except InputError as e:
+        assert "\n" not in str(e) and "cannot read" in str(e)
+        return
+    assert all(math.isfinite(v) for v in snap.values.tolist())

@@ -91,6 +91,12 @@ def read_table(path: str | Path) -> Snapshot:
 def _load_csv(raw: bytes, source: str, issues: list[InputIssue]) -> tuple[pa.Table, np.ndarray]:
     import pyarrow.csv as pcsv
 
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError:
+        # pyarrow turns a malformed row into text for its handler and fails on bytes that are not UTF-8;
+        # replaced, such rows become numbered issues like any other bad row.
+        raw = raw.decode("utf-8", "replace").encode("utf-8")
     first = raw.split(b"\n", 1)[0].decode("utf-8", "replace").rstrip("\r")
     header = next(csv.reader([first]), [])
     _check_columns(header, source)
