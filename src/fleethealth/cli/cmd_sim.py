@@ -52,6 +52,15 @@ def register(app: typer.Typer) -> None:
             kinds: list[str] = sorted({str(f.kind) for f in sc.faults}) or ["none"]
             typer.echo(f"{name:26s} {gpus:5d} GPUs {sc.duration / 3600:6.1f} h  {', '.join(kinds)}")
 
+    @sim_app.command("faults")
+    def faults() -> None:
+        """The fault kinds a scenario can inject, with what each does."""
+        from fleethealth.sim.faults import FAULT_CLASSES
+
+        for kind, cls in FAULT_CLASSES.items():
+            doc = " ".join((cls.__doc__ or "").split())
+            typer.echo(f"{kind:26s} {doc}")
+
     @sim_app.command("show")
     def show(scenario: str) -> None:
         """Print a built-in scenario's YAML (a starting point for your own)."""

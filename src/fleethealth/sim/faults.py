@@ -310,6 +310,8 @@ class NvlinkErrors(Fault):
 
 
 class PcieReplayStorm(Fault):
+    """PCIe replays climbing at ~80/s on one GPU (link retraining, a bad riser); compute slows ~3 %."""
+
     kind = "pcie_replay_storm"
     gpu_default = 6
 
@@ -407,6 +409,9 @@ class ExporterOutage(Fault):
 
 
 class NetworkPartition(ExporterOutage):
+    """A rack (or any set of nodes) cut off from the metrics pipeline: scrapes time out, data goes
+    missing, the workloads keep running. Not a fault."""
+
     kind = "network_partition"
     reason = "scrape failed: context deadline exceeded"
 
