@@ -292,6 +292,15 @@ def test_noexecute_only_when_configured(cluster: KubeCluster) -> None:
     assert effects == {"NoSchedule", "NoExecute"}
 
 
+def test_missing_node_condition_is_skipped_but_a_missing_node_cordon_fails(cluster: KubeCluster) -> None:
+    act = KubeNodeActuator(cluster.kube(), ActuationConfig())
+    flag = act.apply(Intent(1.0, IntentKind.SET_CONDITION, "vllm-replica-3", "min:latency",
+                            {"condition": "HealthFlagged", "status": True, "value": 0.8}))
+    assert flag.ok and "no Kubernetes node" in flag.detail["skipped"]
+    cordon = act.apply(Intent(1.0, IntentKind.NO_NEW_WORK, "ghost-node", "x", {"value": 0.1}, Tier.NODE))
+    assert not cordon.ok and not cordon.retry and cordon.error.startswith("404")
+
+
 def test_no_fresh_data_is_unknown_not_unhealthy(cluster: KubeCluster) -> None:
     kube = cluster.kube()
     cluster.add_node("gpu-node-14")

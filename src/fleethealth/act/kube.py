@@ -274,8 +274,13 @@ class KubeNodeActuator:
             else:
                 healthy = bool(intent.params.get("healthy", value is not None and value >= 0.7))
                 holds = healthy if ctype == self.cfg.condition_type else not healthy
-            return Outcome.success(**self._mark(intent, node, cordon=None, taint=None, healthy=holds,
-                                                condition_type=ctype, state_label=False))
+            try:
+                return Outcome.success(**self._mark(intent, node, cordon=None, taint=None, healthy=holds,
+                                                    condition_type=ctype, state_label=False))
+            except KubeError as e:
+                if e.status == 404:  # a replica's flag, or a host outside this cluster: nothing to mark
+                    return Outcome.success(skipped=f"no Kubernetes node {node}")
+                raise
         if k == IntentKind.SCHEDULE_RESET:
             return Outcome.success(**self._annotate(node, {
                 f"{self.cfg.label_prefix}/reset-requested": intent.params.get("action", "GPU_RESET"),
