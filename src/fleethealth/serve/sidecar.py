@@ -537,6 +537,10 @@ class Sidecar:
                     if dt is not None:
                         cs["ttft_sum"] += dt
                         cs["ttft_n"] += 1
+            elif self.canary.ramp_started_at is not None:  # during the ramp a failed probe is a failed request
+                cs["requests"] += 1
+                cs["errors"] += 1
+                self._record_error("canary_probe", why)
             else:
                 cs["probe_fail"] += 1
                 self._record_error("canary_probe", why)
