@@ -197,10 +197,18 @@ def test_bad_lines_become_numbered_issues_and_never_values() -> None:
     assert all(math.isfinite(v) for v in snap.values.tolist())
 
 
-def test_int32_and_fp64_blanks_only_for_dcgm_fields() -> None:
-    # A node-exporter byte counter may legitimately pass 2**31 or 2**47; only DCGM fields use the blanks.
-    text = f"node_network_receive_bytes_total {DCGM_FP64_BLANK!r}\nnode_x {DCGM_INT32_BLANK}\n"
-    assert len(rows(text)) == 2
+def test_int32_and_fp64_blanks_spare_foreign_counters() -> None:
+    # A node-exporter byte counter may legitimately pass 2**31 or 2**47; DCGM fields and gauges there are
+    # blanks.
+    text = (
+        f"node_network_receive_bytes_total {DCGM_FP64_BLANK!r}\n"
+        f"node_rx_bytes_total {DCGM_INT32_BLANK + 3}\n"
+        f"some_gauge {DCGM_INT32_BLANK}\n"
+        f"# TYPE DCGM_FI_DEV_PCIE_REPLAY_COUNTER counter\nDCGM_FI_DEV_PCIE_REPLAY_COUNTER {DCGM_INT32_BLANK + 1}\n"
+    )
+    snap = parse_exposition(text, default_ts=NOW)
+    assert sorted(m for m, *_ in snap.rows()) == ["node_network_receive_bytes_total", "node_rx_bytes_total"]
+    assert sorted(i.line for i in snap.issues) == [3, 5]
 
 
 def test_garbage_never_raises() -> None:

@@ -204,14 +204,16 @@ def counter_like(name: str, types: Mapping[str, str]) -> bool:
     return name.endswith(_COUNTER_SUFFIXES) or types.get(name) == "counter"
 
 
-def blank_sentinel_mask(values: np.ndarray, dcgm: bool | np.ndarray) -> np.ndarray:
-    """True where a value is a DCGM blank sentinel. The INT64 blank applies to every metric; the INT32
-    and FP64 blanks (values a real counter can pass through) only to DCGM fields (``dcgm``)."""
+def blank_sentinel_mask(values: np.ndarray, exact: bool | np.ndarray) -> np.ndarray:
+    """True where a value is a DCGM blank sentinel. The INT64 blank (>= 9.2e18) applies everywhere; the
+    INT32 and FP64 blank ranges (2147483632..47, 2**47..+15) where ``exact``: DCGM fields and anything
+    that is not a counter (a gauge pinned there is a blank, whatever exports it), but not a foreign
+    counter, which may pass through those values (bytes received passing 2**47)."""
     m = values >= _INT64_BLANK_MIN
     small = ((values >= DCGM_INT32_BLANK) & (values <= DCGM_INT32_BLANK + 15)) | (
         (values >= DCGM_FP64_BLANK) & (values <= DCGM_FP64_BLANK + 15)
     )
-    return m | (small & dcgm)
+    return m | (small & exact)
 
 
 def value_problem(name: str, value: float, counter: bool) -> str | None:
@@ -220,7 +222,7 @@ def value_problem(name: str, value: float, counter: bool) -> str | None:
         return "NaN value"
     if value in (float("inf"), float("-inf")):
         return "infinite value"
-    if bool(blank_sentinel_mask(np.array([value]), name.startswith("DCGM_"))[0]):
+    if bool(blank_sentinel_mask(np.array([value]), name.startswith("DCGM_") or not counter)[0]):
         return "DCGM blank sentinel (field not supported or not found)"
     if counter and value < 0:
         return "negative counter"
@@ -423,7 +425,7 @@ def _fast_block(ctx: _Ctx, buf: bytes, a: int, e: int, first: int) -> int | None
         return None  # timestamps, exemplars, 1_000 or a broken value: careful path
     name = bname.decode("ascii")
     counter = ctx.is_counter(name)
-    bad = ~np.isfinite(values) | blank_sentinel_mask(values, name.startswith("DCGM_"))
+    bad = ~np.isfinite(values) | blank_sentinel_mask(values, name.startswith("DCGM_") or not counter)
     if counter:
         bad |= values < 0
     mid = ctx.builder.metric_id(name)

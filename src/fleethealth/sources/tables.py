@@ -273,7 +273,7 @@ def _table_to_snapshot(table: pa.Table, lines: np.ndarray, source: str, issues: 
         (v_bad, "non-numeric value"),
         (np.isnan(value) & ~v_missing & ~v_bad, "NaN value"),
         (np.isinf(value), "infinite value"),
-        (blank_sentinel_mask(value, is_dcgm), "DCGM blank sentinel (field not supported or not found)"),
+        (blank_sentinel_mask(value, is_dcgm | ~is_counter), "DCGM blank sentinel (field not supported or not found)"),
         (is_counter & (value < 0), "negative counter"),
     ]
     bad = np.zeros(n, bool)
