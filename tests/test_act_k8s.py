@@ -301,6 +301,25 @@ def test_missing_node_condition_is_skipped_but_a_missing_node_cordon_fails(clust
     assert not cordon.ok and not cordon.retry and cordon.error.startswith("404")
 
 
+def test_replica_pod_is_found_in_any_namespace_and_rebuilt_by_eviction(cluster: KubeCluster) -> None:
+    kube = cluster.kube()
+    kube.ensure_namespace("serving")
+    cluster.add_node("gpu-node-15")
+    cluster.add_pod("vllm-7", "gpu-node-15", namespace="serving", labels={"app": "vllm"}, container_port=8000)
+    act = KubeNodeActuator(kube, ActuationConfig())
+    out = act.apply(Intent(1.0, IntentKind.REBUILD_WORKER, "vllm-7", "leak:kv_cache", {"from": "DEGRADED"},
+                           Tier.POD))
+    assert out.ok and out.detail["evicted"] == ["serving/vllm-7"]
+    assert terminating(kube, "serving", "vllm-7")
+    gone = act.apply(Intent(1.0, IntentKind.REBUILD_WORKER, "vllm-404", "x", {}, Tier.POD))
+    assert gone.ok and gone.detail["skipped"] == "no pod vllm-404"
+    board = WeightBoard()
+    assert RouterActuator(board, kube).apply(Intent(2.0, IntentKind.SET_WEIGHT, "vllm-7", "x", {"weight": 0.1},
+                                                    Tier.INSTANCE)).ok
+    labels = kube.get_pod("serving", "vllm-7")["metadata"]["labels"]
+    assert labels["fleethealth.io/healthy"] == "false" and board.weights["vllm-7"].namespace == "serving"
+
+
 def test_no_fresh_data_is_unknown_not_unhealthy(cluster: KubeCluster) -> None:
     kube = cluster.kube()
     cluster.add_node("gpu-node-14")

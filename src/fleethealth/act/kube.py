@@ -483,8 +483,11 @@ class KubeNodeActuator:
         return ok
 
     def _evict_one(self, intent: Intent) -> Outcome:
-        ns = str(intent.params.get("namespace", "default"))
         pod = str(intent.params.get("pod", intent.entity))
+        found = self.kube.find_pod(pod, intent.params.get("namespace"))
+        if found is None:
+            return Outcome.success(evicted=[], skipped=f"no pod {pod}")
+        ns = found["metadata"].get("namespace", "default")
         try:
             self.kube.evict_pod(ns, pod)
         except KubeError as e:

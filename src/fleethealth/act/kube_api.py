@@ -142,6 +142,19 @@ class Kube:
     def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
         return self.api.request("GET", f"/api/v1/namespaces/{_q(namespace)}/pods/{_q(name)}")
 
+    def find_pod(self, name: str, namespace: str | None = None) -> dict[str, Any] | None:
+        """A replica's pod by name: in ``namespace`` if known, else in whichever namespace has it (the
+        decisions layer names replicas, not namespaces). None if there is no such pod."""
+        if namespace:
+            try:
+                return self.get_pod(namespace, name)
+            except KubeError as e:
+                if e.not_found:
+                    return None
+                raise
+        pods = self.list_pods(field_selector=f"metadata.name={name}")
+        return pods[0] if pods else None
+
     def patch_pod(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
         return self.api.request("PATCH", f"/api/v1/namespaces/{_q(namespace)}/pods/{_q(name)}", patch,
                                 content_type=STRATEGIC)

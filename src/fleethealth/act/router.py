@@ -147,11 +147,15 @@ class RouterActuator:
         pod = w.pod or w.replica
         yes = takes_traffic(w, self.cfg.healthy_weight_threshold)
         try:
-            cur = self.kube.get_pod(w.namespace, pod)
+            found = self.kube.find_pod(pod, intent.params.get("namespace"))
         except KubeError as e:
-            if e.status == 404:
-                return Outcome.success(replica=w.replica, changed=changed, pod="absent")
             return Outcome.from_status(e.status, e.reason)
+        if found is None:
+            return Outcome.success(replica=w.replica, changed=changed, pod="absent")
+        cur = found
+        w = replace(w, namespace=cur["metadata"].get("namespace", w.namespace), pod=pod)
+        if self.board.weights.get(w.replica) is not None:
+            self.board.weights[w.replica] = replace(self.board.weights[w.replica], namespace=w.namespace, pod=pod)
         if w.address is None or w.port is None:
             # EDS needs an address: the pod's IP and its first container port, unless the intent said.
             ip = (cur.get("status") or {}).get("podIP")
