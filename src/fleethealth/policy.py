@@ -23,6 +23,13 @@ Aggregation = Literal["min", "gmean", "mean"]
 EntityName = Literal["gpu", "node", "replica", "rank"]
 
 
+ConsumerName = Literal["training", "serving", "remediation"]
+
+
+def _default_aggregation() -> dict[ConsumerName, Aggregation]:
+    return {"training": "min", "remediation": "min", "serving": "gmean"}
+
+
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -40,7 +47,7 @@ class SignalSpec(Strict):
     metric: str
     category: str
     shape: Shape
-    entities: list[EntityName] = Field(default_factory=lambda: ["gpu"])
+    entities: list[EntityName] = Field(default_factory=lambda: list[EntityName](["gpu"]))
     kind: Literal["gauge", "counter"] = "gauge"
     weight: float = Field(default=1.0, gt=0)
     # Only samples whose labels fully match these regular expressions (e.g. {status: "5.."}).
@@ -213,9 +220,7 @@ class Policy(Strict):
     peer: PeerDefaults = Field(default_factory=PeerDefaults)
     slo: SloDefaults = Field(default_factory=SloDefaults)
     xid: XidPolicy = Field(default_factory=XidPolicy)
-    aggregation: dict[Literal["training", "serving", "remediation"], Aggregation] = Field(
-        default_factory=lambda: {"training": "min", "remediation": "min", "serving": "gmean"}
-    )
+    aggregation: dict[ConsumerName, Aggregation] = Field(default_factory=_default_aggregation)
     signals: list[SignalSpec]
     # A sub-score at 0 (at or past its critical level) zeroes its category instead of being averaged
     # with healthier views of the same condition: a rank 9 MADs slow is not half-healthy because its

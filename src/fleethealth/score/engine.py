@@ -293,17 +293,17 @@ def _entity_tables(ctx: _Ctx, policy: Policy, inventory: Mapping[str, Sequence[s
         kn = np.asarray(r.key_node, np.int64)[g] if g.size else np.zeros(0, np.int64)
         found["node"].append(kn[kn >= 0])
     if inventory:
-        for kind, names in inventory.items():
-            if kind not in found:
+        for inv_kind, names in inventory.items():
+            if inv_kind not in found:
                 continue
-            ids = []
+            inv_ids: list[int] = []
             for name in names:
-                if kind == "gpu" and "/gpu" in name:
+                if inv_kind == "gpu" and "/gpu" in name:
                     node = name.rsplit("/gpu", 1)[0]
-                    ids.append(r._kid(f"gpu:{name}", r._kid("node:" + node)))
+                    inv_ids.append(r._kid(f"gpu:{name}", r._kid("node:" + node)))
                 else:
-                    ids.append(r._kid(f"{kind}:{name}"))
-            found[kind].append(np.asarray(ids, np.int64))
+                    inv_ids.append(r._kid(f"{inv_kind}:{name}"))
+            found[inv_kind].append(np.asarray(inv_ids, np.int64))
     out: dict[str, _KindTable] = {}
     n_keys = len(r.key_names)
     for kind in KINDS:
@@ -362,7 +362,6 @@ def _evaluate(ctx: _Ctx, spec: SignalSpec, kind: EntityKind, table: _KindTable) 
         fresh = (now - t1) <= max_age
         rate = np.where(fresh, rate, np.nan)
         # series -> entity: counters of one entity add up (e.g. per-link NVLink counters)
-        first_pos = {}
         ent_of_series = np.full(int(ser.max()) + 1, -1, np.int64)
         ent_of_series[ser] = ent
         e = ent_of_series[s_ids]
@@ -381,7 +380,6 @@ def _evaluate(ctx: _Ctx, spec: SignalSpec, kind: EntityKind, table: _KindTable) 
         res.raw = _reduce_worst(ent[lp], vals[lp], n, True)
         res.age = np.where(np.isnan(age), _reduce_worst(ent[lp], now - ts[lp], n, False), age)
         x = res.rate
-        del first_pos
     else:
         lp = _latest_per_series(ser, ts)
         age_s = now - ts[lp]
@@ -737,7 +735,7 @@ def _aggregate(
             notes[(e, j)] = note
     return KindScores(
         kind, names, specs, sub, raw, rate, z, age, expected, categories, cat, value, confidence, worst,
-        reason, flags, notes, gated=gated,
+        reason, flags, notes, gated=np.asarray(gated, bool),
     )
 
 
@@ -953,7 +951,7 @@ class _MetaIndex:
                 ok = ent >= 0
                 ents[kind].append(ent[ok])
                 sers[kind].append(ser[ok])
-        self._raw = {k: (ents[k], sers[k]) for k in KINDS}
+        self._raw: dict[str, tuple[list[np.ndarray], list[np.ndarray]]] = {k: (ents[k], sers[k]) for k in KINDS}
         self.info: dict[tuple[str, int], dict[str, str]] = {}
         for metric, kind in ((NODE_INFO_METRIC, "node"), (REPLICA_INFO_METRIC, "replica")):
             idx = ctx.samples(metric)

@@ -86,16 +86,16 @@ def score_reference(snap: Snapshot, policy: Policy, now: float, how: str = "min"
                 continue
             if spec.kind == "counter":
                 window = spec.rate_window_s or policy.freshness.rate_window_s
-                w = [(t, v) for t, v in pts if t > now - window]
-                if len(w) < 2 or now - w[-1][0] > max_age:
+                win = [(t, v) for t, v in pts if t > now - window]
+                if len(win) < 2 or now - win[-1][0] > max_age:
                     continue
                 inc = 0.0
-                for (_, a), (_, b) in zip(w, w[1:], strict=False):
+                for (_, a), (_, b) in zip(win, win[1:], strict=False):
                     inc += b - a if b >= a else b
-                dt = w[-1][0] - w[0][0]
+                dt = win[-1][0] - win[0][0]
                 if dt <= 0:
                     continue
-                per_gpu[gpu].append((inc / dt, labels, w[-1][0]))
+                per_gpu[gpu].append((inc / dt, labels, win[-1][0]))
             else:
                 ts, v = pts[-1]
                 if now - ts <= max_age:

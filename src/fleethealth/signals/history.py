@@ -156,7 +156,7 @@ class SignalHistory:
         keys = (m.astype(np.int64) << 32) | s.astype(np.int64)
         uniq, inv = np.unique(keys, return_inverse=True)
         n_have = keys_sorted.size
-        pos = np.searchsorted(keys_sorted, uniq)
+        pos = np.asarray(np.searchsorted(keys_sorted, uniq), np.int64)
         found = np.zeros(uniq.size, bool)
         if n_have:
             found = keys_sorted[np.minimum(pos, n_have - 1)] == uniq
