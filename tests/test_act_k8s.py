@@ -689,3 +689,61 @@ def test_kubeconfig_and_inventory_cli(cluster: KubeCluster) -> None:
     inv, _ = json.JSONDecoder().raw_decode(res.output[res.output.index("{"):])
     n = inv["nodes"]["gpu-node-13"]
     assert n["gpu_capacity"] == 4 and n["jobs"] == ["train-x"] and n["tp_groups"] == ["default/g1"]
+
+
+def test_sigkilled_leader_is_replaced_and_nothing_is_done_twice(cluster: KubeCluster, tmp_path: Path) -> None:
+    """Two replica processes share a ledger; the leader is SIGKILLed; the other takes over and finds the
+    intent already applied."""
+    import subprocess
+    import sys
+    import threading
+
+    kube = cluster.kube()
+    kube.ensure_namespace("fleethealth-system")
+    cluster.add_node("gpu-node-16")
+    intent = Intent(time.time(), IntentKind.NO_NEW_WORK, "gpu-node-16", "min:thermal", {"value": 0.55, "n": 1},
+                    Tier.NODE)
+    ledger = str(tmp_path / "shared.db")
+    script = str(Path(__file__).with_name("act_replica.py"))
+
+    class Replica:
+        def __init__(self, identity: str) -> None:
+            self.lines: list[dict[str, Any]] = []
+            self.proc = subprocess.Popen(
+                [sys.executable, script, cluster.url, cluster.token, identity, ledger, json.dumps(intent.to_dict())],
+                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+            threading.Thread(target=self._read, daemon=True).start()
+
+        def _read(self) -> None:
+            assert self.proc.stdout is not None
+            for line in self.proc.stdout:
+                self.lines.append(json.loads(line))
+
+        def saw(self, **kv: Any) -> bool:
+            return any(all(line.get(k) == v for k, v in kv.items()) for line in self.lines)
+
+    a = Replica("replica-a")
+    try:
+        wait_until(lambda: a.saw(status="applied"), 60, 0.1, what="replica A leading and applying")
+        b = Replica("replica-b")
+        try:
+            wait_until(lambda: a.saw(status="duplicate"), 20, 0.1, what="A's next loop (duplicate)")
+            assert not b.saw(leader=True)
+            acted_rv = rv(kube, "gpu-node-16")
+            t_kill = time.monotonic()
+            a.proc.kill()  # SIGKILL: no release of the lease, no goodbye
+            a.proc.wait(10)
+            wait_until(lambda: b.saw(leader=True), 20, 0.1, what="B taking the lease")
+            takeover = time.monotonic() - t_kill
+            wait_until(lambda: b.saw(status="duplicate"), 20, 0.1, what="B replaying the intent")
+            print(f"\nSIGKILLed leader replaced after {takeover:.2f}s (lease 2s)")
+            assert not b.saw(status="applied")  # the shared ledger knew: acted on once
+            assert rv(kube, "gpu-node-16") == acted_rv
+            assert kube.get_lease("fleethealth-system", "fh-replica-lease")["spec"]["holderIdentity"] == "replica-b"
+        finally:
+            b.proc.kill()
+            b.proc.wait(10)
+    finally:
+        if a.proc.poll() is None:
+            a.proc.kill()
+            a.proc.wait(10)
