@@ -72,7 +72,7 @@ class JobSpec(Strict):
     nodes: int | None = Field(default=None, ge=1)  # default: the whole pool (or what is left of it)
     pp: int = Field(default=1, ge=1)  # pipeline stages; a stage's ranks are peers (label peer_group)
     compute_s: float = Field(default=1.82, gt=0)  # median per-rank compute time per step
-    rank_noise: float = Field(default=0.008, ge=0)  # relative per-sample noise across ranks
+    rank_noise: float = Field(default=0.01, ge=0)  # half-width of the relative per-sample jitter across ranks
     comm_s: float = Field(default=0.35, ge=0)  # collective time added to the slowest rank
     stage_weights: list[float] | None = None  # relative work per stage (unequal stages are not a fault)
     seq_imbalance: float = Field(default=0.0, ge=0)  # lognormal sigma per node per step (SE trace: ~0.14)
