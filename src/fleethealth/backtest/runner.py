@@ -84,6 +84,11 @@ class Timeline:
         return out
 
 
+# A node's median rank runs this much over its stage's median before it counts as slow: the simulated
+# per-rank noise moves a node's median by a few tenths of a percent, which is not a slowdown.
+MIN_SLOWDOWN = 0.005
+
+
 @dataclass(slots=True)
 class SlowRecord:
     """How slow a truly faulty node's ranks ran at one step: (t, node, job, slowdown fraction)."""
@@ -134,7 +139,7 @@ class SlowTracker:
                     ratios.append(float(np.median(comp[own])) / med)
             if ratios:
                 slow = min(1.0, max(0.0, max(ratios) - 1.0))
-                if slow > 0:
+                if slow >= MIN_SLOWDOWN:
                     self.records.append(SlowRecord(t, node, self.job_names[j], int(self.job_gpus[j]), slow))
 
 
