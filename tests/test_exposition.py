@@ -428,3 +428,10 @@ def test_empty_label_values_mean_absent_in_both_label_paths() -> None:
     text = "".join(f'm{{gpu="{g}", pod= "{"p" if g % 2 else ""}"}} {g}\n' for g in range(12))
     got = {lab["gpu"]: lab.get("pod") for _, lab, _, _ in rows(text)}
     assert got == {str(g): ("p" if g % 2 else None) for g in range(12)}
+
+
+def test_comments_without_space_and_bare_hash_lines() -> None:
+    text = "# TYPE a gauge\na{x=\"1\"} 1\n#no space comment\na{x=\"2\"} 2\n#\n#\tTYPE odd\n# EOF\n"
+    snap = parse_exposition(text, default_ts=NOW)
+    assert sorted(v for *_, v, _ in snap.rows()) == [1.0, 2.0]
+    assert snap.issues == []

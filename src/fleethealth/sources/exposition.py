@@ -334,7 +334,7 @@ def parse_exposition(
 
 
 def _parse_into(ctx: _Ctx, raw: bytes, om: bool) -> None:
-    # Blocks are the text between comment lines: each `\n#` starts one, whose first line is that comment
+    # Blocks are the text between comment lines: each `\n# ` starts one, whose first line is that comment
     # and whose other lines are samples. Block 0 has no comment line unless the text starts with '#'; an
     # empty line 0 stands in for it. Blocks are (start, end) offsets into the text, so the fast path reads
     # the text in place; each block's line count comes back from its parser (no pass just to count).
@@ -344,7 +344,10 @@ def _parse_into(ctx: _Ctx, raw: bytes, om: bool) -> None:
     size = len(raw)
     k = 0
     while True:
-        nxt = raw.find(b"\n#", pos)
+        # "\n# " rather than "\n#": a longer needle is found faster, and every comment the formats define
+        # (HELP, TYPE, UNIT, EOF) has the space; a rare "#other" line stays in its block, where the careful
+        # path skips it.
+        nxt = raw.find(b"\n# ", pos)
         end = size if nxt < 0 else nxt
         first = line
         buf, a, b = raw, pos, end
