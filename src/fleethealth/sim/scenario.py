@@ -6,6 +6,33 @@ something users write by hand to replay their own incidents. Durations accept se
 
 Targets are strings resolved against the fleet once it is built: ``node-37``, ``node-37/gpu3``,
 ``pool:train-a``, ``rack:rack-02``, ``job:pretrain-70b``, ``replica:llama3-70b-007``, ``build:v0.7.0``.
+
+Shape of a file (``fleethealth sim show noise-only`` prints a complete one; ``fleethealth sim faults``
+lists the kinds)::
+
+    name: my-incident
+    seed: 7
+    duration: 2d            # simulated; a week of 512 GPUs runs in about half a minute
+    step: 15s
+    fleet:
+      nodes_per_rack: 8     # nodes are named node-00, node-01, ...; racks rack-00, ...
+      dcgm_fields: full     # or: default (dcgm-exporter's default list, no ECC/NVLink/violations)
+      pools:
+        - {name: train-a, nodes: 48, workload: training,
+           jobs: [{name: pretrain-70b, pp: 4, compute_s: 1.82}]}
+        - {name: serve-a, nodes: 16, workload: serving,
+           serving: {model: llama3-70b, gpus_per_replica: 4, builds: [v0.6.3, v0.7.0]}}
+    faults:
+      - {kind: thermal_drift, target: node-37, onset: 6h, params: {ramp_s: 39600}}
+      - {kind: exporter_outage, target: node-17, onset: 4h, end: 5h}
+      - {kind: cuda_oom, target: "replica:llama3-70b-002", onset: 3h, params: {class: fragmentation}}
+
+Per-kind params (all optional): thermal_drift ramp_s, max_severity; xid79_off_bus vanish_after_s;
+nvlink_errors hang_after_s, xid_every_s; xid13_bad_kernel per_node_per_hour, xid; bad_driver_rollout
+driver, rollout_s, delay_s, fraction; serving_build_regression ttft_factor, itl_factor, error_rate;
+cuda_oom class (single_request | batch_overload | fragmentation | driver), count, interval_s, xid;
+stage_imbalance stage_weights; seq_imbalance sigma; replica_restart gap_s. GPU-level faults take
+``gpu: N`` when the target is a whole node. ``magnitude`` scales every fault's effect.
 """
 
 from __future__ import annotations
