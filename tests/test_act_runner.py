@@ -259,3 +259,22 @@ def test_actuators_as_a_list_route_by_their_kinds_and_mode_shorthand(tmp_path: P
     assert [x.status for x in r.submit(q())] == ["applied"] and node.calls
     assert r.submit(q(kind=IntentKind.SET_WEIGHT))[0].status == "unrouted"
     assert ActuationRunner([node], Ledger(tmp_path / "m.db"), "advise").submit(q(n=3))[0].status == "advised"
+
+
+def test_circuit_breaker_holds_isolations_beyond_the_limit(tmp_path: Path) -> None:
+    clock = Clock()
+    cfg = ActuationConfig(mode="enforce", enforce=frozenset(IntentKind), breaker_max_entities=2,
+                          breaker_window_s=300)
+    ev, node = Recorder("evidence"), Recorder("node")
+    r = make(tmp_path, cfg, ev, node, clock=clock)
+    assert [x.status for x in r.submit(q("n1"))] == ["applied", "applied"]  # evidence + node: one entity
+    assert [x.status for x in r.submit(q("n2"))] == ["applied", "applied"]
+    held = r.submit(q("n3"))
+    assert [x.status for x in held] == ["breaker", "breaker"] and "limit 2" in held[0].error
+    assert r.submit(q("n1", n=2))[0].status == "applied"  # an entity already isolated is not a new one
+    assert r.submit(q("n3", kind=IntentKind.PAGE))[0].status == "applied"  # pages are never held
+    assert r.retry_due() == []  # not due yet
+    clock.t += 301
+    # Held, never lost: the retry pass picks it up once the window moved on, without a resubmission.
+    assert [x.status for x in r.retry_due()] == ["applied", "applied"]
+    assert r.ledger.get(q("n3").key, "node").status == "applied"  # type: ignore[union-attr]

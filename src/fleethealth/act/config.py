@@ -27,6 +27,12 @@ class ActuationConfig(BaseModel):
     # Stops all actuation at once (also settable at run time through ActuationRunner.kill()).
     kill_switch: bool = False
 
+    # Circuit breaker (defence in depth behind the decisions layer's budgets): at most this many distinct
+    # entities isolated (quarantine, node drain) per window; more are held, recorded as "breaker", and
+    # tried again when the window frees. None: off.
+    breaker_max_entities: int | None = Field(default=None, ge=1)
+    breaker_window_s: float = Field(default=300.0, gt=0)
+
     # Retries: attempts made within one submit, then later cycles, until max_attempts in all.
     attempts_per_cycle: int = Field(default=3, ge=1)
     max_attempts: int = Field(default=8, ge=1)

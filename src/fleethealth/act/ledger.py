@@ -24,7 +24,7 @@ CREATE TABLE IF NOT EXISTS actions (
     kind TEXT NOT NULL,
     entity TEXT NOT NULL,
     intent TEXT NOT NULL,
-    status TEXT NOT NULL,          -- advised | applied | retrying | failed | killed
+    status TEXT NOT NULL,          -- advised | applied | retrying | failed | killed | breaker | unrouted
     attempts INTEGER NOT NULL DEFAULT 0,
     first_ts REAL NOT NULL,
     last_ts REAL NOT NULL,
@@ -154,7 +154,8 @@ class Ledger:
         """Actions waiting for another try whose time has come."""
         with self._lock:
             rows = self._db.execute(
-                "SELECT * FROM actions WHERE status='retrying' AND (next_ts IS NULL OR next_ts<=?) ORDER BY next_ts",
+                "SELECT * FROM actions WHERE status IN ('retrying', 'breaker') AND (next_ts IS NULL OR next_ts<=?) "
+                "ORDER BY next_ts",
                 (now,)).fetchall()
         return [_record(r) for r in rows]
 
@@ -182,6 +183,14 @@ class Ledger:
         return [{"key": r["key"], "actuator": r["actuator"], "n": r["n"], "ts": r["ts"], "ok": bool(r["ok"]),
                  "retry": bool(r["retry"]), "error": r["error"], "detail": json.loads(r["detail"])} for r in rows]
 
+    def entities_acted(self, kinds: list[str], since_ts: float) -> set[str]:
+        """Entities with an action of these kinds applied or under way since ``since_ts``."""
+        q = ("SELECT DISTINCT entity FROM actions WHERE status IN ('applied', 'retrying') AND first_ts>=? "
+             f"AND kind IN ({','.join('?' * len(kinds))})")
+        with self._lock:
+            rows = self._db.execute(q, (since_ts, *kinds)).fetchall()
+        return {str(r["entity"]) for r in rows}
+
     def counts(self) -> dict[str, int]:
         with self._lock:
             rows = self._db.execute("SELECT status, COUNT(*) AS n FROM actions GROUP BY status").fetchall()
@@ -194,11 +203,13 @@ class Ledger:
             self._db.execute("BEGIN IMMEDIATE")
             try:
                 keys = self._db.execute(
-                    "SELECT key, actuator FROM actions WHERE last_ts<? AND status!='retrying'", (before_ts,)
+                    "SELECT key, actuator FROM actions WHERE last_ts<? AND status NOT IN ('retrying', 'breaker')",
+                    (before_ts,)
                 ).fetchall()
                 self._db.executemany("DELETE FROM attempts WHERE key=? AND actuator=?",
                                      [(k["key"], k["actuator"]) for k in keys])
-                self._db.execute("DELETE FROM actions WHERE last_ts<? AND status!='retrying'", (before_ts,))
+                self._db.execute("DELETE FROM actions WHERE last_ts<? AND status NOT IN ('retrying', 'breaker')",
+                                 (before_ts,))
                 self._db.execute("COMMIT")
             except BaseException:
                 self._db.execute("ROLLBACK")

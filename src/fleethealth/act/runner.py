@@ -26,11 +26,12 @@ from typing import Any
 from fleethealth.act.config import ActuationConfig
 from fleethealth.act.ledger import FINAL_STATUSES, Ledger, intent_from_dict
 from fleethealth.act.outcome import Actuator, Outcome
-from fleethealth.decide.model import Intent, IntentKind
+from fleethealth.decide.model import Intent, IntentKind, Tier
 
 log = logging.getLogger("fleethealth.act")
 
 KILL_SETTING = "kill_switch"
+ISOLATING = (IntentKind.QUARANTINE, IntentKind.DRAIN)
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,7 +40,7 @@ class ActionResult:
     kind: str
     entity: str
     actuator: str
-    # advised | applied | retrying | failed | killed | duplicate | waiting | not_leader | unrouted
+    # advised | applied | retrying | failed | killed | duplicate | waiting | not_leader | unrouted | breaker
     status: str
     attempts: int = 0
     error: str = ""
@@ -152,6 +153,10 @@ class ActuationRunner:
                 continue
             if not self.enforces(intent.kind):
                 continue
+            held = self._breaker(intent, now)
+            if held is not None:
+                out.append(self._hold(intent, act.name, held, rec.attempts, now))
+                continue
             out.append(self._attempt(intent, act, rec.attempts))
         return out
 
@@ -179,7 +184,28 @@ class ActuationRunner:
         if rec is not None and rec.status == "retrying" and rec.next_ts is not None and rec.next_ts > now:
             return self._emit(intent, act.name, "waiting", attempts=rec.attempts,
                               detail={"next_ts": rec.next_ts}, record=False)
+        held = self._breaker(intent, now)
+        if held is not None:
+            return self._hold(intent, act.name, held, rec.attempts if rec else 0, now)
         return self._attempt(intent, act, rec.attempts if rec else 0)
+
+    def _hold(self, intent: Intent, actuator: str, why: str, attempts: int, now: float) -> ActionResult:
+        # Held, not dropped: due again when the breaker's window may have room (retry_due picks it up).
+        self.ledger.record_status(intent, actuator, "breaker", now, error=why,
+                                  next_ts=now + min(self.config.breaker_window_s, self.config.backoff_max_s))
+        return self._emit(intent, actuator, "breaker", attempts=attempts, error=why, record=False)
+
+    def _breaker(self, intent: Intent, now: float) -> str | None:
+        """Why this isolation must wait, or None. Counts distinct entities, so a retried drain or the
+        evidence step of the same quarantine never trips it."""
+        limit = self.config.breaker_max_entities
+        if limit is None or intent.kind not in ISOLATING or intent.tier in (Tier.POD, Tier.INSTANCE):
+            return None
+        recent = self.ledger.entities_acted([str(k) for k in ISOLATING], now - self.config.breaker_window_s)
+        if intent.entity in recent or len(recent) < limit:
+            return None
+        return (f"circuit breaker: {len(recent)} entities isolated in the last "
+                f"{self.config.breaker_window_s:.0f}s (limit {limit})")
 
     def _backoff(self, n: int) -> float:
         return float(min(self.config.backoff_max_s, self.config.backoff_initial_s * (2 ** max(0, n - 1))))
