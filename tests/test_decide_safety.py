@@ -266,3 +266,23 @@ def test_outage_longer_than_the_engines_memory_stays_frozen() -> None:
     assert [a.params["state"] for a in alerts] == ["firing"]
     assert not r.of(IntentKind.NO_NEW_WORK)
     assert len(r.state.entities) == 30
+
+
+def test_oom_device_fault_quarantines_through_the_lifecycle_with_its_safety_rules() -> None:
+    r = Run()
+    rep = lambda t: [tup("r1", 0.95, kind="replica", labels={"node": "n1"}), tup("n1", 0.97)]  # noqa: E731
+    r.steps(0, 90, 15, rep)
+    ev = Event(100, "oom", "r1", payload={"prompt_tokens": 1200, "max_tokens": 512, "recent_xids": [79],
+                                          "cuda_errors": ["CUDA error: an illegal memory access was encountered"]})
+    r.step(105, rep(105), [ev])
+    assert r.st("r1") == State.QUARANTINED and r.st("n1") == State.QUARANTINED
+    assert r.transitions[-1].reason == "gate:oom_device_fault"
+    assert r.of(IntentKind.QUARANTINE, "n1") and r.of(IntentKind.REBUILD_WORKER, "r1")
+
+
+def test_human_release_from_quarantine() -> None:
+    r = Run()
+    r.step(0, [tup("n1", 0.0, reason="gate:xid")])
+    r.step(15, [tup("n1", 1.0)], [Event(10, "ack", "n1", to="READY", actor="bob")])
+    assert r.st("n1") == State.READY
+    assert r.of(IntentKind.RELEASE, "n1") and r.of(IntentKind.ALLOW_NEW_WORK, "n1")
