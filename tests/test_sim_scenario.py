@@ -138,3 +138,14 @@ def test_unknown_target_is_a_clear_error(tmp_path: Path) -> None:
 def test_unknown_name_lists_builtins() -> None:
     with pytest.raises(ScenarioError, match="noise-only"):
         load_scenario("no-such-scenario")
+
+
+def test_documented_example_is_valid() -> None:
+    import textwrap
+
+    import fleethealth.sim.scenario as mod
+
+    doc = mod.__doc__ or ""
+    example = textwrap.dedent(doc[doc.index("    name: my-incident"):doc.index("Per-kind")])
+    sim = Simulation(parse_scenario(example, "doc"))
+    assert {g.fault for g in sim.ground_truth} == {"thermal_drift", "exporter_outage", "cuda_oom:fragmentation"}
