@@ -96,9 +96,13 @@ def test_bundle_is_still_written_when_prometheus_is_down(tmp_path: Path) -> None
     from act_support import free_port
 
     index = EvidenceIndex(tmp_path / "state.db")
+    located: dict[str, str] = {}
     col = EvidenceCollector(tmp_path / "ev", index, prometheus=PrometheusRange(f"http://127.0.0.1:{free_port()}",
-                                                                              timeout_s=1.0))
-    out = col.apply(Intent(5.0, IntentKind.CAPTURE_EVIDENCE, "node-x", "min:thermal", {"n": 1}))
+                                                                              timeout_s=1.0),
+                            on_captured=located.__setitem__)
+    it = Intent(5.0, IntentKind.CAPTURE_EVIDENCE, "node-x", "min:thermal", {"n": 1})
+    out = col.apply(it)
+    assert located == {it.key: out.detail["path"]}
     assert out.ok and out.detail["problems"]
     manifest = json.loads((Path(out.detail["path"]) / "manifest.json").read_text())
     assert any("prometheus" in p for p in manifest["problems"])

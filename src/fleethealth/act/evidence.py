@@ -133,7 +133,8 @@ class EvidenceCollector:
                  kube: Kube | None = None, tuple_history: Callable[[str], list[dict[str, Any]]] | None = None,
                  errors: Callable[[str], list[dict[str, Any]]] | None = None,
                  queries: Sequence[str] = DEFAULT_QUERIES, window_s: float = 1800.0, points: int = 120,
-                 max_series: int = 500, reuse_s: float = 600.0, clock: Callable[[], float] = time.time) -> None:
+                 max_series: int = 500, reuse_s: float = 600.0, clock: Callable[[], float] = time.time,
+                 on_captured: Callable[[str, str], Any] | None = None) -> None:
         self.root = Path(root)
         self.index = index
         self.prometheus = prometheus
@@ -145,6 +146,8 @@ class EvidenceCollector:
         self.points = points
         self.max_series = max_series
         self.reuse_s = reuse_s
+        # e.g. the state store's add_evidence_location(intent_key, path), so its evidence index has the path
+        self.on_captured = on_captured
         self.clock = clock
 
     def link(self, entity: str) -> str | None:
@@ -256,6 +259,11 @@ class EvidenceCollector:
         for name, body in files.items():
             (d / name).write_text(json.dumps(redact(body), indent=1, sort_keys=True, default=str))
         self.index.add(entity, now, str(d), reason, key)
+        if self.on_captured is not None and key:
+            try:
+                self.on_captured(key, str(d))
+            except Exception as e:  # the bundle is on disk and indexed here; the hook is best effort
+                problems.append(f"on_captured: {e}")
         return d, problems
 
 
