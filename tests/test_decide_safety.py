@@ -286,3 +286,12 @@ def test_human_release_from_quarantine() -> None:
     r.step(15, [tup("n1", 1.0)], [Event(10, "ack", "n1", to="READY", actor="bob")])
     assert r.st("n1") == State.READY
     assert r.of(IntentKind.RELEASE, "n1") and r.of(IntentKind.ALLOW_NEW_WORK, "n1")
+
+
+def test_a_human_approves_a_quarantine_the_tp_group_rule_held() -> None:
+    r = Run()
+    labels = lambda i: {"tp_group": f"g{i // 4}"}  # noqa: E731
+    r.steps(0, 60, 15, lambda t: _fleet(200, {0, 1}, t, labels=labels))
+    assert r.st("n01") != State.QUARANTINED
+    r.step(75, _fleet(200, {0, 1}, 75, labels=labels), [Event(70, "ack", "n01", to="QUARANTINED", actor="carol")])
+    assert r.st("n01") == State.QUARANTINED

@@ -13,7 +13,8 @@ safety rules that keep a scorer bug, a metrics outage or a bad rollout from drai
 * Budgets per pool (label ``pool``): at most max(quarantine_min_per_hour, floor(fraction * pool size))
   quarantines per ``budgets.window_s``; never more than ``max_per_tp_group`` isolated nodes of one
   ``tp_group``. Exhausted: one PAGE per window and a soft fallback (``soft=True``: NO_NEW_WORK for a
-  node, a lowered weight for a replica) instead of the quarantine, retried every cycle.
+  node, a lowered weight for a replica) instead of the quarantine, retried every cycle. A human approves
+  a held quarantine with an ``ack`` event (``to`` QUARANTINED): the table's rule then fires unvetoed.
 * Attribution: application Xids (``policy.xid.app_xids``, flags ``xid:N``) are charged to the job (GPU
   label ``job``) with one ticket-severity PAGE per job; the node is blamed (a hard gate) only when
   ``attribution.app_xid_distinct_jobs`` distinct jobs hit it within ``app_xid_window_s``. A version label
@@ -451,8 +452,12 @@ class Decider:
         return None
 
     # ------------------------------------------------------------------------------------------
-    def _veto(self, c: _Cycle, es: EntityLifecycle, rule: Rule, suspects: Mapping[tuple[str, str], str]) -> str | None:
-        """Why this remediation may not happen now (None: it may)."""
+    def _veto(self, c: _Cycle, es: EntityLifecycle, rule: Rule, suspects: Mapping[tuple[str, str], str],
+              approved: bool = False) -> str | None:
+        """Why this remediation may not happen now (None: it may). ``approved``: a human acknowledged
+        (``ack`` to QUARANTINED) a quarantine that budgets, TP groups, versions or a freeze held back."""
+        if approved and rule.dst in REMEDIATION_TARGETS:
+            return None
         signal_driven = rule.cond in SIGNAL_CONDS or rule.cond in (Cond.HARD_GATE, Cond.DRAIN_RESET)
         if c.s.frozen and signal_driven and rule.dst in WORSE_STATES:
             return "frozen:fleet_confidence"  # the telemetry itself is in doubt
@@ -542,7 +547,7 @@ class Decider:
                 event_of[cond] = e
         chosen: Rule | None = None
         for rule in candidate_rules(es.state, conds, es.timers, now - es.since, lc):
-            why = self._veto(c, es, rule, suspects)
+            why = self._veto(c, es, rule, suspects, approved=Cond.HUMAN_QUARANTINE in conds)
             if why is None:
                 chosen = rule
                 break
