@@ -281,6 +281,10 @@ def test_tensor_parallel_group_goes_whole_or_not_at_all(cluster: KubeCluster) ->
     assert out.detail["blocked"]["default/tph-1"].startswith("429")
     # Neither rank was evicted: the job keeps running until the whole group can go.
     assert not terminating(kube, "default", "tph-0") and not terminating(kube, "default", "tph-1")
+    # ...and `kubectl describe node` says why.
+    events = kube.list_events(field_selector="involvedObject.name=gpu-node-10")
+    blocked_ev = [e for e in events if e["reason"] == "FleetHealthDrainBlocked"]
+    assert blocked_ev and "default/tph-1" in blocked_ev[0]["message"]
 
 
 def test_noexecute_only_when_configured(cluster: KubeCluster) -> None:

@@ -366,14 +366,14 @@ class KubeNodeActuator:
             self.kube.patch_node(node, {"metadata": {"annotations": diff}})
         return {"node": node, "annotations": sorted(diff)}
 
-    def _event(self, node_obj: dict[str, Any], intent: Intent, message: str) -> None:
+    def _event(self, node_obj: dict[str, Any], intent: Intent, message: str, reason: str | None = None) -> None:
         md = node_obj.get("metadata", {})
         now = rfc3339(self.clock())
         ev = {
             "apiVersion": "v1", "kind": "Event",
             "metadata": {"generateName": f"{md.get('name', 'node')}.fleethealth.", "namespace": self.event_namespace},
             "involvedObject": {"kind": "Node", "name": md.get("name"), "uid": md.get("uid"), "apiVersion": "v1"},
-            "reason": "FleetHealth" + "".join(w.capitalize() for w in str(intent.kind).split("_")),
+            "reason": reason or "FleetHealth" + "".join(w.capitalize() for w in str(intent.kind).split("_")),
             "message": message[:1024], "type": "Warning" if intent.kind != IntentKind.RELEASE else "Normal",
             "source": {"component": MANAGER}, "firstTimestamp": now, "lastTimestamp": now, "count": 1,
         }
@@ -455,6 +455,10 @@ class KubeNodeActuator:
         if left_pods:
             # Reported, never lost: the pods a budget still protects at the limit need a human.
             self._drain_started.pop(intent.key, None)
+            with contextlib.suppress(KubeError):
+                self._event(self.kube.get_node(node), intent, f"drain limit reached; still on the node: "
+                            f"{', '.join(left_pods[:20])} ({'; '.join(sorted(set(blocked.values())))[:300]})",
+                            reason="FleetHealthDrainBlocked")
             why = "stopped by the kill switch or lost leadership" if not expired else f"not evicted within {timeout:.0f}s"
             return Outcome.failure(f"drain incomplete: {len(left_pods)} pod(s) {why} "
                                    "(PodDisruptionBudget or API refusal)", retry=not expired, **detail)
