@@ -288,12 +288,13 @@ def test_property_fast_and_careful_paths_agree(text: str) -> None:
     from fleethealth.sources import exposition as ex
 
     fast = sorted((m, tuple(sorted(lab.items())), v) for m, lab, v, _ in rows(text))
-    orig = ex._fast_block
+    orig, orig_mixed = ex._fast_block, ex._mixed_block
     ex._fast_block = lambda *a, **k: None  # type: ignore[assignment]
+    ex._mixed_block = lambda *a, **k: None  # type: ignore[assignment]
     try:
         careful = sorted((m, tuple(sorted(lab.items())), v) for m, lab, v, _ in rows(text))
     finally:
-        ex._fast_block = orig
+        ex._fast_block, ex._mixed_block = orig, orig_mixed
     assert fast == careful
 
 
@@ -414,12 +415,13 @@ def test_property_template_path_agrees_with_careful_path(text: str) -> None:
                 sorted((i.line, i.reason) for i in snap.issues))
 
     fast = run()
-    orig = ex._fast_block
+    orig, orig_mixed = ex._fast_block, ex._mixed_block
     ex._fast_block = lambda *a, **k: None  # type: ignore[assignment]
+    ex._mixed_block = lambda *a, **k: None  # type: ignore[assignment]
     try:
         careful = run()
     finally:
-        ex._fast_block = orig
+        ex._fast_block, ex._mixed_block = orig, orig_mixed
     assert fast == careful
 
 
@@ -435,3 +437,55 @@ def test_comments_without_space_and_bare_hash_lines() -> None:
     snap = parse_exposition(text, default_ts=NOW)
     assert sorted(v for *_, v, _ in snap.rows()) == [1.0, 2.0]
     assert snap.issues == []
+
+
+def _careful_rows(text: str) -> tuple[list[tuple[str, tuple[tuple[str, str], ...], float, float]], list[tuple[int, str]]]:
+    from fleethealth.sources import exposition as ex
+
+    orig, orig_mixed = ex._fast_block, ex._mixed_block
+    ex._fast_block = lambda *a, **k: None  # type: ignore[assignment]
+    ex._mixed_block = lambda *a, **k: None  # type: ignore[assignment]
+    try:
+        snap = parse_exposition(text, default_ts=NOW)
+    finally:
+        ex._fast_block, ex._mixed_block = orig, orig_mixed
+    return (sorted((m, tuple(sorted(lab.items())), v, t) for m, lab, v, t in snap.rows()),
+            sorted((i.line, i.reason) for i in snap.issues))
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(8, 30), st.lists(st.sampled_from(["nan", "neg", "brace", "nolabels", "ts", "esc"]), max_size=3),
+       st.randoms(use_true_random=False))
+def test_property_histogram_blocks_fast_equals_careful_and_prometheus_client(
+    replicas: int, mutations: list[str], rnd: object
+) -> None:
+    r = CollectorRegistry()
+    h = Histogram("vllm:e2e_request_latency_seconds", "e2e", ["model_name", "replica"], registry=r,
+                  buckets=(0.1, 1.0, 10.0))
+    for i in range(replicas):
+        h.labels("m", f"r{i}").observe(0.5 * i)
+    lines = generate_latest(r).decode().splitlines()
+    for mut in mutations:
+        i = rnd.randrange(2, len(lines))  # type: ignore[attr-defined]
+        if lines[i].startswith("#"):
+            continue
+        if mut == "nan":
+            lines[i] = lines[i].rsplit(" ", 1)[0] + " NaN"
+        elif mut == "neg":
+            lines[i] = lines[i].rsplit(" ", 1)[0] + " -1.0"
+        elif mut == "brace":
+            lines[i] = lines[i].replace('model_name="m"', 'model_name="{m} "')
+        elif mut == "nolabels":
+            lines[i] = lines[i].split("{")[0] + " 1.0"
+        elif mut == "ts":
+            lines[i] = lines[i] + " 1700000000000"
+        elif mut == "esc":
+            lines[i] = lines[i].replace('model_name="m"', 'model_name="a\\"b"')
+    text = "\n".join(lines) + "\n"
+    clear_label_cache()
+    snap = parse_exposition(text, default_ts=NOW)
+    fast = (sorted((m, tuple(sorted(lab.items())), v, t) for m, lab, v, t in snap.rows()),
+            sorted((i.line, i.reason) for i in snap.issues))
+    clear_label_cache()
+    assert fast == _careful_rows(text)
+    assert compare_rows(our_rows(snap), prom_client_rows(text), NOW) == []

@@ -140,17 +140,18 @@ def _split_labels(text: str) -> LabelSet | str:
     return tuple(sorted((k, v) for k, v in zip(keys, values, strict=True) if v))
 
 
-def _parse_labels_bulk(raws: list[bytes]) -> None:
+def _parse_labels_bulk(raws: list[bytes], depth: int = 0) -> None:
     """Parse many new label strings into the cache at once.
 
     Exporters print every series with the same keys in the same order and spacing (dcgm-exporter: gpu,
     UUID, pci_bus_id, ...), so the first string, parsed carefully, becomes a template regex whose only
     variables are the values (no quotes, backslashes or newlines in them). One findall over all strings
-    then yields every value tuple; the strings it does not fit (escapes, other keys) take the careful path.
+    then yields every value tuple. Strings of another shape (a histogram's `_sum` next to its `_bucket`s
+    with `le`) get their own template, a few shapes deep; strings with escapes take the careful path.
     Results are identical to ``_parse_labels`` by construction: same keys, and values without escapes.
     """
     todo = [r for r in raws if r not in _LABEL_CACHE]
-    if len(todo) < 8:
+    if len(todo) < 8 or depth >= 6:
         for r in todo:
             _parse_labels(r)
         return
@@ -161,8 +162,8 @@ def _parse_labels_bulk(raws: list[bytes]) -> None:
         first = ""
     parsed = _split_labels(first) if first else "x"
     if isinstance(parsed, str) or not parsed or "\\" in first:
-        for r in todo:
-            _parse_labels(r)
+        _parse_labels(todo[0])
+        _parse_labels_bulk(todo[1:], depth + 1)
         return
     inner = first[1:-1]
     segs: list[str] = []
@@ -174,17 +175,26 @@ def _parse_labels_bulk(raws: list[bytes]) -> None:
         segs.append(re.escape(inner[pos : m.start(2)]))
         pos = m.end(2)
     segs.append(re.escape(inner[pos:]))
-    template = re.compile(r"^\{" + r'([^"\\\n]*)'.join(segs) + r"\}$", re.M)
-    found = template.findall(joined)
-    if len(found) != len(todo) or len(set(keys)) != len(keys):
+    if len(set(keys)) != len(keys):
         for r in todo:
             _parse_labels(r)
         return
-    order = sorted(range(len(keys)), key=keys.__getitem__)
+    # Each line either fits the template (value groups) or is captured whole by the last group.
+    template = re.compile(r"^(?:\{" + r'([^"\\\n]*)'.join(segs) + r"\}|(.+))$", re.M)
+    found = template.findall(joined)
+    if len(found) != len(todo):
+        for r in todo:
+            _parse_labels(r)
+        return
+    nk = len(keys)
+    other = [raw for raw, f in zip(todo, found, strict=True) if f[nk]]
+    if other:
+        fits = [(raw, f) for raw, f in zip(todo, found, strict=True) if not f[nk]]
+        todo = [raw for raw, _ in fits]
+        found = [f for _, f in fits]
+    order = sorted(range(nk), key=keys.__getitem__)
     skeys = [keys[i] for i in order]
-    if len(keys) == 1:
-        found = [(v,) for v in found]
-    pick = itemgetter(*order) if len(order) > 1 else (lambda t: (t[order[0]],))
+    pick = itemgetter(*order) if nk > 1 else (lambda t: (t[order[0]],))
     if len(_LABEL_CACHE) + len(todo) >= _LABEL_CACHE_MAX:
         _LABEL_CACHE.clear()
     # C-level loops (map/zip) build the pairs; a Python loop only for the rare strings with empty values.
@@ -194,6 +204,8 @@ def _parse_labels_bulk(raws: list[bytes]) -> None:
         for raw, v in zip(todo, picked, strict=True):
             if "" in v:
                 _LABEL_CACHE[raw] = tuple((k, x) for k, x in zip(skeys, v, strict=True) if x)
+    if other:
+        _parse_labels_bulk(other, depth + 1)
 
 
 def counter_like(name: str, types: Mapping[str, str]) -> bool:
@@ -217,16 +229,25 @@ def blank_sentinel_mask(values: np.ndarray, exact: bool | np.ndarray) -> np.ndar
 
 
 def value_problem(name: str, value: float, counter: bool) -> str | None:
-    """Why one value must not become a signal, or None. Scalar twin of the vectorised checks."""
+    """Why one value must not become a signal, or None. Scalar twin of the vectorised checks (same rules
+    as ``blank_sentinel_mask``)."""
     if value != value:
         return "NaN value"
-    if value in (float("inf"), float("-inf")):
+    if value == _INF or value == -_INF:
         return "infinite value"
-    if bool(blank_sentinel_mask(np.array([value]), name.startswith("DCGM_") or not counter)[0]):
+    if value >= _INT64_BLANK_MIN or (
+        (name.startswith("DCGM_") or not counter)
+        and (
+            DCGM_INT32_BLANK <= value <= DCGM_INT32_BLANK + 15 or DCGM_FP64_BLANK <= value <= DCGM_FP64_BLANK + 15
+        )
+    ):
         return "DCGM blank sentinel (field not supported or not found)"
     if counter and value < 0:
         return "negative counter"
     return None
+
+
+_INF = float("inf")
 
 
 def is_openmetrics(data: bytes) -> bool:
@@ -382,7 +403,10 @@ def _parse_into(ctx: _Ctx, raw: bytes, om: bool) -> None:
             # Line i (1-based) after the comment line is line first + i of the text.
             n = _fast_block(ctx, buf, a, e, first + 1)
             if n is None:
-                n = _slow_block(ctx, buf[a:e], first + 1)
+                chunk = buf[a:e]
+                n = _mixed_block(ctx, chunk, first + 1)
+                if n is None:
+                    n = _slow_block(ctx, chunk, first + 1)
             line = first + n + lost + 1
         if nxt < 0:
             break
@@ -520,6 +544,51 @@ def _split_block(ctx: _Ctx, chunk: bytes, bname: bytes) -> tuple[list[bytes], li
     slots[2::3] = [lab + b" " for lab in labs]
     ctx.template = (slots, labs, sids)
     return labs, vals, sids
+
+
+def _mixed_block(ctx: _Ctx, chunk: bytes, first: int) -> int | None:
+    """Lines `name{labels} value` with several names (histograms: _bucket, _sum, _count): cut every line
+    into (name, labels, value) with C-level replace/split; None, having added nothing, if unsure."""
+    core = chunk.replace(b"{", b"\n{")
+    r1 = len(core) - len(chunk)  # one per "{"
+    core2 = core.replace(b"} ", b"}\n\n")
+    r2 = len(core2) - len(core)  # one per "} "
+    parts = core2.split(b"\n")
+    n = len(parts) - 1 - r1 - 2 * r2
+    if not (n == r1 == r2) or n == 0:
+        return None
+    names, labs, gaps, vals = parts[1::4], parts[2::4], parts[3::4], parts[4::4]
+    if gaps.count(b"") != n:
+        return None
+    uniq = set(names)
+    if any(_NAME_RE.fullmatch(x) is None for x in uniq):
+        return None
+    values = _fast_values(vals, n)
+    if values is None:
+        return None
+    new = list(set(labs).difference(ctx.sids))
+    if new:
+        _parse_labels_bulk(new)
+        if not ctx.series_many(new):
+            return None
+    sids = np.fromiter(map(ctx.sids.__getitem__, labs), np.int32, n)
+    name_of = {x: x.decode("ascii") for x in uniq}
+    mid_of = {x: ctx.builder.metric_id(nm) for x, nm in name_of.items()}
+    mids = np.fromiter(map(mid_of.__getitem__, names), np.int32, n)
+    counter_of = {x: ctx.is_counter(nm) for x, nm in name_of.items()}
+    counter = np.fromiter(map(counter_of.__getitem__, names), bool, n)
+    exact = np.fromiter((x.startswith(b"DCGM_") or not counter_of[x] for x in names), bool, n) if any(
+        x.startswith(b"DCGM_") for x in uniq) else ~counter
+    bad = ~np.isfinite(values) | blank_sentinel_mask(values, exact) | (counter & (values < 0))
+    if bad.any():
+        for i in np.flatnonzero(bad).tolist():
+            nm = name_of[names[i]]
+            reason = value_problem(nm, float(values[i]), counter_of[names[i]]) or "invalid value"
+            ctx.issue(first + i, reason, names[i] + labs[i] + b" " + vals[i])
+        keep = ~bad
+        mids, sids, values = mids[keep], sids[keep], values[keep]
+    ctx.builder.add_arrays(mids, sids, values, np.full(values.shape[0], ctx.default_ts, np.float64))
+    return n
 
 
 def _parse_number(tok: bytes) -> float | None:
