@@ -15,9 +15,11 @@ made only of C-level bytes, regex and numpy operations, no Python per line:
 - values: numpy's integer reader for plain digits, else int(), else float() (same floats as float());
   NaN, Inf, DCGM blank sentinels and negative counters are found with numpy and become issues.
 
-Anything the fast path cannot prove (mixed names as in histograms, timestamps, exemplars, odd spacing,
-a broken line) falls back, per block, to a careful line-by-line parser that reports each bad line with
-its number. Property tests check that both paths, and prometheus-client, read the same samples.
+A block with several names (a histogram's `_bucket`, `_sum`, `_count`) is cut into (name, labels,
+value) the same C-level way. Anything the bulk paths cannot prove (timestamps, exemplars, lines without
+labels, odd spacing, a broken line) falls back, per block, to a careful line-by-line parser that reports
+each bad line with its number. Property tests check that all paths, and prometheus-client, read the same
+samples.
 
 Bad input never raises and never becomes a value: it becomes an ``InputIssue(source, line, reason,
 text)`` on the snapshot. Empty label values mean "label absent", as in Prometheus.
