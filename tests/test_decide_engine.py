@@ -162,3 +162,25 @@ def test_traces_without_a_faulty_worker_quarantine_nothing(name: str) -> None:
     assert not [i for i in intents if i.kind in (IntentKind.QUARANTINE, IntentKind.DRAIN, IntentKind.PAGE)]
     assert not [x for x in trs if x.to_state == State.QUARANTINED]
     assert len(loop.state.entities) == {"ST": 1, "SE": 16}[name]
+
+
+def test_light_tuples_carry_what_the_engines_full_tuples_say() -> None:
+    """The decider reads the engine's columns directly (no per-signal details); it must see the same
+    value, confidence, reason, worst category, labels and flags as the engine's own tuples."""
+    from fleethealth.decide.decider import _light_tuples
+    from fleethealth.score.engine import score_snapshot
+
+    rng = np.random.default_rng(3)
+    snap = _seed_scrape(60.0, rng, 1.95, 1850.0)
+    b = SnapshotBuilder()
+    b.extend_snapshot(snap)
+    b.add("fleethealth_node_info", {"node": "node-01", "pool": "a", "tp_group": "g0", "driver_version": "550"}, 1, 60)
+    fh = score_snapshot(b.build(60.0), default_policy(), 60.0)
+    light = {t.entity: t for t in _light_tuples(fh, "node")}
+    full = {t.entity: t for t in fh.by_kind("node")}
+    assert light.keys() == full.keys() and len(full) == 64
+    for k, f in full.items():
+        lt = light[k]
+        assert (lt.value, lt.confidence, lt.reason, lt.worst, lt.labels, lt.flags, lt.worst_member) == (
+            f.value, f.confidence, f.reason, f.worst, f.labels, f.flags, f.worst_member)
+    assert light["node-01"].labels.get("pool") == "a"

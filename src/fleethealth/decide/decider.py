@@ -102,7 +102,10 @@ def _lifecycle_and_flagged(health: Any) -> tuple[list[HealthTuple], list[HealthT
     columnar: only the flagged GPUs are turned into tuples (a 100k-GPU fleet has few)."""
     kinds = getattr(health, "kinds", None)
     if kinds is not None and hasattr(health, "by_kind") and hasattr(health, "tuples"):
-        life = [t for k in LIFECYCLE_KINDS for t in health.by_kind(k)]
+        try:
+            life = [t for k in LIFECYCLE_KINDS for t in _light_tuples(health, k)]
+        except (AttributeError, TypeError, IndexError, KeyError):  # an engine without these columns
+            life = [t for k in LIFECYCLE_KINDS for t in health.by_kind(k)]
         gpus: list[HealthTuple] = []
         ks = kinds.get("gpu")
         if ks is not None:
@@ -115,6 +118,28 @@ def _lifecycle_and_flagged(health: Any) -> tuple[list[HealthTuple], list[HealthT
     tuples = _all_tuples(health)
     return ([t for t in tuples if t.kind in LIFECYCLE_KINDS],
             [t for t in tuples if t.kind == "gpu" and t.flags])
+
+
+def _light_tuples(health: Any, kind: str) -> list[HealthTuple]:
+    """The engine's tuples without the per-signal details and category maps the decider never reads
+    (building those was most of a cycle's cost)."""
+    ks = health.kinds.get(kind)
+    if ks is None:
+        return []
+    meta = health.meta
+    values = ks.value.tolist()
+    conf = ks.confidence.tolist()
+    worst = ks.worst.tolist()
+    out = []
+    for i, name in enumerate(ks.names):
+        v = values[i]
+        w = int(worst[i])
+        out.append(HealthTuple(
+            entity=name, kind=ks.kind, value=None if v != v else float(v), confidence=float(conf[i]),
+            worst=ks.categories[w] if w >= 0 else None, reason=str(ks.reason[i]), labels=meta.labels(kind, i),
+            worst_member=ks.worst_member.get(i), flags=tuple(ks.flags.get(i, ())), ts=health.now,
+        ))
+    return out
 
 
 def node_of(t: HealthTuple) -> str:
