@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -109,3 +110,17 @@ def test_simulator_event_files_are_understood(recording: Path, tmp_path: Path) -
     assert res.exit_code == 0, res.output
     summary = _lines(res.stdout)[-1]
     assert summary["events"] == 0 and summary["events_skipped"] == {"xid": 1}
+
+
+def test_exposition_files_and_directories_replay(tmp_path: Path) -> None:
+    sample = Path("/work/shared/data/exposition-samples/dcgm-exporter-readme.prom")
+    if not sample.exists():
+        pytest.skip(f"{sample} not present")
+    d = tmp_path / "scrapes"
+    d.mkdir()
+    (d / "a.prom").write_bytes(sample.read_bytes())
+    os.utime(d / "a.prom", (1767000000, 1767000000))
+    res = runner.invoke(app, ["replay", "--format", "json", str(d)])
+    assert res.exit_code == 0, res.output
+    summary = _lines(res.stdout)[-1]
+    assert summary["cycles"] == 1 and summary["from"] == 1767000000.0  # undated samples: the file's mtime
