@@ -51,6 +51,7 @@ def test_degraded_only_after_dwell_and_back_only_above_stricter_threshold_for_lo
     assert tr.value == 0.6 and tr.confidence == 1.0 and tr.reason == "min:performance"
     assert tr.policy_version == default_policy().version_tag
     assert r.state.entities["n1"].transitions == 2
+    assert r.state.transition_counts() == {"n1": 2}
 
 
 def test_a_dip_shorter_than_the_dwell_resets_the_timer() -> None:

@@ -97,6 +97,10 @@ class DecisionState:
             "seq": self.seq, "last_ts": self.last_ts,
         }
 
+    def transition_counts(self) -> dict[str, int]:
+        """Transitions per entity so far: the flapping metric (dwell times keep it low)."""
+        return {k: e.transitions for k, e in sorted(self.entities.items())}
+
     def shallow(self) -> DecisionState:
         """Containers copied, entities shared: the decider copies an entity before changing it."""
         return DecisionState(
