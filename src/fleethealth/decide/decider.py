@@ -74,6 +74,7 @@ REMEDIATION_KINDS: frozenset[IntentKind] = frozenset({
     IntentKind.REBUILD_WORKER, IntentKind.RELEASE,
 })
 RECOVERY_PREFIX = "recovery_action:"
+DRAIN_FLAGS = frozenset({RECOVERY_PREFIX + "DRAIN_AND_RESET", RECOVERY_PREFIX + "DRAIN_P2P"})
 # Replica faults that a rebuilt worker fixes (pod tier); the rest of a replica's faults are the instance's.
 POD_TIER_HINTS = ("memory", "fragment", "leak", "deadlock", "hang", "stuck", "gate:")
 EVENT_CONDS = {
@@ -224,7 +225,7 @@ class Decider:
         node_flags: dict[str, set[str]] = defaultdict(set)
         gpu_by_node: dict[str, list[HealthTuple]] = defaultdict(list)
         for t in life:
-            if t.kind == "node":
+            if t.kind == "node" and t.flags:
                 node_flags[t.entity].update(t.flags)
         for g in flagged_gpus:
             n = node_of(g)
@@ -237,7 +238,7 @@ class Decider:
                 start = State.READY if t.kind == "node" else State.STARTING
                 es = s.entities[t.entity] = EntityLifecycle(t.entity, t.kind, start, now)
                 c.copied.add(t.entity)
-            if t.labels and any(es.labels.get(k) != str(v) for k, v in t.labels.items()):
+            if t.labels and not (t.labels.items() <= es.labels.items()):
                 c.mut(t.entity).labels.update({k: str(v) for k, v in t.labels.items()})
 
         self._absences(c, by_id)
@@ -245,11 +246,13 @@ class Decider:
         obs: dict[str, Observation | None] = {}
         for eid in s.entities:
             ht = by_id.get(eid)
-            obs[eid] = None if ht is None else Observation(
-                ht.value, ht.confidence, ht.reason, gate=ht.reason.startswith("gate:"),
-                drain_reset=any(f in node_flags.get(eid, set()) | set(ht.flags) for f in
-                                (RECOVERY_PREFIX + "DRAIN_AND_RESET", RECOVERY_PREFIX + "DRAIN_P2P")),
-            )
+            if ht is None:
+                obs[eid] = None
+                continue
+            fl = node_flags.get(eid)
+            drain = bool((fl and not DRAIN_FLAGS.isdisjoint(fl)) or (ht.flags and not DRAIN_FLAGS.isdisjoint(ht.flags)))
+            obs[eid] = Observation(ht.value, ht.confidence, ht.reason, gate=ht.reason.startswith("gate:"),
+                                   drain_reset=drain)
 
         self._fleet_confidence(c, obs)
         blamed = self._app_xids(c, life, flagged_gpus)
@@ -438,7 +441,8 @@ class Decider:
             o = obs.get(eid)
             if es.kind != "node" or o is None or o.value is None:
                 continue
-            flags = node_flags.get(eid, set()) & reset_flags
+            nf = node_flags.get(eid)
+            flags = nf & reset_flags if nf else set()
             if not flags:
                 if o.usable(p.lifecycle) and es.reset_scheduled:
                     c.mut(eid).reset_scheduled = False
