@@ -449,9 +449,10 @@ def _fast_block(ctx: _Ctx, buf: bytes, a: int, e: int, first: int) -> int | None
             return None
     labs, vals, sids = got
     n = len(vals)
-    values = _fast_values(vals, n)
-    if values is None:
-        return None  # timestamps, exemplars, 1_000 or a broken value: careful path
+    vt = _values_and_ts(ctx, vals, n)
+    if vt is None:
+        return None  # exemplars, 1_000, a broken value or timestamp: careful path
+    values, ts = vt
     name = bname.decode("ascii")
     counter = ctx.is_counter(name)
     bad = ~np.isfinite(values) | blank_sentinel_mask(values, name.startswith("DCGM_") or not counter)
@@ -463,12 +464,26 @@ def _fast_block(ctx: _Ctx, buf: bytes, a: int, e: int, first: int) -> int | None
             reason = value_problem(name, float(values[i]), counter) or "invalid value"
             ctx.issue(first + i, reason, bname + labs[i] + b" " + vals[i])
         keep = ~bad
-        sids, values = sids[keep], values[keep]
-    k = int(values.shape[0])
-    ctx.builder.add_arrays(
-        np.full(k, mid, np.int32), sids, values, np.full(k, ctx.default_ts, np.float64)
-    )
+        sids, values, ts = sids[keep], values[keep], ts[keep]
+    ctx.builder.add_arrays(np.full(values.shape[0], mid, np.int32), sids, values, ts)
     return n
+
+
+def _values_and_ts(ctx: _Ctx, vals: list[bytes], n: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """(values, timestamps) for one block's value texts: `v` or `v ts` (Prometheus /federate writes a
+    timestamp on every sample), or None when the careful path must judge."""
+    values = _fast_values(vals, n)
+    if values is not None:
+        return values, np.full(n, ctx.default_ts, np.float64)
+    joined = b" ".join(vals)
+    if joined.count(b" ") != 2 * n - 1:  # not exactly one space inside every value text
+        return None
+    pieces = joined.split(b" ")
+    values = _fast_values(pieces[0::2], n)
+    ts = _fast_values(pieces[1::2], n)
+    if values is None or ts is None or not np.isfinite(ts).all():
+        return None
+    return values, ts / ctx.ts_div
 
 
 def _fast_values(vals: list[bytes], n: int) -> np.ndarray | None:
@@ -565,9 +580,10 @@ def _mixed_block(ctx: _Ctx, chunk: bytes, first: int) -> int | None:
     uniq = set(names)
     if any(_NAME_RE.fullmatch(x) is None for x in uniq):
         return None
-    values = _fast_values(vals, n)
-    if values is None:
+    vt = _values_and_ts(ctx, vals, n)
+    if vt is None:
         return None
+    values, ts = vt
     new = list(set(labs).difference(ctx.sids))
     if new:
         _parse_labels_bulk(new)
@@ -588,8 +604,8 @@ def _mixed_block(ctx: _Ctx, chunk: bytes, first: int) -> int | None:
             reason = value_problem(nm, float(values[i]), counter_of[names[i]]) or "invalid value"
             ctx.issue(first + i, reason, names[i] + labs[i] + b" " + vals[i])
         keep = ~bad
-        mids, sids, values = mids[keep], sids[keep], values[keep]
-    ctx.builder.add_arrays(mids, sids, values, np.full(values.shape[0], ctx.default_ts, np.float64))
+        mids, sids, values, ts = mids[keep], sids[keep], values[keep], ts[keep]
+    ctx.builder.add_arrays(mids, sids, values, ts)
     return n
 
 
