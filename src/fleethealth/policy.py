@@ -131,7 +131,7 @@ class Freshness(Strict):
 class PeerDefaults(Strict):
     k_warn: float = 3.0
     k_crit: float = 6.0
-    min_peers: int = Field(default=5, ge=2)
+    min_peers: int = Field(default=4, ge=2)
 
 
 class SloDefaults(Strict):

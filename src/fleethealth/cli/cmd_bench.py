@@ -31,8 +31,8 @@ def scoring(
     else:
         c = Console(highlight=False)
         c.print(f"gpus {r['gpus']:,}  signals {r['signals']:,}")
-        c.print(f"vectorised engine: {r['score_s'] * 1000:.1f} ms median (cold, label sets unresolved: "
-                f"{r['score_cold_s'] * 1000:.1f} ms)")
+        c.print(f"vectorised engine: {r['score_s'] * 1000:.1f} ms median wall, {r['score_cpu_s'] * 1000:.1f} ms CPU "
+                f"(cold, label sets unresolved: {r['score_cold_s'] * 1000:.1f} ms)")
         if scalar:
             c.print(f"scalar seed algorithm: {r['scalar_s']:.2f} s  -> speed-up x{r['speedup']:.1f}")
             c.print("results equal: " + ("yes" if r["equal"] else f"NO ({len(r['mismatches'])} shown)"))
