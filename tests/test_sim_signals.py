@@ -352,3 +352,14 @@ def test_default_dcgm_field_list_leaves_optional_fields_out() -> None:
         assert m not in names
     # the Xid still shows: the remap is visible as Xid 63 only
     assert values(snap, "DCGM_FI_DEV_XID_ERRORS", Hostname="node-00", gpu="1") == [63.0]
+
+
+def test_training_only_serving_only_and_idle_fleets_run() -> None:
+    from fleethealth.sim import Scenario
+
+    for pool in ({"name": "t", "nodes": 3}, {"name": "s", "nodes": 2, "workload": "serving"},
+                 {"name": "i", "nodes": 2, "workload": "idle"}):
+        sim = Simulation(Scenario.model_validate({"name": "x", "duration": "2m", "fleet": {"pools": [pool]}}))
+        snaps = [s for _, s in sim.steps()]
+        assert len(snaps) == 8 and all(np.isfinite(s.values).all() for s in snaps)
+        assert "DCGM_FI_DEV_GPU_TEMP" in sim.render_node(sim.fleet.nodes[0])
