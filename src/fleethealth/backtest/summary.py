@@ -16,6 +16,10 @@ NO_QUARANTINE = frozenset({"exporter-outage", "rack-partition", "xid13-bad-kerne
                            "stage-imbalance", "noise-only"})
 
 
+# Faults whose first sign is a fatal Xid (a hard gate): removed within two scrape intervals.
+HARD_GATE_FAULTS = frozenset({"xid79_off_bus", "ecc_dbe_remap_failure", "nvlink_errors"})
+
+
 def score_all(run: BacktestRun) -> dict[str, ArmScore]:
     return {
         name: score_arm(log, run.truths, replica_node=run.replica_node, nodes=run.nodes, node_pool=run.node_pool,
@@ -35,7 +39,7 @@ def targets(run: BacktestRun, m: dict[str, Any], outcomes: list[Any]) -> dict[st
     for g in m["groups"]:
         out[f"{g['group']}:budget_held"] = bool(g["budget_held"])
         out[f"{g['group']}:paged"] = bool(g["paged"])
-    gates = [o for o in outcomes if o.incident.fault in ("xid79_off_bus", "ecc_dbe_remap_failure")]
+    gates = [o for o in outcomes if o.incident.fault in HARD_GATE_FAULTS]
     if gates:
         out["hard_gate_removed<=2_scrapes"] = all(
             o.removal_s is not None and o.removal_s <= 2 * run.step_s for o in gates)
