@@ -355,7 +355,10 @@ def _evaluate(ctx: _Ctx, spec: SignalSpec, kind: EntityKind, table: _KindTable) 
     if _is_counter(spec):
         window = spec.rate_window_s or pol.freshness.rate_window_s
         inw = ts > now - window
-        s_ids, inc, t0, t1, _ = _increase_per_series(ser[inw], vals[inw], ts[inw])
+        all_in = bool(inw.all())
+        s_ids, inc, t0, t1, last_v = (
+            _increase_per_series(ser, vals, ts) if all_in else _increase_per_series(ser[inw], vals[inw], ts[inw])
+        )
         dt = t1 - t0
         with np.errstate(invalid="ignore", divide="ignore"):
             rate = np.where(dt > 0, inc / np.where(dt > 0, dt, 1.0), np.nan)
@@ -366,19 +369,28 @@ def _evaluate(ctx: _Ctx, spec: SignalSpec, kind: EntityKind, table: _KindTable) 
         ent_of_series[ser] = ent
         e = ent_of_series[s_ids]
         good = ~np.isnan(rate)
+        one_per_entity = e.size == 0 or np.bincount(e).max() <= 1
         if good.any():
-            acc = np.zeros(n)
-            cnt = np.zeros(n)
-            np.add.at(acc, e[good], rate[good])
-            np.add.at(cnt, e[good], 1)
-            res.rate = np.where(cnt > 0, acc, np.nan)
-        age = np.full(n, np.nan)
-        if s_ids.size:
-            np.fmin.at(age, e, now - t1)
-        # latest raw value per entity, for explanation
-        lp = _latest_per_series(ser, ts)
-        res.raw = _reduce_worst(ent[lp], vals[lp], n, True)
-        res.age = np.where(np.isnan(age), _reduce_worst(ent[lp], now - ts[lp], n, False), age)
+            if one_per_entity:
+                res.rate = np.full(n, np.nan)
+                res.rate[e[good]] = rate[good]
+            else:
+                acc = np.zeros(n)
+                cnt = np.zeros(n)
+                np.add.at(acc, e[good], rate[good])
+                np.add.at(cnt, e[good], 1)
+                res.rate = np.where(cnt > 0, acc, np.nan)
+        if all_in:
+            # every series has its latest sample in the window: reuse the per-series ends
+            res.raw = _reduce_worst(e, last_v, n, True)
+            res.age = _reduce_worst(e, now - t1, n, False)
+        else:
+            age = np.full(n, np.nan)
+            if s_ids.size:
+                np.fmin.at(age, e, now - t1)
+            lp = _latest_per_series(ser, ts)
+            res.raw = _reduce_worst(ent[lp], vals[lp], n, True)
+            res.age = np.where(np.isnan(age), _reduce_worst(ent[lp], now - ts[lp], n, False), age)
         x = res.rate
     else:
         lp = _latest_per_series(ser, ts)
@@ -617,16 +629,14 @@ def _evaluate_slo(ctx: _Ctx, spec: SignalSpec, kind: EntityKind, table: _KindTab
 # --------------------------------------------------------------------------------------------------
 @dataclass
 class KindScores:
-    """Columnar scores of every entity of one kind."""
+    """Columnar scores of every entity of one kind. raw/rate/z/age matrices (for explanation only) are
+    stacked on first use."""
 
     kind: EntityKind
     names: list[str]
     signals: list[SignalSpec]
     sub: np.ndarray  # entities x signals
-    raw: np.ndarray
-    rate: np.ndarray
-    z: np.ndarray
-    age: np.ndarray
+    results: list[_SignalResult]
     expected: np.ndarray  # entities x signals (bool)
     categories: list[str]
     cat: np.ndarray  # entities x categories
@@ -639,6 +649,32 @@ class KindScores:
     worst_member: dict[int, str] = field(default_factory=dict)
     member_of: np.ndarray | None = None  # for gpu: node index
     gated: np.ndarray | None = None  # bool per entity: a hard gate decided it
+    _stacked: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def _stack(self, attr: str) -> np.ndarray:
+        m = self._stacked.get(attr)
+        if m is None:
+            n = len(self.names)
+            m = self._stacked[attr] = (
+                np.column_stack([getattr(r, attr) for r in self.results]) if self.results else np.zeros((n, 0))
+            )
+        return m
+
+    @property
+    def raw(self) -> np.ndarray:
+        return self._stack("raw")
+
+    @property
+    def rate(self) -> np.ndarray:
+        return self._stack("rate")
+
+    @property
+    def z(self) -> np.ndarray:
+        return self._stack("z")
+
+    @property
+    def age(self) -> np.ndarray:
+        return self._stack("age")
 
 
 def _cross_category(cat: np.ndarray, how: str) -> tuple[np.ndarray, np.ndarray]:
@@ -675,7 +711,7 @@ def _aggregate(
             return np.zeros((n, 0))
         return np.column_stack([getattr(r, attr) for r in results])
 
-    sub, raw, rate, z, age = (stack(a) for a in ("sub", "raw", "rate", "z", "age"))
+    sub = stack("sub")
     seen = stack("seen").astype(bool) if m else np.zeros((n, 0), bool)
     fresh = ~np.isnan(sub)
     fams = sorted({s.family_name for s in specs})
@@ -734,7 +770,7 @@ def _aggregate(
         for e, note in r.notes.items():
             notes[(e, j)] = note
     return KindScores(
-        kind, names, specs, sub, raw, rate, z, age, expected, categories, cat, value, confidence, worst,
+        kind, names, specs, sub, list(results), expected, categories, cat, value, confidence, worst,
         reason, flags, notes, gated=np.asarray(gated, bool),
     )
 
