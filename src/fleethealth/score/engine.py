@@ -567,30 +567,54 @@ def _evaluate_slo(ctx: _Ctx, spec: SignalSpec, kind: EntityKind, table: _KindTab
     if req_idx.size == 0:
         return res
 
-    def per_entity(idx: np.ndarray, start: float) -> tuple[np.ndarray, np.ndarray]:
-        """increase per entity over (start, now] and the age of the last sample."""
-        inc_e = np.full(n, np.nan)
-        age_e = np.full(n, np.nan)
-        if idx.size == 0:
+    class _Windows:
+        """Sorted once per metric; increase over any (start, now] by binary search. Values are made
+        reset-corrected cumulative along each series first (like PromQL), so an increase is a
+        difference of two entries."""
+
+        def __init__(self, idx: np.ndarray) -> None:
+            ser = snap.series_ids[idx]
+            kid = ctx.resolver.arr[kind][ser]
+            ent = np.where(kid >= 0, table.lut[np.maximum(kid, 0)], -1)
+            keep = ent >= 0
+            ser, ent, ts, v = ser[keep], ent[keep], snap.ts[idx][keep], snap.values[idx][keep]
+            order = order_by_series_time(ser, ts)
+            self.ser, self.ent, self.ts, v = ser[order], ent[order], ts[order], v[order]
+            n_s = self.ser.size
+            start = np.ones(n_s, bool)
+            start[1:] = self.ser[1:] != self.ser[:-1]
+            d = np.diff(v, prepend=v[0] if n_s else 0.0)
+            d = np.where(d < 0, v, d)
+            d[start] = 0.0
+            self.cum = np.cumsum(d)
+            self.starts = np.flatnonzero(start)
+            self.ends = np.concatenate((self.starts[1:], [n_s])) - 1 if n_s else np.zeros(0, np.int64)
+            self.t0 = float(self.ts.min()) if n_s else 0.0
+            self.span = float(self.ts.max()) - self.t0 + 1.0 if n_s else 1.0
+            self.key = self.ser.astype(np.float64) * self.span + (self.ts - self.t0)
+
+        def per_entity(self, start: float) -> tuple[np.ndarray, np.ndarray]:
+            """increase per entity over (start, now] and the age of the last sample."""
+            inc_e = np.full(n, np.nan)
+            age_e = np.full(n, np.nan)
+            if self.ser.size == 0:
+                return inc_e, age_e
+            sids = self.ser[self.starts]
+            q = sids.astype(np.float64) * self.span + (start - self.t0)
+            first = np.maximum(np.searchsorted(self.key, q, side="right"), self.starts)
+            last = self.ends
+            ok = last > first
+            inc = np.where(ok, self.cum[last] - self.cum[np.minimum(first, last)], np.nan)
+            e = self.ent[self.starts]
+            good = ok & ~np.isnan(inc)
+            acc = np.zeros(n)
+            cnt = np.zeros(n)
+            np.add.at(acc, e[good], inc[good])
+            np.add.at(cnt, e[good], 1)
+            inc_e = np.where(cnt > 0, acc, np.nan)
+            has = first <= last
+            np.fmin.at(age_e, e[has], now - self.ts[last[has]])
             return inc_e, age_e
-        ser = snap.series_ids[idx]
-        kid = ctx.resolver.arr[kind][ser]
-        ent = np.where(kid >= 0, table.lut[np.maximum(kid, 0)], -1)
-        ts = snap.ts[idx]
-        keep = (ent >= 0) & (ts > start)
-        s_ids, inc, _t0, t1, _ = _increase_per_series(ser[keep], snap.values[idx][keep], ts[keep])
-        if s_ids.size == 0:
-            return inc_e, age_e
-        e_of_s = dict(zip(ser[keep].tolist(), ent[keep].tolist(), strict=True))
-        e = np.array([e_of_s[s] for s in s_ids.tolist()], np.int64)
-        ok = ~np.isnan(inc)
-        acc = np.zeros(n)
-        cnt = np.zeros(n)
-        np.add.at(acc, e[ok], inc[ok])
-        np.add.at(cnt, e[ok], 1)
-        inc_e = np.where(cnt > 0, acc, np.nan)
-        np.fmin.at(age_e, e, now - t1)
-        return inc_e, age_e
 
     # seen / freshness from the request counter
     ser_all = snap.series_ids[req_idx]
@@ -599,11 +623,12 @@ def _evaluate_slo(ctx: _Ctx, spec: SignalSpec, kind: EntityKind, table: _KindTab
     res.seen[ent_all[ent_all >= 0]] = True
     burns: list[tuple[np.ndarray, np.ndarray, float]] = []
     last_total = None
+    req_w, good_w = _Windows(req_idx), _Windows(good_idx)
     for w in pol.slo.windows:
         pair = []
         for win in (w.long_s, w.short_s):
-            total, age = per_entity(req_idx, now - win)
-            good, _ = per_entity(good_idx, now - win)
+            total, age = req_w.per_entity(now - win)
+            good, _ = good_w.per_entity(now - win)
             if spec.threshold_s is not None:
                 bad = np.where(np.isnan(good), np.where(total > 0, np.nan, 0.0), total - good)
                 bad = np.clip(bad, 0.0, None)
