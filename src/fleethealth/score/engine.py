@@ -64,6 +64,7 @@ class _Resolver:
         self.arr: dict[str, np.ndarray] = {}
         self.labelsets: list[LabelSet] | None = None
         self._groups: dict[tuple[str, ...], tuple[int, dict[tuple[str, ...], int], list[int]]] = {}
+        self.meta_cache: dict[tuple[str, tuple[int, ...]], dict[str, str]] = {}
 
     def group_ids(self, labels: tuple[str, ...]) -> np.ndarray:
         """Per label set, the id of its peer group (the values of ``labels``); incremental, cached."""
@@ -993,6 +994,7 @@ class _MetaIndex:
     def __init__(self, ctx: _Ctx, policy: Policy, tables: dict[str, _KindTable], gpu_node: np.ndarray) -> None:
         self.snap = ctx.snap
         self.wanted = set(policy.metadata_labels)
+        self.shared = ctx.resolver.meta_cache
         self.gpu_node = gpu_node
         self._pairs: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         self._node_gpus: tuple[np.ndarray, np.ndarray] | None = None
@@ -1050,17 +1052,28 @@ class _MetaIndex:
         if hit is not None:
             return hit
         d: dict[str, str] = {}
-        for sid in self._series_of(kind, e):
-            for k, v in self.snap.labelsets[sid]:
-                if k in self.wanted and k not in d:
-                    d[k] = v
+        series = tuple(self._series_of(kind, e))
+        # Label sets are interned for the life of a history: their merged labels are too.
+        cached = self.shared.get((kind, series))
+        if cached is None:
+            cached = {}
+            for sid in series:
+                for k, v in self.snap.labelsets[sid]:
+                    if k in self.wanted and k not in cached:
+                        cached[k] = v
+            if len(self.shared) > 500_000:
+                self.shared.clear()
+            self.shared[(kind, series)] = cached
+        d.update(cached)
         if kind == "node":
             if self._node_gpus is None:
                 order = np.argsort(self.gpu_node, kind="stable")
                 self._node_gpus = (self.gpu_node[order], order)
             gn, order = self._node_gpus
             a, b = int(np.searchsorted(gn, e, "left")), int(np.searchsorted(gn, e, "right"))
-            for g in order[a:b].tolist():
+            # The node's first GPU speaks for the node-wide labels (driver, model, pool): GPU-specific
+            # ones are excluded anyway, and asking all eight costs 8x for the same answer.
+            for g in order[a:min(b, a + 1)].tolist():
                 for k, v in self.labels("gpu", int(g)).items():
                     if k not in _GPU_SPECIFIC and k not in d:
                         d[k] = v
