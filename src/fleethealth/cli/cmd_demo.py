@@ -23,7 +23,7 @@ def register(app: typer.Typer) -> None:
                                                      "(e.g. 30m)")] = None,
         speed: Annotated[float, typer.Option("--speed", help="at most this many times real time "
                                              "(0: as fast as the machine goes)")] = 0.0,
-        cycle: Annotated[float, typer.Option("--cycle", help="decision cycle, simulated seconds")] = 120.0,
+        cycle: Annotated[float, typer.Option("--cycle", help="decision cycle, simulated seconds (two scrapes, as a live controller runs)")] = 30.0,
         live: Annotated[bool, typer.Option("--live/--no-live", help="live terminal view, or plain lines "
                                            "for CI and logs")] = True,
         report: Annotated[Path, typer.Option("--report", help="where to write the HTML report")]
