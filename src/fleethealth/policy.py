@@ -12,7 +12,7 @@ import re
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -310,27 +310,42 @@ def _loc_name(loc: tuple[Any, ...], data: Any) -> str:
     return "".join(out) or "<top>"
 
 
-def parse_policy(text: str, source: str = "<policy>") -> Policy:
+M = TypeVar("M", bound=BaseModel)
+
+
+def validate_yaml(
+    text: str, source: str, model: type[M], error: type[Exception], *, what: str, hint: str,
+    drop_loc: tuple[str, ...] = (),
+) -> M:
+    """Parse YAML text into a pydantic model. Every failure raises ``error`` with one line per problem,
+    naming the file, the line and the key path (``mine.yaml:12: signals[3](gpu_temp).warn: ...``), never
+    a traceback. Used for the policy, the controller config and simulator scenarios alike."""
     try:
         node = yaml.compose(text)
         data = yaml.safe_load(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"{source}:{mark.line + 1}" if mark else source
-        raise PolicyError(f"{where}: not valid YAML: {getattr(e, 'problem', e)}") from None
+        raise error(f"{where}: not valid YAML: {getattr(e, 'problem', e)}") from None
     if not isinstance(data, dict):
-        raise PolicyError(f"{source}: a policy is a YAML mapping with at least a 'signals' list")
+        raise error(f"{source}: {hint}")
     try:
-        return Policy.model_validate(data)
+        return model.model_validate(data)
     except ValidationError as e:
         msgs = []
         for err in e.errors():
             loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+            # pydantic reports the branches of a union as extra path parts; callers may drop them
+            loc = tuple(p for p in loc if p not in drop_loc)
             line = _line_of(node, loc)
-            key = _loc_name(loc, data)
             msg = err["msg"].removeprefix("Value error, ")
-            msgs.append(f"{source}:{line or '?'}: {key}: {msg}")
-        raise PolicyError("invalid policy\n  " + "\n  ".join(msgs)) from None
+            msgs.append(f"{source}:{line or '?'}: {_loc_name(loc, data)}: {msg}")
+        raise error(f"invalid {what}\n  " + "\n  ".join(msgs)) from None
+
+
+def parse_policy(text: str, source: str = "<policy>") -> Policy:
+    return validate_yaml(text, source, Policy, PolicyError, what="policy",
+                         hint="a policy is a YAML mapping with at least a 'signals' list")
 
 
 def load_policy(path: str | Path | None = None) -> Policy:

@@ -34,11 +34,10 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from fleethealth.act.config import ActuationConfig
-from fleethealth.policy import _line_of, _loc_name
+from fleethealth.policy import validate_yaml
 
 
 class _Strict(BaseModel):
@@ -189,25 +188,8 @@ class ConfigError(Exception):
 
 
 def parse_config(text: str, source: str = "<config>", base_dir: Path | None = None) -> ControllerConfig:
-    try:
-        node = yaml.compose(text)
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"{source}:{mark.line + 1}" if mark else source
-        raise ConfigError(f"{where}: not valid YAML: {getattr(e, 'problem', e)}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{source}: a controller config is a YAML mapping with at least a 'sources' section")
-    try:
-        cfg = ControllerConfig.model_validate(data)
-    except ValidationError as e:
-        msgs = []
-        for err in e.errors():
-            loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-")))
-            line = _line_of(node, loc)
-            msg = err["msg"].removeprefix("Value error, ")
-            msgs.append(f"{source}:{line or '?'}: {_loc_name(loc, data)}: {msg}")
-        raise ConfigError("invalid controller config\n  " + "\n  ".join(msgs)) from None
+    cfg = validate_yaml(text, source, ControllerConfig, ConfigError, what="controller config",
+                        hint="a controller config is a YAML mapping with at least a 'sources' section")
     if base_dir is not None:
         cfg = _resolve_paths(cfg, base_dir)
     return cfg

@@ -42,10 +42,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from fleethealth.policy import _line_of, _loc_name
+from fleethealth.policy import validate_yaml
 
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
 _DUR = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
@@ -217,28 +216,9 @@ class Scenario(Strict):
 
 
 def parse_scenario(text: str, source: str = "<scenario>") -> Scenario:
-    try:
-        node = yaml.compose(text)
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"{source}:{mark.line + 1}" if mark else source
-        raise ScenarioError(f"{where}: not valid YAML: {getattr(e, 'problem', e)}") from None
-    if not isinstance(data, dict):
-        raise ScenarioError(f"{source}: a scenario is a YAML mapping with 'name', 'fleet' and 'faults'")
-    try:
-        return Scenario.model_validate(data)
-    except ValidationError as e:
-        msgs = []
-        for err in e.errors():
-            loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-")))
-            # pydantic reports the Literal/str branches of a union as extra path parts; drop them.
-            loc = tuple(p for p in loc if p not in ("str", "list[str]"))
-            line = _line_of(node, loc)
-            key = _loc_name(loc, data)
-            msg = err["msg"].removeprefix("Value error, ")
-            msgs.append(f"{source}:{line or '?'}: {key}: {msg}")
-        raise ScenarioError("invalid scenario\n  " + "\n  ".join(msgs)) from None
+    return validate_yaml(text, source, Scenario, ScenarioError, what="scenario",
+                         hint="a scenario is a YAML mapping with 'name', 'fleet' and 'faults'",
+                         drop_loc=("str", "list[str]"))
 
 
 def builtin_names() -> list[str]:
