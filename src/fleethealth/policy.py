@@ -174,6 +174,8 @@ class Lifecycle(Strict):
     recovery_window_s: float = Field(default=7 * 86400.0, gt=0)
     active_test: list[str] = Field(default_factory=lambda: ["dcgm_diag_r2", "nccl_bandwidth"])
     warming_s: float = Field(default=60.0, ge=0)
+    # after an OOM from batch overload (concurrency limited), a replica's score-driven quarantine is held
+    overload_hold_s: float = Field(default=1800.0, ge=0)
 
     @model_validator(mode="after")
     def _hysteresis(self) -> Lifecycle:

@@ -474,6 +474,8 @@ class Decider:
         produced = oom.oom_intents(ev, c.now, policy_version=c.version)
         if any(it.kind == IntentKind.QUARANTINE for it in produced):
             return e.entity
+        if any(it.kind == IntentKind.LIMIT_CONCURRENCY for it in produced) and e.entity in c.s.entities:
+            c.mut(e.entity).overload_until = c.now + self.policy.lifecycle.overload_hold_s
         for it in produced:
             if c.s.frozen and it.kind in REMEDIATION_KINDS:
                 continue
@@ -494,6 +496,10 @@ class Decider:
             return None
         if es.state in ISOLATED_STATES or rule.cond in (Cond.HUMAN_QUARANTINE, Cond.HUMAN_READY):
             return None  # already out of service, or a human said so
+        if (es.kind == "replica" and es.overload_until is not None and c.now < es.overload_until
+                and rule.cond in SIGNAL_CONDS):
+            # the smallest tier that fits: overload was answered at the instance (concurrency limit)
+            return "held:overload"
         p = self.policy
         for label in p.attribution.version_labels:
             v = es.labels.get(label)

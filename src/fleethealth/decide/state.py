@@ -35,6 +35,9 @@ class EntityLifecycle:
     blocked: str | None = None  # why a wanted remediation is held back (budget, tp group, version, ...)
     reset_scheduled: bool = False  # a SCHEDULE_RESET is outstanding (row remap pending, ...)
     absent_since: float | None = None  # no tuple at all since then (the engine forgot it)
+    # replica: an OOM from batch overload limited its concurrency; until then its latency is overload,
+    # handled at the instance tier, not a reason to quarantine it
+    overload_until: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -45,6 +48,7 @@ class EntityLifecycle:
             "last_reason": self.last_reason, "last_known_ts": self.last_known_ts, "weight": self.weight,
             "no_new_work": self.no_new_work, "flagged": self.flagged, "blocked": self.blocked,
             "reset_scheduled": self.reset_scheduled, "absent_since": self.absent_since,
+            "overload_until": self.overload_until,
         }
 
     def copy(self) -> EntityLifecycle:
@@ -54,7 +58,7 @@ class EntityLifecycle:
             {k: Timer(t.accum_s, t.last_ts) for k, t in self.timers.items()}, self.transitions,
             list(self.recoveries), dict(self.labels), self.last_value, self.last_confidence, self.last_reason,
             self.last_known_ts, self.weight, self.no_new_work, self.flagged, self.blocked, self.reset_scheduled,
-            self.absent_since,
+            self.absent_since, self.overload_until,
         )
 
     @staticmethod
@@ -68,7 +72,7 @@ class EntityLifecycle:
             last_known_ts=d.get("last_known_ts"), weight=d.get("weight"),
             no_new_work=bool(d.get("no_new_work", False)), flagged=bool(d.get("flagged", False)),
             blocked=d.get("blocked"), reset_scheduled=bool(d.get("reset_scheduled", False)),
-            absent_since=d.get("absent_since"),
+            absent_since=d.get("absent_since"), overload_until=d.get("overload_until"),
         )
 
 
