@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import re
-import sqlite3
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -20,6 +19,7 @@ from typing import Any
 import httpx
 
 from fleethealth.act.kube_api import Kube, KubeError
+from fleethealth.act.ledger import open_autocommit
 from fleethealth.act.outcome import Outcome, node_of
 from fleethealth.decide.model import Intent, IntentKind
 
@@ -57,10 +57,8 @@ def redact(obj: Any) -> Any:
 class EvidenceIndex:
     def __init__(self, path: str | Path) -> None:
         self.path = str(path)
-        if self.path != ":memory:":
-            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
-        self._db = sqlite3.connect(self.path, timeout=30.0, isolation_level=None, check_same_thread=False)
+        self._db = open_autocommit(self.path)
         self._db.execute("""CREATE TABLE IF NOT EXISTS evidence (
             id INTEGER PRIMARY KEY AUTOINCREMENT, entity TEXT NOT NULL, ts REAL NOT NULL, path TEXT NOT NULL,
             reason TEXT NOT NULL, intent_key TEXT NOT NULL DEFAULT '')""")

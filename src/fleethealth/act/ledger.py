@@ -81,14 +81,19 @@ def _dumps(obj: Any) -> str:
     return json.dumps(obj, sort_keys=True, default=str)
 
 
+def open_autocommit(path: str) -> sqlite3.Connection:
+    """An autocommit SQLite connection usable from any thread, its folder created: several processes
+    (controller replicas, the CLI) may share the file."""
+    if path != ":memory:":
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+    return sqlite3.connect(path, timeout=30.0, isolation_level=None, check_same_thread=False)
+
+
 class Ledger:
     def __init__(self, path: str | Path) -> None:
         self.path = str(path)
-        if self.path != ":memory:":
-            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
-        # Autocommit; several processes (controller replicas, CLI) may share the file.
-        self._db = sqlite3.connect(self.path, timeout=30.0, isolation_level=None, check_same_thread=False)
+        self._db = open_autocommit(self.path)
         self._db.row_factory = sqlite3.Row
         if self.path != ":memory:":
             self._db.execute("PRAGMA journal_mode=WAL")

@@ -40,6 +40,12 @@ from fleethealth.act.config import ActuationConfig
 from fleethealth.policy import validate_yaml
 
 
+def _http_url(v: str) -> str:
+    if not v.startswith(("http://", "https://")):
+        raise ValueError("must be an http:// or https:// URL")
+    return v
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -63,9 +69,7 @@ class PrometheusConfig(_Strict):
     @field_validator("url")
     @classmethod
     def _url(cls, v: str) -> str:
-        if not v.startswith(("http://", "https://")):
-            raise ValueError("must be an http:// or https:// URL")
-        return v
+        return _http_url(v)
 
 
 class ScrapeTargetConfig(_Strict):
@@ -76,9 +80,7 @@ class ScrapeTargetConfig(_Strict):
     @field_validator("url")
     @classmethod
     def _url(cls, v: str) -> str:
-        if not v.startswith(("http://", "https://")):
-            raise ValueError("must be an http:// or https:// URL")
-        return v
+        return _http_url(v)
 
 
 class ScrapeConfig(_Strict):
@@ -136,9 +138,7 @@ class AlertmanagerConfig(_Strict):
     @field_validator("url")
     @classmethod
     def _url(cls, v: str) -> str:
-        if not v.startswith(("http://", "https://")):
-            raise ValueError("must be an http:// or https:// URL")
-        return v
+        return _http_url(v)
 
 
 class EvidenceConfig(_Strict):

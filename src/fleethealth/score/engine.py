@@ -41,7 +41,6 @@ REPLICA_INFO_METRIC = "fleethealth_replica_info"
 KINDS: tuple[EntityKind, ...] = ("gpu", "node", "replica", "rank")
 UNNAMED_NODE = "(no-node-label)"
 _GPU_SPECIFIC = {"UUID", "pci_bus_id", "gpu", "device", "job", "pod", "container", "rank", "peer_group", "xid", "le"}
-_COUNTER_SUFFIXES = ("_total", "_count", "_bucket", "_sum")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -247,7 +246,6 @@ class _Ctx:
             for u, a, b in zip(uniq.tolist(), first.tolist(), last.tolist(), strict=True):
                 self.bounds[u] = (a, b)
         self.resolver = _resolver_for(snap, policy)
-        self._match_cache: dict[tuple[str, tuple[tuple[str, str], ...]], np.ndarray] = {}
 
     def samples(self, metric: str, match: Mapping[str, str] | None = None) -> np.ndarray:
         mid = self.metric_ix.get(metric)

@@ -20,8 +20,6 @@ import numpy as np
 from fleethealth.policy import Policy
 from fleethealth.signals.snapshot import InputIssue, LabelSet, Snapshot, order_by_series_time
 
-_COUNTER_SUFFIXES = ("_total", "_count", "_bucket", "_sum", "_created")
-
 
 def value_start_metrics(policy: Policy) -> set[str]:
     """Gauges whose *change* is the event (DCGM's last-Xid value): the view also carries the time the
@@ -97,8 +95,6 @@ class SignalHistory:
             ix = self._metric_ix[name] = len(self.metrics)
             self.metrics.append(name)
             keep = self.counter_keep.get(name)
-            if keep is None and name.endswith(_COUNTER_SUFFIXES) and name in self.counter_keep:
-                keep = self.counter_keep[name]
             self._keep_of_metric = np.append(self._keep_of_metric, -1.0 if keep is None else keep)
             self._track_start = np.append(self._track_start, name in self.value_start)
         return ix
