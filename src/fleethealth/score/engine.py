@@ -64,6 +64,32 @@ class _Resolver:
         self.labelsets: list[LabelSet] | None = None
         self._groups: dict[tuple[str, ...], tuple[int, dict[tuple[str, ...], int], list[int]]] = {}
         self.meta_cache: dict[tuple[str, tuple[int, ...]], dict[str, str]] = {}
+        self._floats: dict[str, list[float]] = {}
+        self._matches: dict[tuple[tuple[str, str], ...], list[bool]] = {}
+
+    def label_floats(self, label: str) -> np.ndarray:
+        """Per label set, the float value of ``label`` (NaN when absent or not a number); incremental."""
+        assert self.labelsets is not None
+        vals = self._floats.setdefault(label, [])
+        for ls in self.labelsets[len(vals):]:
+            x = dict(ls).get(label)
+            try:
+                vals.append(float(x) if x is not None else math.nan)
+            except ValueError:
+                vals.append(math.nan)
+        return np.asarray(vals, np.float64)
+
+    def label_match(self, match: Mapping[str, str]) -> np.ndarray:
+        """Per label set, whether every label fully matches its regular expression; incremental."""
+        assert self.labelsets is not None
+        key = tuple(sorted(match.items()))
+        hits = self._matches.setdefault(key, [])
+        if len(hits) < len(self.labelsets):
+            rx = [(k, re.compile(v)) for k, v in key]
+            for ls in self.labelsets[len(hits):]:
+                d = dict(ls)
+                hits.append(all(r.fullmatch(d.get(k, "")) is not None for k, r in rx))
+        return np.asarray(hits, bool)
 
     def group_ids(self, labels: tuple[str, ...]) -> np.ndarray:
         """Per label set, the id of its peer group (the values of ``labels``); incremental, cached."""
@@ -254,15 +280,7 @@ class _Ctx:
         a, b = self.bounds[mid]
         idx = self.order[a:b]
         if match:
-            ser = self.snap.series_ids[idx]
-            uniq = np.unique(ser)
-            rx = {k: re.compile(v) for k, v in match.items()}
-            good = np.array(
-                [all(r.fullmatch(dict(self.snap.labelsets[u]).get(k, "")) for k, r in rx.items()) for u in uniq.tolist()],
-                bool,
-            )
-            keep = np.isin(ser, uniq[good])
-            idx = idx[keep]
+            idx = idx[self.resolver.label_match(match)[self.snap.series_ids[idx]]]
         return idx
 
 
@@ -547,20 +565,14 @@ def _evaluate_slo(ctx: _Ctx, spec: SignalSpec, kind: EntityKind, table: _KindTab
     req_idx = ctx.samples(spec.requests_metric)
     if spec.threshold_s is not None:
         bidx = ctx.samples(spec.metric + "_bucket", spec.match)
-        # pick, per series family, the largest bucket bound <= threshold
-        les: dict[int, float] = {}
-        for s in np.unique(snap.series_ids[bidx]).tolist():
-            le = dict(snap.labelsets[s]).get("le")
-            try:
-                les[s] = float(le) if le is not None else math.nan
-            except ValueError:
-                les[s] = math.nan
-        good_bounds = [v for v in les.values() if not math.isnan(v) and v <= spec.threshold_s + 1e-12]
-        if not good_bounds:
+        # the largest bucket bound <= threshold
+        le = ctx.resolver.label_floats("le")[snap.series_ids[bidx]]
+        with np.errstate(invalid="ignore"):
+            usable = le <= spec.threshold_s + 1e-12
+        if not usable.any():
             return res
-        bound = max(good_bounds)
-        chosen = np.array([s for s, v in les.items() if v == bound], np.int64)
-        good_idx = bidx[np.isin(snap.series_ids[bidx], chosen)]
+        bound = float(le[usable].max())
+        good_idx = bidx[le == bound]
     else:
         good_idx = ctx.samples(spec.metric, spec.match)
     if req_idx.size == 0:
@@ -1099,29 +1111,78 @@ def score_snapshot(
     if consumer not in CONSUMERS:
         raise ValueError(f"unknown consumer {consumer!r}: expected one of {', '.join(CONSUMERS)}")
     how = aggregation or policy.aggregation.get(consumer, "min")  # type: ignore[call-overload]
-    ctx = _Ctx(snapshot, policy, now)
-    tables = _entity_tables(ctx, policy, inventory)
-    categories = list(dict.fromkeys(s.category for s in policy.signals))
+    ev = _evaluation(snapshot, policy, now, inventory)
     kinds: dict[str, KindScores] = {}
     for kind in KINDS:
-        specs = [s for s in policy.signals if kind in s.entities]
-        table = tables[kind]
-        results = [_evaluate(ctx, s, kind, table) for s in specs] if table.names else []
-        kind_cats = [c for c in categories if any(s.category == c for s in specs)]
+        specs, table, results = ev.specs[kind], ev.tables[kind], ev.results[kind]
+        kind_cats = [c for c in ev.categories if any(s.category == c for s in specs)]
         kinds[kind] = _aggregate(
             kind, table.names, specs if table.names else [], results, how, kind_cats, policy.critical_zeroes_category
         )
+    kinds["gpu"].member_of = ev.gpu_node
+    _roll_up_nodes(kinds["gpu"], kinds["node"], ev.gpu_node)
+    return FleetHealth(now, consumer, policy.version_tag, kinds, ev.meta, list(snapshot.issues) + ev.issues)
+
+
+@dataclass
+class _Evaluation:
+    """The consumer-independent part of scoring: entities and every signal's sub-scores."""
+
+    snapshot: Snapshot
+    policy: Policy
+    now: float
+    inventory: Mapping[str, Sequence[str]] | None
+    specs: dict[str, list[SignalSpec]]
+    tables: dict[str, _KindTable]
+    results: dict[str, list[_SignalResult]]
+    categories: list[str]
+    gpu_node: np.ndarray
+    meta: _MetaIndex
+    issues: list[InputIssue]
+
+
+# A controller cycle scores the same snapshot for several consumers (remediation, serving); the
+# signals and their normalisation do not depend on the consumer, only the aggregation does. One entry,
+# holding its snapshot and policy so that identity cannot be recycled while it is cached.
+_LAST_EVALUATION: list[_Evaluation] = []
+
+
+def forget_evaluations() -> None:
+    """Drop the cached evaluation (benchmarks: time a full scoring, not a re-aggregation)."""
+    _LAST_EVALUATION.clear()
+
+
+def _evaluation(
+    snapshot: Snapshot, policy: Policy, now: float, inventory: Mapping[str, Sequence[str]] | None
+) -> _Evaluation:
+    if _LAST_EVALUATION:
+        last = _LAST_EVALUATION[0]
+        if (
+            last.snapshot is snapshot and last.policy is policy and last.now == now
+            and (last.inventory is inventory or last.inventory == inventory)
+            and len(last.snapshot) == len(snapshot)
+        ):
+            return last
+    ctx = _Ctx(snapshot, policy, now)
+    tables = _entity_tables(ctx, policy, inventory)
+    specs: dict[str, list[SignalSpec]] = {}
+    results: dict[str, list[_SignalResult]] = {}
+    for kind in KINDS:
+        specs[kind] = [s for s in policy.signals if kind in s.entities]
+        table = tables[kind]
+        results[kind] = [_evaluate(ctx, s, kind, table) for s in specs[kind]] if table.names else []
     r = ctx.resolver
     gt = tables["gpu"]
     key_node = np.asarray(r.key_node, np.int64)
     gpu_node_kid = key_node[gt.key_ids] if gt.key_ids.size else np.zeros(0, np.int64)
     nt = tables["node"]
     gpu_node = np.where(gpu_node_kid >= 0, nt.lut[np.maximum(gpu_node_kid, 0)], -1) if gpu_node_kid.size else gpu_node_kid
-    kinds["gpu"].member_of = gpu_node
-    ok = gpu_node >= 0
-    if ok.all():
-        _roll_up_nodes(kinds["gpu"], kinds["node"], gpu_node)
-    else:  # should not happen: gpus always imply their node
+    if not (gpu_node >= 0).all():  # gpus always imply their node
         raise AssertionError("gpu without node")
     meta = _MetaIndex(ctx, policy, tables, gpu_node)
-    return FleetHealth(now, consumer, policy.version_tag, kinds, meta, list(snapshot.issues) + ctx.issues)
+    ev = _Evaluation(
+        snapshot, policy, now, inventory, specs, tables, results,
+        list(dict.fromkeys(s.category for s in policy.signals)), gpu_node, meta, ctx.issues,
+    )
+    _LAST_EVALUATION[:] = [ev]
+    return ev
