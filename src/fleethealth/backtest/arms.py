@@ -128,8 +128,7 @@ class EngineArm:
         self.log.transitions.extend(d.transitions)
         self.log.intents.extend(d.intents)
         self.log.cycles += 1
-        self.world.react(d.transitions, d.intents)
-        self.last = res
+        self.last = res  # the runner hands this cycle's decisions to the world (and forks it if need be)
         return res
 
 

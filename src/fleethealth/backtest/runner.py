@@ -15,6 +15,7 @@ controller's own cadence.
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -117,11 +118,12 @@ class SlowTracker:
         self.node_ix = {n: i for i, n in enumerate(f.nodes)}
         self.records: list[SlowRecord] = []
 
-    def observe(self, t: float) -> None:
+    def observe(self, t: float, sim: Simulation | None = None) -> None:
+        """``sim``: the product's world (closed loop it may be a fork of the one this tracker started on)."""
         active = [e for e, on, end in self.faulty if on <= t and (end is None or t < end)]
         if not active or self.rank_job.size == 0:
             return
-        comp = np.asarray(self.sim.rank_compute, np.float64)
+        comp = np.asarray((sim or self.sim).rank_compute, np.float64)
         for node in active:
             n = self.node_ix.get(node)
             if n is None:
@@ -164,6 +166,51 @@ class BacktestRun:
     cpu_s: float
     steps: int
     gpus: int
+    closed_loop: bool = False
+    world_actions: dict[str, int] = field(default_factory=dict)  # simulator actions applied, per arm
+    worlds: int = 1  # simulated worlds at the end (closed loop: one per arm that acted, plus the shared one)
+
+
+class Lane:
+    """One simulated world, the rolling history and structural tracker fed from it, and the arms living in
+    it. All arms start in one lane, on the same telemetry; closed loop, an arm whose decisions are about to
+    change the world first forks a private copy of it, so no arm ever sees another arm's actions and arms
+    that never act share the cost of one world."""
+
+    def __init__(self, sim: Simulation, history: SharedHistory, structural: StructuralTracker,
+                 next_cycle: float) -> None:
+        self.sim = sim
+        self.history = history
+        self.structural = structural
+        self.next_cycle = next_cycle
+        self.pending: list[Event] = []  # OOM events since the last cycle
+        self.engine_arms: list[EngineArm] = []
+        self.rule_arms: list[RuleArm] = []
+        self.worlds: list[World] = []  # of the arms in this lane
+
+    @property
+    def size(self) -> int:
+        return len(self.engine_arms) + len(self.rule_arms)
+
+    def fork(self, arm: EngineArm | RuleArm, world: World, policy: Policy) -> Lane:
+        """Move ``arm`` (with its ``world``) into a copy of this lane's world as it is now."""
+        # the policy is read-only and shared; everything else (simulator state and random streams,
+        # history, structural tracker) is copied
+        sim, history, structural, pending = copy.deepcopy(
+            (self.sim, self.history, self.structural, self.pending), {id(policy): policy})
+        new = Lane(sim, history, structural, self.next_cycle)
+        new.pending = pending
+        if isinstance(arm, EngineArm):
+            self.engine_arms.remove(arm)
+            new.engine_arms.append(arm)
+            arm.loop.history = history
+        else:
+            self.rule_arms.remove(arm)
+            new.rule_arms.append(arm)
+        self.worlds.remove(world)
+        new.worlds.append(world)
+        world.sim = sim
+        return new
 
 
 def _arm_names(baselines: Sequence[str]) -> list[str]:
@@ -180,73 +227,110 @@ def run_backtest(
     cycle_s: float = 60.0,
     on_cycle: Callable[[float, Any, ArmLog], None] | None = None,
     limits: EngineLimits = EngineLimits(),
+    closed_loop: bool = True,
 ) -> BacktestRun:
     """Run ``scenario`` through the product and ``baselines``; ``on_cycle(now, CycleResult, product
-    log)`` is called after each of the product's cycles (the demo's live view)."""
+    log)`` is called after each of the product's cycles (the demo's live view). ``closed_loop``: each
+    arm's decisions act on its own copy of the world (``backtest.events``); otherwise every arm sees the
+    same telemetry, which no decision changes."""
     names = _arm_names(baselines)
     t_wall, t_cpu = time.perf_counter(), time.process_time()
     sim = Simulation(scenario)
     f = sim.fleet
+    # what was injected, as written: an arm that ends a fault early (a reset, a rebuild) changes its own
+    # world, not the truth it is judged against
     truths = sim.ground_truth
     replica_node = {r.name: f.nodes[r.node] for r in f.replicas}
     inventory = {"node": list(f.nodes)}
     history = SharedHistory(SignalHistory(policy))
     structural = StructuralTracker(node_labels=policy.node_labels, max_age_s=policy.freshness.max_age_s,
                                    future_skew_s=policy.freshness.future_skew_s)
-    engine_arms: list[EngineArm] = []
+    first = Lane(sim, history, structural, sim.start + cycle_s)
+    lanes = [first]
+    node_set = frozenset(f.nodes)
+
+    def new_world() -> World:
+        w = World(None, replica_node, closed=closed_loop, nodes=node_set, sim=sim)
+        first.worlds.append(w)
+        return w
+
+    worlds: dict[str, World] = {}
     for name in names:
         if name == PRODUCT or name in ENGINE_BASELINES:
             scorer = engine_scorer(inventory, aggregation="mean" if name == "weighted-mean" else None,
                                    naive=name == "no-confidence")
-            world = World(sim.active_test, replica_node)
-            engine_arms.append(EngineArm(name, policy, history, scorer, world))
-    rule_arms: list[RuleArm] = []
+            worlds[name] = new_world()
+            first.engine_arms.append(EngineArm(name, policy, history, scorer, worlds[name]))
     for name in names:
         if name == "static-rules":
-            rule_arms.append(StaticRulesArm(f.nodes))
+            first.rule_arms.append(StaticRulesArm(f.nodes))
         elif name == "liveness-only":
-            rule_arms.append(LivenessArm(f.nodes, replica_node))
-    assert set(RULE_BASELINES) >= {a.name for a in rule_arms}
+            first.rule_arms.append(LivenessArm(f.nodes, replica_node))
+        else:
+            continue
+        worlds[name] = new_world()
+    assert set(RULE_BASELINES) >= {a.name for a in first.rule_arms}
     slow = SlowTracker(sim, truths)
     timeline = Timeline()
-    next_cycle = sim.start + cycle_s
     steps = 0
-    pending: list[Event] = []
-    for t, snap in sim.steps():
+
+    def lane_of(arm_name: str) -> Lane:
+        return next(ln for ln in lanes if any(a.name == arm_name for a in ln.engine_arms)
+                    or any(a.name == arm_name for a in ln.rule_arms))
+
+    for _ in range(scenario.n_steps):
         steps += 1
-        history.add(snap)
-        slow.observe(t)
-        for ra in rule_arms:
+        for lane in list(lanes):  # a lane forked during this step has already stepped
+            for w in lane.worlds:
+                w.apply_due(lane.sim, lane.sim.t + lane.sim.step_s)
+            snap = lane.sim.step()
+            t = lane.sim.t
+            lane.history.add(snap)
+            for ra in list(lane.rule_arms):
+                c0 = time.process_time()
+                n_tr, n_it = len(ra.log.transitions), len(ra.log.intents)
+                ra.observe(t, snap)
+                w = worlds[ra.name]
+                if w.react(ra.log.transitions[n_tr:], ra.log.intents[n_it:]) and lane.size > 1:
+                    lanes.append(lane.fork(ra, w, policy))
+                ra.log.cpu_s += time.process_time() - c0
+            evs = lane.sim.events(t)
+            lane.pending += [oom_event(e, limits) for e in evs if e.kind == "cuda_oom"]
+            if t + 1e-9 < lane.next_cycle and not evs:
+                continue
+            while lane.next_cycle <= t + 1e-9:
+                lane.next_cycle += cycle_s
+            if not lane.engine_arms:
+                continue
             c0 = time.process_time()
-            ra.observe(t, snap)
-            ra.log.cpu_s += time.process_time() - c0
-        evs = sim.events(t)
-        pending += [oom_event(e, limits) for e in evs if e.kind == "cuda_oom"]
-        if t + 1e-9 < next_cycle and not evs:
-            continue
-        while next_cycle <= t + 1e-9:
-            next_cycle += cycle_s
-        c0 = time.process_time()
-        view = history.view(t)
-        derived = structural.observe(view, t).snapshot
-        shared_s = time.process_time() - c0
-        for arm in engine_arms:
-            c0 = time.process_time()
-            res = arm.cycle(derived, t, pending)
-            arm.log.cpu_s += time.process_time() - c0 + shared_s / len(engine_arms)
-            if arm.name == PRODUCT:
-                timeline.add(t, res.health)
-                if on_cycle is not None:
-                    on_cycle(t, res, arm.log)
-        pending = []
-    logs = {a.name: a.log for a in engine_arms} | {a.name: a.log for a in rule_arms}
+            view = lane.history.view(t)
+            derived = lane.structural.observe(view, t).snapshot
+            shared_s = time.process_time() - c0
+            pending, lane.pending = lane.pending, []
+            n_arms = len(lane.engine_arms)
+            for arm in list(lane.engine_arms):
+                c0 = time.process_time()
+                res = arm.cycle(derived, t, pending)
+                d = res.decision
+                if arm.world.react(d.transitions, d.intents) and lane.size > 1:
+                    lanes.append(lane.fork(arm, arm.world, policy))
+                arm.log.cpu_s += time.process_time() - c0 + shared_s / n_arms
+                if arm.name == PRODUCT:
+                    timeline.add(t, res.health)
+                    if on_cycle is not None:
+                        on_cycle(t, res, arm.log)
+        prod = lane_of(PRODUCT)
+        slow.observe(prod.sim.t, prod.sim)
+    prod_sim = lane_of(PRODUCT).sim
+    logs = {a.name: a.log for ln in lanes for a in ln.engine_arms} | {a.name: a.log for ln in lanes for a in ln.rule_arms}
     return BacktestRun(
         scenario=scenario, policy=policy, start=sim.start, end=sim.start + steps * sim.step_s, step_s=sim.step_s,
         cycle_s=cycle_s, nodes=list(f.nodes), node_pool=dict(zip(f.nodes, f.node_pool, strict=True)),
         node_tp_group={n: f.node_labels(i).get("tp_group", "") for i, n in enumerate(f.nodes)},
-        replica_node=replica_node, truths=sim.ground_truth, sim_events=sim.all_events,
+        replica_node=replica_node, truths=truths, sim_events=prod_sim.all_events,
         arms={n: logs[n] for n in names}, timeline=timeline, slow=slow.records,
         wall_s=time.perf_counter() - t_wall, cpu_s=time.process_time() - t_cpu, steps=steps, gpus=f.n_gpus,
+        closed_loop=closed_loop, world_actions={n: worlds[n].applied for n in names}, worlds=len(lanes),
     )
 
 

@@ -75,6 +75,9 @@ def evaluate(run: BacktestRun) -> dict[str, Any]:
         "false_quarantine_list": [{"ts_s": round(ts - run.start, 1), "entity": e, "why": w}
                                   for ts, e, w in prod.false_quarantines],
         "baselines": {},
+        "closed_loop": run.closed_loop,
+        "world_actions": run.world_actions.get(PRODUCT, 0),
+        "worlds": run.worlds,
         "wall_s": round(run.wall_s, 2),
         "cpu_s": round(run.cpu_s, 2),
         "gpu_hours_per_cpu_s": round(run.gpus * (run.end - run.start) / 3600.0 / max(run.cpu_s, 1e-9), 1),
@@ -84,6 +87,7 @@ def evaluate(run: BacktestRun) -> dict[str, Any]:
             continue
         out["baselines"][name] = {
             **sc.metrics,
+            "world_actions": run.world_actions.get(name, 0),
             "targets": targets(run, sc.metrics, sc.outcomes),
             "incidents": _outcome_rows(sc, run.start),
             "false_quarantine_list": [{"ts_s": round(ts - run.start, 1), "entity": e, "why": w}

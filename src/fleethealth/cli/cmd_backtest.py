@@ -117,6 +117,10 @@ def register(app: typer.Typer) -> None:
         compress_gaps: Annotated[str | None, typer.Option(
             "--compress", help="cut quiet hours: faults start 30 min in, at most this far apart, and the run "
                                "ends this long after the last one (e.g. 90m); for quick runs")] = None,
+        open_loop: Annotated[bool, typer.Option(
+            "--open-loop", help="decisions do not act on the simulated world (every arm sees the same "
+                                "telemetry); default: closed loop, each arm's actions change its own world")]
+        = False,
     ) -> None:
         """Replay a scenario through the same decision loop as production and score the outcome against
         ground truth: quarantine precision/recall, detection and removal times, flapping, pages, budgets,
@@ -140,7 +144,7 @@ def register(app: typer.Typer) -> None:
             sc = compress(sc, tail_s=gap, gap_s=gap)
         bl = parse_baselines(baseline)
         try:
-            run = run_backtest(sc, pol, bl, cycle_s=cycle)
+            run = run_backtest(sc, pol, bl, cycle_s=cycle, closed_loop=not open_loop)
         except ValueError as e:
             fail(f"{sc.name}: {e}")
         result = evaluate(run)

@@ -190,6 +190,11 @@ class Fault:
     def faulty_nodes(self) -> set[int]:
         return set(self.t.nodes) if self.hardware else set()
 
+    def fixed_by(self) -> frozenset[str]:
+        """The world's actions (``Simulation.apply_action``) that end this fault: a repair ends hardware
+        faults; the rest say what fixes them."""
+        return frozenset({"repair"}) if self.hardware else frozenset()
+
     def covers(self, entity: str) -> bool:
         f = self.fleet
         names = {f.nodes[n] for n in self.t.nodes} | {f.gpu_entity(g) for g in self.t.gpus}
@@ -270,6 +275,9 @@ class RowRemapPending(Fault):
     gpu_default = 2
     expected_action = "schedule_reset"
 
+    def fixed_by(self) -> frozenset[str]:
+        return frozenset({"reset", "repair"})
+
     def start(self, sim: Simulation, t: float) -> None:
         for g in self.t.gpus:
             sim.emit_xid(g, 63, t, "Row remapping event: pending remap, reset required.")
@@ -297,6 +305,8 @@ class NvlinkErrors(Fault):
             self._next_xid = t + float(self.param("xid_every_s", 600.0))
         if t - self.onset >= float(self.param("hang_after_s", 60.0)):
             for gi in g:
+                if sim.node_out[gi // self.fleet.gpus_per_node]:
+                    continue  # drained: its work left the broken links, nothing waits on them any more
                 rk = self.fleet.gpu_rank[gi]
                 if rk >= 0:
                     eff.job_hang[self.fleet.rank_job[rk]] = True
@@ -351,6 +361,9 @@ class BadDriverRollout(Fault):
 
     kind = "bad_driver_rollout"
     expected_action = "page"
+
+    def fixed_by(self) -> frozenset[str]:
+        return frozenset({"rollback"})
 
     def setup(self) -> None:
         n = len(self.t.nodes)
@@ -504,11 +517,28 @@ class CudaOom(Fault):
             self.end = self.onset + self.count * self.interval + 60.0
         self.fired = 0
 
+    def fixed_by(self) -> frozenset[str]:
+        # a rebuilt worker starts with a clean heap; a device fault needs a repair; an oversized request
+        # or an overload is answered by admission (``reject_oversized``, ``limit_concurrency``), not ended
+        return frozenset({"fragmentation": {"rebuild", "repair"}, "driver": {"repair"}}.get(self.cls, set()))
+
+    def answered(self, sim: Simulation, r: int) -> bool:
+        """The world already answered this class on replica ``r``: no more OOMs of it there."""
+        if not sim.serving(r):
+            return True  # no traffic, nothing to run out of memory on
+        if self.cls == "batch_overload":
+            return bool(sim.rep_limited[r])
+        if self.cls == "single_request":
+            return bool(sim.rep_reject_oversized[r])
+        return False
+
     def apply(self, sim: Simulation, t: float, eff: Effects) -> None:
         r_ids = self.t.replicas
         if self.cls == "batch_overload":
-            eff.load_add[r_ids] += 0.9 * self.m
-            eff.ttft_mul[r_ids] *= 2.0
+            # behind a concurrency limit the batch no longer piles up past what fits
+            over = [r for r in r_ids if not sim.rep_limited[r]]
+            eff.load_add[over] += 0.9 * self.m
+            eff.ttft_mul[over] *= 2.0
         elif self.cls == "fragmentation":
             for r in r_ids:
                 eff.fb_add[self.fleet.replicas[r].gpus] += min(5000.0, (t - self.onset) / 10.0)
@@ -516,7 +546,8 @@ class CudaOom(Fault):
             eff.err_add[r_ids] += 0.2
         while self.fired < len(self.times) and t >= self.times[self.fired]:
             for r in r_ids:
-                self._oom(sim, r, t)
+                if not self.answered(sim, r):
+                    self._oom(sim, r, t)
             self.fired += 1
 
     def _oom(self, sim: Simulation, r: int, t: float) -> None:

@@ -324,6 +324,10 @@ class Simulation:
         self.row_gpu = np.asarray(self._row_gpu, np.int64)
         self.row_rep = np.asarray(self._row_rep, np.int64)
         self.row_prefix = list(self._row_prefix)
+        self.row_is_rank = np.zeros(self.n_static, bool)
+        for b in self.blocks:
+            if b.kind == "rank":
+                self.row_is_rank[b.start:b.stop] = True
         self.block_index = {b.metric: b for b in self.blocks}
         # dynamic rows: DCGM_EXP_XID_ERRORS_COUNT{xid} appear when a GPU first logs that Xid
         self.xid_rows: dict[tuple[int, int], int] = {}
@@ -411,6 +415,15 @@ class Simulation:
         self.last_kv = np.full(R, 0.4)
         self.ones_node = np.ones(N)
         self.ones_rep = np.ones(R)
+        # The world's answers to decisions (closed loop, ``apply_action``): nodes and replicas taken out of
+        # service (drained, quarantined), replicas behind a concurrency limit or an admission rule that
+        # rejects oversized requests.
+        self.node_out = np.zeros(N, bool)
+        self.rep_out = np.zeros(R, bool)
+        self.rep_limited = np.zeros(R, bool)
+        self.rep_reject_oversized = np.zeros(R, bool)
+        self.rep_node = np.array([r.node for r in f.replicas], np.int64)
+        self.gpu_node = np.arange(G) // f.gpus_per_node
 
     # ---- callbacks used by faults --------------------------------------------------------------
     def emit_xid(self, g: int, xid: int, t: float, message: str = "") -> None:
@@ -473,6 +486,10 @@ class Simulation:
         self.ttft_b[r] = 0.0
         self.itl_b[r] = 0.0
 
+    def serving(self, r: int) -> bool:
+        """Replica ``r`` takes traffic: neither it nor its node was taken out of service."""
+        return not (self.rep_out[r] or self.node_out[self.rep_node[r]])
+
     # ---- stepping -----------------------------------------------------------------------------
     def _effects(self, t: float) -> Effects | None:
         f = self.fleet
@@ -514,12 +531,20 @@ class Simulation:
 
         # serving load per replica (diurnal), mapped onto its GPUs
         load = self.base_load.copy()
+        any_out = bool(self.node_out.any())
+        if any_out:
+            load[self.node_out[self.gpu_node]] = 0.0  # drained: the workload went elsewhere
         rep_load = np.zeros(R)
         if R:
             rate = self.rep_rate * (1.0 + self.rep_diurnal * np.sin(2 * math.pi * (day + self.rep_phase - 0.35)))
             rep_load = np.minimum(np.maximum(rate / (self.rep_rate * 1.6) + (eff.load_add if eff else 0.0), 0.0), 2.0)
             if eff is not None:
                 rate = rate * eff.rate_mul
+            idle = self.rep_out | self.node_out[self.rep_node] if (any_out or self.rep_out.any()) else None
+            if idle is not None and idle.any():
+                # out of service: the router sends nothing, the engine idles with its weights loaded
+                rate = np.where(idle, 0.0, rate)
+                rep_load = np.where(idle, 0.0, rep_load)
             load[self.serve_gpus] = np.minimum(1.0, 0.35 + 0.6 * rep_load[self.serve_rep])
 
         temp = 30.0 + 40.0 * load + self.temp_static + self.temp_drift + ambient + 0.4 * n01[0]
@@ -601,6 +626,11 @@ class Simulation:
             keep[-n_up:] = True  # `up` itself is always there: 0 for a target that failed its scrape
             for n, why in sorted(eff.node_reason.items()):
                 errors.append(InputIssue(f"target {self._instance(n)}", 0, why))
+        if any_out:
+            # the ranks of a drained node are gone: the job runs on without them
+            gone = np.zeros(len(row_node), bool)
+            gone[: self.n_static] = self.row_is_rank & self.node_out[self.row_node]
+            keep = ~gone if keep is None else keep & ~gone
         parts = [vals[b.key] for b in self.blocks]
         if self.xid_counts:
             parts.append(np.asarray(self.xid_counts))
@@ -668,7 +698,9 @@ class Simulation:
             comp = comp * np.exp(sig * z[node_of_rank] - 0.5 * sig * sig)
         if eff is not None:
             comp = comp * eff.compute_mul[f.rank_gpu] * eff.rank_mul
-        step_max = np.maximum.reduceat(comp, self.job_rank_start)  # ranks are contiguous per job
+        out = self.node_out[node_of_rank] if self.node_out.any() else None
+        # ranks are contiguous per job; a drained node's ranks no longer hold the step up
+        step_max = np.maximum.reduceat(comp if out is None else np.where(out, 0.0, comp), self.job_rank_start)
         step = step_max + self.job_comm * (1.0 + 0.02 * rng.standard_normal(J))
         if eff is not None and eff.job_hang.any():
             hung = eff.job_hang
@@ -823,38 +855,60 @@ class Simulation:
         self.faults.append(fault)
         return fault
 
+    ACTIONS = ("repair", "reset", "rollback", "restart", "rebuild", "drain", "release", "limit_concurrency",
+               "reject_oversized")
+
     def apply_action(self, entity: str, action: str, t: float) -> list[str]:
-        """Close the loop: ``repair`` ends every fault on a node (and clears its error state), ``reset``
-        clears pending remaps and Xid state of a GPU/node, ``rollback`` ends a bad driver rollout,
-        ``restart`` resets a replica's counters. Returns the kinds of the faults it ended."""
+        """Close the loop: the world's side of a decision, at simulated time ``t``.
+
+        ``repair`` ends every hardware fault on a node (and clears its error state), ``reset`` (a GPU or
+        node reset) clears pending remaps and Xid state and ends the faults a reset fixes, ``rollback``
+        ends a bad driver rollout, ``restart`` resets a replica's counters, ``rebuild`` restarts a serving
+        worker (counters reset, a fragmented heap is gone). ``drain`` takes a node or replica out of
+        service (its GPUs idle, its ranks leave the job, its replicas get no traffic, so it raises no more
+        OOMs) and ``release`` puts it back. ``limit_concurrency`` caps a replica's batch (an overload no
+        longer piles up, no more overload OOMs); ``reject_oversized`` makes its admission reject requests
+        too large for the model (no more oversized-request OOMs). Returns the kinds of the faults it
+        ended. Raises ValueError for an unknown action or entity."""
+        if action not in self.ACTIONS:
+            raise ValueError(f"unknown action {action!r}: expected one of {', '.join(self.ACTIONS)}")
         f = self.fleet
         node = entity.split("/")[0]
+        rep: int | None = None
+        with contextlib.suppress(KeyError):
+            rep = f.replica_by_name(entity).index
+        if rep is None and node not in f.nodes:
+            raise ValueError(f"no node or replica {entity!r} in this fleet")
         ended: list[str] = []
         for fault in self.faults:
             if not fault.active(t) or fault.stopped:
                 continue
-            hit = fault.covers(entity) or fault.covers(node)
-            if not hit:
+            if not (fault.covers(entity) or fault.covers(node)):
                 continue
-            fixes = (
-                action == "repair" and fault.hardware and fault.kind != "bad_driver_rollout"
-                or action == "reset" and fault.kind == "row_remap_pending"
-                or action == "rollback" and fault.kind == "bad_driver_rollout"
-            )
-            if fixes:
+            if action in fault.fixed_by():
                 fault.end = t
-                fault.stop(self, t)
+                if fault.started:
+                    fault.stop(self, t)
                 fault.stopped = True
                 ended.append(fault.kind)
-        if action in ("repair", "reset") and node in f.nodes:
+        if rep is None:
             n = f.node_index(node)
-            gpus = f.gpus_of_node(n) if "/" not in entity else [n * f.gpus_per_node + int(entity.split("gpu")[-1])]
-            self.xid_last[gpus] = 0
-            self.recovery_action[gpus] = 0
-            self.remap_pending[gpus] = 0
-        if action == "restart":
-            with contextlib.suppress(KeyError):
-                self.reset_replica_counters(f.replica_by_name(entity).index)
+            if action in ("repair", "reset"):
+                gpus = f.gpus_of_node(n) if "/" not in entity else [n * f.gpus_per_node + int(entity.split("gpu")[-1])]
+                self.xid_last[gpus] = 0
+                self.recovery_action[gpus] = 0
+                self.remap_pending[gpus] = 0
+            elif action in ("drain", "release"):
+                self.node_out[n] = action == "drain"
+            return ended
+        if action in ("restart", "rebuild"):
+            self.reset_replica_counters(rep)
+        elif action in ("drain", "release"):
+            self.rep_out[rep] = action == "drain"
+        elif action == "limit_concurrency":
+            self.rep_limited[rep] = True
+        elif action == "reject_oversized":
+            self.rep_reject_oversized[rep] = True
         return ended
 
     # ---- exposition -----------------------------------------------------------------------------
