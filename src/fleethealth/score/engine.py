@@ -685,6 +685,8 @@ class KindScores:
     worst_member: dict[int, str] = field(default_factory=dict)
     member_of: np.ndarray | None = None  # for gpu: node index
     gated: np.ndarray | None = None  # bool per entity: a hard gate decided it
+    n_expected: np.ndarray = field(default_factory=lambda: np.zeros(0))  # per entity: expected signals
+    n_fresh: np.ndarray = field(default_factory=lambda: np.zeros(0))  # per entity: fresh ones
     _stacked: dict[str, np.ndarray] = field(default_factory=dict)
 
     def _stack(self, attr: str) -> np.ndarray:
@@ -739,53 +741,55 @@ def _aggregate(
     kind: EntityKind, names: list[str], specs: list[SignalSpec], results: list[_SignalResult], how: str,
     categories: list[str], critical_zeroes: bool = True,
 ) -> KindScores:
+    # Signals x entities: each signal's column is one contiguous row, so stacking is a memcpy per signal
+    # and a category is a block of rows; the entities x signals views handed out are transposes.
     n = len(names)
     m = len(specs)
-
-    def stack(attr: str) -> np.ndarray:
-        if m == 0:
-            return np.zeros((n, 0))
-        return np.column_stack([getattr(r, attr) for r in results])
-
-    sub = stack("sub")
-    seen = stack("seen").astype(bool) if m else np.zeros((n, 0), bool)
-    fresh = ~np.isnan(sub)
+    sub_t = np.stack([r.sub for r in results]) if m else np.zeros((0, n))
+    seen_t = np.stack([r.seen for r in results]) if m else np.zeros((0, n), bool)
+    fresh_t = ~np.isnan(sub_t)
     fams = sorted({s.family_name for s in specs})
     fam_ix = np.array([fams.index(s.family_name) for s in specs], np.int64)
-    fam_seen = np.zeros((n, len(fams)), bool)
-    for j in range(m):
-        fam_seen[:, fam_ix[j]] |= seen[:, j]
+    fam_seen = np.zeros((len(fams), n), bool)
+    for f in range(len(fams)):
+        fam_seen[f] = seen_t[fam_ix == f].any(axis=0)
     exp_flag = np.array([s.expected for s in specs], bool)
-    expected = (exp_flag[None, :] & fam_seen[:, fam_ix]) | fresh if m else np.zeros((n, 0), bool)
-    n_exp = expected.sum(axis=1)
-    n_fresh = (fresh & expected).sum(axis=1)
+    expected_t = (exp_flag[:, None] & fam_seen[fam_ix]) | fresh_t if m else np.zeros((0, n), bool)
+    n_exp = expected_t.sum(axis=0)
+    n_fresh = fresh_t.sum(axis=0)  # fresh implies expected
     with np.errstate(invalid="ignore", divide="ignore"):
         confidence = np.where(n_exp > 0, n_fresh / np.maximum(n_exp, 1), 0.0)
 
     cat_ix = np.array([categories.index(s.category) for s in specs], np.int64)
     w = np.array([s.weight for s in specs], np.float64)
-    cat = np.full((n, len(categories)), np.nan)
-    subz = np.where(fresh, sub, 0.0)
+    cat_t = np.full((len(categories), n), np.nan)
     for c in range(len(categories)):
-        cols = np.flatnonzero(cat_ix == c)
-        if cols.size == 0:
+        rows = np.flatnonzero(cat_ix == c)
+        if rows.size == 0:
             continue
-        wsum = (fresh[:, cols] * w[cols]).sum(axis=1)
-        tot = (subz[:, cols] * w[cols]).sum(axis=1)
+        block = sub_t[rows]
+        fb = fresh_t[rows]
+        wsum = w[rows] @ fb
+        tot = w[rows] @ np.where(fb, block, 0.0)
         with np.errstate(invalid="ignore", divide="ignore"):
-            cat[:, c] = np.where(wsum > 0, tot / np.where(wsum > 0, wsum, 1.0), np.nan)
+            col = np.where(wsum > 0, tot / np.where(wsum > 0, wsum, 1.0), np.nan)
         if critical_zeroes:
-            crit = (fresh[:, cols] & (sub[:, cols] == 0)).any(axis=1)
-            cat[:, c] = np.where(crit, 0.0, cat[:, c])
-    value, worst = _cross_category(cat, how)
+            col[(block == 0).any(axis=0)] = 0.0  # NaN is never == 0: only fresh zeroes count
+        cat_t[c] = col
+    value, worst = _cross_category(cat_t.T, how)
 
-    is_gate = np.array([s.shape in ("gate", "xid") for s in specs], bool)
-    gate_hit = fresh & is_gate[None, :] & (sub == 0) if m else np.zeros((n, 0), bool)
-    gated = gate_hit.any(axis=1) if m else np.zeros(n, bool)
-    first_gate = gate_hit.argmax(axis=1) if m else np.zeros(n, np.int64)
-    value = np.where(gated, 0.0, value)
-    confidence = np.where(gated, 1.0, confidence)
-    worst = np.where(gated, cat_ix[first_gate] if m else -1, worst)
+    gate_rows = np.flatnonzero(np.array([s.shape in ("gate", "xid") for s in specs], bool))
+    if gate_rows.size:
+        gate_hit = sub_t[gate_rows] == 0
+        gated = gate_hit.any(axis=0)
+        first_gate = gate_rows[gate_hit.argmax(axis=0)]
+    else:
+        gated = np.zeros(n, bool)
+        first_gate = np.zeros(n, np.int64)
+    if gated.any():
+        value = np.where(gated, 0.0, value)
+        confidence = np.where(gated, 1.0, confidence)
+        worst = np.where(gated, cat_ix[first_gate] if m else -1, worst)
 
     prefix = "min" if how == "min" else how
     gate_reasons = np.array([f"gate:{s.name}" for s in specs] or ["gate:"], dtype=object)
@@ -805,73 +809,83 @@ def _aggregate(
                 lst.append(f)
         for e, note in r.notes.items():
             notes[(e, j)] = note
-    return KindScores(
-        kind, names, specs, sub, list(results), expected, categories, cat, value, confidence, worst,
+    ks = KindScores(
+        kind, names, specs, sub_t.T, list(results), expected_t.T, categories, cat_t.T, value, confidence, worst,
         reason, flags, notes, gated=np.asarray(gated, bool),
     )
+    ks.n_expected = n_exp.astype(np.float64)
+    ks.n_fresh = n_fresh.astype(np.float64)
+    return ks
 
 
 def _roll_up_nodes(gpu: KindScores, node: KindScores, gpu_node: np.ndarray) -> None:
-    """A node is the weakest of its GPUs and its node-wide signals (min; never averaged away)."""
+    """A node is the weakest of its GPUs and its node-wide signals (min; never averaged away).
+
+    Reductions over each node's GPUs are one stable sort by node and ``reduceat``, never a loop."""
     nn = len(node.names)
     if gpu_node.size == 0 or nn == 0:
         return
+    go = np.argsort(gpu_node, kind="stable")
+    gn = gpu_node[go]
+    starts = np.flatnonzero(np.concatenate(([True], gn[1:] != gn[:-1])))
+    present = gn[starts]  # node index of each GPU group
     # per category: min over GPUs and the node's own
     cat_names = node.categories
-    for ci, cname in enumerate(gpu.categories):
+    gpu_cat_to_node = []
+    for cname in gpu.categories:
         if cname not in cat_names:
             cat_names.append(cname)
             node.cat = np.column_stack([node.cat, np.full(nn, np.nan)])
-        cj = cat_names.index(cname)
-        col = node.cat[:, cj].copy()
-        np.fmin.at(col, gpu_node, gpu.cat[:, ci])
-        node.cat[:, cj] = col
+        gpu_cat_to_node.append(cat_names.index(cname))
+    cmap = np.asarray(gpu_cat_to_node, np.int64)
+    node.cat = np.array(node.cat)  # own a writable copy (it may be a transposed view)
+    if cmap.size:
+        gmin = np.fmin.reduceat(gpu.cat[go], starts, axis=0)
+        node.cat[np.ix_(present, cmap)] = np.fmin(node.cat[np.ix_(present, cmap)], gmin)
     # value: min over known GPU values and the node's own value
     own = node.value.copy()
     v = node.value.copy()
-    np.fmin.at(v, gpu_node, gpu.value)
-    # worst GPU per node: lowest value, gated first
+    v[present] = np.fmin(v[present], np.fmin.reduceat(gpu.value[go], starts))
+    # worst GPU per node: gated first, then lowest value
     gv = np.where(np.isnan(gpu.value), np.inf, gpu.value)
-    gated = gpu.gated if gpu.gated is not None else np.zeros(len(gpu.names), bool)
-    order = np.lexsort((~gated, gv, gpu_node))
+    gated_gpu = gpu.gated if gpu.gated is not None else np.zeros(len(gpu.names), bool)
+    order = np.lexsort((~gated_gpu, gv, gpu_node))
     first = np.ones(order.size, bool)
     first[1:] = gpu_node[order][1:] != gpu_node[order][:-1]
     best = order[first]  # worst gpu index for each node present
     # confidence: share of expected signals fresh over the node's GPUs and its own signals
-    g_exp = gpu.expected.sum(axis=1).astype(np.float64)
-    g_fresh = (gpu.expected & ~np.isnan(gpu.sub)).sum(axis=1).astype(np.float64)
-    gated_gpu = gated
-    n_exp = node.expected.sum(axis=1).astype(np.float64)
-    n_fresh = (node.expected & ~np.isnan(node.sub)).sum(axis=1).astype(np.float64)
-    np.add.at(n_exp, gpu_node, g_exp)
-    np.add.at(n_fresh, gpu_node, g_fresh)
+    n_exp = node.n_expected.copy()
+    n_fresh = node.n_fresh.copy()
+    n_exp[present] += np.add.reduceat(gpu.n_expected[go], starts)
+    n_fresh[present] += np.add.reduceat(gpu.n_fresh[go], starts)
     with np.errstate(invalid="ignore", divide="ignore"):
         conf = np.where(n_exp > 0, n_fresh / np.maximum(n_exp, 1), 0.0)
     node_gated = node.gated if node.gated is not None else np.zeros(nn, bool)
     any_gpu_gate = np.zeros(nn, bool)
-    np.logical_or.at(any_gpu_gate, gpu_node, gated_gpu)
-    conf = np.where(node_gated | any_gpu_gate, 1.0, conf)
-    node.confidence = conf
-    for g in best.tolist():
-        ni = int(gpu_node[g])
-        gval = gpu.value[g]
-        if node_gated[ni]:
-            continue
-        if np.isnan(gval):
-            continue
-        if gated_gpu[g] or np.isnan(own[ni]) or gval < own[ni]:
-            node.reason[ni] = gpu.reason[g]
-            node.worst[ni] = cat_names.index(gpu.categories[gpu.worst[g]]) if gpu.worst[g] >= 0 else -1
-            node.worst_member[ni] = gpu.names[g]
-    node.value = np.where(node_gated, 0.0, v)
-    node.value = np.where(any_gpu_gate, 0.0, node.value)
-    for ni in np.flatnonzero(np.isnan(node.value)).tolist():
-        node.reason[ni] = REASON_NO_FRESH_DATA
-        node.worst[ni] = -1
+    any_gpu_gate[present] = np.logical_or.reduceat(gated_gpu[go], starts)
+    node.confidence = np.where(node_gated | any_gpu_gate, 1.0, conf)
+    ni = gpu_node[best]
+    gval = gpu.value[best]
+    take = ~node_gated[ni] & ~np.isnan(gval)
+    with np.errstate(invalid="ignore"):
+        take &= gated_gpu[best] | np.isnan(own[ni]) | (gval < own[ni])
+    if take.any():
+        tb, tn = best[take], ni[take]
+        reasons = np.array(node.reason, dtype=object)
+        reasons[tn] = np.array(gpu.reason, dtype=object)[tb]
+        node.reason = reasons.tolist()
+        gw = gpu.worst[tb]
+        node.worst = np.array(node.worst)
+        node.worst[tn] = np.where(gw >= 0, cmap[np.maximum(gw, 0)] if cmap.size else -1, -1)
+        node.worst_member.update(zip(tn.tolist(), np.array(gpu.names, dtype=object)[tb].tolist(), strict=True))
+    node.value = np.where(node_gated | any_gpu_gate, 0.0, v)
+    for i in np.flatnonzero(np.isnan(node.value)).tolist():
+        node.reason[i] = REASON_NO_FRESH_DATA
+        node.worst[i] = -1
     # node flags: union of its GPUs' flags
     for g, fl in gpu.flags.items():
-        ni = int(gpu_node[g])
-        lst = node.flags.setdefault(ni, [])
+        i = int(gpu_node[g])
+        lst = node.flags.setdefault(i, [])
         for f in fl:
             if f not in lst:
                 lst.append(f)

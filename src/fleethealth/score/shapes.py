@@ -39,7 +39,12 @@ def group_median(values: np.ndarray, groups: np.ndarray, n_groups: int) -> tuple
     ok = ~np.isnan(values)
     v = values[ok]
     g = groups[ok]
-    order = np.lexsort((v, g))
+    # sort by value, then stably by group (a radix sort for small ints): two passes beat np.lexsort
+    order = np.argsort(v)
+    gk = g[order]
+    if n_groups < 32768:
+        gk = gk.astype(np.int16)
+    order = order[np.argsort(gk, kind="stable")]
     v = v[order]
     g = g[order]
     counts = np.bincount(g, minlength=n_groups)
