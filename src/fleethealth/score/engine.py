@@ -751,8 +751,8 @@ def _aggregate(
     fams = sorted({s.family_name for s in specs})
     fam_ix = np.array([fams.index(s.family_name) for s in specs], np.int64)
     fam_seen = np.zeros((len(fams), n), bool)
-    for f in range(len(fams)):
-        fam_seen[f] = seen_t[fam_ix == f].any(axis=0)
+    for fi in range(len(fams)):
+        fam_seen[fi] = seen_t[fam_ix == fi].any(axis=0)
     exp_flag = np.array([s.expected for s in specs], bool)
     expected_t = (exp_flag[:, None] & fam_seen[fam_ix]) | fresh_t if m else np.zeros((0, n), bool)
     n_exp = expected_t.sum(axis=0)
