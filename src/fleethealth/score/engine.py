@@ -62,7 +62,8 @@ class _Resolver:
         self.cols: dict[str, list[int]] = {k: [] for k in KINDS}
         self.arr: dict[str, np.ndarray] = {}
         self.labelsets: list[LabelSet] | None = None
-        self._groups: dict[tuple[str, ...], tuple[int, dict[tuple[str, ...], int], list[int]]] = {}
+        self._groups: dict[tuple[str, ...], tuple[int, dict[tuple[str, ...], int], list[int], np.ndarray]] = {}
+        self._key_node_arr = np.zeros(0, np.int64)
         self.meta_cache: dict[tuple[str, tuple[int, ...]], dict[str, str]] = {}
         self._floats: dict[str, list[float]] = {}
         self._matches: dict[tuple[tuple[str, str], ...], list[bool]] = {}
@@ -94,13 +95,15 @@ class _Resolver:
     def group_ids(self, labels: tuple[str, ...]) -> np.ndarray:
         """Per label set, the id of its peer group (the values of ``labels``); incremental, cached."""
         assert self.labelsets is not None
-        n_done, keys, ids = self._groups.get(labels, (0, {}, []))
-        for ls in self.labelsets[n_done:]:
-            d = dict(ls)
-            key = tuple(d.get(k, "") for k in labels)
-            ids.append(keys.setdefault(key, len(keys)))
-        self._groups[labels] = (len(self.labelsets), keys, ids)
-        return np.asarray(ids, np.int64)
+        n_done, keys, ids, arr = self._groups.get(labels, (0, {}, [], np.zeros(0, np.int64)))
+        if n_done < len(self.labelsets):
+            for ls in self.labelsets[n_done:]:
+                d = dict(ls)
+                key = tuple(d.get(k, "") for k in labels)
+                ids.append(keys.setdefault(key, len(keys)))
+            arr = np.asarray(ids, np.int64)
+            self._groups[labels] = (len(self.labelsets), keys, ids, arr)
+        return arr
 
     def _kid(self, name: str, node_kid: int = -1) -> int:
         ix = self.key_ix.get(name)
@@ -145,7 +148,14 @@ class _Resolver:
     def display_names(self, ids: np.ndarray) -> list[str]:
         if self._display_arr.size != len(self.display):
             self._display_arr = np.array(self.display, dtype=object)
-        return list(self._display_arr[ids]) if ids.size else []
+        return self._display_arr[ids].tolist() if ids.size else []
+
+    @property
+    def key_node_arr(self) -> np.ndarray:
+        """key id -> node key id (gpu keys), else -1; as an array, rebuilt only when keys were added."""
+        if self._key_node_arr.size != len(self.key_node):
+            self._key_node_arr = np.asarray(self.key_node, np.int64)
+        return self._key_node_arr
 
 
 _RESOLVERS: dict[tuple[int, tuple[str, ...], tuple[str, ...]], _Resolver] = {}
@@ -295,19 +305,26 @@ class _KindTable:
 def _entity_tables(ctx: _Ctx, policy: Policy, inventory: Mapping[str, Sequence[str]] | None) -> dict[str, _KindTable]:
     r = ctx.resolver
     found: dict[str, list[np.ndarray]] = {k: [] for k in KINDS}
+    # which label sets carry a signal of each kind: one presence mask, then their keys once
+    has_series: dict[str, np.ndarray] = {}
     for spec in policy.signals:
         idx = ctx.samples(spec.metric)
         if idx.size == 0:
             continue
         ser = ctx.snap.series_ids[idx]
         for kind in spec.entities:
-            kid = r.arr[kind][ser]
-            found[kind].append(_uniq(kid[kid >= 0]))
+            mask = has_series.get(kind)
+            if mask is None:
+                mask = has_series[kind] = np.zeros(len(ctx.snap.labelsets), bool)
+            mask[ser] = True
+    for k, mask in has_series.items():
+        kid = r.arr[k][np.flatnonzero(mask)]
+        found[k].append(_uniq(kid[kid >= 0]))
     # gpus imply their nodes
     if found["gpu"]:
         g = _uniq(np.concatenate(found["gpu"]))
         found["gpu"] = [g]
-        kn = np.asarray(r.key_node, np.int64)[g] if g.size else np.zeros(0, np.int64)
+        kn = r.key_node_arr[g] if g.size else np.zeros(0, np.int64)
         found["node"].append(kn[kn >= 0])
     if inventory:
         for inv_kind, names in inventory.items():
@@ -1023,34 +1040,52 @@ class _MetaIndex:
         self._pairs: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         self._node_gpus: tuple[np.ndarray, np.ndarray] | None = None
         self._cache: dict[tuple[str, int], dict[str, str]] = {}
-        # entity -> series, per kind, from every signal sample (computed now: arrays only)
-        r = ctx.resolver
-        ents: dict[str, list[np.ndarray]] = {k: [] for k in KINDS}
-        sers: dict[str, list[np.ndarray]] = {k: [] for k in KINDS}
-        for spec in policy.signals:
-            idx = ctx.samples(spec.metric if spec.shape != "slo" else (spec.requests_metric or spec.metric))
-            if idx.size == 0:
-                continue
-            ser = ctx.snap.series_ids[idx].astype(np.int64)
-            for kind in spec.entities:
-                kid = r.arr[kind][ser]
-                ent = np.where(kid >= 0, tables[kind].lut[np.maximum(kid, 0)], -1)
-                ok = ent >= 0
-                ents[kind].append(ent[ok])
-                sers[kind].append(ser[ok])
-        self._raw: dict[str, tuple[list[np.ndarray], list[np.ndarray]]] = {k: (ents[k], sers[k]) for k in KINDS}
-        self.info: dict[tuple[str, int], dict[str, str]] = {}
-        for metric, kind in ((NODE_INFO_METRIC, "node"), (REPLICA_INFO_METRIC, "replica")):
-            idx = ctx.samples(metric)
-            for sid in _uniq(self.snap.series_ids[idx].astype(np.int64)).tolist():
-                kid = int(r.arr[kind][sid])
-                if kid < 0 or kid >= tables[kind].lut.size:
+        self._ctx = ctx
+        self._policy = policy
+        self._tables = tables
+        self._raw_cache: dict[str, tuple[list[np.ndarray], list[np.ndarray]]] | None = None
+        self._info_cache: dict[tuple[str, int], dict[str, str]] | None = None
+
+    @property
+    def _raw(self) -> dict[str, tuple[list[np.ndarray], list[np.ndarray]]]:
+        """entity -> series, per kind, from every signal sample (on first use: scoring never needs it)."""
+        if self._raw_cache is None:
+            ctx, tables, r = self._ctx, self._tables, self._ctx.resolver
+            ents: dict[str, list[np.ndarray]] = {k: [] for k in KINDS}
+            sers: dict[str, list[np.ndarray]] = {k: [] for k in KINDS}
+            for spec in self._policy.signals:
+                idx = ctx.samples(spec.metric if spec.shape != "slo" else (spec.requests_metric or spec.metric))
+                if idx.size == 0:
                     continue
-                e = int(tables[kind].lut[kid])
-                if e >= 0:
-                    self.info.setdefault((kind, e), {}).update(
-                        {k: v for k, v in self.snap.labelsets[sid] if k != "__name__"}
-                    )
+                ser = ctx.snap.series_ids[idx].astype(np.int64)
+                for kind in spec.entities:
+                    kid = r.arr[kind][ser]
+                    ent = np.where(kid >= 0, tables[kind].lut[np.maximum(kid, 0)], -1)
+                    ok = ent >= 0
+                    ents[kind].append(ent[ok])
+                    sers[kind].append(ser[ok])
+            self._raw_cache = {k: (ents[k], sers[k]) for k in KINDS}
+        return self._raw_cache
+
+    @property
+    def info(self) -> dict[tuple[str, int], dict[str, str]]:
+        """Labels of the info metrics (fleethealth_node_info, fleethealth_replica_info) per entity."""
+        if self._info_cache is None:
+            ctx, tables, r = self._ctx, self._tables, self._ctx.resolver
+            info: dict[tuple[str, int], dict[str, str]] = {}
+            for metric, kind in ((NODE_INFO_METRIC, "node"), (REPLICA_INFO_METRIC, "replica")):
+                idx = ctx.samples(metric)
+                for sid in _uniq(self.snap.series_ids[idx].astype(np.int64)).tolist():
+                    kid = int(r.arr[kind][sid])
+                    if kid < 0 or kid >= tables[kind].lut.size:
+                        continue
+                    e = int(tables[kind].lut[kid])
+                    if e >= 0:
+                        info.setdefault((kind, e), {}).update(
+                            {k: v for k, v in self.snap.labelsets[sid] if k != "__name__"}
+                        )
+            self._info_cache = info
+        return self._info_cache
 
     def _series_of(self, kind: str, e: int) -> list[int]:
         if kind not in self._pairs:
@@ -1187,7 +1222,7 @@ def _evaluation(
         results[kind] = [_evaluate(ctx, s, kind, table) for s in specs[kind]] if table.names else []
     r = ctx.resolver
     gt = tables["gpu"]
-    key_node = np.asarray(r.key_node, np.int64)
+    key_node = r.key_node_arr
     gpu_node_kid = key_node[gt.key_ids] if gt.key_ids.size else np.zeros(0, np.int64)
     nt = tables["node"]
     gpu_node = np.where(gpu_node_kid >= 0, nt.lut[np.maximum(gpu_node_kid, 0)], -1) if gpu_node_kid.size else gpu_node_kid
