@@ -248,6 +248,36 @@ def _increase_per_series(
     return s[starts], inc, t0, t1, v[ends]
 
 
+def _counter_runs(
+    series: np.ndarray, values: np.ndarray, ts: np.ndarray, start: float
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """One sort by (series, time) for everything a counter needs: per series, the reset-aware increase
+    over the samples after ``start`` (NaN with fewer than two), the first and last of those timestamps
+    (NaN with none), and the latest value and timestamp overall."""
+    order = order_by_series_time(series, ts)
+    s, v, t = series[order], values[order], ts[order]
+    if s.size == 0:
+        e = np.zeros(0)
+        return np.zeros(0, np.int64), e, e, e, e, e
+    first = np.ones(s.size, bool)
+    first[1:] = s[1:] != s[:-1]
+    starts = np.flatnonzero(first)
+    ends = np.concatenate((starts[1:], [s.size])) - 1
+    inw = t > start
+    d = np.diff(v, prepend=v[0])
+    d = np.where(d < 0, v, d)  # reset: the new value is what was counted since the restart
+    # a step counts when both of its samples are in the window (times are sorted within a series)
+    pair = np.zeros(s.size, bool)
+    pair[1:] = inw[:-1]
+    d = np.where(pair & ~first, d, 0.0)
+    inc = np.add.reduceat(d, starts).astype(np.float64)
+    n_in = np.add.reduceat(inw.astype(np.int64), starts)
+    t0 = np.fmin.reduceat(np.where(inw, t, np.nan), starts)
+    t1 = np.where(n_in > 0, t[ends], np.nan)
+    inc[n_in < 2] = np.nan
+    return s[starts], inc, t0, t1, v[ends], t[ends]
+
+
 class _Ctx:
     """Everything one scoring call shares: snapshot views sorted by metric, the resolver, entities."""
 
@@ -388,15 +418,11 @@ def _evaluate(ctx: _Ctx, spec: SignalSpec, kind: EntityKind, table: _KindTable) 
     higher_worse = spec.worse_if == "higher"
     if _is_counter(spec):
         window = spec.rate_window_s or pol.freshness.rate_window_s
-        inw = ts > now - window
-        all_in = bool(inw.all())
-        s_ids, inc, t0, t1, last_v = (
-            _increase_per_series(ser, vals, ts) if all_in else _increase_per_series(ser[inw], vals[inw], ts[inw])
-        )
+        s_ids, inc, t0, t1, last_v, last_t = _counter_runs(ser, vals, ts, now - window)
         dt = t1 - t0
         with np.errstate(invalid="ignore", divide="ignore"):
             rate = np.where(dt > 0, inc / np.where(dt > 0, dt, 1.0), np.nan)
-        fresh = (now - t1) <= max_age
+            fresh = (now - t1) <= max_age
         rate = np.where(fresh, rate, np.nan)
         # series -> entity: counters of one entity add up (e.g. per-link NVLink counters)
         ent_of_series = np.full(int(ser.max()) + 1, -1, np.int64)
@@ -414,17 +440,9 @@ def _evaluate(ctx: _Ctx, spec: SignalSpec, kind: EntityKind, table: _KindTable) 
                 np.add.at(acc, e[good], rate[good])
                 np.add.at(cnt, e[good], 1)
                 res.rate = np.where(cnt > 0, acc, np.nan)
-        if all_in:
-            # every series has its latest sample in the window: reuse the per-series ends
-            res.raw = _reduce_worst(e, last_v, n, True)
-            res.age = _reduce_worst(e, now - t1, n, False)
-        else:
-            age = np.full(n, np.nan)
-            if s_ids.size:
-                np.fmin.at(age, e, now - t1)
-            lp = _latest_per_series(ser, ts)
-            res.raw = _reduce_worst(ent[lp], vals[lp], n, True)
-            res.age = np.where(np.isnan(age), _reduce_worst(ent[lp], now - ts[lp], n, False), age)
+        # the latest sample of a series is its latest in the window whenever it has one in the window
+        res.raw = _reduce_worst(e, last_v, n, True)
+        res.age = _reduce_worst(e, now - last_t, n, False)
         x = res.rate
     else:
         lp = _latest_per_series(ser, ts)
