@@ -100,3 +100,17 @@ def test_unknown_action_or_entity_is_an_error() -> None:
         sim.apply_action("node-01", "pray", sim.t)
     with pytest.raises(ValueError, match="no node or replica"):
         sim.apply_action("node-99", "drain", sim.t)
+
+
+def test_a_rollback_reboots_onto_the_old_driver_and_its_error_state_is_gone() -> None:
+    sim = Simulation(small_scenario([{"kind": "bad_driver_rollout", "target": "pool:train", "onset": 0,
+                                      "end": 1800, "params": {"rollout_s": 60, "delay_s": 60}}]))
+    a = run(sim, 100)[-1]  # every node failed by now (delay + exponential(900 s) after its upgrade)
+    failed = [n for n in ("node-00", "node-01", "node-02", "node-03")
+              if 119.0 in values(a, "DCGM_FI_DEV_XID_ERRORS", Hostname=n)]
+    assert failed and all(1.0 in values(a, "DCGM_FI_DEV_GPU_RECOVERY_ACTION", Hostname=n) for n in failed)
+    b = run(sim, 25)[-1]  # past the rollback at 30 min
+    for n in failed:
+        assert set(values(b, "DCGM_FI_DEV_XID_ERRORS", Hostname=n)) == {0.0}
+        assert set(values(b, "DCGM_FI_DEV_GPU_RECOVERY_ACTION", Hostname=n)) == {0.0}
+        assert sim.active_test(n, sim.t)

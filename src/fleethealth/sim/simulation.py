@@ -452,8 +452,9 @@ class Simulation:
         self._events.append(SimEvent(t, kind, entity, self.fleet.nodes[node], ctx, truth))
 
     def relabel_driver(self, n: int, version: str) -> None:
-        """A driver upgrade: the node's DCGM series carry the new version label (new series), volatile
-        counters restart from zero after the reboot."""
+        """A driver change (an upgrade, or a rollback): the node's DCGM series carry the new version label
+        (new series); the node rebooted onto it, so volatile counters restart from zero and the last Xid
+        and any pending recovery action are gone with the old driver's state."""
         f = self.fleet
         f.node_driver[n] = version
         self.row_series = self.row_series.copy()
@@ -476,6 +477,8 @@ class Simulation:
         self.row_prefix = prefix
         self.sbe[gpus] = 0
         self.dbe[gpus] = 0
+        self.xid_last[gpus] = 0
+        self.recovery_action[gpus] = 0
         self._layout_version += 1
 
     def reset_replica_counters(self, r: int) -> None:
