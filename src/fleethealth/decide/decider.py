@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 from fleethealth.decide.lifecycle import (
@@ -98,13 +98,16 @@ def _all_tuples(health: HealthSource | Mapping[str, HealthTuple] | Iterable[Heal
     return list(health)
 
 
-def _lifecycle_and_flagged(health: Any) -> tuple[list[HealthTuple], list[HealthTuple]]:
+LabelMemo = dict[tuple[str, str], dict[str, str]]
+
+
+def _lifecycle_and_flagged(health: Any, memo: LabelMemo | None = None) -> tuple[list[HealthTuple], list[HealthTuple]]:
     """Node and replica tuples, and the GPU tuples that carry flags. The engine's FleetHealth is
     columnar: only the flagged GPUs are turned into tuples (a 100k-GPU fleet has few)."""
     kinds = getattr(health, "kinds", None)
     if kinds is not None and hasattr(health, "by_kind") and hasattr(health, "tuples"):
         try:
-            life = [t for k in LIFECYCLE_KINDS for t in _light_tuples(health, k)]
+            life = [t for k in LIFECYCLE_KINDS for t in _light_tuples(health, k, memo)]
         except (AttributeError, TypeError, IndexError, KeyError):  # an engine without these columns
             life = [t for k in LIFECYCLE_KINDS for t in health.by_kind(k)]
         gpus: list[HealthTuple] = []
@@ -121,9 +124,30 @@ def _lifecycle_and_flagged(health: Any) -> tuple[list[HealthTuple], list[HealthT
             [t for t in tuples if t.kind == "gpu" and t.flags])
 
 
-def _light_tuples(health: Any, kind: str) -> list[HealthTuple]:
+def _serving_replicas(serving: Any) -> dict[str, HealthTuple]:
+    """The serving consumer's replica tuples: only value, confidence and reason are read (router
+    weights), so the engine's columns are read without metadata labels or node tuples."""
+    kinds = getattr(serving, "kinds", None)
+    if kinds is not None and hasattr(serving, "by_kind") and hasattr(serving, "tuples"):
+        try:
+            ks = kinds.get("replica")
+            if ks is None:
+                return {}
+            values = ks.value.tolist()
+            conf = ks.confidence.tolist()
+            now = serving.now
+            return {name: HealthTuple(entity=name, kind=ks.kind, value=None if v != v else float(v),
+                                      confidence=float(cf), worst=None, reason=str(r), ts=now)
+                    for name, v, cf, r in zip(ks.names, values, conf, ks.reason, strict=True)}
+        except (AttributeError, TypeError, IndexError, KeyError, ValueError):
+            pass
+    return {t.entity: t for t in _lifecycle_and_flagged(serving)[0] if t.kind == "replica"}
+
+
+def _light_tuples(health: Any, kind: str, memo: LabelMemo | None = None) -> list[HealthTuple]:
     """The engine's tuples without the per-signal details and category maps the decider never reads
-    (building those was most of a cycle's cost)."""
+    (building those was most of a cycle's cost). ``memo``: labels already fetched for views with the
+    same set of series (the engine's lazy labels are the rest of the cost)."""
     ks = health.kinds.get(kind)
     if ks is None:
         return []
@@ -135,9 +159,15 @@ def _light_tuples(health: Any, kind: str) -> list[HealthTuple]:
     for i, name in enumerate(ks.names):
         v = values[i]
         w = int(worst[i])
+        if memo is None:
+            labels = meta.labels(kind, i)
+        else:
+            labels = memo.get((kind, name))  # type: ignore[assignment]
+            if labels is None:
+                labels = memo[(kind, name)] = meta.labels(kind, i)
         out.append(HealthTuple(
             entity=name, kind=ks.kind, value=None if v != v else float(v), confidence=float(conf[i]),
-            worst=ks.categories[w] if w >= 0 else None, reason=str(ks.reason[i]), labels=meta.labels(kind, i),
+            worst=ks.categories[w] if w >= 0 else None, reason=str(ks.reason[i]), labels=labels,
             worst_member=ks.worst_member.get(i), flags=tuple(ks.flags.get(i, ())), ts=health.now,
         ))
     return out
@@ -201,13 +231,18 @@ class Decider:
     def __init__(self, policy: Policy | None = None) -> None:
         self.policy = policy or default_policy()
         self._version = self.policy.version_tag  # hashing the policy costs; once per decider
+        # Metadata labels by (kind, entity) for the last ``labels_key`` (not state: a cache of the
+        # engine's answers, valid while the set of series they come from is unchanged).
+        self._label_memo: tuple[Hashable, LabelMemo] | None = None
 
     # ------------------------------------------------------------------------------------------
     def decide(self, state: DecisionState, health: Any, now: float, events: Sequence[Event] = (),
-               serving: Any = None) -> Decision:
+               serving: Any = None, labels_key: Hashable | None = None) -> Decision:
         """One cycle. ``health``: the remediation consumer's FleetHealth (or a mapping / iterable of
         HealthTuples); ``serving``: the serving consumer's FleetHealth for router weights (defaults to
-        ``health``). The input state is not modified."""
+        ``health``). ``labels_key``: equal across cycles only while the entities' metadata labels cannot
+        differ (``DecisionLoop`` passes ``signals.history.shape_token`` of the scored view); labels are
+        then reused instead of asked for again. The input state is not modified."""
         p = self.policy
         lc = p.lifecycle
         c = _Cycle(p, state.shallow(), now, self._version)
@@ -215,10 +250,13 @@ class Decider:
         s.ledger = [x for x in s.ledger if now - x[0] < p.budgets.window_s]
         keep_pages = 2 * max(p.budgets.window_s, p.attribution.app_xid_window_s)
         s.pages = {k: ts for k, ts in s.pages.items() if now - ts < keep_pages}
-        life, flagged_gpus = _lifecycle_and_flagged(health)
-        serving_by_id: dict[str, HealthTuple] = {}
-        if serving is not None:
-            serving_by_id = {t.entity: t for t in _lifecycle_and_flagged(serving)[0] if t.kind == "replica"}
+        memo: LabelMemo | None = None
+        if labels_key is not None:
+            if self._label_memo is None or self._label_memo[0] != labels_key:
+                self._label_memo = (labels_key, {})
+            memo = self._label_memo[1]
+        life, flagged_gpus = _lifecycle_and_flagged(health, memo)
+        serving_by_id = _serving_replicas(serving) if serving is not None else {}
         by_id = {t.entity: t for t in life}
 
         # flags per node (its own and its GPUs'), and GPU tuples per node

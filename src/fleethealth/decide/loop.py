@@ -8,7 +8,7 @@ recording's own clock (samples grouped by scrape time), resuming after the last 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +17,7 @@ import numpy as np
 from fleethealth.decide.decider import Decider
 from fleethealth.decide.state import Decision, DecisionState, Event
 from fleethealth.policy import Policy
+from fleethealth.signals.history import shape_token
 from fleethealth.signals.snapshot import Snapshot
 
 Scorer = Callable[[Snapshot, Policy, float, str], Any]  # (view, policy, now, consumer) -> FleetHealth
@@ -34,6 +35,19 @@ def _has_replicas(health: Any) -> bool:
         ks = kinds.get("replica")
         return ks is not None and len(ks.names) > 0
     return any(getattr(t, "kind", None) == "replica" for t in getattr(health, "tuples", {}).values())
+
+
+def _labels_key(health: Any, view: Snapshot, now: float, policy: Policy) -> Hashable | None:
+    """The engine's metadata labels come from which series the view holds, and the history says when
+    that set is unchanged. Only for a FleetHealth whose labels are read from this very view (a custom
+    scorer may derive labels from anything), and only while no sample is too far in the future (the
+    engine ignores those now and reads them later, with the same set of series)."""
+    meta = getattr(health, "meta", None)
+    if getattr(meta, "snap", None) is not view:
+        return None
+    if len(view) and float(view.ts.max()) > now + policy.freshness.future_skew_s:
+        return None
+    return shape_token(view)
 
 
 @dataclass(slots=True)
@@ -72,7 +86,8 @@ class DecisionLoop:
         view = self.history.view(now)
         health = self.scorer(view, self.policy, now, "remediation")
         serving = self.scorer(view, self.policy, now, "serving") if _has_replicas(health) else None
-        decision = self.decider.decide(self.state, health, now, events, serving)
+        decision = self.decider.decide(self.state, health, now, events, serving,
+                                       labels_key=_labels_key(health, view, now, self.policy))
         if self.store is not None:
             self.store.commit(decision)
         self.state = decision.state

@@ -13,7 +13,10 @@ Pure data structure: no clock, no I/O; ``now`` is an argument.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import itertools
+import weakref
+from collections.abc import Hashable, Iterable
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -51,6 +54,64 @@ def counter_metrics(policy: Policy) -> dict[str, float]:
     return out
 
 
+@dataclass(slots=True)
+class _Chunk:
+    """One ingest's counter samples, sorted by slot then time; ``uslots``: its distinct slots (what it
+    contributes to the view's set of series); ``kmin``/``kmax``: the shortest and longest retention of
+    its metrics (a chunk younger than ``kmin`` is kept whole without a per-row test)."""
+
+    at: float
+    m: np.ndarray
+    s: np.ndarray
+    v: np.ndarray
+    t: np.ndarray
+    slot: np.ndarray
+    uslots: np.ndarray
+    kmin: float
+    kmax: float
+
+
+@dataclass(slots=True)
+class _Plan:
+    """How one snapshot layout (metric and series ids, row by row) lands in the history: which rows are
+    gauges and counters, their slots, and the slot orderings, all independent of values and times.
+    A scraper or the simulator sends the same layout every scrape; only when each (metric, series)
+    pair occurs once per snapshot, so that the orderings cannot depend on the timestamps."""
+
+    metrics: list[str]
+    labelsets: list[LabelSet]
+    metric_ids: np.ndarray
+    series_ids: np.ndarray
+    g_rows: np.ndarray  # snapshot rows of gauges, in slot order
+    g_slot: np.ndarray
+    g_m: np.ndarray
+    g_s: np.ndarray
+    c_rows: np.ndarray  # snapshot rows of counters, in slot order
+    c_slot: np.ndarray
+    c_m32: np.ndarray
+    c_s32: np.ndarray
+    c_slot32: np.ndarray
+    c_kmin: float
+    c_kmax: float
+
+
+_SERIAL = itertools.count()
+# Live histories, so that ``shape_token(view)`` finds the one that made a view (a wrapper such as the
+# backtest's shared history need not forward anything).
+_HISTORIES: weakref.WeakSet[SignalHistory] = weakref.WeakSet()
+
+
+def shape_token(view: Snapshot) -> Hashable | None:
+    """A token equal for two views of one history exactly when both hold the same set of (metric,
+    series) pairs: whatever is derived from which series exist (an entity's metadata labels, its series
+    list) and not from values or times can be reused between views with equal tokens. None when the
+    view did not come from a live SignalHistory."""
+    for h in list(_HISTORIES):
+        if h._last_view is view:
+            return h._last_token
+    return None
+
+
 class SignalHistory:
     def __init__(
         self,
@@ -77,8 +138,8 @@ class SignalHistory:
         self._g_v = np.zeros(0, np.float64)
         self._g_t = np.full(0, -np.inf)
         self._g_since = np.full(0, -np.inf)  # when the current value started (event-like gauges)
-        # counters: chunks (at, m, s, corrected v, t); reset correction per (metric, series)
-        self._chunks: list[tuple[float, np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
+        # counters: chunks of (metric, series, corrected value, time); reset correction per slot
+        self._chunks: list[_Chunk] = []
         self._c_last = np.zeros(0, np.float64)
         self._c_off = np.zeros(0, np.float64)
         self._keep_of_metric = np.zeros(0, np.float64)
@@ -87,6 +148,18 @@ class SignalHistory:
         self.last_at = -np.inf
         self._index: dict[str, list[np.ndarray]] = {}
         self._n_slots: dict[str, int] = {}
+        # The view's set of (metric, series) pairs changes only when a gauge slot is born, revived or
+        # forgotten, or a counter slot's count of retained chunks moves between zero and non-zero:
+        # ``_epoch`` counts those moments (see ``shape_token``).
+        self._serial = next(_SERIAL)
+        self._epoch = 0
+        self._c_count = np.zeros(0, np.int64)
+        self._chunks_version = 0
+        self._counter_cat: tuple[int, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] | None = None
+        self._last_view: Snapshot | None = None
+        self._last_token: Hashable | None = None
+        self._plans: dict[tuple[int, int], _Plan] = {}
+        _HISTORIES.add(self)
 
     # -- interning -------------------------------------------------------------------------------
     def _metric(self, name: str) -> int:
@@ -132,6 +205,10 @@ class SignalHistory:
         self.last_at = max(self.last_at, snap.at)
         if len(snap) == 0:
             return
+        plan = self._plan_for(snap)
+        if plan is not None:
+            self._add_planned(snap, plan)
+            return
         mmap, smap = self._maps(snap)
         m = mmap[snap.metric_ids]
         s = smap[snap.series_ids]
@@ -143,6 +220,65 @@ class SignalHistory:
         self._add_gauges(m[~is_c], s[~is_c], v[~is_c], t[~is_c])
         if is_c.any():
             self._add_counters(snap.at, m[is_c], s[is_c], v[is_c], t[is_c])
+
+    def _plan_for(self, snap: Snapshot) -> _Plan | None:
+        """The plan of this snapshot's layout (cached per label-set list, the few most recent), or None
+        for a snapshot with NaN values (dropped rows change the layout) or a pair twice in it."""
+        if np.isnan(snap.values).any():
+            return None
+        key = (id(snap.metrics), id(snap.labelsets))
+        p = self._plans.pop(key, None)
+        mmap, smap = self._maps(snap)  # interns label sets the rows do not use yet, as the plain path does
+        if p is not None and p.metrics is snap.metrics and p.labelsets is snap.labelsets and (
+                p.metric_ids.shape == snap.metric_ids.shape and np.array_equal(p.metric_ids, snap.metric_ids)
+                and np.array_equal(p.series_ids, snap.series_ids)):
+            self._plans[key] = p  # most recent last
+            return p
+        if len(self._plans) >= 8:
+            self._plans.pop(next(iter(self._plans)))
+        m = mmap[snap.metric_ids]
+        s = smap[snap.series_ids]
+        is_c = self._keep_of_metric[m] > 0
+        g_rows, c_rows = np.flatnonzero(~is_c), np.flatnonzero(is_c)
+        g_slot, g_new = self._slots("gauge", m[g_rows], s[g_rows])
+        c_slot, c_new = self._slots("counter", m[c_rows], s[c_rows])
+        if g_new or c_new:
+            # slots just made for this plan: the first add gives them their arrays (the plain path)
+            self._unplanned_slots(g_new, c_new)
+        go, co = np.argsort(g_slot, kind="stable"), np.argsort(c_slot, kind="stable")
+        g_slot, c_slot = g_slot[go], c_slot[co]
+        if (g_slot[1:] == g_slot[:-1]).any() or (c_slot[1:] == c_slot[:-1]).any():
+            return None  # a pair twice in one snapshot: its order depends on the timestamps
+        g_rows, c_rows = g_rows[go], c_rows[co]
+        keeps = self._keep_of_metric[m[c_rows]]
+        p = _Plan(snap.metrics, snap.labelsets, snap.metric_ids.copy(), snap.series_ids.copy(), g_rows, g_slot,
+                  m[g_rows], s[g_rows], c_rows, c_slot, m[c_rows].astype(np.int32), s[c_rows].astype(np.int32),
+                  c_slot.astype(np.int32), float(keeps.min()) if keeps.size else 0.0,
+                  float(keeps.max()) if keeps.size else 0.0)
+        self._plans[key] = p
+        return p
+
+    def _unplanned_slots(self, g_new: int, c_new: int) -> None:
+        if g_new:
+            self._g_m = np.concatenate((self._g_m, np.zeros(g_new, np.int32)))
+            self._g_s = np.concatenate((self._g_s, np.zeros(g_new, np.int32)))
+            self._g_v = np.concatenate((self._g_v, np.full(g_new, np.nan)))
+            self._g_t = np.concatenate((self._g_t, np.full(g_new, -np.inf)))
+            self._g_since = np.concatenate((self._g_since, np.full(g_new, -np.inf)))
+        if c_new:
+            self._c_last = np.concatenate((self._c_last, np.full(c_new, np.nan)))
+            self._c_off = np.concatenate((self._c_off, np.zeros(c_new)))
+            self._c_count = np.concatenate((self._c_count, np.zeros(c_new, np.int64)))
+
+    def _add_planned(self, snap: Snapshot, p: _Plan) -> None:
+        """``add`` for a known layout: the same arithmetic as the plain path, on precomputed rows."""
+        v, t = snap.values, snap.ts
+        if p.g_rows.size:
+            gv, gt = v[p.g_rows], t[p.g_rows]
+            self._store_gauges(p.g_slot, p.g_m, p.g_s, gv, gt)
+        if p.c_rows.size:
+            self._store_counters(snap.at, p.c_slot, p.c_m32, p.c_s32, p.c_slot32, v[p.c_rows], t[p.c_rows],
+                                 p.c_kmin, p.c_kmax)
 
     def _slots(self, table: str, m: np.ndarray, s: np.ndarray) -> tuple[np.ndarray, int]:
         """Slot of each (metric, series) pair, creating slots for new pairs; vectorised with a sorted key
@@ -172,36 +308,41 @@ class SignalHistory:
         if m.size == 0:
             return
         slot, grown = self._slots("gauge", m, s)
-        if grown:
-            self._g_m = np.concatenate((self._g_m, np.zeros(grown, np.int32)))
-            self._g_s = np.concatenate((self._g_s, np.zeros(grown, np.int32)))
-            self._g_v = np.concatenate((self._g_v, np.full(grown, np.nan)))
-            self._g_t = np.concatenate((self._g_t, np.full(grown, -np.inf)))
-            self._g_since = np.concatenate((self._g_since, np.full(grown, -np.inf)))
+        self._unplanned_slots(grown, 0)
         # keep the latest sample per slot (ties: the later one in the batch)
         order = order_by_series_time(slot, t)
         so = slot[order]
         last = np.ones(so.size, bool)
         last[:-1] = so[1:] != so[:-1]
         pick = order[last]
-        sl = slot[pick]
-        newer = t[pick] >= self._g_t[sl]
-        sl, pick = sl[newer], pick[newer]
-        changed = ~(self._g_v[sl] == v[pick])  # NaN (new slot) counts as a change
-        self._g_since[sl] = np.where(changed, t[pick], self._g_since[sl])
-        self._g_m[sl] = m[pick]
-        self._g_s[sl] = s[pick]
-        self._g_v[sl] = v[pick]
-        self._g_t[sl] = t[pick]
+        self._store_gauges(slot[pick], m[pick], s[pick], v[pick], t[pick])
+
+    def _store_gauges(self, sl: np.ndarray, m: np.ndarray, s: np.ndarray, v: np.ndarray, t: np.ndarray) -> None:
+        """One sample per slot (distinct ``sl``): kept where not older than the slot's."""
+        newer = t >= self._g_t[sl]
+        if not newer.all():
+            sl, m, s, v, t = sl[newer], m[newer], s[newer], v[newer], t[newer]
+        if not np.isfinite(self._g_t[sl]).all():
+            self._epoch += 1  # a slot born or revived: a new pair in the view
+        changed = ~(self._g_v[sl] == v)  # NaN (new slot) counts as a change
+        self._g_since[sl] = np.where(changed, t, self._g_since[sl])
+        self._g_m[sl] = m
+        self._g_s[sl] = s
+        self._g_v[sl] = v
+        self._g_t[sl] = t
 
     def _add_counters(self, at: float, m: np.ndarray, s: np.ndarray, v: np.ndarray, t: np.ndarray) -> None:
         slot, grown = self._slots("counter", m, s)
-        if grown:
-            self._c_last = np.concatenate((self._c_last, np.full(grown, np.nan)))
-            self._c_off = np.concatenate((self._c_off, np.zeros(grown)))
+        self._unplanned_slots(0, grown)
         order = order_by_series_time(slot, t)
         m, s, v, t, slot = m[order], s[order], v[order], t[order], slot[order]
-        corrected = np.empty_like(v)
+        keeps = self._keep_of_metric[m]
+        self._store_counters(at, slot, m.astype(np.int32), s.astype(np.int32), slot.astype(np.int32), v, t,
+                             float(keeps.min()), float(keeps.max()))
+
+    def _store_counters(self, at: float, slot: np.ndarray, m32: np.ndarray, s32: np.ndarray, slot32: np.ndarray,
+                        v: np.ndarray, t: np.ndarray, kmin: float, kmax: float) -> None:
+        """Samples in (slot, time) order become one chunk of reset-corrected values."""
         # resets within and across batches: sequential per slot, vectorised across slots
         prev = self._c_last[slot]
         same = np.zeros(slot.size, bool)
@@ -218,35 +359,65 @@ class SignalHistory:
         corrected = v + off
         last_pos = np.ones(slot.size, bool)
         last_pos[:-1] = slot[1:] != slot[:-1]
-        self._c_last[slot[last_pos]] = v[last_pos]
-        self._c_off[slot[last_pos]] = off[last_pos]
-        self._chunks.append((at, m.astype(np.int32), s.astype(np.int32), corrected, t))
+        uslots = slot[last_pos]
+        self._c_last[uslots] = v[last_pos]
+        self._c_off[uslots] = off[last_pos]
+        if (self._c_count[uslots] == 0).any():
+            self._epoch += 1
+        self._c_count[uslots] += 1
+        self._chunks.append(_Chunk(at, m32, s32, corrected, t, slot32, uslots, kmin, kmax))
+        self._chunks_version += 1
 
     # -- view ------------------------------------------------------------------------------------
+    def _drop(self, ch: _Chunk) -> None:
+        self._c_count[ch.uslots] -= 1
+        if (self._c_count[ch.uslots] == 0).any():
+            self._epoch += 1
+
     def _compact(self, now: float) -> None:
-        kept = []
-        for at, m, s, v, t in self._chunks:
-            keep = self._keep_of_metric[m] >= now - at
-            if keep.all():
-                kept.append((at, m, s, v, t))
-            elif keep.any():
-                kept.append((at, m[keep], s[keep], v[keep], t[keep]))
+        kept: list[_Chunk] = []
+        changed = False
+        for ch in self._chunks:
+            age = now - ch.at
+            if ch.kmin >= age:
+                kept.append(ch)
+                continue
+            changed = True
+            if ch.kmax < age:
+                self._drop(ch)
+                continue
+            keep = self._keep_of_metric[ch.m] >= age  # some metrics expire, others stay (kmin < age <= kmax)
+            sl = ch.slot[keep]
+            last = np.ones(sl.size, bool)
+            last[:-1] = sl[1:] != sl[:-1]
+            uslots = sl[last]
+            self._c_count[uslots] += 1
+            self._drop(ch)
+            km = self._keep_of_metric[ch.m[keep]]
+            kept.append(_Chunk(ch.at, ch.m[keep], ch.s[keep], ch.v[keep], ch.t[keep], sl, uslots,
+                               float(km.min()), float(km.max())))
         # thinning: beyond dense_s only the first chunk of each coarse bucket survives
-        out = []
+        out: list[_Chunk] = []
         last_bucket = None
-        for at, m, s, v, t in kept:
-            if now - at > self.dense_s:
-                b = int(at // self.coarse_s)
+        for ch in kept:
+            if now - ch.at > self.dense_s:
+                b = int(ch.at // self.coarse_s)
                 if b == last_bucket:
+                    self._drop(ch)
+                    changed = True
                     continue
                 last_bucket = b
-            out.append((at, m, s, v, t))
+            out.append(ch)
         self._chunks = out
+        if changed:
+            self._chunks_version += 1
         # forget gauges nobody has reported for memory_s
-        if self._g_t.size and (now - self._g_t > self.memory_s).any():
-            dead = now - self._g_t > self.memory_s
-            self._g_t[dead] = -np.inf
-            self._g_v[dead] = np.nan
+        if self._g_t.size:
+            dead = (now - self._g_t > self.memory_s) & np.isfinite(self._g_t)
+            if dead.any():
+                self._g_t[dead] = -np.inf
+                self._g_v[dead] = np.nan
+                self._epoch += 1
 
     def view(self, now: float) -> Snapshot:
         self._compact(now)
@@ -261,11 +432,21 @@ class SignalHistory:
             parts_s.append(self._g_s[ev])
             parts_v.append(self._g_v[ev])
             parts_t.append(self._g_since[ev])
-        for _at, m, s, v, t in self._chunks:
-            parts_m.append(m)
-            parts_s.append(s)
-            parts_v.append(v)
-            parts_t.append(t)
+        # The counters' part changes once per ingest or compaction, not per view (a cycle views twice).
+        if self._counter_cat is None or self._counter_cat[0] != self._chunks_version:
+            ch = self._chunks
+            cat = (
+                np.concatenate([c.m for c in ch]) if ch else np.zeros(0, np.int32),
+                np.concatenate([c.s for c in ch]) if ch else np.zeros(0, np.int32),
+                np.concatenate([c.v for c in ch]) if ch else np.zeros(0, np.float64),
+                np.concatenate([c.t for c in ch]) if ch else np.zeros(0, np.float64),
+            )
+            self._counter_cat = (self._chunks_version, cat)
+        cm, cs, cv, ct = self._counter_cat[1]
+        parts_m.append(cm)
+        parts_s.append(cs)
+        parts_v.append(cv)
+        parts_t.append(ct)
         snap = Snapshot(
             at=now,
             metrics=self.metrics,
@@ -278,6 +459,7 @@ class SignalHistory:
             source_errors=list(self.source_errors),
         )
         self.source_errors = []
+        self._last_view, self._last_token = snap, (self._serial, self._epoch)
         return snap
 
     def extend(self, snaps: Iterable[Snapshot]) -> None:

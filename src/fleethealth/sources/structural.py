@@ -20,11 +20,12 @@ view and ``now`` as arguments and returns a snapshot of derived samples.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from fleethealth.signals.history import shape_token
 from fleethealth.signals.snapshot import InputIssue, LabelSet, Snapshot, SnapshotBuilder
 
 GPUS_MISSING = "fleethealth_node_gpus_missing"
@@ -62,6 +63,15 @@ class StructuralTracker:
         self.max_gpus: dict[str, int] = {}
         self.target_nodes: dict[str, set[str]] = {}
         self._ls_cache: dict[LabelSet, tuple[str | None, str | None, str | None]] = {}
+        # interned node names and (node, GPU) pairs, and the per-series table of the last label-set list
+        self._names: list[str] = []
+        self._name_ix: dict[str, int] = {}
+        self._pair_ix: dict[tuple[str, str], int] = {}
+        self._pair_node: list[int] = []
+        self._table: _SeriesTable | None = None
+        self._mcache: tuple[list[str], int, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] | None = None
+        self._pair_node_arr = np.zeros(0, np.int64)
+        self._retained_cache: tuple[Hashable, _SeriesTable, int, np.ndarray] | None = None
 
     def forget(self, node: str) -> None:
         """After a repair that really removed GPUs, an operator resets the node's expected count."""
@@ -79,45 +89,60 @@ class StructuralTracker:
             self._ls_cache[ls] = hit
         return hit
 
+    def _series(self, labelsets: list[LabelSet]) -> _SeriesTable:
+        """Per-series facts of a label-set list, extended as the list grows: a history's list is
+        append-only and the same object every cycle, so each label set is described once."""
+        st = self._table
+        if st is None or st.labelsets is not labelsets or len(labelsets) < st.n or (
+                st.n and labelsets[st.n - 1] is not st.last):
+            st = self._table = _SeriesTable(labelsets)
+        if len(labelsets) > st.n:
+            st.extend(self, labelsets)
+        return st
+
     def observe(
         self, view: Snapshot, now: float, gpu_capacity: Mapping[str, int] | None = None
     ) -> StructuralReport:
         b = SnapshotBuilder()
         report = StructuralReport(snapshot=Snapshot.empty(now))
-        desc = [self._describe(ls) for ls in view.labelsets]
-        node_names = sorted({d[0] for d in desc if d[0] is not None})
-        node_ix = {n: i for i, n in enumerate(node_names)}
-        n_nodes = len(node_names)
-        node_of = np.array([node_ix[d[0]] if d[0] is not None else -1 for d in desc] or [-1], np.int64)
-
-        valid = view.ts <= now + self.future_skew_s
-        fresh = valid & (view.ts > now - self.max_age_s)
+        st = self._series(view.labelsets)
+        node_names = list(st.node_names)
+        node_ix = dict(st.node_ix)
+        node_of = st.node_of()
+        n_series = max(len(view.labelsets), 1)
         metric_names = view.metrics
-        is_up = np.array([m == "up" for m in metric_names] or [False], bool)
-        is_dur = np.array([m == "scrape_duration_seconds" for m in metric_names] or [False], bool)
-        is_gpu_metric = np.array([m.startswith(self.gpu_metric_prefix) for m in metric_names] or [False], bool)
-        # Our own derived series (fed back through the history) must never count as the node being alive.
-        is_own = np.array([m in (GPUS_MISSING, SERIES_VANISHED) for m in metric_names] or [False], bool)
-        target_rows = (
-            (is_up | is_dur | is_own)[view.metric_ids] if len(view) else np.zeros(0, bool)
-        )
+        is_up, is_dur, is_gpu_metric, is_target = self._metric_masks(metric_names)
+        n_metrics = max(len(metric_names), 1)
+
+        # Everything but the retained-series count reads fresh rows only: a few per series, while the
+        # view also holds hours of counter samples.
+        ts = view.ts
+        n = len(view)
+        fresh_rows = np.flatnonzero((ts <= now + self.future_skew_s) & (ts > now - self.max_age_s))
+        fm = view.metric_ids[fresh_rows]
+        fs = view.series_ids[fresh_rows].astype(np.int64)
+        f_target = is_target[fm] if n else np.zeros(0, bool)
+        f_sample = ~f_target
 
         # Learn which nodes each scrape target carries (a sample with both an instance and a node label).
         alive_by_target: set[int] = set()
         dead_nodes: set[str] = set()
-        if len(view):
-            present = np.zeros(max(len(view.labelsets), 1), bool)
-            present[view.series_ids[fresh & ~target_rows]] = True
-            for sid in np.flatnonzero(present).tolist():
-                node, _, inst = desc[sid]
-                if inst is not None and node is not None and node != inst:
-                    self.target_nodes.setdefault(inst, set()).add(node)
+        if n:
+            present = np.zeros(n_series, bool)
+            present[fs[f_sample]] = True
+            todo = present & st.learnable & ~st.learned
+            for sid in np.flatnonzero(todo).tolist():
+                self.target_nodes.setdefault(st.inst[sid], set()).add(st.node[sid])  # type: ignore[index,arg-type]
+            st.learned |= todo
 
         # Scrape health: latest `up` / `scrape_duration_seconds` per target.
-        up_latest = _latest_per_series(view, fresh & is_up[view.metric_ids]) if len(view) else {}
+        ft = ts[fresh_rows]
+        fv = view.values[fresh_rows]
+        up_latest = _latest_of(fs, ft, fv, is_up[fm]) if n else {}
         for sid, v in up_latest.items():
-            inst = desc[sid][2] or dict(view.labelsets[sid]).get("job", "?")
-            own = desc[sid][0]
+            node, _, inst_l = self._describe(view.labelsets[sid])
+            inst = inst_l or dict(view.labelsets[sid]).get("job", "?")
+            own = node
             # A target carrying its own node label (one target per node, e.g. a path per node on one
             # host:port) speaks for that node only, whatever else shares its instance.
             names = {own} if own is not None and own != inst else set(self.target_nodes.get(inst, ()))
@@ -128,17 +153,17 @@ class StructuralTracker:
                 # what it reported before says nothing about GPUs missing now.
                 dead_nodes.update(names)
             else:
-                for n in names:
-                    if n in node_ix:
-                        alive_by_target.add(node_ix[n])
+                for nm in names:
+                    if nm in node_ix:
+                        alive_by_target.add(node_ix[nm])
                     else:
-                        node_ix[n] = len(node_names)
-                        node_names.append(n)
-                        alive_by_target.add(node_ix[n])
+                        node_ix[nm] = len(node_names)
+                        node_names.append(nm)
+                        alive_by_target.add(node_ix[nm])
         n_nodes = len(node_names)
-        dur_latest = _latest_per_series(view, fresh & is_dur[view.metric_ids]) if len(view) else {}
+        dur_latest = _latest_of(fs, ft, fv, is_dur[fm]) if n else {}
         for sid, v in dur_latest.items():
-            inst = desc[sid][2] or "?"
+            inst = self._describe(view.labelsets[sid])[2] or "?"
             report.scrape_seconds[inst] = v
             if v > self.slow_scrape_s:
                 b.issues.append(InputIssue(f"target {inst}", 0, f"slow scrape: {v:.2f} s"))
@@ -147,51 +172,49 @@ class StructuralTracker:
             report.snapshot = b.build(now)
             return report
 
-        sample_rows = ~target_rows if len(view) else np.zeros(0, bool)
-        n_series = max(len(view.labelsets), 1)
-
-        n_metrics = max(len(metric_names), 1)
-
-        def series_per_node(mask: np.ndarray) -> np.ndarray:
+        def series_per_node(sids: np.ndarray, mids: np.ndarray) -> np.ndarray:
             # distinct (metric, series) pairs via a dense bitmap: O(n), no sort or hash (np.unique is
-            # the slowest step here at 100k GPUs)
+            # the slowest step here at 100k GPUs). Nodes known only from a scrape target have none.
             seen = np.zeros(n_metrics * n_series, bool)
-            seen[view.series_ids[mask].astype(np.int64) * n_metrics + view.metric_ids[mask]] = True
+            seen[sids.astype(np.int64) * n_metrics + mids] = True
             keys = np.flatnonzero(seen)
             nodes = node_of[keys // n_metrics]
-            return np.bincount(nodes[nodes >= 0], minlength=n_nodes)
+            out = np.zeros(n_nodes, np.int64)
+            out[: st.rank_n] = np.bincount(nodes[nodes >= 0], minlength=st.rank_n)
+            return out
 
-        retained = series_per_node(valid & sample_rows) if len(view) else np.zeros(n_nodes, np.int64)
-        current = series_per_node(fresh & sample_rows) if len(view) else np.zeros(n_nodes, np.int64)
+        if n:
+            retained = np.zeros(n_nodes, np.int64)
+            retained[: st.rank_n] = self._retained(view, now, st, series_per_node, is_target)
+            current = series_per_node(fs[f_sample], fm[f_sample])
+        else:
+            retained = current = np.zeros(n_nodes, np.int64)
         alive = current > 0
         for i in alive_by_target:
             alive[i] = True
-        for n in dead_nodes:
-            if n in node_ix:
-                alive[node_ix[n]] = False
+        for nm in dead_nodes:
+            if nm in node_ix:
+                alive[node_ix[nm]] = False
         # Derived samples carry the time of the newest observation they come from, so they go stale
         # together with the data (never fresher than what they were computed from).
         newest = np.full(n_nodes, -np.inf)
-        if len(view):
-            rows = fresh & sample_rows
-            nodes_r = node_of[view.series_ids[rows]]
+        if n:
+            nodes_r = node_of[fs[f_sample]]
             ok = nodes_r >= 0
-            np.maximum.at(newest, nodes_r[ok], view.ts[rows][ok])
+            np.maximum.at(newest, nodes_r[ok], ft[f_sample][ok])
 
-        # GPUs per node now: distinct GPU ids among fresh GPU-metric samples.
+        # GPUs per node now: distinct (node, GPU id) pairs among fresh GPU-metric samples.
         gpu_now = np.zeros(n_nodes, np.int64)
-        if len(view):
-            gmask = fresh & is_gpu_metric[view.metric_ids]
+        if n:
             present = np.zeros(n_series, bool)
-            present[view.series_ids[gmask]] = True
-            sids = np.flatnonzero(present).tolist()
-            pairs: set[tuple[str, str]] = set()
-            for s in sids:
-                nd, gp = desc[s][0], desc[s][1]
-                if nd is not None and gp is not None:
-                    pairs.add((nd, gp))
-            for nd, _gp in pairs:
-                gpu_now[node_ix[nd]] += 1
+            present[fs[is_gpu_metric[fm]]] = True
+            pid = st.pair_id[present[: st.n]]
+            pid = pid[pid >= 0]
+            if pid.size:
+                hit = np.zeros(len(self._pair_node), bool)
+                hit[pid] = True
+                gnodes = st.rank[self._pair_nodes()[hit]]
+                gpu_now[: st.rank_n] += np.bincount(gnodes, minlength=st.rank_n)
 
         cap = gpu_capacity or {}
         for node, i in node_ix.items():
@@ -212,14 +235,119 @@ class StructuralTracker:
         report.snapshot = b.build(now)
         return report
 
+    def _metric_masks(self, metrics: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Per metric: up, scrape duration, GPU metric, target (not a sample of the node itself)."""
+        c = self._mcache
+        if c is not None and c[0] is metrics and c[1] == len(metrics):
+            return c[2]
+        is_up = np.array([m == "up" for m in metrics] or [False], bool)
+        is_dur = np.array([m == "scrape_duration_seconds" for m in metrics] or [False], bool)
+        is_gpu = np.array([m.startswith(self.gpu_metric_prefix) for m in metrics] or [False], bool)
+        # Our own derived series (fed back through the history) must never count as the node being alive.
+        is_own = np.array([m in (GPUS_MISSING, SERIES_VANISHED) for m in metrics] or [False], bool)
+        masks = (is_up, is_dur, is_gpu, is_up | is_dur | is_own)
+        self._mcache = (metrics, len(metrics), masks)
+        return masks
 
-def _latest_per_series(view: Snapshot, mask: np.ndarray) -> dict[int, float]:
-    """The newest value of each series among the masked rows."""
+    def _retained(self, view: Snapshot, now: float, st: _SeriesTable,
+                  series_per_node: Callable[[np.ndarray, np.ndarray], np.ndarray],
+                  is_target: np.ndarray) -> np.ndarray:
+        """Series per node in the whole view (not future-skewed): the one count that reads every row.
+        It depends only on which (metric, series) pairs the view holds, so a view of a history whose
+        set of pairs is unchanged (``shape_token``) reuses the last count."""
+        all_valid = bool(view.ts.max() <= now + self.future_skew_s)
+        token = shape_token(view) if all_valid else None
+        c = self._retained_cache
+        if token is not None and c is not None and c[0] == token and c[1] is st and c[2] == st.n:
+            return c[3]  # same pairs, same series table: the same count (nodes from targets are zeros)
+        rows = ~is_target[view.metric_ids]
+        if not all_valid:
+            rows &= view.ts <= now + self.future_skew_s
+        out = series_per_node(view.series_ids[rows], view.metric_ids[rows])[: st.rank_n]
+        self._retained_cache = (token, st, st.n, out) if token is not None else None
+        return out
+
+    def _pair_nodes(self) -> np.ndarray:
+        if self._pair_node_arr.size != len(self._pair_node):
+            self._pair_node_arr = np.asarray(self._pair_node, np.int64)
+        return self._pair_node_arr
+
+
+class _SeriesTable:
+    """Node, GPU and scrape-target facts of each label set of one label-set list, as arrays."""
+
+    def __init__(self, labelsets: list[LabelSet]) -> None:
+        self.labelsets = labelsets
+        self.n = 0
+        self.last: LabelSet | None = None
+        self.node: list[str | None] = []
+        self.inst: list[str | None] = []
+        self.name_id = np.zeros(0, np.int64)  # tracker-wide node name id per series (-1: none)
+        self.pair_id = np.zeros(0, np.int64)  # tracker-wide (node, GPU) id per series (-1: none)
+        self.learnable = np.zeros(0, bool)  # has an instance and a node label that differ
+        self.learned = np.zeros(0, bool)  # already taught the tracker its target -> node pair
+        self.node_names: list[str] = []  # sorted names of this list's nodes
+        self.node_ix: dict[str, int] = {}
+        self.rank = np.zeros(0, np.int64)  # name id -> index in node_names (-1)
+        self.rank_n = 0
+        self._node_of: np.ndarray | None = None
+
+    def extend(self, tr: StructuralTracker, labelsets: list[LabelSet]) -> None:
+        n0 = self.n
+        new = labelsets[n0:]
+        k = len(new)
+        name_id = np.full(k, -1, np.int64)
+        pair_id = np.full(k, -1, np.int64)
+        learnable = np.zeros(k, bool)
+        for j, ls in enumerate(new):
+            node, gpu, inst = tr._describe(ls)
+            self.node.append(node)
+            self.inst.append(inst)
+            if node is None:
+                continue
+            nid = tr._name_ix.get(node)
+            if nid is None:
+                nid = tr._name_ix[node] = len(tr._names)
+                tr._names.append(node)
+            name_id[j] = nid
+            if gpu is not None:
+                pid = tr._pair_ix.get((node, gpu))
+                if pid is None:
+                    pid = tr._pair_ix[(node, gpu)] = len(tr._pair_node)
+                    tr._pair_node.append(nid)
+                pair_id[j] = pid
+            learnable[j] = inst is not None and node != inst
+        self.name_id = np.concatenate((self.name_id, name_id))
+        self.pair_id = np.concatenate((self.pair_id, pair_id))
+        self.learnable = np.concatenate((self.learnable, learnable))
+        self.learned = np.concatenate((self.learned, np.zeros(k, bool)))
+        self.n = len(labelsets)
+        self.last = labelsets[-1]
+        ids = np.unique(self.name_id[self.name_id >= 0])
+        if ids.size != self.rank_n or (name_id >= 0).any():
+            self.node_names = sorted(tr._names[i] for i in ids.tolist())
+            self.node_ix = {nm: i for i, nm in enumerate(self.node_names)}
+            self.rank = np.full(len(tr._names), -1, np.int64)
+            for nm, i in self.node_ix.items():
+                self.rank[tr._name_ix[nm]] = i
+            self.rank_n = len(self.node_names)
+        self._node_of = None
+
+    def node_of(self) -> np.ndarray:
+        """Sorted-node index per series (-1: none); at least one entry, as indexing needs."""
+        if self._node_of is None:
+            if self.n == 0:
+                self._node_of = np.full(1, -1, np.int64)
+            else:
+                self._node_of = np.where(self.name_id >= 0, self.rank[np.maximum(self.name_id, 0)], -1)
+        return self._node_of
+
+
+def _latest_of(sids: np.ndarray, ts: np.ndarray, vals: np.ndarray, mask: np.ndarray) -> dict[int, float]:
+    """The newest value of each series among the masked rows (ties: the later row)."""
     if not mask.any():
         return {}
-    sids = view.series_ids[mask]
-    ts = view.ts[mask]
-    vals = view.values[mask]
+    sids, ts, vals = sids[mask], ts[mask], vals[mask]
     order = np.lexsort((ts, sids))
     sids, vals = sids[order], vals[order]
     last = np.r_[sids[1:] != sids[:-1], True]
