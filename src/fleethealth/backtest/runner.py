@@ -195,9 +195,14 @@ class Lane:
     def fork(self, arm: EngineArm | RuleArm, world: World, policy: Policy) -> Lane:
         """Move ``arm`` (with its ``world``) into a copy of this lane's world as it is now."""
         # the policy is read-only and shared; everything else (simulator state and random streams,
-        # history, structural tracker) is copied
-        sim, history, structural, pending = copy.deepcopy(
-            (self.sim, self.history, self.structural, self.pending), {id(policy): policy})
+        # history, structural tracker) is copied; a rule arm reads raw snapshots and needs no history
+        memo: dict[int, Any] = {id(policy): policy}
+        if isinstance(arm, EngineArm):
+            sim, history, structural, pending = copy.deepcopy(
+                (self.sim, self.history, self.structural, self.pending), memo)
+        else:
+            sim, pending = copy.deepcopy((self.sim, self.pending), memo)
+            history, structural = self.history, self.structural  # never read in a lane of rule arms
         new = Lane(sim, history, structural, self.next_cycle)
         new.pending = pending
         if isinstance(arm, EngineArm):
@@ -285,7 +290,8 @@ def run_backtest(
                 w.apply_due(lane.sim, lane.sim.t + lane.sim.step_s)
             snap = lane.sim.step()
             t = lane.sim.t
-            lane.history.add(snap)
+            if lane.engine_arms:
+                lane.history.add(snap)
             for ra in list(lane.rule_arms):
                 c0 = time.process_time()
                 n_tr, n_it = len(ra.log.transitions), len(ra.log.intents)
