@@ -4,6 +4,7 @@
     for t, snapshot in sim.steps():
         ...
     sim.ground_truth, sim.events(t), sim.active_test(node, t), sim.render_node(node)
+    sim.apply_action("node-12", "drain", t)   # the world reacting to a decision (closed-loop backtest)
 """
 
 from fleethealth.sim.scenario import (
