@@ -294,11 +294,18 @@ class _Ctx:
                 InputIssue("<snapshot>", 0, f"{n_future} samples are more than {skew:g}s in the future (clock skew): ignored")
             )
         ok &= ~np.isnan(snap.values)
-        idx = np.flatnonzero(ok)
-        mids_all = snap.metric_ids[idx]
-        if len(snap.metrics) < 32000:
-            mids_all = mids_all.astype(np.int16)  # stable sort of 16-bit ints is a radix sort: O(n)
-        order = idx[np.argsort(mids_all, kind="stable")]
+        all_ok = bool(ok.all())
+        idx = np.arange(ok.size) if all_ok else np.flatnonzero(ok)
+        mids_all = snap.metric_ids if all_ok else snap.metric_ids[idx]
+        # Sources write a metric's samples together (an exposition family, a table column, a simulator
+        # block): when each metric already is one contiguous block, no sort is needed at all.
+        heads = np.concatenate(([0], np.flatnonzero(mids_all[1:] != mids_all[:-1]) + 1)) if mids_all.size else idx
+        if np.unique(mids_all[heads]).size == heads.size:
+            order = idx
+        else:
+            if len(snap.metrics) < 32000:
+                mids_all = mids_all.astype(np.int16)  # stable sort of 16-bit ints is a radix sort: O(n)
+            order = idx[np.argsort(mids_all, kind="stable")]
         self.order = order
         mids = snap.metric_ids[order]
         self.metric_ix = snap.metric_index()
@@ -459,6 +466,18 @@ def _evaluate(ctx: _Ctx, spec: SignalSpec, kind: EntityKind, table: _KindTable) 
     return res
 
 
+def _value_flags(x: np.ndarray, value_flags: Mapping[int, str]) -> list[tuple[int, str]]:
+    """(entity, flag) for every entity whose value (truncated to an int) names a flag, in entity order."""
+    with np.errstate(invalid="ignore"):
+        xi = np.where(np.isnan(x), np.nan, np.trunc(x))
+    pairs: list[tuple[int, str]] = []
+    for v, f in value_flags.items():
+        if f:
+            pairs.extend((e, f) for e in np.flatnonzero(xi == v).tolist())
+    pairs.sort(key=lambda p: p[0])
+    return pairs
+
+
 def _shape(
     ctx: _Ctx, spec: SignalSpec, kind: EntityKind, x: np.ndarray, ser: np.ndarray, ent: np.ndarray,
     lp: np.ndarray | None, res: _SignalResult, n: int,
@@ -470,10 +489,7 @@ def _shape(
     if spec.shape == "gate":
         sub = shapes.gate(x, spec.above, spec.values)
         if spec.value_flags:
-            for e in np.flatnonzero(~np.isnan(x)).tolist():
-                f = spec.value_flags.get(int(x[e]))
-                if f:
-                    res.flags.append((e, f))
+            res.flags.extend(_value_flags(x, spec.value_flags))
         for e in np.flatnonzero(sub == 0).tolist():
             res.notes[e] = f"gate fired: {spec.metric}={x[e]:g}"
         return sub
@@ -488,10 +504,7 @@ def _shape(
             if spec.flag:
                 res.flags.append((e, spec.flag))
         if spec.value_flags:
-            for e in np.flatnonzero(~np.isnan(x)).tolist():
-                f = spec.value_flags.get(int(x[e]))
-                if f:
-                    res.flags.append((e, f))
+            res.flags.extend(_value_flags(x, spec.value_flags))
         return sub
     if spec.shape == "peer":
         # Peer group of an entity: the peer labels of the label set its (latest) sample came from.

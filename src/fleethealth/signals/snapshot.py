@@ -186,26 +186,29 @@ def window(snap: Snapshot, start: float, end: float) -> Snapshot:
 def order_by_series_time(series: np.ndarray, ts: np.ndarray) -> np.ndarray:
     """Permutation ordering samples by (series, time).
 
-    Samples usually arrive in time order (scrapes, history chunks), so a *stable* sort by series alone
-    already orders each series by time: with the series relabelled densely it is a 16-bit radix sort,
-    O(n). That is checked, not assumed; otherwise one sort of a combined float key (series major, time
-    minor), several times faster than ``np.lexsort`` and exact while series x time span stays far below
-    2**52, with a lexsort fallback beyond."""
+    Samples usually arrive in time order (scrapes, history chunks), each scrape listing its series in
+    the same order, so a *stable* sort by series alone already orders each series by time: with few
+    series (relabelled densely) that is a 16-bit radix sort, and with few sorted runs it is a timsort
+    merge, both O(n). That is checked, not assumed; otherwise one sort of a combined float key (series
+    major, time minor), several times faster than ``np.lexsort`` and exact while series x time span
+    stays far below 2**52, with a lexsort fallback beyond."""
     n = series.size
     if n == 0:
         return np.zeros(0, np.int64)
     smax = int(series.max())
+    order: np.ndarray | None = None
     if n > 64 and smax < 8 * n + 1_000_000:
         present = np.zeros(smax + 1, bool)
         present[series] = True
-        k = int(np.count_nonzero(present))
-        if k < 32768:
-            lut = np.cumsum(present, dtype=np.int64) - 1
-            dense = lut[series].astype(np.int16)
+        if int(np.count_nonzero(present)) < 32768:
+            dense = (np.cumsum(present, dtype=np.int64) - 1)[series].astype(np.int16)
             order = np.argsort(dense, kind="stable")
-            s_o, t_o = dense[order], ts[order]
-            if bool(((t_o[1:] >= t_o[:-1]) | (s_o[1:] != s_o[:-1])).all()):
-                return order
+    if order is None and n > 64 and 16 * int(np.count_nonzero(series[1:] < series[:-1])) < n:
+        order = np.argsort(series, kind="stable")  # few ascending runs: timsort merges them
+    if order is not None:
+        s_o, t_o = series[order], ts[order]
+        if bool(((t_o[1:] >= t_o[:-1]) | (s_o[1:] != s_o[:-1])).all()):
+            return order
     t0 = float(ts.min())
     span = float(ts.max()) - t0 + 1.0
     if float(smax) * span < 2.0**52 / 1024:
