@@ -75,7 +75,9 @@ def print_table(result: dict[str, Any]) -> None:
     arms = [("fleethealth", result)] + list(result.get("baselines", {}).items())
     typer.echo(f"scenario {result['scenario']}: {result['gpus']} GPUs, {result['simulated_s'] / 3600:.1f} h simulated, "
                f"decisions every {result['cycle_s']:.0f} s; {result['cpu_s']:.1f} CPU s "
-               f"({result['gpu_hours_per_cpu_s']:.0f} GPU-h per CPU s)")
+               f"({result['gpu_hours_per_cpu_s']:.0f} GPU-h per CPU s); "
+               + (f"closed loop, {result.get('world_actions', 0)} actions applied to fleethealth's world"
+                  if result.get("closed_loop") else "open loop"))
     w = max(12, *(len(n) for n, _ in arms))
     typer.echo(f"{'metric':<20}" + "".join(f"{n:>{w + 2}}" for n, _ in arms))
     for key, f in METRIC_ROWS:
