@@ -270,9 +270,15 @@ def _counter_runs(
     pair = np.zeros(s.size, bool)
     pair[1:] = inw[:-1]
     d = np.where(pair & ~first, d, 0.0)
-    inc = np.add.reduceat(d, starts).astype(np.float64)
-    n_in = np.add.reduceat(inw.astype(np.int64), starts)
-    t0 = np.fmin.reduceat(np.where(inw, t, np.nan), starts)
+    run = s.size // starts.size
+    if run * starts.size == s.size and bool((ends - starts == run - 1).all()):
+        inc = d.reshape(-1, run).sum(axis=1)  # every series has as many samples: no segmented reduce
+    else:
+        inc = np.add.reduceat(d, starts).astype(np.float64)
+    # the window is a suffix of each series' run: count it by a running count, start at its first
+    c = np.cumsum(inw, dtype=np.int64)
+    n_in = c[ends] - c[starts] + inw[starts]
+    t0 = np.where(n_in > 0, t[np.minimum(ends + 1 - n_in, ends)], np.nan)
     t1 = np.where(n_in > 0, t[ends], np.nan)
     inc[n_in < 2] = np.nan
     return s[starts], inc, t0, t1, v[ends], t[ends]
@@ -763,25 +769,32 @@ class KindScores:
         return self._stack("age")
 
 
-def _cross_category(cat: np.ndarray, how: str) -> tuple[np.ndarray, np.ndarray]:
-    n, c = cat.shape
-    have = ~np.isnan(cat)
-    any_ = have.any(axis=1)
-    filled = np.where(have, cat, np.inf)
-    worst = np.where(any_, filled.argmin(axis=1), -1) if c else np.full(n, -1)
+def _cross_category(cat_t: np.ndarray, how: str) -> tuple[np.ndarray, np.ndarray]:
+    """Across categories (rows of ``cat_t``, categories x entities): value and worst category index
+    (-1 when no category is known). Categories are few: a loop over rows beats strided reductions."""
+    c, n = cat_t.shape
+    worst = np.full(n, -1, np.int64)
     if c == 0:
         return np.full(n, np.nan), worst
+    low = np.full(n, np.inf)
+    for k in range(c):
+        row = cat_t[k]
+        better = row < low  # NaN never is: the first of equal minima stays the worst
+        low = np.where(better, row, low)
+        worst[better] = k
+    any_ = worst >= 0
     if how == "min":
-        val = np.where(any_, filled.min(axis=1), np.nan)
+        val = np.where(any_, low, np.nan)
     elif how == "gmean":
-        logs = np.where(have, np.log(np.maximum(np.where(have, cat, 1.0), 1e-300)), 0.0)
-        k = have.sum(axis=1)
+        have = ~np.isnan(cat_t)
+        logs = np.where(have, np.log(np.maximum(np.where(have, cat_t, 1.0), 1e-300)), 0.0)
+        k_have = have.sum(axis=0)
         with np.errstate(invalid="ignore", divide="ignore"):
-            val = np.where(any_, np.exp(logs.sum(axis=1) / np.maximum(k, 1)), np.nan)
-        val = np.where(any_ & (filled.min(axis=1) == 0), 0.0, val)
+            val = np.where(any_, np.exp(logs.sum(axis=0) / np.maximum(k_have, 1)), np.nan)
+        val = np.where(any_ & (low == 0), 0.0, val)
     else:  # mean: only for baselines (averages away a fatal category)
         with np.errstate(invalid="ignore"):
-            val = np.where(any_, np.nanmean(np.where(have, cat, np.nan), axis=1), np.nan)
+            val = np.where(any_, np.nanmean(cat_t, axis=0), np.nan) if n else np.zeros(0)
     return val, worst
 
 
@@ -811,20 +824,23 @@ def _aggregate(
     cat_ix = np.array([categories.index(s.category) for s in specs], np.int64)
     w = np.array([s.weight for s in specs], np.float64)
     cat_t = np.full((len(categories), n), np.nan)
+    fresh_f = fresh_t.astype(np.float64)
+    sub_z = np.where(fresh_t, sub_t, 0.0)
     for c in range(len(categories)):
         rows = np.flatnonzero(cat_ix == c)
         if rows.size == 0:
             continue
-        block = sub_t[rows]
-        fb = fresh_t[rows]
-        wsum = w[rows] @ fb
-        tot = w[rows] @ np.where(fb, block, 0.0)
+        if rows.size == 1 and w[rows[0]] > 0:
+            cat_t[c] = sub_t[rows[0]]  # one signal: the category is that signal
+            continue
+        wsum = w[rows] @ fresh_f[rows]
+        tot = w[rows] @ sub_z[rows]
         with np.errstate(invalid="ignore", divide="ignore"):
             col = np.where(wsum > 0, tot / np.where(wsum > 0, wsum, 1.0), np.nan)
         if critical_zeroes:
-            col[(block == 0).any(axis=0)] = 0.0  # NaN is never == 0: only fresh zeroes count
+            col[(sub_t[rows] == 0).any(axis=0)] = 0.0  # NaN is never == 0: only fresh zeroes count
         cat_t[c] = col
-    value, worst = _cross_category(cat_t.T, how)
+    value, worst = _cross_category(cat_t, how)
 
     gate_rows = np.flatnonzero(np.array([s.shape in ("gate", "xid") for s in specs], bool))
     if gate_rows.size:
