@@ -736,7 +736,7 @@ class KindScores:
     reason: list[str]
     flags: dict[int, list[str]]
     notes: dict[tuple[int, int], str]
-    worst_member: dict[int, str] = field(default_factory=dict)
+    worst_member: Mapping[int, str] = field(default_factory=dict)
     member_of: np.ndarray | None = None  # for gpu: node index
     gated: np.ndarray | None = None  # bool per entity: a hard gate decided it
     n_expected: np.ndarray = field(default_factory=lambda: np.zeros(0))  # per entity: expected signals
@@ -882,6 +882,26 @@ def _aggregate(
     return ks
 
 
+class _WorstMembers(Mapping[int, str]):
+    """node index -> name of the GPU that decided it; an index array, names looked up on access."""
+
+    def __init__(self, n: int, names: list[str]) -> None:
+        self.ix = np.full(n, -1, np.int64)
+        self.names = names
+
+    def __getitem__(self, i: int) -> str:
+        g = int(self.ix[i]) if 0 <= i < self.ix.size else -1
+        if g < 0:
+            raise KeyError(i)
+        return self.names[g]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(np.flatnonzero(self.ix >= 0).tolist())
+
+    def __len__(self) -> int:
+        return int(np.count_nonzero(self.ix >= 0))
+
+
 def _roll_up_nodes(gpu: KindScores, node: KindScores, gpu_node: np.ndarray) -> None:
     """A node is the weakest of its GPUs and its node-wide signals (min; never averaged away).
 
@@ -941,7 +961,9 @@ def _roll_up_nodes(gpu: KindScores, node: KindScores, gpu_node: np.ndarray) -> N
         gw = gpu.worst[tb]
         node.worst = np.array(node.worst)
         node.worst[tn] = np.where(gw >= 0, cmap[np.maximum(gw, 0)] if cmap.size else -1, -1)
-        node.worst_member.update(zip(tn.tolist(), np.array(gpu.names, dtype=object)[tb].tolist(), strict=True))
+        members = _WorstMembers(nn, gpu.names)
+        members.ix[tn] = tb
+        node.worst_member = members
     node.value = np.where(node_gated | any_gpu_gate, 0.0, v)
     for i in np.flatnonzero(np.isnan(node.value)).tolist():
         node.reason[i] = REASON_NO_FRESH_DATA
