@@ -9,13 +9,22 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Mapping
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 Shape = Literal["gate", "ramp", "peer", "slo", "flag", "xid"]
 Direction = Literal["higher", "lower"]
@@ -255,9 +264,19 @@ class Policy(Strict):
             seen.add(s.name)
         return v
 
+    # The policy is frozen: its digest is computed once (every scoring call stamps it on its result).
+    _digest: str | None = PrivateAttr(default=None)
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Policy:
+        c = super().model_copy(update=update, deep=deep)
+        c._digest = None  # an updated copy is another policy
+        return c
+
     @property
     def digest(self) -> str:
-        return hashlib.sha256(self.model_dump_json().encode()).hexdigest()[:12]
+        if self._digest is None:
+            self._digest = hashlib.sha256(self.model_dump_json().encode()).hexdigest()[:12]
+        return self._digest
 
     @property
     def version_tag(self) -> str:
