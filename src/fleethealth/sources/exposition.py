@@ -46,6 +46,7 @@ __all__ = [
     "is_openmetrics",
     "parse_exposition",
     "parse_many",
+    "parse_many_into",
     "value_problem",
 ]
 
@@ -413,6 +414,14 @@ def parse_many(
     given, is filled with the number of samples kept per page (in ``pages`` order).
     """
     b = builder if builder is not None else SnapshotBuilder()
+    parse_many_into(b, pages, default_ts=default_ts, sample_counts=sample_counts)
+    return b.build(float(default_ts))
+
+
+def parse_many_into(
+    b: SnapshotBuilder, pages: Sequence[Page], *, default_ts: float, sample_counts: list[int] | None = None
+) -> None:
+    """``parse_many`` into a builder the caller builds (a scraper adding its own `up` samples)."""
     ts = float(default_ts)
     counts = [0] * len(pages)
     extras = [_extra_key(extra) for _, extra, _ in pages]
@@ -433,7 +442,6 @@ def parse_many(
         counts[i] = ctx.added
     if sample_counts is not None:
         sample_counts[:] = counts
-    return b.build(ts)
 
 
 @dataclass
@@ -535,7 +543,7 @@ def _parse_group(st: _Batch, grp: _Group, heads: list[bytes]) -> bool:
             return False
         types_at.append(dict(gctx.types))
     tmpl_counts: list[np.ndarray] = []
-    nonempty = [bool(x) for x in (grp.be > grp.bs).any(axis=0)]
+    nonempty = np.any(grp.be > grp.bs, axis=0).tolist()
     for j in range(len(heads)):
         if not nonempty[j]:
             continue  # no sample lines after this comment in any page (a HELP before its TYPE)
