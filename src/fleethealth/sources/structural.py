@@ -20,6 +20,7 @@ view and ``now`` as arguments and returns a snapshot of derived samples.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -217,22 +218,35 @@ class StructuralTracker:
                 gpu_now[: st.rank_n] += np.bincount(gnodes, minlength=st.rank_n)
 
         cap = gpu_capacity or {}
+        gpu_now_l, retained_l, current_l = gpu_now.tolist(), retained.tolist(), current.tolist()
+        newest_l = newest.tolist()
+        alive_l = alive.tolist()
+        # Two samples per node, (missing, vanished), in node order: the layout SnapshotBuilder.add gives.
+        labelsets: list[LabelSet] = []
+        vals: list[float] = []
+        ats: list[float] = []
         for node, i in node_ix.items():
-            if not alive[i]:
+            if not alive_l[i]:
                 continue  # the exporter itself is gone: missing data, the scorer marks it stale
-            seen = max(self.max_gpus.get(node, 0), int(gpu_now[i]))
+            g = gpu_now_l[i]
+            seen = max(self.max_gpus.get(node, 0), g)
             self.max_gpus[node] = seen
             expected = max(seen, int(cap.get(node, 0)))
             if expected == 0:
                 continue  # a node without GPU telemetry (a serving pod, a CPU host): nothing to count
-            missing = expected - int(gpu_now[i])
-            report.gpus_now[node] = int(gpu_now[i])
+            report.gpus_now[node] = g
             report.gpus_expected[node] = expected
-            labels = (("node", node),)
-            at = float(newest[i]) if np.isfinite(newest[i]) else now  # alive by `up` alone: now
-            b.add(GPUS_MISSING, labels, float(missing), at)
-            b.add(SERIES_VANISHED, labels, float(max(0, int(retained[i]) - int(current[i]))), at)
-        report.snapshot = b.build(now)
+            labelsets.append((("node", node),))
+            at = newest_l[i] if math.isfinite(newest_l[i]) else now  # alive by `up` alone: now
+            vals += (float(expected - g), float(max(0, retained_l[i] - current_l[i])))
+            ats += (at, at)
+        k = len(labelsets)
+        report.snapshot = Snapshot(
+            at=now, metrics=[GPUS_MISSING, SERIES_VANISHED] if k else [], labelsets=labelsets,
+            metric_ids=np.tile(np.array([0, 1], np.int32), k), series_ids=np.repeat(np.arange(k, dtype=np.int32), 2),
+            values=np.array(vals, np.float64), ts=np.array(ats, np.float64),
+            issues=list(b.issues), source_errors=list(b.source_errors),
+        )
         return report
 
     def _metric_masks(self, metrics: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

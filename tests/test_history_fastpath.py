@@ -1,0 +1,106 @@
+"""The history's fast paths give the plain paths' answers: a cached ingest plan ingests a known snapshot
+layout exactly as the row-by-row path does, and ``shape_token`` changes whenever the view's set of
+(metric, series) pairs does."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fleethealth.policy import default_policy
+from fleethealth.signals.history import SignalHistory, shape_token
+from fleethealth.signals.snapshot import Snapshot, SnapshotBuilder
+
+POLICY = default_policy()
+COUNTER = "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"  # a counter the policy keeps for 300 s
+GAUGE = "DCGM_FI_DEV_GPU_TEMP"
+
+
+class PlainHistory(SignalHistory):
+    """The same history with the ingest plans turned off."""
+
+    def _plan_for(self, snap: Snapshot) -> None:  # type: ignore[override]
+        return None
+
+
+def _layout(n_series: int) -> SnapshotBuilder:
+    b = SnapshotBuilder()
+    b.metric_id(GAUGE)
+    b.metric_id(COUNTER)
+    for i in range(n_series):
+        b.series_id({"Hostname": f"n{i // 2}", "gpu": str(i % 2)})
+    return b
+
+
+def _same(a: Snapshot, b: Snapshot) -> None:
+    assert a.metrics == b.metrics and a.labelsets == b.labelsets
+    for f in ("metric_ids", "series_ids", "values", "ts"):
+        x, y = getattr(a, f), getattr(b, f)
+        assert x.dtype == y.dtype and np.array_equal(x, y), f
+
+
+def _pairs(v: Snapshot) -> set[tuple[int, int]]:
+    return set(zip(v.metric_ids.tolist(), v.series_ids.tolist(), strict=True))
+
+
+steps = st.lists(
+    st.tuples(
+        st.integers(0, 3),  # which of a few fixed layouts (sizes) this scrape has
+        st.lists(st.floats(0, 50), min_size=8, max_size=8),  # values (counters may go down: resets)
+        st.floats(0, 40),  # seconds since the last scrape
+        st.booleans(),  # one value NaN (the row is dropped: no plan)
+        st.booleans(),  # view after this scrape
+    ),
+    min_size=1, max_size=25,
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(steps)
+def test_planned_ingest_equals_the_plain_path_and_tokens_follow_the_series(script: list) -> None:
+    assert COUNTER in SignalHistory(POLICY).counter_keep and GAUGE not in SignalHistory(POLICY).counter_keep
+    fast = SignalHistory(POLICY, memory_s=120.0, dense_s=60.0, coarse_s=30.0)
+    plain = PlainHistory(POLICY, memory_s=120.0, dense_s=60.0, coarse_s=30.0)
+    builders = [_layout(8) for _ in range(4)]
+    # one label-set list per layout, reused scrape after scrape like a scraper's or the simulator's
+    lists = [(b.metrics, b.labelsets) for b in builders]
+    t = 1000.0
+    last: tuple[object, set[tuple[int, int]]] | None = None
+    for k, vals, dt, nan, look in script:
+        t += dt
+        n = 2 + 2 * k  # series 0..n-1 report this scrape
+        mids = np.array([0] * n + [1] * n, np.int32)
+        sids = np.array(list(range(n)) * 2, np.int32)
+        values = np.array((vals * 2)[: 2 * n], np.float64)
+        if nan:
+            values[0] = np.nan
+        snap = Snapshot(t, lists[k][0], lists[k][1], mids, sids, values, np.full(2 * n, t), [], [])
+        fast.add(snap)
+        plain.add(snap)
+        if look:
+            now = t + dt / 2
+            vf, vp = fast.view(now), plain.view(now)
+            _same(vf, vp)
+            tok, pairs = shape_token(vf), _pairs(vf)
+            assert tok is not None
+            if last is not None and last[0] == tok:
+                assert last[1] == pairs  # equal tokens: the same set of series
+            last = (tok, pairs)
+
+
+def test_the_token_moves_when_a_series_appears_or_is_forgotten() -> None:
+    h = SignalHistory(POLICY, memory_s=100.0)
+    b = SnapshotBuilder()
+    b.add(GAUGE, {"Hostname": "n1", "gpu": "0"}, 50.0, 0.0)
+    h.add(b.build(0.0))
+    t0 = shape_token(h.view(0.0))
+    h.add(b.build(0.0))  # the same series again
+    assert shape_token(h.view(10.0)) == t0
+    b2 = SnapshotBuilder()
+    b2.add(GAUGE, {"Hostname": "n2", "gpu": "0"}, 50.0, 20.0)
+    h.add(b2.build(20.0))
+    t1 = shape_token(h.view(20.0))
+    assert t1 != t0
+    assert shape_token(h.view(150.0)) != t1  # n1 forgotten after memory_s
+    assert shape_token(Snapshot.empty(0.0)) is None  # not a history's view
