@@ -351,7 +351,8 @@ def _entity_tables(ctx: _Ctx, policy: Policy, inventory: Mapping[str, Sequence[s
     # which label sets carry a signal of each kind: one presence mask, then their keys once
     has_series: dict[str, np.ndarray] = {}
     for spec in policy.signals:
-        idx = ctx.samples(spec.metric)
+        # an SLO's samples are its request counter (the histogram's name itself has no samples)
+        idx = ctx.samples(spec.requests_metric if spec.shape == "slo" and spec.requests_metric else spec.metric)
         if idx.size == 0:
             continue
         ser = ctx.snap.series_ids[idx]

@@ -134,6 +134,13 @@ class SignalHistory:
         self.sparse_coarse_s = sparse_coarse_s
         self.counter_keep = counter_metrics(policy)
         self.value_start = value_start_metrics(policy)
+        # Histogram buckets an SLO reads at a latency threshold: the engine reads one bucket (the
+        # largest bound <= threshold), so only that one is kept - most of a histogram's rows otherwise.
+        self._bucket_thresholds: dict[str, list[float]] = {}
+        for spec in policy.signals:
+            if spec.shape == "slo" and spec.threshold_s is not None:
+                self._bucket_thresholds.setdefault(spec.metric + "_bucket", []).append(spec.threshold_s)
+        self._le: list[float] = []  # per history label set: its `le` bound (NaN without one)
         self._track_start = np.zeros(0, bool)
         self.metrics: list[str] = []
         self._metric_ix: dict[str, int] = {}
@@ -205,6 +212,38 @@ class SignalHistory:
         self._map_cache[key] = (snap.metrics, snap.labelsets, len(snap.metrics), len(snap.labelsets), mmap, smap)
         return mmap, smap
 
+    def _le_of(self, series: np.ndarray) -> np.ndarray:
+        for ls in self.labelsets[len(self._le):]:
+            x = dict(ls).get("le")
+            try:
+                self._le.append(float(x) if x is not None else np.nan)
+            except ValueError:
+                self._le.append(np.nan)
+        return np.asarray(self._le, np.float64)[series]
+
+    def _wanted(self, m: np.ndarray, s: np.ndarray) -> np.ndarray | None:
+        """Rows to keep (None: all): of a histogram an SLO reads at a threshold, only the bucket at the
+        largest bound <= threshold among this snapshot's buckets of that histogram."""
+        keep: np.ndarray | None = None
+        for name, thresholds in self._bucket_thresholds.items():
+            mid = self._metric_ix.get(name)
+            if mid is None:
+                continue
+            rows = np.flatnonzero(m == mid)
+            if rows.size == 0:
+                continue
+            le = self._le_of(s[rows])
+            want = np.zeros(rows.size, bool)
+            for thr in thresholds:
+                with np.errstate(invalid="ignore"):
+                    usable = le <= thr + 1e-12
+                if usable.any():
+                    want |= le == le[usable].max()
+            if keep is None:
+                keep = np.ones(m.size, bool)
+            keep[rows] = want
+        return keep
+
     # -- ingest ----------------------------------------------------------------------------------
     def add(self, snap: Snapshot) -> None:
         self.issues.extend(snap.issues)
@@ -224,6 +263,9 @@ class SignalHistory:
         t = snap.ts
         ok = ~np.isnan(v)
         m, s, v, t = m[ok], s[ok], v[ok], t[ok]
+        wanted = self._wanted(m, s)
+        if wanted is not None:
+            m, s, v, t = m[wanted], s[wanted], v[wanted], t[wanted]
         is_c = self._keep_of_metric[m] > 0
         self._add_gauges(m[~is_c], s[~is_c], v[~is_c], t[~is_c])
         if is_c.any():
@@ -247,7 +289,9 @@ class SignalHistory:
         m = mmap[snap.metric_ids]
         s = smap[snap.series_ids]
         is_c = self._keep_of_metric[m] > 0
-        g_rows, c_rows = np.flatnonzero(~is_c), np.flatnonzero(is_c)
+        wanted = self._wanted(m, s)
+        g_rows = np.flatnonzero(~is_c if wanted is None else ~is_c & wanted)
+        c_rows = np.flatnonzero(is_c if wanted is None else is_c & wanted)
         g_slot, g_new = self._slots("gauge", m[g_rows], s[g_rows])
         c_slot, c_new = self._slots("counter", m[c_rows], s[c_rows])
         if g_new or c_new:
