@@ -170,6 +170,14 @@ def test_values_with_an_empty_value_next_to_a_timestamp_never_shift() -> None:
 
 
 @settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 10**30), min_size=1, max_size=8), st.integers(0, 3))
+def test_property_integer_reader_equals_float(ints: list[int], zeros: int) -> None:
+    vals = [("0" * zeros + str(i)).encode() for i in ints]
+    got = _fast_values(vals, len(vals))
+    assert got is not None and got.tolist() == [float(v) for v in vals]
+
+
+@settings(max_examples=200, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 10**9), st.integers(0, 10**6), st.integers(0, 9)), min_size=1, max_size=8))
 def test_property_decimal_reader_equals_float(parts: list[tuple[int, int, int]]) -> None:
     vals = [f"{a}.{str(b).zfill(z)}".encode() for a, b, z in parts]
