@@ -295,6 +295,23 @@ def _merge_extra(parsed: LabelSet, extra: LabelSet) -> LabelSet:
     return tuple(sorted(merged.items()))
 
 
+def _series_ids(builder: SnapshotBuilder, sets: list[LabelSet]) -> list[int]:
+    """``builder.series_id`` for many label sets at once. A new 100k-GPU fleet interns 100k label sets,
+    and one Python call each is ~0.3 s of a ~3 s parse; this does the same interning (same ids, same
+    order of first appearance) with C-level dict and list operations on the builder's two tables.
+    Falls back to ``series_id`` if the builder's internals ever change shape.
+    TODO(lead): a public bulk ``SnapshotBuilder.series_ids`` would make this reach-in unnecessary."""
+    ix = getattr(builder, "_labelset_ix", None)
+    table = getattr(builder, "labelsets", None)
+    if not (type(ix) is dict and type(table) is list and len(ix) == len(table)):
+        return list(map(builder.series_id, sets))
+    new = [ls for ls in dict.fromkeys(sets) if ls not in ix]
+    if new:
+        ix.update(zip(new, range(len(table), len(table) + len(new)), strict=True))
+        table.extend(new)
+    return list(map(ix.__getitem__, sets))
+
+
 @dataclass
 class _Ctx:
     builder: SnapshotBuilder
@@ -335,7 +352,7 @@ class _Ctx:
         parsed = list(map(_LABEL_CACHE.get, raws))
         if self.extra or not set(map(type, parsed)) <= {tuple}:
             return not any(isinstance(self.series(r), str) for r in raws)
-        self.sids.update(zip(raws, map(self.builder.series_id, parsed), strict=True))  # type: ignore[arg-type]
+        self.sids.update(zip(raws, _series_ids(self.builder, parsed), strict=True))  # type: ignore[arg-type]
         return True
 
     def series(self, raw: bytes) -> int | str:
@@ -678,7 +695,7 @@ def _batch_series(st: _Batch, pages: list[int], labs: list[bytes]) -> np.ndarray
                     return None
                 ls = cache[keys[i]] = _merge_extra(parsed, extra) if extra else parsed
             sets[i] = ls
-    return np.fromiter(map(st.builder.series_id, sets), np.int32, len(sets))  # type: ignore[arg-type]
+    return np.fromiter(_series_ids(st.builder, sets), np.int32, len(sets))  # type: ignore[arg-type]
 
 
 def _normalise(data: str | bytes) -> bytes:
