@@ -21,6 +21,10 @@ labels, odd spacing, a broken line) falls back, per block, to a careful line-by-
 each bad line with its number. Property tests check that all paths, and prometheus-client, read the same
 samples.
 
+Many small pages (a scrape of thousands of exporters) go through ``parse_many``: pages with the same
+comment lines are parsed together, block j of every page as one big block on the same fast path, so
+12,500 pages cost about what one big text costs instead of ~2 ms of per-block overhead each.
+
 Bad input never raises and never becomes a value: it becomes an ``InputIssue(source, line, reason,
 text)`` on the snapshot. Empty label values mean "label absent", as in Prometheus.
 """
