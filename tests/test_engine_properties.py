@@ -104,10 +104,50 @@ def test_removing_a_signal_never_raises_confidence(states, i, k) -> None:
     node, g = divmod(i, N_GPUS)
     if less.get(f"n{node}/gpu{g}") is None:
         return  # the GPU vanished entirely: a structural signal (gpus_missing), tested elsewhere
+    family = range(0, 4) if k < 4 else range(4, 5)  # DCGM fields, or the rank timing
+    if not any(states[i]["present"][j] for j in family if j != k):
+        # The entity's last signal of a family: in one snapshot that is indistinguishable from an entity
+        # that never had that exporter. Over time the history remembers it (see the test below).
+        return
     for ent in (f"n{node}/gpu{g}", f"n{node}"):
         a, b = full.get(ent), less.get(ent)
         if a is None or b is None:
             continue
         if a.reason.startswith("gate:") or b.reason.startswith("gate:"):
             continue  # a gate is certain evidence (confidence 1); removing it is covered above
+        assert b.confidence <= a.confidence + 1e-9, (ent, a.confidence, b.confidence)
+
+
+@SETTINGS
+@given(fleet_state, st.integers(0, N_NODES * N_GPUS - 1), st.integers(0, 4))
+def test_an_exporter_that_stops_never_raises_confidence(states, i, k) -> None:
+    """Live, through the rolling history: a signal that stops arriving goes stale, and the entity's
+    confidence does not rise, even when it was the last of its family."""
+    from fleethealth.signals.history import SignalHistory
+
+    fresh = [dict(s, age=1.0) for s in states]
+    h = SignalHistory(POL)
+    h.add(build(fresh))
+    before = score_snapshot(h.view(NOW), POL, NOW)
+    later = NOW + 120.0  # past the policy's freshness for the dropped signal
+
+    def shifted(drop: tuple[int, int] | None) -> object:
+        snap = build(fresh, drop=drop)
+        snap.ts = snap.ts + 120.0
+        snap.at = later
+        return snap
+
+    h.add(shifted((i, k)))  # type: ignore[arg-type]
+    after = score_snapshot(h.view(later), POL, later)
+    h2 = SignalHistory(POL)
+    h2.add(build(fresh))
+    h2.add(shifted(None))  # type: ignore[arg-type]
+    same = score_snapshot(h2.view(later), POL, later)
+    node, g = divmod(i, N_GPUS)
+    for ent in (f"n{node}/gpu{g}", f"n{node}"):
+        a, b = same.get(ent), after.get(ent)
+        if a is None or b is None or before.get(ent) is None:
+            continue
+        if a.reason.startswith("gate:") or b.reason.startswith("gate:"):
+            continue
         assert b.confidence <= a.confidence + 1e-9, (ent, a.confidence, b.confidence)
