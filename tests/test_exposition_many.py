@@ -257,3 +257,20 @@ def test_clean_pages_take_the_batched_path() -> None:
     finally:
         mp.undo()
     assert len(snap) + len(snap.issues) == 20 * 8 * 6
+
+
+_key = st.sampled_from(["a", "b", "instance", "job", "zz", "exported_instance", "A", "é"])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(_key, st.sampled_from(["x", "y"]), max_size=5),
+       st.dictionaries(_key, st.sampled_from(["x", "y"]), max_size=3))
+def test_property_extra_label_merge_is_prometheus_honor_labels_false(own: dict[str, str], extra: dict[str, str]) -> None:
+    from fleethealth.sources.exposition import _merge_extra
+
+    merged = dict(own)
+    for k, v in extra.items():
+        if k in own and own[k] != v:
+            merged["exported_" + k] = own[k]
+        merged[k] = v
+    assert _merge_extra(tuple(sorted(own.items())), tuple(sorted(extra.items()))) == tuple(sorted(merged.items()))

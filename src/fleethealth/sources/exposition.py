@@ -32,6 +32,7 @@ text)`` on the snapshot. Empty label values mean "label absent", as in Prometheu
 from __future__ import annotations
 
 import re
+from bisect import bisect_left
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
@@ -290,6 +291,14 @@ def is_openmetrics(data: bytes) -> bool:
 def _merge_extra(parsed: LabelSet, extra: LabelSet) -> LabelSet:
     """A sample's labels with the scraper's: as Prometheus does by default (honor_labels: false), the
     scraper's labels win, and a sample's own conflicting value is kept as exported_<name>."""
+    out = parsed
+    for pair in extra:  # the usual case, no shared name: insert each pair at its sorted place (C-level)
+        i = bisect_left(out, (pair[0],))
+        if i < len(out) and out[i][0] == pair[0]:
+            break
+        out = out[:i] + (pair,) + out[i:]
+    else:
+        return out
     merged = dict(parsed)
     for k, v in extra:
         own = merged.get(k)
