@@ -268,9 +268,17 @@ _key = st.sampled_from(["a", "b", "instance", "job", "zz", "exported_instance", 
 def test_property_extra_label_merge_is_prometheus_honor_labels_false(own: dict[str, str], extra: dict[str, str]) -> None:
     from fleethealth.sources.exposition import _merge_extra
 
+    # Prometheus (scrape/target.go): target labels are set over the sample's; each sample label they
+    # replaced is re-added as exported_<name>, shortest names first, prefixing until the name is free.
     merged = dict(own)
-    for k, v in extra.items():
-        if k in own and own[k] != v:
-            merged["exported_" + k] = own[k]
-        merged[k] = v
+    conflicts = []
+    for k in sorted(extra):
+        if own.get(k, ""):
+            conflicts.append((k, own[k]))
+        merged[k] = extra[k]
+    for k, v in sorted(conflicts, key=lambda kv: len(kv[0])):
+        name = "exported_" + k
+        while merged.get(name, ""):
+            name = "exported_" + name
+        merged[name] = v
     assert _merge_extra(tuple(sorted(own.items())), tuple(sorted(extra.items()))) == tuple(sorted(merged.items()))

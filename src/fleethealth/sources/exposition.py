@@ -290,7 +290,7 @@ def is_openmetrics(data: bytes) -> bool:
 
 def _merge_extra(parsed: LabelSet, extra: LabelSet) -> LabelSet:
     """A sample's labels with the scraper's: as Prometheus does by default (honor_labels: false), the
-    scraper's labels win, and a sample's own conflicting value is kept as exported_<name>."""
+    scraper's labels win, and a sample's own value of such a label is kept as exported_<name>."""
     out = parsed
     for pair in extra:  # the usual case, no shared name: insert each pair at its sorted place (C-level)
         i = bisect_left(out, (pair[0],))
@@ -299,12 +299,19 @@ def _merge_extra(parsed: LabelSet, extra: LabelSet) -> LabelSet:
         out = out[:i] + (pair,) + out[i:]
     else:
         return out
+    # Prometheus' mutateSampleLabels and resolveConflictingExposedLabels: every own label a scraper
+    # label overrides (even with the same value) moves to exported_<name>, shortest names first, adding
+    # prefixes until the name is free.
     merged = dict(parsed)
-    for k, v in extra:
-        own = merged.get(k)
-        if own is not None and own != v:
-            merged["exported_" + k] = own
-        merged[k] = v
+    conflicts = [(k, merged[k]) for k, _ in extra if merged.get(k)]
+    merged.update(extra)
+    for k, own in sorted(conflicts, key=lambda p: len(p[0])):
+        name = k
+        while True:
+            name = "exported_" + name
+            if not merged.get(name):
+                merged[name] = own
+                break
     return tuple(sorted(merged.items()))
 
 
