@@ -120,6 +120,16 @@ class SnapshotBuilder:
             self.labelsets.append(key)
         return ix
 
+    def series_ids(self, sets: Sequence[LabelSet]) -> list[int]:
+        """``series_id`` for many frozen label sets at once (same ids, same order of first appearance),
+        with C-level dict and list operations: a new 100k-GPU scrape interns 100k label sets."""
+        ix = self._labelset_ix
+        new = [ls for ls in dict.fromkeys(sets) if ls not in ix]
+        if new:
+            ix.update(zip(new, range(len(self.labelsets), len(self.labelsets) + len(new)), strict=True))
+            self.labelsets.extend(new)
+        return list(map(ix.__getitem__, sets))
+
     def add(self, metric: str, labels: LabelSet | Mapping[str, str], value: float, ts: float) -> None:
         self._m.append(self.metric_id(metric))
         self._s.append(self.series_id(labels))

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import re
 from bisect import bisect_left
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
 
@@ -288,6 +288,17 @@ def is_openmetrics(data: bytes) -> bool:
     return data[-64:].rstrip().endswith(b"# EOF")
 
 
+def _bad_values(is_counter: Callable[[str], bool], bname: bytes, values: np.ndarray) -> tuple[str, bool, np.ndarray]:
+    """A block's metric name, whether it is a counter, and which of its values become missing data:
+    NaN/Inf, DCGM blank sentinels (DCGM fields and gauges), negative counters."""
+    name = bname.decode("ascii")
+    counter = bool(is_counter(name))
+    bad = ~np.isfinite(values) | blank_sentinel_mask(values, name.startswith("DCGM_") or not counter)
+    if counter:
+        bad |= values < 0
+    return name, counter, bad
+
+
 def _merge_extra(parsed: LabelSet, extra: LabelSet) -> LabelSet:
     """A sample's labels with the scraper's: as Prometheus does by default (honor_labels: false), the
     scraper's labels win, and a sample's own value of such a label is kept as exported_<name>."""
@@ -313,23 +324,6 @@ def _merge_extra(parsed: LabelSet, extra: LabelSet) -> LabelSet:
                 merged[name] = own
                 break
     return tuple(sorted(merged.items()))
-
-
-def _series_ids(builder: SnapshotBuilder, sets: list[LabelSet]) -> list[int]:
-    """``builder.series_id`` for many label sets at once. A new 100k-GPU fleet interns 100k label sets,
-    and one Python call each is ~0.3 s of a ~3 s parse; this does the same interning (same ids, same
-    order of first appearance) with C-level dict and list operations on the builder's two tables.
-    Falls back to ``series_id`` if the builder's internals ever change shape.
-    TODO(lead): a public bulk ``SnapshotBuilder.series_ids`` would make this reach-in unnecessary."""
-    ix = getattr(builder, "_labelset_ix", None)
-    table = getattr(builder, "labelsets", None)
-    if not (type(ix) is dict and type(table) is list and len(ix) == len(table)):
-        return list(map(builder.series_id, sets))
-    new = [ls for ls in dict.fromkeys(sets) if ls not in ix]
-    if new:
-        ix.update(zip(new, range(len(table), len(table) + len(new)), strict=True))
-        table.extend(new)
-    return list(map(ix.__getitem__, sets))
 
 
 @dataclass
@@ -372,7 +366,7 @@ class _Ctx:
         parsed = list(map(_LABEL_CACHE.get, raws))
         if self.extra or not set(map(type, parsed)) <= {tuple}:
             return not any(isinstance(self.series(r), str) for r in raws)
-        self.sids.update(zip(raws, _series_ids(self.builder, parsed), strict=True))  # type: ignore[arg-type]
+        self.sids.update(zip(raws, self.builder.series_ids(parsed), strict=True))  # type: ignore[arg-type]
         return True
 
     def series(self, raw: bytes) -> int | str:
@@ -669,11 +663,7 @@ def _batch_block(st: _Batch, gctx: _Ctx, grp: _Group, j: int, tmpl_counts: list[
     if vt is None:
         return False
     values, ts = vt
-    name = bname.decode("ascii")
-    counter = gctx.is_counter(name)
-    bad = ~np.isfinite(values) | blank_sentinel_mask(values, name.startswith("DCGM_") or not counter)
-    if counter:
-        bad |= values < 0
+    name, counter, bad = _bad_values(gctx.is_counter, bname, values)
     page_k = np.repeat(np.arange(g), cnt)  # position in the group of each line's page
     if bad.any():
         where = np.flatnonzero(bad)
@@ -715,7 +705,7 @@ def _batch_series(st: _Batch, pages: list[int], labs: list[bytes]) -> np.ndarray
                     return None
                 ls = cache[keys[i]] = _merge_extra(parsed, extra) if extra else parsed
             sets[i] = ls
-    return np.fromiter(_series_ids(st.builder, sets), np.int32, len(sets))  # type: ignore[arg-type]
+    return np.fromiter(st.builder.series_ids(sets), np.int32, len(sets))  # type: ignore[arg-type]
 
 
 def _normalise(data: str | bytes) -> bytes:
@@ -857,11 +847,7 @@ def _fast_block(ctx: _Ctx, buf: bytes, a: int, e: int, first: int) -> int | None
     if vt is None:
         return None  # exemplars, 1_000, a broken value or timestamp: careful path
     values, ts = vt
-    name = bname.decode("ascii")
-    counter = ctx.is_counter(name)
-    bad = ~np.isfinite(values) | blank_sentinel_mask(values, name.startswith("DCGM_") or not counter)
-    if counter:
-        bad |= values < 0
+    name, counter, bad = _bad_values(ctx.is_counter, bname, values)
     mid = ctx.builder.metric_id(name)
     if bad.any():
         for i in np.flatnonzero(bad).tolist():
