@@ -986,6 +986,16 @@ def _cut_block(chunk: bytes, bname: bytes) -> tuple[list[bytes], list[bytes]] | 
     return parts[1::3], parts[3::3]
 
 
+def _intern_labels(ctx: _Ctx, labs: list[bytes]) -> np.ndarray | None:
+    """Series id of every raw label string, parsing the new ones in bulk; None if any is invalid."""
+    new = list(set(labs).difference(ctx.sids))
+    if new:
+        _parse_labels_bulk(new)
+        if not ctx.series_many(new):
+            return None
+    return np.fromiter(map(ctx.sids.__getitem__, labs), np.int32, len(labs))
+
+
 def _split_block(ctx: _Ctx, chunk: bytes, bname: bytes) -> tuple[list[bytes], list[bytes], np.ndarray] | None:
     """Cut every line into (raw labels, value) with C-level replace/split, then intern the label strings."""
     cut = _cut_block(chunk, bname)
@@ -993,12 +1003,9 @@ def _split_block(ctx: _Ctx, chunk: bytes, bname: bytes) -> tuple[list[bytes], li
         return None
     labs, vals = cut
     n = len(labs)
-    new = list(set(labs).difference(ctx.sids))
-    if new:
-        _parse_labels_bulk(new)
-        if not ctx.series_many(new):
-            return None
-    sids = np.fromiter(map(ctx.sids.__getitem__, labs), np.int32, n)
+    sids = _intern_labels(ctx, labs)
+    if sids is None:
+        return None
     slots: list[bytes] = [b""] * (1 + 3 * n)
     slots[2::3] = [lab + b" " for lab in labs]
     ctx.template = (slots, labs, sids)
@@ -1026,12 +1033,9 @@ def _mixed_block(ctx: _Ctx, chunk: bytes, first: int) -> int | None:
     if vt is None:
         return None
     values, ts = vt
-    new = list(set(labs).difference(ctx.sids))
-    if new:
-        _parse_labels_bulk(new)
-        if not ctx.series_many(new):
-            return None
-    sids = np.fromiter(map(ctx.sids.__getitem__, labs), np.int32, n)
+    sids = _intern_labels(ctx, labs)
+    if sids is None:
+        return None
     name_of = {x: x.decode("ascii") for x in uniq}
     mid_of = {x: ctx.builder.metric_id(nm) for x, nm in name_of.items()}
     mids = np.fromiter(map(mid_of.__getitem__, names), np.int32, n)
