@@ -9,7 +9,7 @@ from typing import Annotated, Any
 
 import typer
 
-from fleethealth.cli.common import fail
+from fleethealth.cli.common import fail, load_policy_or_fail, load_scenario_or_fail
 
 METRIC_ROWS = [
     ("precision", "{:.3f}"), ("recall", "{:.3f}"), ("detection_s", "dur"), ("removal_s", "dur"),
@@ -27,27 +27,9 @@ def _fmt(v: Any, f: str) -> str:
 
 
 def load_inputs(scenario: str, policy: Path | None, duration: str | None, seed: int | None) -> tuple[Any, Any]:
-    from fleethealth.policy import PolicyError, load_policy
-    from fleethealth.sim.scenario import ScenarioError, load_scenario, parse_duration
 
-    try:
-        sc = load_scenario(scenario)
-        over: dict[str, Any] = {}
-        if duration is not None:
-            over["duration"] = parse_duration(duration)
-        if seed is not None:
-            over["seed"] = seed
-        if over:
-            sc = sc.with_overrides(**over)
-    except (ScenarioError, ValueError) as e:
-        fail(str(e))
-    try:
-        pol = load_policy(policy)
-    except PolicyError as e:
-        fail(str(e))
-    except OSError as e:
-        fail(f"{policy}: cannot read policy: {e.strerror or e}")
-    return sc, pol
+    sc = load_scenario_or_fail(scenario, duration, seed)
+    return sc, load_policy_or_fail(policy)
 
 
 def parse_baselines(values: list[str] | None) -> list[str]:

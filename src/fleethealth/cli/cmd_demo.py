@@ -11,7 +11,7 @@ from typing import Annotated, Any
 
 import typer
 
-from fleethealth.cli.common import fail
+from fleethealth.cli.common import fail, load_policy_or_fail
 
 
 def register(app: typer.Typer) -> None:
@@ -38,7 +38,6 @@ def register(app: typer.Typer) -> None:
         from fleethealth.backtest.demo import demo_scenario, live_state_for, pacer, plain_line, render_live
         from fleethealth.backtest.report import write_report
         from fleethealth.cli.cmd_backtest import load_inputs, parse_baselines
-        from fleethealth.policy import PolicyError, load_policy
         from fleethealth.sim.scenario import parse_duration
 
         if cycle <= 0:
@@ -52,10 +51,7 @@ def register(app: typer.Typer) -> None:
                     sc = sc.with_overrides(duration=parse_duration(duration))
                 except ValueError as e:
                     fail(f"--duration: {e}")
-            try:
-                pol = load_policy(policy)
-            except PolicyError as e:
-                fail(str(e))
+            pol = load_policy_or_fail(policy)
         bl = parse_baselines(baseline) if baseline else ["static-rules", "liveness-only"]
         ls = live_state_for(sc, pol)
         pace = pacer(speed, sc.start)

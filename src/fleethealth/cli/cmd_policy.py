@@ -6,8 +6,8 @@ from pathlib import Path
 
 import typer
 
-from fleethealth.cli.common import fail
-from fleethealth.policy import PolicyError, default_policy_text, load_policy
+from fleethealth.cli.common import load_policy_or_fail
+from fleethealth.policy import default_policy_text
 
 
 def register(app: typer.Typer) -> None:
@@ -21,10 +21,7 @@ def register(app: typer.Typer) -> None:
     @policy_app.command("check")
     def check(path: Path) -> None:
         """Validate a policy file; errors name the key and the line."""
-        try:
-            p = load_policy(path)
-        except PolicyError as e:
-            fail(str(e))
+        p = load_policy_or_fail(path)
         typer.echo(f"ok: {path}: {len(p.signals)} signals, version {p.version_tag}")
 
     app.add_typer(policy_app, name="policy")

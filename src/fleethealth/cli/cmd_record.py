@@ -8,7 +8,7 @@ from pathlib import Path
 
 import typer
 
-from fleethealth.cli.common import fail
+from fleethealth.cli.common import fail, load_policy_or_fail
 
 
 def _when(text: str, now: float) -> float:
@@ -41,7 +41,6 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Record every series the policy reads between START and END (range queries, one per chunk of
         metric names); replay it with `fleethealth replay`."""
-        from fleethealth.policy import PolicyError, load_policy
         from fleethealth.sources.prometheus import PromQueryError, record_policy_range
         from fleethealth.sources.tables import InputError, write_table
 
@@ -51,10 +50,7 @@ def register(app: typer.Typer) -> None:
             fail(f"--end ({t1:.0f}) must be after --start ({t0:.0f})")
         if step <= 0:
             fail("--step must be positive")
-        try:
-            pol = load_policy(policy)
-        except PolicyError as e:
-            fail(str(e))
+        pol = load_policy_or_fail(policy)
         try:
             snap = record_policy_range(prometheus, pol, t0, t1, step, timeout_s=timeout)
         except PromQueryError as e:

@@ -13,12 +13,12 @@ from typing import Any
 
 import typer
 
-from fleethealth.cli.common import fail
+from fleethealth.cli.common import fail, load_policy_or_fail
 from fleethealth.decide.lifecycle import mermaid_diagram
 from fleethealth.decide.loop import CycleResult, DecisionLoop, replay_cycles
 from fleethealth.decide.model import IntentKind, State
 from fleethealth.decide.state import Event
-from fleethealth.policy import Policy, PolicyError, load_policy
+from fleethealth.policy import Policy
 from fleethealth.signals.snapshot import Snapshot, merge_snapshots
 
 
@@ -171,10 +171,7 @@ def register(app: typer.Typer) -> None:
         """Run scoring and decisions over recordings and print every transition and intent, then a summary."""
         if fmt not in ("table", "json"):
             fail(f"--format must be table or json, not {fmt!r}")
-        try:
-            pol: Policy = load_policy(policy)
-        except PolicyError as e:
-            fail(str(e))
+        pol: Policy = load_policy_or_fail(policy)
         if diagram:
             typer.echo(mermaid_diagram(pol.lifecycle), nl=False)
             return

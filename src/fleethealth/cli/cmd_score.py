@@ -15,8 +15,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.tree import Tree
 
-from fleethealth.cli.common import fail
-from fleethealth.policy import Policy, PolicyError, load_policy
+from fleethealth.cli.common import fail, load_policy_or_fail
 from fleethealth.score.engine import CONSUMERS, FleetHealth, score_snapshot
 from fleethealth.score.health import HealthTuple
 from fleethealth.signals.snapshot import Snapshot, merge_snapshots
@@ -37,13 +36,6 @@ def parse_at(at: str | None) -> float:
         return datetime.fromisoformat(at.replace("Z", "+00:00")).timestamp()
     except ValueError:
         fail(f"--at {at!r}: expected unix seconds or an ISO 8601 time")
-
-
-def load_policy_or_fail(path: Path | None) -> Policy:
-    try:
-        return load_policy(path)
-    except PolicyError as e:
-        fail(str(e))
 
 
 def read_all(inputs: list[str], at: float, kernel_logs: list[Path] | None = None, node: str | None = None) -> Snapshot:

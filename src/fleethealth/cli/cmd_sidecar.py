@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from fleethealth.cli.common import fail
+from fleethealth.cli.common import fail, load_policy_or_fail
 
 
 def _host_port(listen: str) -> tuple[str, int]:
@@ -62,15 +62,11 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Proxy the OpenAI-compatible API and tell Kubernetes the truth: /livez (engine making progress),
         /readyz (may take requests), /gpuz (GPU trusted), /metrics, /admin/{drain,undrain,state}."""
-        from fleethealth.policy import PolicyError, load_policy
         from fleethealth.serve.config import SidecarConfig, default_replica_name
         from fleethealth.serve.server import run_sidecar
 
         host, port = _host_port(listen)
-        try:
-            pol = load_policy(policy)
-        except PolicyError as e:
-            fail(str(e))
+        pol = load_policy_or_fail(policy)
         if not upstream.startswith(("http://", "https://")):
             fail(f"--upstream must be an http(s) URL, got {upstream!r}")
         cfg = SidecarConfig(

@@ -11,22 +11,7 @@ from typing import Annotated
 
 import typer
 
-from fleethealth.cli.common import fail
-
-
-def _load(scenario: str, duration: str | None = None, seed: int | None = None):  # type: ignore[no-untyped-def]
-    from fleethealth.sim.scenario import ScenarioError, load_scenario, parse_duration
-
-    try:
-        sc = load_scenario(scenario)
-        over: dict[str, object] = {}
-        if duration is not None:
-            over["duration"] = parse_duration(duration)
-        if seed is not None:
-            over["seed"] = seed
-        return sc.with_overrides(**over) if over else sc
-    except (ScenarioError, ValueError) as e:
-        fail(str(e))
+from fleethealth.cli.common import fail, load_scenario_or_fail
 
 
 def _sim(sc):  # type: ignore[no-untyped-def]
@@ -69,7 +54,7 @@ def register(app: typer.Typer) -> None:
         if scenario in builtin_names():
             typer.echo(builtin_text(scenario), nl=False)
         elif Path(scenario).exists():
-            _load(scenario)
+            load_scenario_or_fail(scenario)
             typer.echo(Path(scenario).read_text(), nl=False)
         else:
             fail(f"no scenario {scenario!r} (try `fleethealth sim list`)")
@@ -80,7 +65,7 @@ def register(app: typer.Typer) -> None:
         fmt: Annotated[str, typer.Option("--format", help="table | json")] = "table",
     ) -> None:
         """The scenario's ground truth: which entity is faulty, from when, and the right action."""
-        sim = _sim(_load(scenario))
+        sim = _sim(load_scenario_or_fail(scenario))
         rows = sim.ground_truth
         if fmt == "json":
             typer.echo(json.dumps([g.to_dict() for g in rows], indent=1))
@@ -100,7 +85,7 @@ def register(app: typer.Typer) -> None:
         events: Annotated[Path | None, typer.Option(help="write non-metric events (OOMs, Xid lines) as JSONL")] = None,
     ) -> None:
         """Run a scenario; report generation speed; optionally write a recording."""
-        sc = _load(scenario, duration, seed)
+        sc = load_scenario_or_fail(scenario, duration, seed)
         sim = _sim(sc)
         if every < 1:
             fail("--every must be at least 1")
@@ -145,7 +130,7 @@ def register(app: typer.Typer) -> None:
         """Serve every node's metrics over HTTP (/metrics/<node>, /sd for Prometheus http_sd)."""
         from fleethealth.sim.server import SimExporterServer
 
-        sc = _load(scenario, None, seed)
+        sc = load_scenario_or_fail(scenario, None, seed)
         sim = _sim(sc)
         if speed <= 0:
             fail("--speed must be positive")
