@@ -883,13 +883,11 @@ def _aggregate(
                 lst.append(f)
         for e, note in r.notes.items():
             notes[(e, j)] = note
-    ks = KindScores(
+    return KindScores(
         kind, names, specs, sub_t.T, list(results), expected_t.T, categories, cat_t.T, value, confidence, worst,
-        reason, flags, notes, gated=np.asarray(gated, bool),
+        reason, flags, notes, gated=np.asarray(gated, bool), n_expected=n_exp.astype(np.float64),
+        n_fresh=n_fresh.astype(np.float64),
     )
-    ks.n_expected = n_exp.astype(np.float64)
-    ks.n_fresh = n_fresh.astype(np.float64)
-    return ks
 
 
 class _WorstMembers(Mapping[int, str]):
