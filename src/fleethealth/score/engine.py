@@ -20,7 +20,6 @@ The result (``FleetHealth``) is columnar; ``HealthTuple`` objects are built lazi
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -31,7 +30,7 @@ import numpy as np
 from fleethealth.policy import Policy, SignalSpec
 from fleethealth.score import shapes
 from fleethealth.score.health import REASON_NO_FRESH_DATA, EntityKind, HealthTuple, SignalDetail
-from fleethealth.signals.snapshot import InputIssue, LabelSet, Snapshot, order_by_series_time
+from fleethealth.signals.snapshot import InputIssue, LabelSet, Snapshot, label_float, order_by_series_time
 from fleethealth.signals.xid import classify_xid
 
 Consumer = Literal["training", "serving", "remediation"]
@@ -72,12 +71,7 @@ class _Resolver:
         """Per label set, the float value of ``label`` (NaN when absent or not a number); incremental."""
         assert self.labelsets is not None
         vals = self._floats.setdefault(label, [])
-        for ls in self.labelsets[len(vals):]:
-            x = dict(ls).get(label)
-            try:
-                vals.append(float(x) if x is not None else math.nan)
-            except ValueError:
-                vals.append(math.nan)
+        vals.extend(label_float(ls, label) for ls in self.labelsets[len(vals):])
         return np.asarray(vals, np.float64)
 
     def label_match(self, match: Mapping[str, str]) -> np.ndarray:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fleethealth.policy import Policy
-from fleethealth.signals.snapshot import InputIssue, LabelSet, Snapshot, order_by_series_time
+from fleethealth.signals.snapshot import InputIssue, LabelSet, Snapshot, label_float, order_by_series_time
 
 
 def value_start_metrics(policy: Policy) -> set[str]:
@@ -213,12 +213,7 @@ class SignalHistory:
         return mmap, smap
 
     def _le_of(self, series: np.ndarray) -> np.ndarray:
-        for ls in self.labelsets[len(self._le):]:
-            x = dict(ls).get("le")
-            try:
-                self._le.append(float(x) if x is not None else np.nan)
-            except ValueError:
-                self._le.append(np.nan)
+        self._le.extend(label_float(ls, "le") for ls in self.labelsets[len(self._le):])
         return np.asarray(self._le, np.float64)[series]
 
     def _wanted(self, m: np.ndarray, s: np.ndarray) -> np.ndarray | None:

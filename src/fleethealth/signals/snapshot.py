@@ -31,6 +31,18 @@ class InputIssue:
         return f"{where}: {self.reason}" + (f": {self.text[:120]}" if self.text else "")
 
 
+def label_float(labelset: LabelSet, label: str) -> float:
+    """The float value of one label (a histogram's ``le``, ``+Inf`` included); NaN if absent or not a
+    number."""
+    for k, v in labelset:
+        if k == label:
+            try:
+                return float(v)
+            except ValueError:
+                return float("nan")
+    return float("nan")
+
+
 def freeze_labels(labels: Mapping[str, str]) -> LabelSet:
     return tuple(sorted((str(k), str(v)) for k, v in labels.items()))
 
