@@ -30,7 +30,14 @@ import numpy as np
 from fleethealth.policy import Policy, SignalSpec
 from fleethealth.score import shapes
 from fleethealth.score.health import REASON_NO_FRESH_DATA, EntityKind, HealthTuple, SignalDetail
-from fleethealth.signals.snapshot import InputIssue, LabelSet, Snapshot, label_float, order_by_series_time
+from fleethealth.signals.snapshot import (
+    InputIssue,
+    LabelSet,
+    Snapshot,
+    bucket_at_threshold,
+    label_float,
+    order_by_series_time,
+)
 from fleethealth.signals.xid import classify_xid
 
 Consumer = Literal["training", "serving", "remediation"]
@@ -614,14 +621,10 @@ def _evaluate_slo(ctx: _Ctx, spec: SignalSpec, kind: EntityKind, table: _KindTab
     req_idx = ctx.samples(spec.requests_metric)
     if spec.threshold_s is not None:
         bidx = ctx.samples(spec.metric + "_bucket", spec.match)
-        # the largest bucket bound <= threshold
-        le = ctx.resolver.label_floats("le")[snap.series_ids[bidx]]
-        with np.errstate(invalid="ignore"):
-            usable = le <= spec.threshold_s + 1e-12
-        if not usable.any():
+        at = bucket_at_threshold(ctx.resolver.label_floats("le")[snap.series_ids[bidx]], spec.threshold_s)
+        if not at.any():
             return res
-        bound = float(le[usable].max())
-        good_idx = bidx[le == bound]
+        good_idx = bidx[at]
     else:
         good_idx = ctx.samples(spec.metric, spec.match)
     if req_idx.size == 0:

@@ -22,7 +22,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from fleethealth.policy import Policy
-from fleethealth.signals.snapshot import InputIssue, LabelSet, Snapshot, label_float, order_by_series_time
+from fleethealth.signals.snapshot import (
+    InputIssue,
+    LabelSet,
+    Snapshot,
+    bucket_at_threshold,
+    label_float,
+    order_by_series_time,
+)
 
 
 def value_start_metrics(policy: Policy) -> set[str]:
@@ -230,10 +237,7 @@ class SignalHistory:
             le = self._le_of(s[rows])
             want = np.zeros(rows.size, bool)
             for thr in thresholds:
-                with np.errstate(invalid="ignore"):
-                    usable = le <= thr + 1e-12
-                if usable.any():
-                    want |= le == le[usable].max()
+                want |= bucket_at_threshold(le, thr)
             if keep is None:
                 keep = np.ones(m.size, bool)
             keep[rows] = want

@@ -43,6 +43,17 @@ def label_float(labelset: LabelSet, label: str) -> float:
     return float("nan")
 
 
+def bucket_at_threshold(le: np.ndarray, threshold: float) -> np.ndarray:
+    """Which histogram bucket samples (their ``le`` bounds) a latency SLO reads at ``threshold``: those
+    at the largest bound <= threshold (none when no bound is that low). The engine scores with them and
+    the history keeps only them, so both must use this one rule."""
+    with np.errstate(invalid="ignore"):
+        usable = le <= threshold + 1e-12
+    if not usable.any():
+        return np.zeros(le.shape, bool)
+    return le == le[usable].max()
+
+
 def freeze_labels(labels: Mapping[str, str]) -> LabelSet:
     return tuple(sorted((str(k), str(v)) for k, v in labels.items()))
 
