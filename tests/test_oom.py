@@ -183,3 +183,30 @@ def test_never_restart_on_every_oom(ev: OomEvent, limit: int) -> None:
 def test_concurrency_only_goes_down(limit: int, running: int | None) -> None:
     new = new_concurrency_limit(limit, running)
     assert 1 <= new <= limit
+
+
+# Verbatim from torch 2.11 on an NVIDIA H200 (tests/test_gpu_real.py): sizes up to 1 KiB are written "N bytes".
+H200_MSG = (
+    "CUDA out of memory. Tried to allocate 111.84 GiB. GPU 0 has a total capacity of 139.80 GiB of which 69.29 GiB "
+    "is free. Including non-PyTorch memory, this process has 70.50 GiB memory in use. Of the allocated memory "
+    "69.93 GiB is allocated by PyTorch, and 0 bytes is reserved by PyTorch but unallocated. If reserved but "
+    "unallocated memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid "
+    "fragmentation.  See documentation for Memory Management  "
+    "(https://docs.pytorch.org/docs/stable/notes/cuda.html#optimizing-memory-usage-with-pytorch-cuda-alloc-conf)"
+)
+
+
+def test_parse_real_h200_message_with_sizes_in_bytes() -> None:
+    n = parse_torch_oom(H200_MSG)
+    assert n.requested_bytes == int(111.84 * GiB)
+    assert n.total_bytes == int(139.80 * GiB)
+    assert n.free_bytes == int(69.29 * GiB)
+    assert n.allocated_bytes == int(69.93 * GiB)
+    assert n.reserved_unallocated_bytes == 0  # "0 bytes", not unknown
+    assert parse_torch_oom("Tried to allocate 512 bytes. GPU 0 ...").requested_bytes == 512
+    assert parse_torch_oom("Tried to allocate 1 byte.").requested_bytes == 1
+    ev = OomEvent(0, requested_bytes=n.requested_bytes, free_bytes=n.free_bytes,
+                  reserved_bytes=n.reserved_unallocated_bytes, allocated_bytes=n.allocated_bytes,
+                  total_bytes=n.total_bytes)
+    # Nothing cached to defragment: not fragmentation; no Xid or context error: not a device fault.
+    assert classify_oom(ev).cls is OomClass.BATCH_OVERLOAD

@@ -198,3 +198,18 @@ def test_gpuz_reads_nvml_through_the_project_source() -> None:
         gpu.values["temperature"] = 99  # past the policy's critical temperature
         wait_until(lambda: _status(p.url + "/gpuz") == 503, 5, 0.05)
         wait_until(lambda: p.sc.state in (State.DRAINING, State.QUARANTINED), 5)
+
+
+def test_a_gpu_check_that_raises_is_unknown_and_says_why() -> None:
+    # A reader that breaks (a bug, a driver call that throws) must not leave /gpuz frozen at "no GPU signals
+    # yet": the verdict stays unknown (a telemetry fault is not a GPU fault) and names the error.
+    class BrokenReader:
+        async def read(self, now: float) -> object:
+            raise RuntimeError("driver call exploded")
+
+    with running_pair(gpu_reader=BrokenReader()) as p:
+        wait_until(lambda: "GPU check failed" in p.sc.gpu.last.reason, 5)
+        r = httpx.get(p.url + "/gpuz", timeout=5)
+        assert r.status_code == 200 and r.json()["trusted"] is None
+        assert "driver call exploded" in r.json()["reason"]
+        assert p.sc.state is State.READY

@@ -100,7 +100,7 @@ def xids_in(text: str) -> list[int]:
     return out
 
 
-_UNITS = {"b": 1, "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4,
+_UNITS = {"b": 1, "byte": 1, "bytes": 1, "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4,
           "kb": 1000, "mb": 1000**2, "gb": 1000**3}
 
 
@@ -108,7 +108,9 @@ def _bytes(num: str, unit: str) -> int:
     return int(float(num) * _UNITS[unit.lower()])
 
 
-_SZ = r"([0-9]+(?:\.[0-9]+)?)\s*([KMGT]i?B|B)"
+# PyTorch's format_size writes sizes up to 1 KiB as "N bytes" ("0 bytes is reserved by PyTorch but
+# unallocated", seen on an H200 with torch 2.11), larger ones as "1.50 KiB/MiB/GiB".
+_SZ = r"([0-9]+(?:\.[0-9]+)?)\s*(bytes?|[KMGT]i?B|B)"
 
 
 @dataclass(frozen=True, slots=True)

@@ -444,14 +444,19 @@ class Sidecar:
             self._warming = False
 
     async def _check_gpu(self, now: float) -> GpuVerdict:
-        snap = None
-        if self.gpu_reader is not None:
-            snap = await self.gpu_reader.read(now)
         errs = [e for t, e in self.cuda_errors if now - t <= self.config.cuda_error_window_s]
         fx = fatal_xids([x for t, x in self.recent_xids if now - t <= self.config.cuda_error_window_s],
                         self.config.oom)
         errs.extend(f"Xid {x}" for x in fx)
-        v = self.gpu.evaluate(snap, now, errs)
+        try:
+            snap = await self.gpu_reader.read(now) if self.gpu_reader is not None else None
+            v = self.gpu.evaluate(snap, now, errs)
+        except Exception as e:  # a broken check is unknown, and says why; it never reads as a tested GPU
+            log.exception("GPU check failed")
+            v = self.gpu.evaluate(None, now, errs)  # CUDA errors and Xids still count without the signals
+            if v.ok is None:
+                v = dataclasses.replace(v, reason=f"GPU check failed: {type(e).__name__}: {e}"[:300])
+            self.gpu.last = v
         self.score = v.score
         return v
 
