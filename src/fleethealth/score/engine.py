@@ -31,6 +31,7 @@ from fleethealth.policy import Policy, SignalSpec
 from fleethealth.score import shapes
 from fleethealth.score.health import REASON_NO_FRESH_DATA, EntityKind, HealthTuple, SignalDetail
 from fleethealth.signals.snapshot import (
+    CounterMatrix,
     InputIssue,
     LabelSet,
     Snapshot,
@@ -293,7 +294,18 @@ class _Ctx:
         self.policy = policy
         self.now = now
         self.issues: list[InputIssue] = []
+        self.metric_ix = snap.metric_index()
+        self.resolver = _resolver_for(snap, policy)
         skew = policy.freshness.future_skew_s
+        ix = snap.index
+        # A history's view says where each metric's rows are and holds its counters as matrices: nothing
+        # to sort, unless a sample lies in the future (those rows are left out: the plain path below).
+        self.index = ix if ix is not None and ix.valid_for(snap) and ix.max_ts <= now + skew else None
+        self.order = np.zeros(0, np.int64)
+        self.bounds: dict[int, tuple[int, int]] = {}
+        if self.index is not None:
+            self.bounds = self.index.bounds
+            return
         ok = snap.ts <= now + skew
         n_future = int((~ok).sum())
         if n_future:
@@ -315,8 +327,6 @@ class _Ctx:
             order = idx[np.argsort(mids_all, kind="stable")]
         self.order = order
         mids = snap.metric_ids[order]
-        self.metric_ix = snap.metric_index()
-        self.bounds: dict[int, tuple[int, int]] = {}
         if order.size:
             chg = np.ones(mids.size, bool)
             chg[1:] = mids[1:] != mids[:-1]
@@ -325,17 +335,78 @@ class _Ctx:
             last = np.concatenate((first[1:], [order.size]))
             for u, a, b in zip(uniq.tolist(), first.tolist(), last.tolist(), strict=True):
                 self.bounds[u] = (a, b)
-        self.resolver = _resolver_for(snap, policy)
 
     def samples(self, metric: str, match: Mapping[str, str] | None = None) -> np.ndarray:
         mid = self.metric_ix.get(metric)
         if mid is None or mid not in self.bounds:
             return np.zeros(0, np.int64)
         a, b = self.bounds[mid]
-        idx = self.order[a:b]
+        idx = np.arange(a, b) if self.index is not None else self.order[a:b]
         if match:
             idx = idx[self.resolver.label_match(match)[self.snap.series_ids[idx]]]
         return idx
+
+    def series_of(self, metric: str) -> np.ndarray:
+        """Series ids of the metric's samples (repeats allowed)."""
+        mat = self.matrix(metric)
+        if mat is not None:
+            return mat.series[mat.last >= 0]
+        mid = self.metric_ix.get(metric)
+        if self.index is not None and mid is not None and mid in self.bounds:
+            a, b = self.bounds[mid]
+            return self.snap.series_ids[a:b]
+        return self.snap.series_ids[self.samples(metric)]
+
+    def matrix(self, metric: str) -> CounterMatrix | None:
+        if self.index is None:
+            return None
+        mid = self.metric_ix.get(metric)
+        return None if mid is None else self.index.counters.get(mid)
+
+    def columns(self, metric: str, match: Mapping[str, str] | None, kind: str,
+                table: _KindTable) -> _Columns | None:
+        """The metric's counter matrix, restricted to series with samples that belong to an entity of
+        ``kind`` (and match ``match``); None when the view has no matrix for it (then: rows)."""
+        mat = self.matrix(metric)
+        if mat is None:
+            return None
+        kid = self.resolver.arr[kind][mat.series]
+        ent = np.where(kid >= 0, table.lut[np.maximum(kid, 0)], -1)
+        keep = (ent >= 0) & (mat.last >= 0)
+        if match:
+            keep &= self.resolver.label_match(match)[mat.series]
+        if bool(keep.all()):
+            return _Columns(mat.series, ent, mat.t, mat.v, mat.last)
+        sel = np.flatnonzero(keep)
+        return _Columns(mat.series[sel], ent[sel], mat.t[:, sel], mat.v[:, sel], mat.last[sel])
+
+
+@dataclass
+class _Columns:
+    """A counter matrix's columns (series) of one entity kind: ``ent`` per column."""
+
+    series: np.ndarray
+    ent: np.ndarray
+    t: np.ndarray
+    v: np.ndarray
+    last: np.ndarray
+
+    def window(self, start: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Per column, as ``_counter_runs`` per series: the increase over the samples after ``start``
+        (NaN with fewer than two), their first and last timestamps (NaN with none), the latest value and
+        timestamp, and how many samples are in the window. The values are cumulative and times sorted
+        down each column, so the window is a suffix and its increase a difference of two entries."""
+        cols = np.arange(self.series.size)
+        inw = self.t > start
+        n_in = inw.sum(axis=0)
+        first = inw.argmax(axis=0)
+        lt = self.t[self.last, cols]
+        lv = self.v[self.last, cols]
+        has = n_in > 0
+        t0 = np.where(has, self.t[first, cols], np.nan)
+        t1 = np.where(has, lt, np.nan)
+        inc = np.where(n_in >= 2, lv - self.v[first, cols], np.nan)
+        return inc, t0, t1, lv, lt, n_in
 
 
 @dataclass
@@ -353,10 +424,9 @@ def _entity_tables(ctx: _Ctx, policy: Policy, inventory: Mapping[str, Sequence[s
     has_series: dict[str, np.ndarray] = {}
     for spec in policy.signals:
         # an SLO's samples are its request counter (the histogram's name itself has no samples)
-        idx = ctx.samples(spec.requests_metric if spec.shape == "slo" and spec.requests_metric else spec.metric)
-        if idx.size == 0:
+        ser = ctx.series_of(spec.requests_metric if spec.shape == "slo" and spec.requests_metric else spec.metric)
+        if ser.size == 0:
             continue
-        ser = ctx.snap.series_ids[idx]
         for kind in spec.entities:
             mask = has_series.get(kind)
             if mask is None:
@@ -412,9 +482,13 @@ def _evaluate(ctx: _Ctx, spec: SignalSpec, kind: EntityKind, table: _KindTable) 
     nan = np.full(n, np.nan)
     res = _SignalResult(nan.copy(), nan.copy(), nan.copy(), nan.copy(), nan.copy(), np.zeros(n, bool))
     snap = ctx.snap
-    idx = ctx.samples(spec.metric, spec.match)
     if spec.shape == "slo":
         return _evaluate_slo(ctx, spec, kind, table, res)
+    if _is_counter(spec) and spec.shape != "xid":
+        cols = ctx.columns(spec.metric, spec.match, kind, table)
+        if cols is not None:
+            return _evaluate_counter_columns(ctx, spec, kind, cols, res)
+    idx = ctx.samples(spec.metric, spec.match)
     if idx.size == 0:
         return res
     ser = snap.series_ids[idx]
@@ -434,30 +508,10 @@ def _evaluate(ctx: _Ctx, spec: SignalSpec, kind: EntityKind, table: _KindTable) 
     if _is_counter(spec):
         window = spec.rate_window_s or pol.freshness.rate_window_s
         s_ids, inc, t0, t1, last_v, last_t = _counter_runs(ser, vals, ts, now - window)
-        dt = t1 - t0
-        with np.errstate(invalid="ignore", divide="ignore"):
-            rate = np.where(dt > 0, inc / np.where(dt > 0, dt, 1.0), np.nan)
-            fresh = (now - t1) <= max_age
-        rate = np.where(fresh, rate, np.nan)
         # series -> entity: counters of one entity add up (e.g. per-link NVLink counters)
         ent_of_series = np.full(int(ser.max()) + 1, -1, np.int64)
         ent_of_series[ser] = ent
-        e = ent_of_series[s_ids]
-        good = ~np.isnan(rate)
-        one_per_entity = e.size == 0 or np.bincount(e).max() <= 1
-        if good.any():
-            if one_per_entity:
-                res.rate = np.full(n, np.nan)
-                res.rate[e[good]] = rate[good]
-            else:
-                acc = np.zeros(n)
-                cnt = np.zeros(n)
-                np.add.at(acc, e[good], rate[good])
-                np.add.at(cnt, e[good], 1)
-                res.rate = np.where(cnt > 0, acc, np.nan)
-        # the latest sample of a series is its latest in the window whenever it has one in the window
-        res.raw = _reduce_worst(e, last_v, n, True)
-        res.age = _reduce_worst(e, now - last_t, n, False)
+        _counter_rates(res, ent_of_series[s_ids], inc, t0, t1, last_v, last_t, now, max_age)
         x = res.rate
     else:
         lp = _latest_per_series(ser, ts)
@@ -471,6 +525,48 @@ def _evaluate(ctx: _Ctx, spec: SignalSpec, kind: EntityKind, table: _KindTable) 
             res.raw = res.raw.copy()
     sub = _shape(ctx, spec, kind, x, ser, ent, lp if not _is_counter(spec) else None, res, n)
     res.sub = sub
+    return res
+
+
+def _counter_rates(res: _SignalResult, e: np.ndarray, inc: np.ndarray, t0: np.ndarray, t1: np.ndarray,
+                   last_v: np.ndarray, last_t: np.ndarray, now: float, max_age: float) -> None:
+    """A counter's rate, raw (latest value) and age per entity from its per-series window (``e``: the
+    entity of each series)."""
+    n = res.rate.size
+    dt = t1 - t0
+    with np.errstate(invalid="ignore", divide="ignore"):
+        rate = np.where(dt > 0, inc / np.where(dt > 0, dt, 1.0), np.nan)
+        fresh = (now - t1) <= max_age
+    rate = np.where(fresh, rate, np.nan)
+    good = ~np.isnan(rate)
+    one_per_entity = e.size == 0 or np.bincount(e).max() <= 1
+    if good.any():
+        if one_per_entity:
+            res.rate = np.full(n, np.nan)
+            res.rate[e[good]] = rate[good]
+        else:
+            acc = np.zeros(n)
+            cnt = np.zeros(n)
+            np.add.at(acc, e[good], rate[good])
+            np.add.at(cnt, e[good], 1)
+            res.rate = np.where(cnt > 0, acc, np.nan)
+    # the latest sample of a series is its latest in the window whenever it has one in the window
+    res.raw = _reduce_worst(e, last_v, n, True)
+    res.age = _reduce_worst(e, now - last_t, n, False)
+
+
+def _evaluate_counter_columns(ctx: _Ctx, spec: SignalSpec, kind: EntityKind, cols: _Columns,
+                              res: _SignalResult) -> _SignalResult:
+    """``_evaluate`` of a counter read off the view's matrix: the same numbers without the rows."""
+    if cols.series.size == 0:
+        return res
+    pol, now = ctx.policy, ctx.now
+    res.seen[cols.ent] = True
+    window = spec.rate_window_s or pol.freshness.rate_window_s
+    max_age = spec.max_age_s or pol.freshness.max_age_s
+    inc, t0, t1, last_v, last_t, _ = cols.window(now - window)
+    _counter_rates(res, cols.ent, inc, t0, t1, last_v, last_t, now, max_age)
+    res.sub = _shape(ctx, spec, kind, res.rate, cols.series, cols.ent, None, res, res.sub.size)
     return res
 
 
@@ -618,6 +714,11 @@ def _evaluate_slo(ctx: _Ctx, spec: SignalSpec, kind: EntityKind, table: _KindTab
     objective = spec.objective or pol.slo.objective
     max_age = spec.max_age_s or pol.freshness.max_age_s
     assert spec.requests_metric is not None
+    good_name = spec.metric + "_bucket" if spec.threshold_s is not None else spec.metric
+    req_c = ctx.columns(spec.requests_metric, None, kind, table)
+    good_c = ctx.columns(good_name, spec.match, kind, table)
+    if req_c is not None and good_c is not None:
+        return _evaluate_slo_columns(ctx, spec, req_c, good_c, res)
     req_idx = ctx.samples(spec.requests_metric)
     if spec.threshold_s is not None:
         bidx = ctx.samples(spec.metric + "_bucket", spec.match)
@@ -702,6 +803,10 @@ def _evaluate_slo(ctx: _Ctx, spec: SignalSpec, kind: EntityKind, table: _KindTab
                 res.age = age
                 last_total = total
         burns.append((pair[0], pair[1], w.factor))
+    return _slo_result(res, burns, max_age)
+
+
+def _slo_result(res: _SignalResult, burns: list[tuple[np.ndarray, np.ndarray, float]], max_age: float) -> _SignalResult:
     sub = shapes.slo_score(burns)
     fresh = res.age <= max_age
     sub = np.where(fresh, sub, np.nan)
@@ -710,6 +815,69 @@ def _evaluate_slo(ctx: _Ctx, spec: SignalSpec, kind: EntityKind, table: _KindTab
     res.rate = burns[0][1]
     res.raw = burns[0][0]
     return res
+
+
+def _per_entity(cols: _Columns, start: float, n: int, now: float) -> tuple[np.ndarray, np.ndarray]:
+    """``_Windows.per_entity`` off a counter matrix: increase per entity over (start, now] (its series
+    added up) and the age of its latest sample among series with one in the window."""
+    inc_e = np.full(n, np.nan)
+    age_e = np.full(n, np.nan)
+    if cols.series.size == 0:
+        return inc_e, age_e
+    inc, _t0, _t1, _lv, lt, n_in = cols.window(start)
+    good = n_in >= 2
+    acc = np.zeros(n)
+    cnt = np.zeros(n)
+    np.add.at(acc, cols.ent[good], inc[good])
+    np.add.at(cnt, cols.ent[good], 1)
+    inc_e = np.where(cnt > 0, acc, np.nan)
+    has = n_in > 0
+    np.fmin.at(age_e, cols.ent[has], now - lt[has])
+    return inc_e, age_e
+
+
+def _evaluate_slo_columns(ctx: _Ctx, spec: SignalSpec, req: _Columns, good_c: _Columns,
+                          res: _SignalResult) -> _SignalResult:
+    """``_evaluate_slo`` read off the view's counter matrices."""
+    pol, now = ctx.policy, ctx.now
+    n = res.sub.size
+    objective = spec.objective or pol.slo.objective
+    max_age = spec.max_age_s or pol.freshness.max_age_s
+    if spec.threshold_s is not None:
+        # the bucket is chosen among all of the histogram's series, as on rows, then read per entity
+        mat = ctx.matrix(spec.metric + "_bucket")
+        assert mat is not None
+        le = ctx.resolver.label_floats("le")
+        present = mat.last >= 0
+        if spec.match:
+            present &= ctx.resolver.label_match(spec.match)[mat.series]
+        le_all = le[mat.series[present]]
+        at = bucket_at_threshold(le_all, spec.threshold_s)
+        if not at.any():
+            return res
+        sel = np.flatnonzero(le[good_c.series] == le_all[at][0])
+        good_c = _Columns(good_c.series[sel], good_c.ent[sel], good_c.t[:, sel], good_c.v[:, sel], good_c.last[sel])
+    if req.series.size == 0:
+        return res
+    res.seen[req.ent] = True
+    burns: list[tuple[np.ndarray, np.ndarray, float]] = []
+    first = True
+    for w in pol.slo.windows:
+        pair = []
+        for win in (w.long_s, w.short_s):
+            total, age = _per_entity(req, now - win, n, now)
+            good, _ = _per_entity(good_c, now - win, n, now)
+            if spec.threshold_s is not None:
+                bad = np.where(np.isnan(good), np.where(total > 0, np.nan, 0.0), total - good)
+                bad = np.clip(bad, 0.0, None)
+            else:
+                bad = np.where(np.isnan(good), 0.0, good)  # no error samples in window: no errors
+            pair.append(shapes.burn_rate(bad, total, objective))
+            if first:
+                res.age = age
+                first = False
+        burns.append((pair[0], pair[1], w.factor))
+    return _slo_result(res, burns, max_age)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -1128,10 +1296,10 @@ class _MetaIndex:
             ents: dict[str, list[np.ndarray]] = {k: [] for k in KINDS}
             sers: dict[str, list[np.ndarray]] = {k: [] for k in KINDS}
             for spec in self._policy.signals:
-                idx = ctx.samples(spec.metric if spec.shape != "slo" else (spec.requests_metric or spec.metric))
-                if idx.size == 0:
+                ser = ctx.series_of(spec.metric if spec.shape != "slo" else (spec.requests_metric or spec.metric))
+                if ser.size == 0:
                     continue
-                ser = ctx.snap.series_ids[idx].astype(np.int64)
+                ser = ser.astype(np.int64)
                 for kind in spec.entities:
                     kid = r.arr[kind][ser]
                     ent = np.where(kid >= 0, tables[kind].lut[np.maximum(kid, 0)], -1)

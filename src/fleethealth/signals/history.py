@@ -23,9 +23,11 @@ import numpy as np
 
 from fleethealth.policy import Policy
 from fleethealth.signals.snapshot import (
+    CounterMatrix,
     InputIssue,
     LabelSet,
     Snapshot,
+    ViewIndex,
     bucket_at_threshold,
     label_float,
     order_by_series_time,
@@ -64,19 +66,158 @@ def counter_metrics(policy: Policy) -> dict[str, float]:
 
 @dataclass(slots=True)
 class _Chunk:
-    """One ingest's counter samples, sorted by slot then time; ``uslots``: its distinct slots (what it
-    contributes to the view's set of series); ``kmin``/``kmax``: the shortest and longest retention of
-    its metrics (a chunk younger than ``kmin`` is kept whole without a per-row test)."""
+    """One ingest's counter samples, stored as rows of the groups (``_Group``) tagged ``cid``; ``keeps``:
+    the distinct retentions of the metrics it still holds, ascending (a chunk younger than the shortest
+    is kept whole without a per-row test; older than the longest, it is gone)."""
 
     at: float
-    m: np.ndarray
-    s: np.ndarray
-    v: np.ndarray
-    t: np.ndarray
-    slot: np.ndarray
-    uslots: np.ndarray
-    kmin: float
-    kmax: float
+    cid: int
+    keeps: list[float]
+
+
+class _Group:
+    """The counter samples of every metric kept equally long, as matrices: a row per ingest (more when an
+    ingest brings several samples of one series), a column per (metric, series) slot, columns sorted by
+    (metric, series); NaN where a slot has no sample in a row. A metric's samples are a block of columns,
+    in time order down each column (``monotone``, checked on arrival), so the engine reads window
+    aggregates off the columns without sorting.
+
+    Rows are appended and never written again: dropping anything but the oldest rows, or adding columns,
+    builds new arrays, so the slices a view hands out stay valid after later ingests."""
+
+    __slots__ = ("keep", "cm", "cs", "cslot", "T", "V", "at", "cid", "r0", "r1", "cnt", "holes", "last_t",
+                 "monotone", "version", "_ranges")
+
+    def __init__(self, keep: float) -> None:
+        self.keep = keep
+        self.cm = np.zeros(0, np.int32)  # column -> metric
+        self.cs = np.zeros(0, np.int32)  # column -> series
+        self.cslot = np.zeros(0, np.int64)  # column -> counter slot
+        self.T = np.full((8, 0), np.nan)
+        self.V = np.full((8, 0), np.nan)
+        self.at = np.zeros(8)
+        self.cid = np.zeros(8, np.int64)
+        self.r0 = 0  # live rows: r0 .. r1
+        self.r1 = 0
+        self.cnt = np.zeros(0, np.int64)  # samples per column in the live rows
+        self.holes = 0  # NaN cells in the live rows
+        self.last_t = np.zeros(0)  # latest time written per column
+        self.monotone = True
+        self.version = 0  # changes with the columns
+        self._ranges: tuple[int, list[tuple[int, int, int]]] | None = None
+
+    def _realloc(self, n: int, keep_rows: np.ndarray, room: int, cols_at: np.ndarray | None = None) -> None:
+        """New arrays with ``n`` columns (old column j at ``cols_at[j]``) holding the rows ``keep_rows``."""
+        k = keep_rows.size
+        cap = max(8, 2 * (k + room))
+        T, V = np.full((cap, n), np.nan), np.full((cap, n), np.nan)
+        at, cid = np.zeros(cap), np.zeros(cap, np.int64)
+        if cols_at is None:
+            T[:k], V[:k] = self.T[keep_rows], self.V[keep_rows]
+        else:
+            T[:k, cols_at], V[:k, cols_at] = self.T[keep_rows], self.V[keep_rows]
+        at[:k], cid[:k] = self.at[keep_rows], self.cid[keep_rows]
+        self.T, self.V, self.at, self.cid = T, V, at, cid
+        self.r0, self.r1 = 0, k
+
+    def add_columns(self, m: np.ndarray, s: np.ndarray, slots: np.ndarray) -> None:
+        cm = np.concatenate((self.cm, m.astype(np.int32)))
+        cs = np.concatenate((self.cs, s.astype(np.int32)))
+        order = np.lexsort((cs, cm))
+        old_pos = np.argsort(order)[: self.cm.size]  # where each old column lands
+        n, k = cm.size, self.r1 - self.r0
+        self._realloc(n, np.arange(self.r0, self.r1), 0, old_pos)
+        cnt = np.zeros(n, np.int64)
+        cnt[old_pos] = self.cnt
+        last_t = np.full(n, -np.inf)
+        last_t[old_pos] = self.last_t
+        self.holes += k * m.size
+        self.cm, self.cs = cm[order], cs[order]
+        self.cslot = np.concatenate((self.cslot, slots.astype(np.int64)))[order]
+        self.cnt, self.last_t = cnt, last_t
+        self.version += 1
+        self._ranges = None
+
+    def append(self, at: float, cid: int, col: np.ndarray | None, rank: np.ndarray | None, t: np.ndarray,
+               v: np.ndarray) -> bool:
+        """Samples (each column's adjacent, in time order; ``col`` None: one per column, in column order;
+        ``rank``: each one's place among its column's samples in this ingest, None when all are first) as
+        new rows. True when a column had no sample before."""
+        rows = 1 if rank is None else int(rank.max()) + 1
+        if self.r1 + rows > self.T.shape[0]:
+            self._realloc(self.cm.size, np.arange(self.r0, self.r1), rows)
+        r = self.r1
+        if col is None:  # every column once, in order: slices, no scatter
+            self.T[r] = t
+            self.V[r] = v
+            if (t < self.last_t).any():
+                self.monotone = False
+            born = bool((self.cnt == 0).any())
+            self.cnt += 1
+            self.last_t[:] = t
+        elif rank is None:
+            self.T[r, col] = t
+            self.V[r, col] = v
+            if (t < self.last_t[col]).any():
+                self.monotone = False
+            born = bool((self.cnt[col] == 0).any())
+            self.cnt[col] += 1
+            self.last_t[col] = t
+        else:
+            self.T[r + rank, col] = t
+            self.V[r + rank, col] = v
+            first = rank == 0
+            if (t[first] < self.last_t[col[first]]).any():
+                self.monotone = False  # (a column's samples of one ingest are in time order)
+            born = bool((self.cnt[col] == 0).any())
+            np.add.at(self.cnt, col, 1)
+            last = np.ones(col.size, bool)
+            last[:-1] = col[1:] != col[:-1]
+            self.last_t[col[last]] = t[last]
+        self.at[r:r + rows] = at
+        self.cid[r:r + rows] = cid
+        self.r1 = r + rows
+        self.holes += rows * self.cm.size - t.size
+        return born
+
+    def expire(self, now: float, dropped: np.ndarray | None) -> bool:
+        """Drop the rows older than ``keep`` and those of ``dropped`` chunks. True when a column was left
+        without samples."""
+        if self.r1 == self.r0:
+            return False
+        dead = (now - self.at[self.r0:self.r1]) > self.keep
+        if dropped is not None and dropped.size:
+            dead |= np.isin(self.cid[self.r0:self.r1], dropped)
+        nd = int(np.count_nonzero(dead))
+        if nd == 0:
+            return False
+        rows = np.flatnonzero(dead) + self.r0
+        if self.holes == 0:
+            per_col = np.full(self.cm.size, nd, np.int64)
+        else:
+            per_col = (~np.isnan(self.T[rows])).sum(axis=0)
+        before = self.cnt > 0
+        self.cnt = self.cnt - per_col
+        self.holes -= nd * self.cm.size - int(per_col.sum())
+        emptied = bool((before & (self.cnt == 0)).any())
+        if bool(dead[:nd].all()):
+            self.r0 += nd  # the oldest rows: the common case
+        else:
+            self._realloc(self.cm.size, np.flatnonzero(~dead) + self.r0, 0)
+        if not self.monotone:
+            T = self.T[self.r0:self.r1]
+            run = np.fmax.accumulate(T, axis=0)
+            self.monotone = not bool((T[1:] < run[:-1]).any())
+        return emptied
+
+    def ranges(self) -> list[tuple[int, int, int]]:
+        """(metric, first column, end column) of each metric's block of columns."""
+        if self._ranges is None or self._ranges[0] != self.version:
+            cm = self.cm
+            heads = np.flatnonzero(np.concatenate(([True], cm[1:] != cm[:-1]))) if cm.size else np.zeros(0, np.int64)
+            ends = np.concatenate((heads[1:], [cm.size]))
+            self._ranges = (self.version, [(int(cm[a]), int(a), int(b)) for a, b in zip(heads, ends, strict=True)])
+        return self._ranges[1]
 
 
 @dataclass(slots=True)
@@ -96,11 +237,7 @@ class _Plan:
     g_s: np.ndarray
     c_rows: np.ndarray  # snapshot rows of counters, in slot order
     c_slot: np.ndarray
-    c_m32: np.ndarray
-    c_s32: np.ndarray
-    c_slot32: np.ndarray
-    c_kmin: float
-    c_kmax: float
+    c_parts: list[tuple[int, np.ndarray]]  # (group, positions in c_rows) per group the rows land in
 
 
 _SERIAL = itertools.count()
@@ -160,24 +297,30 @@ class SignalHistory:
         self._g_v = np.zeros(0, np.float64)
         self._g_t = np.full(0, -np.inf)
         self._g_since = np.full(0, -np.inf)  # when the current value started (event-like gauges)
-        # counters: chunks of (metric, series, corrected value, time); reset correction per slot
+        # counters: matrices per retention (``_Group``) of corrected values and times, the ingests that
+        # made their rows (``_Chunk``, for retention and thinning); reset correction per slot
         self._chunks: list[_Chunk] = []
+        self._groups: list[_Group] = []
+        self._group_of_keep: dict[float, int] = {}
+        self._cid = 0
+        self._c_grp = np.zeros(0, np.int64)  # counter slot -> group
+        self._c_col = np.zeros(0, np.int64)  # counter slot -> column in its group
         self._c_last = np.zeros(0, np.float64)
         self._c_off = np.zeros(0, np.float64)
+        self._max_t = -np.inf  # latest sample time ever added (bounds the view's)
         self._keep_of_metric = np.zeros(0, np.float64)
         self.issues: list[InputIssue] = []
         self.source_errors: list[InputIssue] = []
         self.last_at = -np.inf
         self._index: dict[str, list[np.ndarray]] = {}
         self._n_slots: dict[str, int] = {}
+        self._slot_ms: dict[str, list[np.ndarray]] = {"gauge": [], "counter": []}  # (metric << 32 | series) per slot
         # The view's set of (metric, series) pairs changes only when a gauge slot is born, revived or
         # forgotten, or a counter slot's count of retained chunks moves between zero and non-zero:
         # ``_epoch`` counts those moments (see ``shape_token``).
         self._serial = next(_SERIAL)
         self._epoch = 0
-        self._c_count = np.zeros(0, np.int64)
-        self._chunks_version = 0
-        self._counter_cat: tuple[int, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] | None = None
+        self._g_order: tuple[int, np.ndarray] | None = None  # gauge slots sorted by (metric, series)
         self._last_view: Snapshot | None = None
         self._last_token: Hashable | None = None
         self._plans: dict[tuple[int, int], _Plan] = {}
@@ -301,11 +444,8 @@ class SignalHistory:
         if (g_slot[1:] == g_slot[:-1]).any() or (c_slot[1:] == c_slot[:-1]).any():
             return None  # a pair twice in one snapshot: its order depends on the timestamps
         g_rows, c_rows = g_rows[go], c_rows[co]
-        keeps = self._keep_of_metric[m[c_rows]]
         p = _Plan(snap.metrics, snap.labelsets, snap.metric_ids.copy(), snap.series_ids.copy(), g_rows, g_slot,
-                  m[g_rows], s[g_rows], c_rows, c_slot, m[c_rows].astype(np.int32), s[c_rows].astype(np.int32),
-                  c_slot.astype(np.int32), float(keeps.min()) if keeps.size else 0.0,
-                  float(keeps.max()) if keeps.size else 0.0)
+                  m[g_rows], s[g_rows], c_rows, c_slot, self._parts(c_slot))
         self._plans[key] = p
         return p
 
@@ -317,9 +457,32 @@ class SignalHistory:
             self._g_t = np.concatenate((self._g_t, np.full(g_new, -np.inf)))
             self._g_since = np.concatenate((self._g_since, np.full(g_new, -np.inf)))
         if c_new:
+            base = self._c_last.size
             self._c_last = np.concatenate((self._c_last, np.full(c_new, np.nan)))
             self._c_off = np.concatenate((self._c_off, np.zeros(c_new)))
-            self._c_count = np.concatenate((self._c_count, np.zeros(c_new, np.int64)))
+            self._c_grp = np.concatenate((self._c_grp, np.zeros(c_new, np.int64)))
+            self._c_col = np.concatenate((self._c_col, np.zeros(c_new, np.int64)))
+            key = np.concatenate(self._slot_ms["counter"])[base:base + c_new]
+            m, s = key >> 32, key & 0xFFFFFFFF
+            keeps = self._keep_of_metric[m]
+            slots = np.arange(base, base + c_new)
+            for keep in np.unique(keeps).tolist():
+                gi = self._group_of_keep.get(keep)
+                if gi is None:
+                    gi = self._group_of_keep[keep] = len(self._groups)
+                    self._groups.append(_Group(keep))
+                sel = keeps == keep
+                g = self._groups[gi]
+                g.add_columns(m[sel], s[sel], slots[sel])
+                self._c_grp[slots[sel]] = gi
+                self._c_col[g.cslot] = np.arange(g.cslot.size)
+            self._epoch += 1
+
+    def _parts(self, slot: np.ndarray) -> list[tuple[int, np.ndarray]]:
+        grp = self._c_grp[slot]
+        if grp.size and bool((grp == grp[0]).all()):
+            return [(int(grp[0]), np.arange(grp.size))]
+        return [(int(g), np.flatnonzero(grp == g)) for g in np.unique(grp).tolist()]
 
     def _add_planned(self, snap: Snapshot, p: _Plan) -> None:
         """``add`` for a known layout: the same arithmetic as the plain path, on precomputed rows."""
@@ -328,8 +491,7 @@ class SignalHistory:
             gv, gt = v[p.g_rows], t[p.g_rows]
             self._store_gauges(p.g_slot, p.g_m, p.g_s, gv, gt)
         if p.c_rows.size:
-            self._store_counters(snap.at, p.c_slot, p.c_m32, p.c_s32, p.c_slot32, v[p.c_rows], t[p.c_rows],
-                                 p.c_kmin, p.c_kmax)
+            self._store_counters(snap.at, p.c_slot, v[p.c_rows], t[p.c_rows], p.c_parts)
 
     def _slots(self, table: str, m: np.ndarray, s: np.ndarray) -> tuple[np.ndarray, int]:
         """Slot of each (metric, series) pair, creating slots for new pairs; vectorised with a sorted key
@@ -353,6 +515,7 @@ class SignalHistory:
             idx[0] = np.insert(keys_sorted, pos[new], uniq[new])
             idx[1] = np.insert(slots_sorted, pos[new], slots_u[new])
             self._n_slots[table] = base + n_new
+            self._slot_ms[table].append(uniq[new])  # in slot order (slots_u[new] is ascending)
         return slots_u[inv], n_new
 
     def _add_gauges(self, m: np.ndarray, s: np.ndarray, v: np.ndarray, t: np.ndarray) -> None:
@@ -381,19 +544,20 @@ class SignalHistory:
         self._g_s[sl] = s
         self._g_v[sl] = v
         self._g_t[sl] = t
+        if t.size:
+            self._max_t = max(self._max_t, float(t.max()))
 
     def _add_counters(self, at: float, m: np.ndarray, s: np.ndarray, v: np.ndarray, t: np.ndarray) -> None:
         slot, grown = self._slots("counter", m, s)
         self._unplanned_slots(0, grown)
         order = order_by_series_time(slot, t)
-        m, s, v, t, slot = m[order], s[order], v[order], t[order], slot[order]
-        keeps = self._keep_of_metric[m]
-        self._store_counters(at, slot, m.astype(np.int32), s.astype(np.int32), slot.astype(np.int32), v, t,
-                             float(keeps.min()), float(keeps.max()))
+        v, t, slot = v[order], t[order], slot[order]
+        self._store_counters(at, slot, v, t, self._parts(slot))
 
-    def _store_counters(self, at: float, slot: np.ndarray, m32: np.ndarray, s32: np.ndarray, slot32: np.ndarray,
-                        v: np.ndarray, t: np.ndarray, kmin: float, kmax: float) -> None:
-        """Samples in (slot, time) order become one chunk of reset-corrected values."""
+    def _store_counters(self, at: float, slot: np.ndarray, v: np.ndarray, t: np.ndarray,
+                        parts: list[tuple[int, np.ndarray]]) -> None:
+        """Samples in (slot, time) order become one chunk of reset-corrected values: rows of the groups
+        (``parts``: which of the samples go to which group)."""
         # resets within and across batches: sequential per slot, vectorised across slots
         prev = self._c_last[slot]
         same = np.zeros(slot.size, bool)
@@ -413,40 +577,43 @@ class SignalHistory:
         uslots = slot[last_pos]
         self._c_last[uslots] = v[last_pos]
         self._c_off[uslots] = off[last_pos]
-        if (self._c_count[uslots] == 0).any():
+        rank = None
+        if same.any():
+            rank = np.arange(slot.size) - np.maximum.accumulate(np.where(run_start, np.arange(slot.size), 0))
+        cid = self._cid
+        self._cid += 1
+        keeps = []
+        born = False
+        col = self._c_col[slot]
+        for gi, sel in parts:
+            g = self._groups[gi]
+            c = col[sel]
+            if rank is None and c.size == g.cm.size and bool((c == np.arange(c.size)).all()):
+                c = None  # every column once, in order (a scrape of the whole fleet)
+            born |= g.append(at, cid, c, None if rank is None else rank[sel], t[sel], corrected[sel])
+            keeps.append(g.keep)
+        if born:
             self._epoch += 1
-        self._c_count[uslots] += 1
-        self._chunks.append(_Chunk(at, m32, s32, corrected, t, slot32, uslots, kmin, kmax))
-        self._chunks_version += 1
+        if t.size:
+            self._max_t = max(self._max_t, float(t.max()))
+        self._chunks.append(_Chunk(at, cid, sorted(keeps)))
 
     # -- view ------------------------------------------------------------------------------------
-    def _drop(self, ch: _Chunk) -> None:
-        self._c_count[ch.uslots] -= 1
-        if (self._c_count[ch.uslots] == 0).any():
-            self._epoch += 1
-
     def _compact(self, now: float) -> None:
         kept: list[_Chunk] = []
-        changed = False
+        dropped: list[int] = []
+        expired = False
         for ch in self._chunks:
             age = now - ch.at
-            if ch.kmin >= age:
+            if ch.keeps[0] >= age:
                 kept.append(ch)
                 continue
-            changed = True
-            if ch.kmax < age:
-                self._drop(ch)
+            expired = True
+            if ch.keeps[-1] < age:
+                dropped.append(ch.cid)
                 continue
-            keep = self._keep_of_metric[ch.m] >= age  # some metrics expire, others stay (kmin < age <= kmax)
-            sl = ch.slot[keep]
-            last = np.ones(sl.size, bool)
-            last[:-1] = sl[1:] != sl[:-1]
-            uslots = sl[last]
-            self._c_count[uslots] += 1
-            self._drop(ch)
-            km = self._keep_of_metric[ch.m[keep]]
-            kept.append(_Chunk(ch.at, ch.m[keep], ch.s[keep], ch.v[keep], ch.t[keep], sl, uslots,
-                               float(km.min()), float(km.max())))
+            ch.keeps = [k for k in ch.keeps if k >= age]  # some metrics expire, others stay
+            kept.append(ch)
         # thinning: beyond dense_s only the first chunk of each coarse bucket survives
         out: list[_Chunk] = []
         last_bucket = None
@@ -456,14 +623,16 @@ class SignalHistory:
                 b = int(ch.at // (self.sparse_coarse_s if age > self.sparse_s else self.coarse_s))
                 b = b if age > self.sparse_s else -1 - b  # the tiers never share a bucket id
                 if b == last_bucket:
-                    self._drop(ch)
-                    changed = True
+                    dropped.append(ch.cid)
                     continue
                 last_bucket = b
             out.append(ch)
         self._chunks = out
-        if changed:
-            self._chunks_version += 1
+        if expired or dropped:
+            gone = np.asarray(dropped, np.int64) if dropped else None
+            for g in self._groups:
+                if g.expire(now, gone):
+                    self._epoch += 1
         # forget gauges nobody has reported for memory_s
         if self._g_t.size:
             dead = (now - self._g_t > self.memory_s) & np.isfinite(self._g_t)
@@ -472,34 +641,72 @@ class SignalHistory:
                 self._g_v[dead] = np.nan
                 self._epoch += 1
 
+    def _gauge_order(self) -> np.ndarray:
+        n = self._g_t.size
+        if self._g_order is None or self._g_order[0] != n:
+            keys = np.concatenate(self._slot_ms["gauge"]) if self._slot_ms["gauge"] else np.zeros(0, np.int64)
+            self._g_order = (n, np.argsort(keys[:n], kind="stable"))
+        return self._g_order[1]
+
     def view(self, now: float) -> Snapshot:
+        """The window as of ``now``: every live gauge's latest sample (and, for event-like gauges, the
+        time its value started) and the retained counter samples. Each metric's rows are one block,
+        counters' in (series, time) order; ``Snapshot.index`` says so, with each counter metric's samples
+        as a matrix (``CounterMatrix``)."""
         self._compact(now)
+        order = self._gauge_order()
         live = np.isfinite(self._g_t) & ~np.isnan(self._g_v)
-        parts_m = [self._g_m[live]]
-        parts_s = [self._g_s[live]]
-        parts_v = [self._g_v[live]]
-        parts_t = [self._g_t[live]]
-        if self._track_start.any():
+        rows = order[live[order]]
+        gm = self._g_m[rows]
+        parts_m = [gm]
+        parts_s = [self._g_s[rows]]
+        parts_v = [self._g_v[rows]]
+        parts_t = [self._g_t[rows]]
+        if self._track_start.any() and rows.size:
             ev = live & self._track_start[self._g_m] & (self._g_since < self._g_t) & np.isfinite(self._g_since)
-            parts_m.append(self._g_m[ev])
-            parts_s.append(self._g_s[ev])
-            parts_v.append(self._g_v[ev])
-            parts_t.append(self._g_since[ev])
-        # The counters' part changes once per ingest or compaction, not per view (a cycle views twice).
-        if self._counter_cat is None or self._counter_cat[0] != self._chunks_version:
-            ch = self._chunks
-            cat = (
-                np.concatenate([c.m for c in ch]) if ch else np.zeros(0, np.int32),
-                np.concatenate([c.s for c in ch]) if ch else np.zeros(0, np.int32),
-                np.concatenate([c.v for c in ch]) if ch else np.zeros(0, np.float64),
-                np.concatenate([c.t for c in ch]) if ch else np.zeros(0, np.float64),
-            )
-            self._counter_cat = (self._chunks_version, cat)
-        cm, cs, cv, ct = self._counter_cat[1]
-        parts_m.append(cm)
-        parts_s.append(cs)
-        parts_v.append(cv)
-        parts_t.append(ct)
+            if ev.any():
+                # a value-start sample follows its metric's gauge rows (each metric stays one block)
+                er = order[ev[order]]
+                at = np.searchsorted(gm, self._g_m[er], side="right")
+                parts_m[0] = np.insert(gm, at, self._g_m[er])
+                parts_s[0] = np.insert(parts_s[0], at, self._g_s[er])
+                parts_v[0] = np.insert(parts_v[0], at, self._g_v[er])
+                parts_t[0] = np.insert(parts_t[0], at, self._g_since[er])
+        gm = parts_m[0]
+        bounds: dict[int, tuple[int, int]] = {}
+        if gm.size:
+            heads = np.flatnonzero(np.concatenate(([True], gm[1:] != gm[:-1])))
+            ends = np.concatenate((heads[1:], [gm.size]))
+            bounds = {int(gm[a]): (int(a), int(b)) for a, b in zip(heads, ends, strict=True)}
+        n_rows = int(gm.size)
+        matrices: dict[int, CounterMatrix] = {}
+        for g in self._groups:
+            k = g.r1 - g.r0
+            if k == 0 or g.cm.size == 0:
+                continue
+            T, V = g.T[g.r0:g.r1], g.V[g.r0:g.r1]
+            dense = g.holes == 0
+            last = np.full(g.cm.size, k - 1, np.int64)
+            if not dense:
+                have = ~np.isnan(T)
+                last = np.where(have.any(axis=0), k - 1 - np.argmax(have[::-1], axis=0), -1)
+            # each metric one block of rows, in time order (as the ingests came), series ascending within
+            for m, c0, c1 in g.ranges():
+                Tm, Vm = T[:, c0:c1], V[:, c0:c1]
+                if dense:
+                    tm, vm, sm = Tm.ravel(), Vm.ravel(), np.tile(g.cs[c0:c1], k)
+                else:
+                    hm = have[:, c0:c1]
+                    tm, vm, sm = Tm[hm], Vm[hm], np.broadcast_to(g.cs[c0:c1], hm.shape)[hm]
+                if tm.size:
+                    parts_t.append(tm)
+                    parts_v.append(vm)
+                    parts_s.append(sm)
+                    parts_m.append(np.full(tm.size, m, np.int32))
+                    bounds[m] = (n_rows, n_rows + tm.size)
+                    n_rows += tm.size
+                if g.monotone:
+                    matrices[m] = CounterMatrix(g.cs[c0:c1], Tm, Vm, last[c0:c1])
         snap = Snapshot(
             at=now,
             metrics=self.metrics,
@@ -511,6 +718,7 @@ class SignalHistory:
             issues=self.issues[-1000:],
             source_errors=list(self.source_errors),
         )
+        snap.index = ViewIndex(bounds, matrices, self._max_t, snap.metric_ids, snap.series_ids, snap.values, snap.ts)
         self.source_errors = []
         self._last_view, self._last_token = snap, (self._serial, self._epoch)
         return snap

@@ -58,6 +58,40 @@ def freeze_labels(labels: Mapping[str, str]) -> LabelSet:
     return tuple(sorted((str(k), str(v)) for k, v in labels.items()))
 
 
+@dataclass(frozen=True, slots=True)
+class CounterMatrix:
+    """One counter metric's samples in a view, as a matrix: column j holds series ``series[j]``'s samples
+    down the rows in time order (NaN: none in that row), values cumulative and reset-corrected (never
+    decreasing down a column), ``last[j]`` the row of its latest sample (-1: none). A window's increase
+    is then a difference of two entries, found without sorting anything."""
+
+    series: np.ndarray  # (n,) ascending
+    t: np.ndarray  # (rows, n)
+    v: np.ndarray  # (rows, n)
+    last: np.ndarray  # (n,)
+
+
+@dataclass(frozen=True, slots=True)
+class ViewIndex:
+    """What the maker of a view (the history) guarantees about its rows, so that the engine can skip
+    sorting and read counter windows off matrices: each metric's rows are the block ``bounds[metric]``;
+    ``counters``: the same samples as a ``CounterMatrix`` per counter metric (all of them, or none where
+    a series' samples are out of time order); no NaN value; no timestamp after ``max_ts``. Valid only for the very arrays it names (a
+    snapshot rebuilt from a view's arrays does not carry it over)."""
+
+    bounds: dict[int, tuple[int, int]]
+    counters: dict[int, CounterMatrix]
+    max_ts: float
+    metric_ids: np.ndarray
+    series_ids: np.ndarray
+    values: np.ndarray
+    ts: np.ndarray
+
+    def valid_for(self, snap: Snapshot) -> bool:
+        return (snap.metric_ids is self.metric_ids and snap.series_ids is self.series_ids
+                and snap.values is self.values and snap.ts is self.ts)
+
+
 @dataclass(slots=True)
 class Snapshot:
     """Columnar samples observed up to ``at``.
@@ -76,6 +110,8 @@ class Snapshot:
     issues: list[InputIssue] = field(default_factory=list)
     # Per-source errors (a dead exporter, an unreadable file): their entities go stale, never healthy.
     source_errors: list[InputIssue] = field(default_factory=list)
+    # Set by the history on its views (a precomputed layout the engine may use; see ViewIndex).
+    index: ViewIndex | None = None
 
     def __len__(self) -> int:
         return int(self.values.shape[0])
