@@ -40,7 +40,10 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Hashable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
+
+import numpy as np
 
 from fleethealth.decide.lifecycle import (
     ISOLATED_STATES,
@@ -101,14 +104,21 @@ def _all_tuples(health: HealthSource | Mapping[str, HealthTuple] | Iterable[Heal
 LabelMemo = dict[tuple[str, str], dict[str, str]]
 
 
-def _lifecycle_and_flagged(health: Any, memo: LabelMemo | None = None) -> tuple[list[HealthTuple], list[HealthTuple]]:
+def _lifecycle_and_flagged(health: Any, memo: LabelMemo | None = None,
+                           rows: dict[str, _Rows] | None = None) -> tuple[list[HealthTuple], list[HealthTuple]]:
     """Node and replica tuples, and the GPU tuples that carry flags. The engine's FleetHealth is
-    columnar: only the flagged GPUs are turned into tuples (a 100k-GPU fleet has few)."""
+    columnar: only the flagged GPUs are turned into tuples (a 100k-GPU fleet has few). ``rows``: the
+    decider's cache of last cycle's columns and tuples (unchanged rows keep their tuple)."""
     kinds = getattr(health, "kinds", None)
     if kinds is not None and hasattr(health, "by_kind") and hasattr(health, "tuples"):
         try:
-            life = [t for k in LIFECYCLE_KINDS for t in _light_tuples(health, k, memo)]
+            if rows is None:
+                life = [t for k in LIFECYCLE_KINDS for t in _light_tuples(health, k, memo)]
+            else:
+                life = [t for k in LIFECYCLE_KINDS for t in _light_tuples_reusing(health, k, memo, rows)]
         except (AttributeError, TypeError, IndexError, KeyError):  # an engine without these columns
+            if rows is not None:
+                rows.clear()
             life = [t for k in LIFECYCLE_KINDS for t in health.by_kind(k)]
         gpus: list[HealthTuple] = []
         ks = kinds.get("gpu")
@@ -124,23 +134,48 @@ def _lifecycle_and_flagged(health: Any, memo: LabelMemo | None = None) -> tuple[
             [t for t in tuples if t.kind == "gpu" and t.flags])
 
 
-def _serving_replicas(serving: Any) -> dict[str, HealthTuple]:
+def _serving_replicas(serving: Any, cache: list[Any] | None = None) -> dict[str, HealthTuple]:
     """The serving consumer's replica tuples: only value, confidence and reason are read (router
-    weights), so the engine's columns are read without metadata labels or node tuples."""
+    weights), so the engine's columns are read without metadata labels or node tuples. ``cache``: a
+    one-slot list holding last cycle's (names, value bits, confidence bits, reasons, tuples); a row
+    unchanged bit for bit keeps its tuple object."""
     kinds = getattr(serving, "kinds", None)
     if kinds is not None and hasattr(serving, "by_kind") and hasattr(serving, "tuples"):
         try:
             ks = kinds.get("replica")
             if ks is None:
                 return {}
+            now = serving.now
+            if cache is not None:
+                vb, cb, rs = _bits(ks.value), _bits(ks.confidence), [str(r) for r in ks.reason]
+                prev = cache[0] if cache else None
+                if (prev is not None and (ks.names is prev[0] or ks.names == prev[0])
+                        and vb.shape == prev[1].shape and cb.shape == prev[2].shape):
+                    same = ((vb == prev[1]) & (cb == prev[2])).tolist()
+                    tuples = list(prev[4])
+                    vals, cfs = vb.view(np.float64), cb.view(np.float64)
+                    for i, name in enumerate(prev[0]):
+                        if not same[i] or rs[i] != prev[3][i]:
+                            v = float(vals[i])
+                            tuples[i] = HealthTuple(entity=name, kind=ks.kind, value=None if v != v else v,
+                                                    confidence=float(cfs[i]), worst=None, reason=rs[i], ts=now)
+                    names = prev[0]
+                else:
+                    names = list(ks.names)
+                    tuples = [HealthTuple(entity=name, kind=ks.kind, value=None if v != v else float(v),
+                                          confidence=float(cf), worst=None, reason=r, ts=now)
+                              for name, v, cf, r in zip(names, ks.value.tolist(), ks.confidence.tolist(), rs,
+                                                        strict=True)]
+                cache[:] = [(names, vb, cb, rs, tuples)]
+                return dict(zip(names, tuples, strict=True))
             values = ks.value.tolist()
             conf = ks.confidence.tolist()
-            now = serving.now
             return {name: HealthTuple(entity=name, kind=ks.kind, value=None if v != v else float(v),
                                       confidence=float(cf), worst=None, reason=str(r), ts=now)
                     for name, v, cf, r in zip(ks.names, values, conf, ks.reason, strict=True)}
         except (AttributeError, TypeError, IndexError, KeyError, ValueError):
-            pass
+            if cache is not None:
+                cache.clear()
     return {t.entity: t for t in _lifecycle_and_flagged(serving)[0] if t.kind == "replica"}
 
 
@@ -171,6 +206,99 @@ def _light_tuples(health: Any, kind: str, memo: LabelMemo | None = None) -> list
             worst_member=ks.worst_member.get(i), flags=tuple(ks.flags.get(i, ())), ts=health.now,
         ))
     return out
+
+
+@dataclass(slots=True)
+class _Rows:
+    """One kind's columns as last read, and the tuples built from them: a row whose columns are
+    bit-for-bit the same (and whose labels come from the same memo) gets the same tuple object again."""
+
+    kind: str
+    names: list[str]
+    value: np.ndarray  # float64 bits as int64
+    conf: np.ndarray
+    worst: np.ndarray
+    reason: list[str]
+    flags: dict[int, tuple[str, ...]]
+    worst_member: dict[int, str]
+    categories: list[str]
+    memo: LabelMemo | None
+    tuples: list[HealthTuple]
+
+
+def _bits(a: Any) -> np.ndarray:
+    return np.array(a, np.float64).view(np.int64)  # a copy: the engine's arrays are not ours to keep
+
+
+def _changed_rows(ks: Any, prev: _Rows) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str],
+                                                  dict[int, tuple[str, ...]], dict[int, str]] | None:
+    """Which rows of ``ks`` differ from ``prev`` (None: not comparable, rebuild all). Also returns the
+    new columns in the cached form."""
+    names = ks.names
+    if names is not prev.names and names != prev.names:
+        return None
+    if list(ks.categories) != prev.categories:
+        return None
+    value, conf = _bits(ks.value), _bits(ks.confidence)
+    worst = np.array(ks.worst, np.int64)
+    if value.shape != prev.value.shape or conf.shape != prev.conf.shape or worst.shape != prev.worst.shape:
+        return None
+    changed = (value != prev.value) | (conf != prev.conf) | (worst != prev.worst)
+    reason = [str(r) for r in ks.reason]
+    if reason != prev.reason:
+        for i, (a, b) in enumerate(zip(reason, prev.reason, strict=True)):
+            if a != b:
+                changed[i] = True
+    flags = {int(i): tuple(f) for i, f in ks.flags.items()}
+    if flags != prev.flags:
+        for i in set(flags) | set(prev.flags):
+            if flags.get(i, ()) != prev.flags.get(i, ()):
+                changed[i] = True
+    wm = dict(ks.worst_member)
+    if wm != prev.worst_member:
+        for i in set(wm) | set(prev.worst_member):
+            if wm.get(i) != prev.worst_member.get(i):
+                changed[i] = True
+    return changed, value, conf, reason, flags, wm
+
+
+def _light_tuples_reusing(health: Any, kind: str, memo: LabelMemo | None, cache: dict[str, _Rows]) -> list[HealthTuple]:
+    """``_light_tuples``, handing back last cycle's tuple object for every row whose columns and labels
+    are unchanged (a steady fleet: nearly all). The tuples' ``ts`` is then that of the cycle that built
+    them; the decider never reads it."""
+    ks = health.kinds.get(kind)
+    prev = cache.get(kind)
+    if ks is None or memo is None:
+        cache.pop(kind, None)
+        return _light_tuples(health, kind, memo)
+    diff = None if prev is None or prev.memo is not memo else _changed_rows(ks, prev)
+    if diff is None or prev is None:
+        out = _light_tuples(health, kind, memo)
+        cache[kind] = _Rows(kind, list(ks.names), _bits(ks.value), _bits(ks.confidence), np.array(ks.worst, np.int64),
+                            [str(r) for r in ks.reason], {int(i): tuple(f) for i, f in ks.flags.items()},
+                            dict(ks.worst_member), list(ks.categories), memo, out)
+        return out
+    changed, value, conf, reason, flags, wm = diff
+    tuples = list(prev.tuples)
+    if changed.any():
+        meta = health.meta
+        vals = value.view(np.float64)
+        cfs = conf.view(np.float64)
+        for i in np.flatnonzero(changed).tolist():
+            name = ks.names[i]
+            labels = memo.get((kind, name))
+            if labels is None:
+                labels = memo[(kind, name)] = meta.labels(kind, i)
+            v = float(vals[i])
+            w = int(ks.worst[i])
+            tuples[i] = HealthTuple(
+                entity=name, kind=ks.kind, value=None if v != v else v, confidence=float(cfs[i]),
+                worst=ks.categories[w] if w >= 0 else None, reason=str(ks.reason[i]), labels=labels,
+                worst_member=ks.worst_member.get(i), flags=tuple(ks.flags.get(i, ())), ts=health.now,
+            )
+    cache[kind] = _Rows(kind, prev.names, value, conf, np.array(ks.worst, np.int64), reason, flags, wm,
+                        prev.categories, memo, tuples)
+    return tuples
 
 
 def node_of(t: HealthTuple) -> str:
@@ -228,12 +356,28 @@ class _Cycle:
 
 
 class Decider:
-    def __init__(self, policy: Policy | None = None) -> None:
+    """``fast`` (the default) reuses, from one cycle to the next, what cannot have changed: the tuple and
+    observation objects of entities whose scores are bit-for-bit the same, the verdict that a steady
+    entity's (unchanged) lifecycle and observation need nothing, and it skips the per-entity work of the
+    passes that only act on flagged, held or unhealthy entities. Every cache is keyed on object
+    identity (the decider's own outputs are never modified in place) or on equal inputs, so a fast
+    decider answers exactly as ``fast=False`` (the plain code, every entity every cycle) does; the
+    property tests hold the two side by side."""
+
+    def __init__(self, policy: Policy | None = None, fast: bool = True) -> None:
         self.policy = policy or default_policy()
+        self.fast = fast
         self._version = self.policy.version_tag  # hashing the policy costs; once per decider
         # Metadata labels by (kind, entity) for the last ``labels_key`` (not state: a cache of the
         # engine's answers, valid while the set of series they come from is unchanged).
         self._label_memo: tuple[Hashable, LabelMemo] | None = None
+        # fast path caches (answers, never state: a decider handed any other state answers the same)
+        self._rows: dict[str, _Rows] = {}
+        self._serving_rows: list[Any] = []
+        self._obs_of: dict[str, tuple[HealthTuple, bool, Observation]] = {}
+        self._labels_ok: dict[str, tuple[dict[str, str], dict[str, str]]] = {}
+        self._steady_ok: dict[str, tuple[EntityLifecycle, Observation]] = {}
+        self._app_flags = frozenset(f"xid:{x}" for x in self.policy.xid.app_xids)
 
     # ------------------------------------------------------------------------------------------
     def decide(self, state: DecisionState, health: Any, now: float, events: Sequence[Event] = (),
@@ -255,8 +399,12 @@ class Decider:
             if self._label_memo is None or self._label_memo[0] != labels_key:
                 self._label_memo = (labels_key, {})
             memo = self._label_memo[1]
-        life, flagged_gpus = _lifecycle_and_flagged(health, memo)
-        serving_by_id = _serving_replicas(serving) if serving is not None else {}
+        fast = self.fast
+        life, flagged_gpus = _lifecycle_and_flagged(health, memo, self._rows if fast else None)
+        if serving is None:
+            serving_by_id: dict[str, HealthTuple] = {}
+        else:
+            serving_by_id = _serving_replicas(serving, self._serving_rows if fast else None)
         by_id = {t.entity: t for t in life}
 
         # flags per node (its own and its GPUs'), and GPU tuples per node
@@ -270,18 +418,29 @@ class Decider:
             node_flags[n].update(g.flags)
             gpu_by_node[n].append(g)
 
+        labels_ok = self._labels_ok
         for t in life:
             es = s.entities.get(t.entity)
             if es is None:
                 start = State.READY if t.kind == "node" else State.STARTING
                 es = s.entities[t.entity] = EntityLifecycle(t.entity, t.kind, start, now)
                 c.copied.add(t.entity)
+            if fast:
+                # labels only ever grow, and only here; dicts of tuples and states are never changed in
+                # place once handed out, so a pair found covered once stays covered
+                ok = labels_ok.get(t.entity)
+                if ok is not None and ok[0] is t.labels and ok[1] is es.labels:
+                    continue
             if t.labels and not (t.labels.items() <= es.labels.items()):
-                c.mut(t.entity).labels.update({k: str(v) for k, v in t.labels.items()})
+                es = c.mut(t.entity)
+                es.labels.update({k: str(v) for k, v in t.labels.items()})
+            if fast:
+                labels_ok[t.entity] = (t.labels, es.labels)
 
         self._absences(c, by_id)
 
         obs: dict[str, Observation | None] = {}
+        obs_of = self._obs_of
         for eid in s.entities:
             ht = by_id.get(eid)
             if ht is None:
@@ -289,8 +448,15 @@ class Decider:
                 continue
             fl = node_flags.get(eid)
             drain = bool((fl and not DRAIN_FLAGS.isdisjoint(fl)) or (ht.flags and not DRAIN_FLAGS.isdisjoint(ht.flags)))
-            obs[eid] = Observation(ht.value, ht.confidence, ht.reason, gate=ht.reason.startswith("gate:"),
-                                   drain_reset=drain)
+            if fast:
+                hit = obs_of.get(eid)
+                if hit is not None and hit[0] is ht and hit[1] == drain:
+                    obs[eid] = hit[2]
+                    continue
+            made = obs[eid] = Observation(ht.value, ht.confidence, ht.reason, gate=ht.reason.startswith("gate:"),
+                                          drain_reset=drain)
+            if fast:
+                obs_of[eid] = (ht, drain, made)
 
         self._fleet_confidence(c, obs)
         blamed = self._app_xids(c, life, flagged_gpus)
@@ -323,8 +489,14 @@ class Decider:
             return (0 if o is not None and o.gate else 1,
                     1.0 if o is None or o.value is None else o.value, eid)
 
-        for eid in sorted(s.entities, key=order):
-            if eid not in ev_by_entity and self._steady(s.entities[eid], obs.get(eid)):
+        if fast:
+            # A steady entity is skipped whatever the order (stepping one entity never changes another),
+            # so only the others are sorted.
+            todo: Iterable[str] = sorted(self._unsteady(c, obs, serving_by_id, by_id, ev_by_entity), key=order)
+        else:
+            todo = sorted(s.entities, key=order)
+        for eid in todo:
+            if not fast and eid not in ev_by_entity and self._steady(s.entities[eid], obs.get(eid)):
                 continue
             es = c.mut(eid)
             self._step_entity(c, es, obs.get(eid), by_id.get(eid), ev_by_entity.get(eid, []), suspects,
@@ -336,6 +508,54 @@ class Decider:
                 self._router(c, es, None if st is None else Observation(st.value, st.confidence, st.reason))
         s.last_ts = now
         return Decision(s, c.transitions, c.intents, now)
+
+    def _unsteady(self, c: _Cycle, obs: Mapping[str, Observation | None], serving_by_id: Mapping[str, HealthTuple],
+                  by_id: Mapping[str, HealthTuple], ev_by_entity: Mapping[str, list[Event]]) -> list[str]:
+        """The entities that need a step this cycle. A steady node is skipped as in the plain loop (its
+        verdict remembered while its lifecycle and observation objects are the same ones); a steady
+        serving replica (``_steady_replica``) gets in one go what its step would do."""
+        out: list[str] = []
+        seen = self._steady_ok
+        ents = c.s.entities
+        for eid, es in ents.items():
+            if eid in ev_by_entity:
+                out.append(eid)
+                continue
+            o = obs.get(eid)
+            if es.kind == "node":
+                hit = seen.get(eid)
+                if hit is not None and hit[0] is es and hit[1] is o:
+                    continue
+                if self._steady(es, o):
+                    seen[eid] = (es, o)  # type: ignore[assignment]
+                    continue
+            elif es.kind == "replica" and o is not None:
+                st = serving_by_id.get(eid) or by_id.get(eid)
+                if self._steady_replica(c, es, o, st):
+                    ents[eid] = es.seen(o.value, o.confidence, o.reason, c.now)
+                    continue
+            out.append(eid)
+        return out
+
+    def _steady_replica(self, c: _Cycle, es: EntityLifecycle, o: Observation, st: HealthTuple | None) -> bool:
+        """A READY replica whose step changes nothing but its last observation (value, confidence,
+        reason, last_known_ts): usable and not gated, no timer running or started, nothing held or
+        blocked, its flag already on the side its value is, and the router would publish the weight it
+        already has (or, without a usable serving tuple, hold it)."""
+        lc = self.policy.lifecycle
+        v = o.value
+        if (es.state != State.READY or v is None or o.confidence < lc.min_confidence or o.gate or o.drain_reset
+                or es.timers or es.blocked or v < lc.quarantine_below or v < lc.degraded_below
+                or (v < lc.flag_below) != es.flagged):
+            return False
+        r = self.policy.router
+        if st is not None and st.value is not None and st.confidence >= lc.min_confidence:
+            if es.weight is None:
+                return False
+            w = round(max(r.min_weight, min(1.0, st.value)), 2)
+            return abs(w - es.weight) < 0.005
+        # no usable serving tuple: the router holds (its last known time is now, after this step)
+        return es.weight is None or c.s.frozen or r.hold_s >= 0.0
 
     def _steady(self, es: EntityLifecycle, o: Observation | None) -> bool:
         """A healthy READY node whose tuple is exactly what it was last cycle: nothing can change (no

@@ -61,6 +61,16 @@ class EntityLifecycle:
             self.absent_since, self.overload_until,
         )
 
+    def seen(self, value: float | None, confidence: float, reason: str, ts: float) -> EntityLifecycle:
+        """This entity after a usable observation that changed nothing else (the decider's steady
+        replicas): a new object sharing the containers, which neither object ever changes in place (the
+        decider copies an entity before changing it)."""
+        return EntityLifecycle(
+            self.entity, self.kind, self.state, self.since, self.timers, self.transitions, self.recoveries,
+            self.labels, value, confidence, reason, ts, self.weight, self.no_new_work, self.flagged,
+            self.blocked, self.reset_scheduled, self.absent_since, self.overload_until,
+        )
+
     @staticmethod
     def from_dict(d: dict[str, Any]) -> EntityLifecycle:
         return EntityLifecycle(
