@@ -303,6 +303,7 @@ class _Ctx:
         self.index = ix if ix is not None and ix.valid_for(snap) and ix.max_ts <= now + skew else None
         self.order = np.zeros(0, np.int64)
         self.bounds: dict[int, tuple[int, int]] = {}
+        self._windows: dict[tuple[int, float], tuple[np.ndarray, ...]] = {}
         if self.index is not None:
             self.bounds = self.index.bounds
             return
@@ -376,37 +377,55 @@ class _Ctx:
         if match:
             keep &= self.resolver.label_match(match)[mat.series]
         if bool(keep.all()):
-            return _Columns(mat.series, ent, mat.t, mat.v, mat.last)
+            return _Columns(self, mat, mat.series, ent, slice(mat.c0, mat.c1))
         sel = np.flatnonzero(keep)
-        return _Columns(mat.series[sel], ent[sel], mat.t[:, sel], mat.v[:, sel], mat.last[sel])
+        return _Columns(self, mat, mat.series[sel], ent[sel], sel + mat.c0)
+
+    def window(self, mat: CounterMatrix, start: float) -> tuple[np.ndarray, ...]:
+        """``_window`` over the whole matrix of ``mat``'s group: once per (group, start) and call, for
+        every metric of the group (all of a GPU's counters are one matrix)."""
+        key = (mat.group, start)
+        hit = self._windows.get(key)
+        if hit is None:
+            assert self.index is not None
+            g = self.index.groups[mat.group]
+            hit = self._windows[key] = _window(g.t, g.v, g.last, start)
+        return hit
 
 
-@dataclass
+def _window(t: np.ndarray, v: np.ndarray, last: np.ndarray, start: float) -> tuple[np.ndarray, ...]:
+    """Per column of a counter matrix, as ``_counter_runs`` per series: the increase over the samples
+    after ``start`` (NaN with fewer than two), their first and last timestamps (NaN with none), the
+    latest value and timestamp, and how many samples are in the window. The values are cumulative and
+    times sorted down each column, so the window is a suffix and its increase a difference of two
+    entries."""
+    cols = np.arange(last.size)
+    inw = t > start
+    n_in = inw.sum(axis=0)
+    first = inw.argmax(axis=0)
+    lt = t[last, cols]
+    lv = v[last, cols]
+    has = n_in > 0
+    t0 = np.where(has, t[first, cols], np.nan)
+    t1 = np.where(has, lt, np.nan)
+    inc = np.where(n_in >= 2, lv - v[first, cols], np.nan)
+    return inc, t0, t1, lv, lt, n_in
+
+
 class _Columns:
-    """A counter matrix's columns (series) of one entity kind: ``ent`` per column."""
+    """A counter matrix's columns (series) of one entity kind: ``ent`` per column; ``cols``: where they
+    are in the matrix of the view's group."""
 
-    series: np.ndarray
-    ent: np.ndarray
-    t: np.ndarray
-    v: np.ndarray
-    last: np.ndarray
+    def __init__(self, ctx: _Ctx, mat: CounterMatrix, series: np.ndarray, ent: np.ndarray,
+                 cols: slice | np.ndarray) -> None:
+        self.ctx, self.mat, self.series, self.ent, self.cols = ctx, mat, series, ent, cols
 
-    def window(self, start: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """Per column, as ``_counter_runs`` per series: the increase over the samples after ``start``
-        (NaN with fewer than two), their first and last timestamps (NaN with none), the latest value and
-        timestamp, and how many samples are in the window. The values are cumulative and times sorted
-        down each column, so the window is a suffix and its increase a difference of two entries."""
-        cols = np.arange(self.series.size)
-        inw = self.t > start
-        n_in = inw.sum(axis=0)
-        first = inw.argmax(axis=0)
-        lt = self.t[self.last, cols]
-        lv = self.v[self.last, cols]
-        has = n_in > 0
-        t0 = np.where(has, self.t[first, cols], np.nan)
-        t1 = np.where(has, lt, np.nan)
-        inc = np.where(n_in >= 2, lv - self.v[first, cols], np.nan)
-        return inc, t0, t1, lv, lt, n_in
+    def window(self, start: float) -> tuple[np.ndarray, ...]:
+        return tuple(a[self.cols] for a in self.ctx.window(self.mat, start))
+
+    def only(self, sel: np.ndarray) -> _Columns:
+        cols = np.arange(self.cols.start, self.cols.stop)[sel] if isinstance(self.cols, slice) else self.cols[sel]
+        return _Columns(self.ctx, self.mat, self.series[sel], self.ent[sel], cols)
 
 
 @dataclass
@@ -817,28 +836,31 @@ def _slo_result(res: _SignalResult, burns: list[tuple[np.ndarray, np.ndarray, fl
     return res
 
 
-def _per_entity(cols: _Columns, start: float, n: int, now: float) -> tuple[np.ndarray, np.ndarray]:
-    """``_Windows.per_entity`` off a counter matrix: increase per entity over (start, now] (its series
-    added up) and the age of its latest sample among series with one in the window."""
-    inc_e = np.full(n, np.nan)
+def _per_entity(cols: _Columns, starts: list[float], n: int, now: float) -> tuple[np.ndarray, np.ndarray]:
+    """``_Windows.per_entity`` off a counter matrix for several window starts at once: the increase per
+    entity over each (start, now] (its series added up; rows: starts), and the age of its latest sample
+    among series with one in the first window."""
+    inc_e = np.full((len(starts), n), np.nan)
     age_e = np.full(n, np.nan)
     if cols.series.size == 0:
         return inc_e, age_e
-    inc, _t0, _t1, _lv, lt, n_in = cols.window(start)
+    wins = [cols.window(st) for st in starts]
+    inc = np.stack([w[0] for w in wins])
+    n_in = np.stack([w[5] for w in wins])
     good = n_in >= 2
-    acc = np.zeros(n)
-    cnt = np.zeros(n)
-    np.add.at(acc, cols.ent[good], inc[good])
-    np.add.at(cnt, cols.ent[good], 1)
+    # one bincount per quantity for every window: bins (window, entity); sums in series order as add.at
+    bins = (np.arange(len(starts))[:, None] * n + cols.ent[None, :])[good]
+    acc = np.bincount(bins, weights=inc[good], minlength=len(starts) * n).reshape(len(starts), n)
+    cnt = np.bincount(bins, minlength=len(starts) * n).reshape(len(starts), n)
     inc_e = np.where(cnt > 0, acc, np.nan)
-    has = n_in > 0
-    np.fmin.at(age_e, cols.ent[has], now - lt[has])
+    has = n_in[0] > 0
+    np.fmin.at(age_e, cols.ent[has], now - wins[0][4][has])
     return inc_e, age_e
 
 
 def _evaluate_slo_columns(ctx: _Ctx, spec: SignalSpec, req: _Columns, good_c: _Columns,
                           res: _SignalResult) -> _SignalResult:
-    """``_evaluate_slo`` read off the view's counter matrices."""
+    """``_evaluate_slo`` read off the view's counter matrices, every window at once."""
     pol, now = ctx.policy, ctx.now
     n = res.sub.size
     objective = spec.objective or pol.slo.objective
@@ -855,34 +877,24 @@ def _evaluate_slo_columns(ctx: _Ctx, spec: SignalSpec, req: _Columns, good_c: _C
         at = bucket_at_threshold(le_all, spec.threshold_s)
         if not at.any():
             return res
-        sel = np.flatnonzero(le[good_c.series] == le_all[at][0])
-        good_c = _Columns(good_c.series[sel], good_c.ent[sel], good_c.t[:, sel], good_c.v[:, sel], good_c.last[sel])
+        good_c = good_c.only(np.flatnonzero(le[good_c.series] == le_all[at][0]))
     if req.series.size == 0:
         return res
     res.seen[req.ent] = True
-    burns: list[tuple[np.ndarray, np.ndarray, float]] = []
-    first = True
-    for w in pol.slo.windows:
-        pair = []
-        for win in (w.long_s, w.short_s):
-            total, age = _per_entity(req, now - win, n, now)
-            good, _ = _per_entity(good_c, now - win, n, now)
-            if spec.threshold_s is not None:
-                bad = np.where(np.isnan(good), np.where(total > 0, np.nan, 0.0), total - good)
-                bad = np.clip(bad, 0.0, None)
-            else:
-                bad = np.where(np.isnan(good), 0.0, good)  # no error samples in window: no errors
-            pair.append(shapes.burn_rate(bad, total, objective))
-            if first:
-                res.age = age
-                first = False
-        burns.append((pair[0], pair[1], w.factor))
+    starts = [now - win for w in pol.slo.windows for win in (w.long_s, w.short_s)]
+    total, age = _per_entity(req, starts, n, now)
+    good, _ = _per_entity(good_c, starts, n, now)
+    if spec.threshold_s is not None:
+        bad = np.where(np.isnan(good), np.where(total > 0, np.nan, 0.0), total - good)
+        bad = np.clip(bad, 0.0, None)
+    else:
+        bad = np.where(np.isnan(good), 0.0, good)  # no error samples in window: no errors
+    burn = shapes.burn_rate(bad, total, objective)
+    res.age = age
+    burns = [(burn[2 * i], burn[2 * i + 1], w.factor) for i, w in enumerate(pol.slo.windows)]
     return _slo_result(res, burns, max_age)
 
 
-# --------------------------------------------------------------------------------------------------
-# Aggregation
-# --------------------------------------------------------------------------------------------------
 @dataclass
 class KindScores:
     """Columnar scores of every entity of one kind. raw/rate/z/age matrices (for explanation only) are
@@ -964,10 +976,52 @@ def _cross_category(cat_t: np.ndarray, how: str) -> tuple[np.ndarray, np.ndarray
     return val, worst
 
 
+_Base = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray,
+              np.ndarray, dict[int, list[str]], dict[tuple[int, int], str]]
+
+
 def _aggregate(
     kind: EntityKind, names: list[str], specs: list[SignalSpec], results: list[_SignalResult], how: str,
-    categories: list[str], critical_zeroes: bool = True,
+    categories: list[str], critical_zeroes: bool = True, cache: dict[str, _Base] | None = None,
 ) -> KindScores:
+    """Scores of one kind for one cross-category function ``how``. Everything before the cross-category
+    step is the same for every consumer: kept in ``cache`` (per evaluation) and shared, read-only; what
+    a caller may change in place (per-entity vectors, flags, category list) is its own copy."""
+    base = cache.get(kind) if cache is not None else None
+    if base is None:
+        base = _aggregate_base(names, specs, results, categories, critical_zeroes)
+        if cache is not None:
+            cache[kind] = base
+    sub_t, expected_t, n_exp, n_fresh, confidence, cat_t, cat_ix, gated, first_gate, flags, notes = base
+    m = len(specs)
+    value, worst = _cross_category(cat_t, how)
+    if gated.any():
+        value = np.where(gated, 0.0, value)
+        confidence = np.where(gated, 1.0, confidence)
+        worst = np.where(gated, cat_ix[first_gate] if m else -1, worst)
+    else:
+        confidence = confidence.copy()
+
+    prefix = "min" if how == "min" else how
+    gate_reasons = np.array([f"gate:{s.name}" for s in specs] or ["gate:"], dtype=object)
+    cat_reasons = np.array([f"{prefix}:{c}" for c in categories] or [REASON_NO_FRESH_DATA], dtype=object)
+    reason_arr = np.where(
+        gated, gate_reasons[first_gate] if m else "",
+        np.where(np.isnan(value), REASON_NO_FRESH_DATA, cat_reasons[np.maximum(worst, 0)] if len(categories) else ""),
+    )
+    reason: list[str] = reason_arr.tolist()
+    worst = np.where(np.isnan(value), -1, worst)
+    return KindScores(
+        kind, names, specs, sub_t.T, list(results), expected_t.T, list(categories), cat_t.T, value, confidence,
+        worst, reason, {e: list(f) for e, f in flags.items()}, dict(notes), gated=gated.copy(),
+        n_expected=n_exp.astype(np.float64), n_fresh=n_fresh.astype(np.float64),
+    )
+
+
+def _aggregate_base(
+    names: list[str], specs: list[SignalSpec], results: list[_SignalResult], categories: list[str],
+    critical_zeroes: bool,
+) -> _Base:
     # Signals x entities: each signal's column is one contiguous row, so stacking is a memcpy per signal
     # and a category is a block of rows; the entities x signals views handed out are transposes.
     n = len(names)
@@ -1015,8 +1069,6 @@ def _aggregate(
             for c in multi.tolist():
                 rows = np.flatnonzero(cat_ix == c)
                 cat_t[c][(sub_t[rows] == 0).any(axis=0)] = 0.0  # NaN is never == 0: only fresh zeroes
-    value, worst = _cross_category(cat_t, how)
-
     gate_rows = np.flatnonzero(np.array([s.shape in ("gate", "xid") for s in specs], bool))
     if gate_rows.size:
         gate_hit = sub_t[gate_rows] == 0
@@ -1025,20 +1077,6 @@ def _aggregate(
     else:
         gated = np.zeros(n, bool)
         first_gate = np.zeros(n, np.int64)
-    if gated.any():
-        value = np.where(gated, 0.0, value)
-        confidence = np.where(gated, 1.0, confidence)
-        worst = np.where(gated, cat_ix[first_gate] if m else -1, worst)
-
-    prefix = "min" if how == "min" else how
-    gate_reasons = np.array([f"gate:{s.name}" for s in specs] or ["gate:"], dtype=object)
-    cat_reasons = np.array([f"{prefix}:{c}" for c in categories] or [REASON_NO_FRESH_DATA], dtype=object)
-    reason_arr = np.where(
-        gated, gate_reasons[first_gate] if m else "",
-        np.where(np.isnan(value), REASON_NO_FRESH_DATA, cat_reasons[np.maximum(worst, 0)] if len(categories) else ""),
-    )
-    reason: list[str] = reason_arr.tolist()
-    worst = np.where(np.isnan(value), -1, worst)
     flags: dict[int, list[str]] = {}
     notes: dict[tuple[int, int], str] = {}
     for j, r in enumerate(results):
@@ -1048,11 +1086,8 @@ def _aggregate(
                 lst.append(f)
         for e, note in r.notes.items():
             notes[(e, j)] = note
-    return KindScores(
-        kind, names, specs, sub_t.T, list(results), expected_t.T, categories, cat_t.T, value, confidence, worst,
-        reason, flags, notes, gated=np.asarray(gated, bool), n_expected=n_exp.astype(np.float64),
-        n_fresh=n_fresh.astype(np.float64),
-    )
+    return (sub_t, expected_t, n_exp, n_fresh, confidence, cat_t, cat_ix, np.asarray(gated, bool), first_gate, flags,
+            notes)
 
 
 class _WorstMembers(Mapping[int, str]):
@@ -1408,7 +1443,8 @@ def score_snapshot(
         specs, table, results = ev.specs[kind], ev.tables[kind], ev.results[kind]
         kind_cats = [c for c in ev.categories if any(s.category == c for s in specs)]
         kinds[kind] = _aggregate(
-            kind, table.names, specs if table.names else [], results, how, kind_cats, policy.critical_zeroes_category
+            kind, table.names, specs if table.names else [], results, how, kind_cats, policy.critical_zeroes_category,
+            ev.bases,
         )
     kinds["gpu"].member_of = ev.gpu_node
     _roll_up_nodes(kinds["gpu"], kinds["node"], ev.gpu_node)
@@ -1430,6 +1466,7 @@ class _Evaluation:
     gpu_node: np.ndarray
     meta: _MetaIndex
     issues: list[InputIssue]
+    bases: dict[str, _Base] = field(default_factory=dict)  # per kind: the consumer-independent aggregation
 
 
 # A controller cycle scores the same snapshot for several consumers (remediation, serving); the

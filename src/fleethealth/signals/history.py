@@ -680,6 +680,7 @@ class SignalHistory:
             bounds = {int(gm[a]): (int(a), int(b)) for a, b in zip(heads, ends, strict=True)}
         n_rows = int(gm.size)
         matrices: dict[int, CounterMatrix] = {}
+        groups: list[CounterMatrix] = []
         for g in self._groups:
             k = g.r1 - g.r0
             if k == 0 or g.cm.size == 0:
@@ -690,6 +691,8 @@ class SignalHistory:
             if not dense:
                 have = ~np.isnan(T)
                 last = np.where(have.any(axis=0), k - 1 - np.argmax(have[::-1], axis=0), -1)
+            gi = len(groups)
+            groups.append(CounterMatrix(g.cs, T, V, last, gi, 0, g.cm.size))
             # each metric one block of rows, in time order (as the ingests came), series ascending within
             for m, c0, c1 in g.ranges():
                 Tm, Vm = T[:, c0:c1], V[:, c0:c1]
@@ -706,7 +709,7 @@ class SignalHistory:
                     bounds[m] = (n_rows, n_rows + tm.size)
                     n_rows += tm.size
                 if g.monotone:
-                    matrices[m] = CounterMatrix(g.cs[c0:c1], Tm, Vm, last[c0:c1])
+                    matrices[m] = CounterMatrix(g.cs[c0:c1], Tm, Vm, last[c0:c1], gi, c0, c1)
         snap = Snapshot(
             at=now,
             metrics=self.metrics,
@@ -718,7 +721,7 @@ class SignalHistory:
             issues=self.issues[-1000:],
             source_errors=list(self.source_errors),
         )
-        snap.index = ViewIndex(bounds, matrices, self._max_t, snap.metric_ids, snap.series_ids, snap.values, snap.ts)
+        snap.index = ViewIndex(bounds, matrices, groups, self._max_t, snap.metric_ids, snap.series_ids, snap.values, snap.ts)
         self.source_errors = []
         self._last_view, self._last_token = snap, (self._serial, self._epoch)
         return snap

@@ -69,6 +69,11 @@ class CounterMatrix:
     t: np.ndarray  # (rows, n)
     v: np.ndarray  # (rows, n)
     last: np.ndarray  # (n,)
+    # Where it sits in a larger matrix of metrics kept alike (``ViewIndex.groups[group]``, columns
+    # c0..c1): windows of several metrics are read off that one matrix at once.
+    group: int = -1
+    c0: int = 0
+    c1: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +86,7 @@ class ViewIndex:
 
     bounds: dict[int, tuple[int, int]]
     counters: dict[int, CounterMatrix]
+    groups: list[CounterMatrix]
     max_ts: float
     metric_ids: np.ndarray
     series_ids: np.ndarray
