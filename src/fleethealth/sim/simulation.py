@@ -14,9 +14,11 @@ The same state renders as per-node exposition text (``render_node``) for the HTT
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -78,6 +80,28 @@ METRIC_TYPES: dict[str, str] = {m: "gauge" for m in GPU_GAUGES + REPLICA_GAUGES 
 METRIC_TYPES |= {m: "counter" for m in GPU_COUNTERS + REPLICA_COUNTERS + [XID_COUNT, SUCCESS]}
 METRIC_TYPES |= {TTFT: "histogram", ITL: "histogram"}
 
+# State arrays that are output blocks (bound into the value buffer, see Simulation._bind): attribute,
+# block key. Multi-row ones are views over consecutive blocks.
+_STATE: tuple[tuple[str, str], ...] = (
+    ("mem_clock", "DCGM_FI_DEV_MEM_CLOCK"), ("xid_last", "DCGM_FI_DEV_XID_ERRORS"),
+    ("remap_pending", "DCGM_FI_DEV_ROW_REMAP_PENDING"), ("remap_failure", "DCGM_FI_DEV_ROW_REMAP_FAILURE"),
+    ("recovery_action", "DCGM_FI_DEV_GPU_RECOVERY_ACTION"), ("energy", "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"),
+    ("pcie", "DCGM_FI_DEV_PCIE_REPLAY_COUNTER"), ("sbe", "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL"),
+    ("dbe", "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"), ("corr_rows", "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS"),
+    ("uncorr_rows", "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS"), ("therm_viol", "DCGM_FI_DEV_THERMAL_VIOLATION"),
+    ("power_viol", "DCGM_FI_DEV_POWER_VIOLATION"), ("nvl", "nvl"),
+    ("rank_compute", RANK_COMPUTE), ("last_kv", "vllm:kv_cache_usage_perc"), ("_rep_ctr", "rep_ctr"),
+    ("ttft_b", TTFT + "_bucket"), ("ttft_sum", TTFT + "_sum"), ("itl_b", ITL + "_bucket"), ("itl_sum", ITL + "_sum"),
+    ("ones_node", NODE_INFO), ("ones_rep", REPLICA_INFO),
+)
+# replica counters in block order (rows of Simulation._rep_ctr; the last two are `success`)
+_REP_CTR = ("preempt", "gen_tokens", "prompt_tokens", "replica_requests", "replica_errors", "success_stop",
+            "success_length")
+_SPANS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("nvl", tuple(GPU_COUNTERS[8:12])),
+    ("rep_ctr", (*REPLICA_COUNTERS, SUCCESS + "|stop", SUCCESS + "|length")),
+)
+
 HELP: dict[str, str] = {
     "DCGM_FI_DEV_GPU_TEMP": "GPU temperature (in C).",
     "DCGM_FI_DEV_MEMORY_TEMP": "Memory temperature (in C).",
@@ -92,10 +116,20 @@ HELP: dict[str, str] = {
 }
 
 _SQRT2 = math.sqrt(2.0)
+# 0-d constants for the step's element-wise operations (same values, same bits as the Python floats)
+_K0, _K1, _K2, _K6, _K38, _K100, _K1935 = (np.array(x) for x in (0.0, 1.0, 2.0, 6.0, 38.0, 100.0, 1935.0))
+_K0_35, _K0_4, _K0_5, _K0_6, _K1_6 = (np.array(x) for x in (0.35, 0.4, 0.5, 0.6, 1.6))
+_K0_02, _K0_1, _K0_15, _K0_75, _K0_8, _K0_85, _K30, _K40, _K256 = (
+    np.array(x) for x in (0.02, 0.1, 0.15, 0.75, 0.8, 0.85, 30.0, 40.0, 256.0))
+_FB_USABLE = np.array(FB_TOTAL_MIB - 300.0)
 # latency CDF lookup table: medians from 0.1 ms to 1000 s in steps of 0.5 % (log space)
 _CDF_LO = math.log(1e-4)
 _CDF_STEP = 0.005
 _CDF_N = int((math.log(1e3) - _CDF_LO) / _CDF_STEP) + 1
+_CDF_LAST = np.array(float(_CDF_N - 1))
+# a lognormal's mean over its median
+_TTFT_MEAN = math.exp(TTFT_SIGMA * TTFT_SIGMA / 2)
+_ITL_MEAN = math.exp(ITL_SIGMA * ITL_SIGMA / 2)
 
 
 def _erf(x: np.ndarray) -> np.ndarray:
@@ -141,10 +175,11 @@ def _sprinkle(rng: np.random.Generator, counter: np.ndarray, mean_total: float) 
         np.add.at(counter, rng.integers(0, counter.shape[-1], k), 1.0)
 
 
-def _fmt_le(v: float) -> str:
+@functools.cache
+def _le_strings(hist: str) -> tuple[str, ...]:
     from prometheus_client.utils import floatToGoString
 
-    return floatToGoString(v)
+    return tuple(floatToGoString(v) for v in (TTFT_BUCKETS if hist == TTFT else ITL_BUCKETS))
 
 
 @dataclass(slots=True)
@@ -154,6 +189,19 @@ class _Block:
     start: int
     stop: int
     key: str  # which per-step value array fills this block
+
+
+@dataclass(slots=True)
+class _Entities:
+    """The exposed label sets of one kind of entity (GPUs, ranks, replicas, ...) with each row's owning
+    node, GPU and replica (-1: none); interned and rendered once, on first use, for every metric."""
+
+    labels: list[dict[str, str]]
+    node: np.ndarray
+    gpu: np.ndarray
+    rep: np.ndarray
+    sids: np.ndarray | None = None
+    rendered: list[str] | None = None
 
 
 class _Interner:
@@ -214,6 +262,7 @@ class Simulation:
         self._events: list[SimEvent] = []
         self._build_layout()
         self._init_state()
+        self._bind(fill=True)
         self.faults: list[Fault] = []
         for i, fs in enumerate(scenario.faults):
             try:
@@ -228,23 +277,34 @@ class Simulation:
     def _instance(self, n: int) -> str:
         return f"{self.fleet.nodes[n]}:{self.SCRAPE_PORT}"
 
-    def _add_rows(self, metric: str, kind: str, entries: list[tuple[dict[str, str], int, int, int]],
-                  key: str | None = None) -> None:
-        """entries: (exposed labels, node, gpu or -1, replica or -1)."""
+    def _entities(self, labels: list[dict[str, str]], node: list[int], gpu: list[int] | None = None,
+                  rep: list[int] | None = None) -> _Entities:
+        n = len(labels)
+        return _Entities(labels, np.asarray(node, np.int64).reshape(n),
+                         np.full(n, -1, np.int64) if gpu is None else np.asarray(gpu, np.int64).reshape(n),
+                         np.full(n, -1, np.int64) if rep is None else np.asarray(rep, np.int64).reshape(n))
+
+    def _add_rows(self, metric: str, kind: str, ents: _Entities, key: str | None = None, emit: bool = True) -> None:
+        """One block of rows, one per entity. ``emit=False``: the value is still computed (its state is
+        kept, its random draws made) but not exported; the block then lives past the emitted rows."""
+        if not emit:
+            self._shadow.append(_Block(metric, kind, 0, len(ents.labels), key or metric))
+            return
         mid = self.intern.metric(metric)
-        start = len(self._row_series)
-        for labels, n, g, r in entries:
-            full = dict(labels)
+        if ents.sids is None:
             # Prometheus adds the target's instance; its `job` label would clash with the training job's,
             # so recordings carry only instance (scrape with honor_labels: true to keep exposed labels).
-            full["instance"] = self._instance(n)
-            self._row_series.append(self.intern.series(full))
-            self._row_metric.append(mid)
-            self._row_node.append(n)
-            self._row_gpu.append(g)
-            self._row_rep.append(r)
-            self._row_prefix.append(metric + _render_labels(labels))
-        self.blocks.append(_Block(metric, kind, start, len(self._row_series), key or metric))
+            # Interned in entity order on first use, rendered once however many metrics share them.
+            inst = [self._instance(int(n)) for n in ents.node.tolist()]
+            ents.sids = np.array([self.intern.series(lb | {"instance": i}) for lb, i in zip(ents.labels, inst, strict=True)],
+                                 np.int32)
+            ents.rendered = [_render_labels(lb) for lb in ents.labels]
+        assert ents.rendered is not None
+        start = self._n_rows
+        self._n_rows += len(ents.labels)
+        self._row_parts.append((ents.sids, np.full(len(ents.labels), mid, np.int32), ents.node, ents.gpu, ents.rep))
+        self._row_prefix += [metric + r for r in ents.rendered]
+        self.blocks.append(_Block(metric, kind, start, self._n_rows, key or metric))
 
     def _gpu_labels(self, g: int, driver: str | None = None) -> dict[str, str]:
         f = self.fleet
@@ -267,63 +327,60 @@ class Simulation:
         f = self.fleet
         self.intern = _Interner()
         self.blocks: list[_Block] = []
-        self._row_series: list[int] = []
-        self._row_metric: list[int] = []
-        self._row_node: list[int] = []
-        self._row_gpu: list[int] = []
-        self._row_rep: list[int] = []
+        self._shadow: list[_Block] = []
+        self._n_rows = 0
+        self._row_parts: list[tuple[np.ndarray, ...]] = []
         self._row_prefix: list[str] = []
         G = f.n_gpus
-        gpu_entries = [(self._gpu_labels(g), g // f.gpus_per_node, g, -1) for g in range(G)]
+        gpn = f.gpus_per_node
+        gpus = self._entities([self._gpu_labels(g) for g in range(G)], [g // gpn for g in range(G)], list(range(G)))
         default_only = f.spec.dcgm_fields == "default"
         for m in GPU_GAUGES + GPU_COUNTERS:
-            if default_only and m not in DEFAULT_DCGM_FIELDS:
-                continue
-            self._add_rows(m, "gpu", gpu_entries)
-        rank_entries = []
-        for rk in range(len(f.rank_gpu)):
-            g = int(f.rank_gpu[rk])
-            job = f.jobs[int(f.rank_job[rk])]
-            rank_entries.append(({
-                "job": job.name, "rank": str(int(f.rank_number[rk])), "node": f.nodes[g // f.gpus_per_node],
-                "gpu": str(g % f.gpus_per_node), "peer_group": f"stage{int(f.rank_stage[rk])}",
-            }, g // f.gpus_per_node, g, -1))
+            self._add_rows(m, "gpu", gpus, emit=not default_only or m in DEFAULT_DCGM_FIELDS)
+        rank_gpu = f.rank_gpu.tolist()
+        ranks = self._entities([{
+            "job": f.jobs[j].name, "rank": str(r), "node": f.nodes[g // gpn], "gpu": str(g % gpn), "peer_group": f"stage{s}",
+        } for g, j, r, s in zip(rank_gpu, f.rank_job.tolist(), f.rank_number.tolist(), f.rank_stage.tolist(), strict=True)],
+            [g // gpn for g in rank_gpu], rank_gpu)
         for m in (RANK_COMPUTE, RANK_STEP):
-            self._add_rows(m, "rank", rank_entries)
+            self._add_rows(m, "rank", ranks)
         R = len(f.replicas)
-        vl = [(self._replica_labels(r, True), f.replicas[r].node, -1, r) for r in range(R)]
-        fl = [(self._replica_labels(r, False), f.replicas[r].node, -1, r) for r in range(R)]
+        rep_node = [r.node for r in f.replicas]
+        vl_labels = [self._replica_labels(r, True) for r in range(R)]
+        vl = self._entities(vl_labels, rep_node, rep=list(range(R)))
+        fl = self._entities([self._replica_labels(r, False) for r in range(R)], rep_node, rep=list(range(R)))
         for m in REPLICA_GAUGES + REPLICA_COUNTERS:
             self._add_rows(m, "replica", fl if m.startswith("fleethealth_") else vl)
         for reason in ("stop", "length"):
-            self._add_rows(SUCCESS, "replica", [(d | {"finished_reason": reason}, n, g, r) for d, n, g, r in vl],
-                           key=f"{SUCCESS}|{reason}")
+            self._add_rows(SUCCESS, "replica", self._entities([d | {"finished_reason": reason} for d in vl_labels],
+                                                              rep_node, rep=list(range(R))), key=f"{SUCCESS}|{reason}")
         self._les = {TTFT: np.asarray(TTFT_BUCKETS), ITL: np.asarray(ITL_BUCKETS)}
         self._log_les = {k: np.log(v) for k, v in self._les.items()}
         self._cdf_tab: tuple[np.ndarray, np.ndarray] | None = None
         for h in (TTFT, ITL):
-            les = [_fmt_le(x) for x in self._les[h]] + ["+Inf"]
-            self._add_rows(h + "_bucket", "replica_bucket",
-                           [(d | {"le": le}, n, g, r) for d, n, g, r in vl for le in les])
+            les = [*_le_strings(h), "+Inf"]
+            nb = len(les)
+            self._add_rows(h + "_bucket", "replica_bucket", self._entities(
+                [d | {"le": le} for d in vl_labels for le in les], np.repeat(rep_node, nb).tolist(),
+                rep=np.repeat(np.arange(R), nb).tolist()))
             self._add_rows(h + "_sum", "replica", vl)
             self._add_rows(h + "_count", "replica", vl)
-        self._add_rows(NODE_INFO, "node", [(f.node_labels(n), n, -1, -1) for n in range(f.n_nodes)])
-        self._add_rows(REPLICA_INFO, "replica", [({
+        self._add_rows(NODE_INFO, "node", self._entities([f.node_labels(n) for n in range(f.n_nodes)],
+                                                         list(range(f.n_nodes))))
+        self._add_rows(REPLICA_INFO, "replica", self._entities([{
             "replica": rep.name, "node": f.nodes[rep.node], "build": rep.build, "model": rep.model,
-        }, rep.node, -1, rep.index) for rep in f.replicas])
+        } for rep in f.replicas], rep_node, rep=[rep.index for rep in f.replicas]))
         self.up_metric = self.intern.metric("up")
         self.up_series = np.array(
             [self.intern.series({"instance": self._instance(n), "job": "fleethealth-sim"}) for n in range(f.n_nodes)],
             np.int32)
         self.xid_metric = self.intern.metric(XID_COUNT)
         self.intern.frozen = True
-        self.n_static = len(self._row_series)
-        self.row_series = np.asarray(self._row_series, np.int32)
-        self.row_metric = np.asarray(self._row_metric, np.int32)
-        self.row_node = np.asarray(self._row_node, np.int64)
-        self.row_gpu = np.asarray(self._row_gpu, np.int64)
-        self.row_rep = np.asarray(self._row_rep, np.int64)
-        self.row_prefix = list(self._row_prefix)
+        self.n_static = self._n_rows
+        self.row_series, self.row_metric, self.row_node, self.row_gpu, self.row_rep = (
+            np.concatenate(c) for c in zip(*self._row_parts, strict=True))
+        del self._row_parts
+        self.row_prefix = self._row_prefix
         self.row_is_rank = np.zeros(self.n_static, bool)
         for b in self.blocks:
             if b.kind == "rank":
@@ -336,6 +393,13 @@ class Simulation:
         self._node_rows_cache: dict[int, tuple[int, np.ndarray]] = {}
         self._full_cache: tuple[int, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]] | None = None
         self._all_up = np.ones(self.fleet.n_nodes, bool)
+        # One value buffer over the whole static layout, plus the blocks computed but not exported (the
+        # shadow): each step writes every block in place and the snapshot is one copy of the emitted part.
+        off = self.n_static
+        for b in self._shadow:
+            b.start, b.stop = off, off + b.stop
+            off = b.stop
+        self._buf = np.zeros(off)
 
     # ---- state --------------------------------------------------------------------------------
     def _init_state(self) -> None:
@@ -424,6 +488,64 @@ class Simulation:
         self.rep_reject_oversized = np.zeros(R, bool)
         self.rep_node = np.array([r.node for r in f.replicas], np.int64)
         self.gpu_node = np.arange(G) // f.gpus_per_node
+        # constants of the step, computed once exactly as the step used to compute them
+        self._G, self._R, self._J, self._nr = G, R, J, len(f.rank_gpu)
+        a = math.exp(-self.step_s / 7200.0)
+        b = math.exp(-self.step_s / 10800.0)
+        self._drift = (np.array(a), b, math.sqrt(1 - b * b) * 0.8)
+        # rows of the step's unit normals: temperature, (unused), power, utilisation, framebuffer, memory
+        # temperature, drift
+        self._noise_scale = np.array([0.4, 1.0, 10.0, 1.5, 40.0, 0.5, math.sqrt(1 - a * a) * 0.8])[:, None]
+        # temperature, (unused), power, utilisation, framebuffer: gain * load + offset + static (constant
+        # after construction)
+        self._load_gain = np.array([40.0, 0.0, 560.0, 100.0, 0.0])[:, None]
+        self._load_offset = np.array([30.0, 0.0, 120.0, 0.0, 0.0])[:, None]
+        zero = np.zeros(G)
+        self._gpu_static = np.stack([self.temp_static, zero, self.power_static, zero, self.fb_base])
+        self._ms_per_step = np.array(self.step_s * 1000.0)
+        self._rank_noise2 = 2.0 * self.rank_noise
+        self._rank_job = f.rank_job
+        self._rank_gpu = f.rank_gpu
+        self._lam = np.zeros((4, R))  # scratch: the serving model's Poisson means
+        self._lam2 = np.zeros((2, R))  # scratch: requests arriving and running, uncapped
+        self._med = np.zeros((2, R))  # scratch: TTFT and ITL medians
+        self._cdf_ix = np.zeros((2, R))  # scratch: latency CDF table rows
+        self._inc = np.zeros((len(_REP_CTR), R))  # scratch: per-step increments of the replica counters
+
+    # ---- the value buffer ---------------------------------------------------------------------
+    def _bind(self, fill: bool) -> None:
+        """Point ``_v`` (one view per block) and the state arrays that are blocks of the output into the
+        value buffer, so that counters advance in place and a snapshot is one copy. ``fill``: the state
+        arrays hold the values (construction); otherwise the buffer does (a copy being restored)."""
+        buf = self._buf
+        pos = {b.key: b for b in (*self.blocks, *self._shadow)}
+        self._v = v = {k: buf[b.start:b.stop] for k, b in pos.items()}
+        R = self._R
+        for h in (TTFT, ITL):
+            v[h + "_bucket"] = v[h + "_bucket"].reshape(R, len(self._les[h]) + 1)
+        for name, keys in _SPANS:
+            first, last = pos[keys[0]], pos[keys[-1]]
+            # consecutive blocks (both all emitted or all shadow), viewed as one (rows, entities) array
+            assert all(pos[k].stop == pos[n].start for k, n in zip(keys, keys[1:], strict=False))
+            v[name] = buf[first.start:last.stop].reshape(len(keys), first.stop - first.start)
+        if fill:
+            self._rep_ctr = np.stack([getattr(self, a) for a in _REP_CTR[:5]] + [self.success[0], self.success[1]])
+        for name, key in _STATE:
+            if fill:
+                np.copyto(v[key], getattr(self, name))
+            setattr(self, name, v[key])
+        self.success = self._rep_ctr[5:7]
+        for i, name in enumerate(_REP_CTR[:5]):
+            setattr(self, name, self._rep_ctr[i])
+
+    def __getstate__(self) -> dict[str, Any]:
+        # the bound state is in the buffer; views would come back as detached copies (deepcopy, pickle)
+        drop = {"_v", "success", *_REP_CTR[:5], *(name for name, _ in _STATE)}
+        return {k: v for k, v in self.__dict__.items() if k not in drop}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._bind(fill=False)
 
     # ---- callbacks used by faults --------------------------------------------------------------
     def emit_xid(self, g: int, xid: int, t: float, message: str = "") -> None:
@@ -514,33 +636,51 @@ class Simulation:
         return eff
 
     def step(self) -> Snapshot:
-        """Advance one step and return its snapshot."""
+        """Advance one step and return its snapshot.
+
+        Every block is written in place into the value buffer (``_v``). Each value's arithmetic is the
+        same, operation for operation and in the same order, as when every quantity was computed on its
+        own (element-wise IEEE operations give the same bits whichever array they run over), and the
+        random draws are the same calls in the same order: a seed's telemetry does not depend on how the
+        step is organised. Constants are 0-d arrays, which numpy applies faster than Python floats."""
         self.k += 1
         t = self.start + self.k * self.step_s
         self.t = t
-        dt = self.step_s
-        f = self.fleet
         rng = self.rng
-        G, R = f.n_gpus, len(f.replicas)
+        G, R = self._G, self._R
+        v = self._v
         eff = self._effects(t)
         day = (t - self.start) / 86400.0
-        # slow drift: AR(1) with a two-hour time constant, and a rack ambient with a daily swing
+        # Seven rows of unit normals: temperature, (unused), power, utilisation, framebuffer, memory
+        # temperature, drift; scaled in one operation. Slow drift: AR(1) with a two-hour time constant,
+        # and a rack ambient with a daily swing.
         n01 = rng.standard_normal((7, G))
-        a = math.exp(-dt / 7200.0)
-        self.temp_drift = a * self.temp_drift + math.sqrt(1 - a * a) * 0.8 * n01[6]
-        b = math.exp(-dt / 10800.0)
-        self.rack_amb = b * self.rack_amb + math.sqrt(1 - b * b) * 0.8 * rng.standard_normal(len(self.rack_amb))
-        ambient = self.rack_amb[self.gpu_rack] + 1.0 * math.sin(2 * math.pi * (day - 0.6))
+        n01 *= self._noise_scale
+        a, b, b_c = self._drift
+        drift = self.temp_drift
+        drift *= a
+        drift += n01[6]
+        amb = self.rack_amb
+        amb *= b
+        noise = rng.standard_normal(len(amb))
+        noise *= b_c
+        amb += noise
+        ambient = amb[self.gpu_rack]
+        ambient += 1.0 * math.sin(2 * math.pi * (day - 0.6))
 
         # serving load per replica (diurnal), mapped onto its GPUs
         load = self.base_load.copy()
         any_out = bool(self.node_out.any())
         if any_out:
             load[self.node_out[self.gpu_node]] = 0.0  # drained: the workload went elsewhere
-        rep_load = np.zeros(R)
+        rep_load = rate = np.zeros(R)
         if R:
             rate = self.rep_rate * (1.0 + self.rep_diurnal * np.sin(2 * math.pi * (day + self.rep_phase - 0.35)))
-            rep_load = np.minimum(np.maximum(rate / (self.rep_rate * 1.6) + (eff.load_add if eff else 0.0), 0.0), 2.0)
+            rep_load = rate / (self.rep_rate * _K1_6)
+            if eff is not None:
+                rep_load += eff.load_add
+            np.maximum(rep_load, _K0, out=rep_load)
+            np.minimum(rep_load, _K2, out=rep_load)
             if eff is not None:
                 rate = rate * eff.rate_mul
             idle = self.rep_out | self.node_out[self.rep_node] if (any_out or self.rep_out.any()) else None
@@ -548,28 +688,56 @@ class Simulation:
                 # out of service: the router sends nothing, the engine idles with its weights loaded
                 rate = np.where(idle, 0.0, rate)
                 rep_load = np.where(idle, 0.0, rep_load)
-            load[self.serve_gpus] = np.minimum(1.0, 0.35 + 0.6 * rep_load[self.serve_rep])
+            gl = rep_load[self.serve_rep]
+            gl *= _K0_6
+            gl += _K0_35
+            np.minimum(_K1, gl, out=gl)
+            load[self.serve_gpus] = gl
 
-        temp = 30.0 + 40.0 * load + self.temp_static + self.temp_drift + ambient + 0.4 * n01[0]
+        # temperature, (unused), power, utilisation, framebuffer as rows of one array, each
+        # gain * load + offset + static + (drift + ambient for the temperature) + noise
+        w = np.multiply(load, self._load_gain)
+        w += self._load_offset
+        w += self._gpu_static
+        temp = w[0]
+        temp += drift
+        temp += ambient
+        w += n01[:5]
+        power, util, fb = w[2], w[3], w[4]
         # A loaded GPU's clock jitters uniformly inside a band under its power/boost limits: the peer spread
         # is what the seed describes (MAD-based sigma 14 MHz, so -3 % reads as z = 4.1) while a healthy GPU
         # never strays 1 % from the pack (no Gaussian tail, and no small peer group's tiny MAD, fakes an
         # outlier).
-        clock = 1935.0 + 38.0 * (rng.random(G) - 0.5)
-        power = 120.0 + 560.0 * load + self.power_static + 10.0 * n01[2]
-        clock_reasons = np.zeros(G)
-        fb_add: float | np.ndarray = 0.0
+        clock = rng.random(G)
+        clock -= _K0_5
+        clock *= _K38
+        clock += _K1935
         if eff is not None:
-            temp = temp + eff.temp_add
-            clock = clock * eff.clock_mul
-            power = power + eff.power_add
-            clock_reasons = eff.clock_reasons.astype(np.float64)
-            fb_add = eff.fb_add
-        util = np.minimum(np.maximum(np.rint(100.0 * load + 1.5 * n01[3]), 0.0), 100.0)
-        fb_used = np.minimum(FB_TOTAL_MIB - 300.0, np.rint(self.fb_base + 40.0 * n01[4] + fb_add))
-        fb_free = FB_TOTAL_MIB - 300.0 - fb_used
-        self.energy += np.rint(power * (dt * 1000.0))
+            temp += eff.temp_add
+            clock *= eff.clock_mul
+            power += eff.power_add
+            np.copyto(v["DCGM_FI_DEV_CLOCKS_EVENT_REASONS"], eff.clock_reasons)
+            fb += eff.fb_add
+        else:
+            v["DCGM_FI_DEV_CLOCKS_EVENT_REASONS"].fill(0.0)
+        np.rint(temp, out=v["DCGM_FI_DEV_GPU_TEMP"])
+        mem_temp = np.add(temp, _K6, out=v["DCGM_FI_DEV_MEMORY_TEMP"])
+        mem_temp += n01[5]
+        np.rint(mem_temp, out=mem_temp)
+        np.rint(clock, out=v["DCGM_FI_DEV_SM_CLOCK"])
+        np.copyto(v["DCGM_FI_DEV_POWER_USAGE"], power)
+        util = np.rint(util, out=v["DCGM_FI_DEV_GPU_UTIL"])
+        np.maximum(util, _K0, out=util)
+        np.minimum(util, _K100, out=util)
+        copy_util = np.multiply(util, _K0_4, out=v["DCGM_FI_DEV_MEM_COPY_UTIL"])
+        np.rint(copy_util, out=copy_util)
+        fb = np.rint(fb, out=v["DCGM_FI_DEV_FB_USED"])
+        np.minimum(_FB_USABLE, fb, out=fb)
+        np.subtract(_FB_USABLE, fb, out=v["DCGM_FI_DEV_FB_FREE"])
+        joules = np.multiply(power, self._ms_per_step)
+        self.energy += np.rint(joules, out=joules)
         # rare healthy counter noise: a replay, a corrected bit, one CRC flit now and then
+        dt = self.step_s
         _sprinkle(rng, self.pcie, 2e-6 * dt * G)
         _sprinkle(rng, self.sbe, 1e-6 * dt * G)
         _sprinkle(rng, self.nvl[0], 1e-6 * dt * G)
@@ -583,39 +751,8 @@ class Simulation:
             if eff.nvlink_rate.any():
                 nr = eff.nvlink_rate * dt
                 self.nvl += _counts(rng, np.stack([nr, nr * 0.1, nr * 0.05, nr * 0.002]))
-
-        vals: dict[str, np.ndarray] = {
-            "DCGM_FI_DEV_GPU_TEMP": np.rint(temp),
-            "DCGM_FI_DEV_MEMORY_TEMP": np.rint(temp + 6.0 + 0.5 * n01[5]),
-            "DCGM_FI_DEV_SM_CLOCK": np.rint(clock),
-            "DCGM_FI_DEV_MEM_CLOCK": self.mem_clock,
-            "DCGM_FI_DEV_POWER_USAGE": power,
-            "DCGM_FI_DEV_GPU_UTIL": util,
-            "DCGM_FI_DEV_MEM_COPY_UTIL": np.rint(util * 0.4),
-            "DCGM_FI_DEV_FB_USED": fb_used,
-            "DCGM_FI_DEV_FB_FREE": fb_free,
-            "DCGM_FI_DEV_XID_ERRORS": self.xid_last,
-            "DCGM_FI_DEV_ROW_REMAP_PENDING": self.remap_pending,
-            "DCGM_FI_DEV_ROW_REMAP_FAILURE": self.remap_failure,
-            "DCGM_FI_DEV_GPU_RECOVERY_ACTION": self.recovery_action,
-            "DCGM_FI_DEV_CLOCKS_EVENT_REASONS": clock_reasons,
-            "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": self.energy,
-            "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": self.pcie,
-            "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL": self.sbe,
-            "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL": self.dbe,
-            "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS": self.corr_rows,
-            "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": self.uncorr_rows,
-            "DCGM_FI_DEV_THERMAL_VIOLATION": self.therm_viol,
-            "DCGM_FI_DEV_POWER_VIOLATION": self.power_viol,
-            "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL": self.nvl[0],
-            "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL": self.nvl[1],
-            "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL": self.nvl[2],
-            "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL": self.nvl[3],
-        }
-        self._step_training(t, eff, vals)
-        self._step_serving(dt, eff, vals, rate if R else np.zeros(0), rep_load)
-        vals[NODE_INFO] = self.ones_node
-        vals[REPLICA_INFO] = self.ones_rep
+        self._step_training(t, eff, any_out)
+        self._step_serving(dt, eff, rate, rep_load)
 
         metric, series, row_node, row_gpu, row_rep, n_up = self._full_ids()
         node_up = self._all_up
@@ -634,20 +771,19 @@ class Simulation:
             gone = np.zeros(len(row_node), bool)
             gone[: self.n_static] = self.row_is_rank & self.node_out[self.row_node]
             keep = ~gone if keep is None else keep & ~gone
-        parts = [vals[b.key] for b in self.blocks]
+        # a fresh array per step: snapshots handed out stay as they were
+        emitted = self._buf[: self.n_static]
         if self.xid_counts:
-            parts.append(np.asarray(self.xid_counts))
-        parts.append(node_up.astype(np.float64))
-        values = np.concatenate(parts)
+            values = np.concatenate((emitted, np.asarray(self.xid_counts), node_up), dtype=np.float64)
+        else:
+            values = np.concatenate((emitted, node_up), dtype=np.float64)
         self._keep = keep
         self._values = values
         if keep is not None:
             metric, series, values = metric[keep], series[keep], values[keep]
-        ts = np.empty(len(values))
-        ts.fill(t)
         snap = Snapshot(
             at=t, metrics=self.intern.metrics, labelsets=self.intern.labelsets, metric_ids=metric,
-            series_ids=series, values=values, ts=ts, source_errors=errors,
+            series_ids=series, values=values, ts=np.full(len(values), t), source_errors=errors,
         )
         self.last = snap
         return snap
@@ -676,32 +812,35 @@ class Simulation:
         self._full_cache = (self._layout_version, out)
         return out
 
-    def _step_training(self, t: float, eff: Effects | None, vals: dict[str, np.ndarray]) -> None:
-        f = self.fleet
-        nr = len(f.rank_gpu)
-        if nr == 0:
-            vals[RANK_COMPUTE] = np.zeros(0)
-            vals[RANK_STEP] = np.zeros(0)
+    def _step_training(self, t: float, eff: Effects | None, any_out: bool) -> None:
+        if self._nr == 0:
             return
         rng = self.rng
-        J = len(f.jobs)
+        J = self._J
+        v = self._v
         job_sigma = self.job_sigma + eff.seq_sigma if eff is not None else self.job_sigma
         common = np.exp(0.01 * rng.standard_normal(J))  # the whole job is a little slower on some steps
-        rj = f.rank_job
+        rj = self._rank_job
         node_of_rank = self.node_of_rank
         # Healthy ranks of one stage stay within 1.1 % of each other's typical time, uniformly (seed: MAD
         # 0.01 s at 1.82 s, so 1.86 s reads as z ~ 2.7); anything beyond that comes from a fault or from
         # the workload (unequal stages, sequence lengths).
-        dev = self.rank_static + 2.0 * self.rank_noise * (rng.random(nr) - 0.5)
-        comp = self.rank_base * common[rj] * (1.0 + dev)
+        dev = rng.random(self._nr)
+        dev -= 0.5
+        dev *= self._rank_noise2
+        dev += self.rank_static
+        dev += 1.0
+        comp = np.take(common, rj)
+        comp *= self.rank_base
+        comp *= dev
         if job_sigma.any():
             # sequence-length imbalance: the ranks of one node share a micro-batch, so they are slow together
-            z = rng.standard_normal(f.n_nodes)
+            z = rng.standard_normal(self.fleet.n_nodes)
             sig = job_sigma[rj]
             comp = comp * np.exp(sig * z[node_of_rank] - 0.5 * sig * sig)
         if eff is not None:
-            comp = comp * eff.compute_mul[f.rank_gpu] * eff.rank_mul
-        out = self.node_out[node_of_rank] if self.node_out.any() else None
+            comp = comp * eff.compute_mul[self._rank_gpu] * eff.rank_mul
+        out = self.node_out[node_of_rank] if any_out else None
         # ranks are contiguous per job; a drained node's ranks no longer hold the step up
         step_max = np.maximum.reduceat(comp if out is None else np.where(out, 0.0, comp), self.job_rank_start)
         step = step_max + self.job_comm * (1.0 + 0.02 * rng.standard_normal(J))
@@ -713,93 +852,108 @@ class Simulation:
             hang_ranks = hung[rj]
             comp = np.where(hang_ranks, self.rank_compute, comp)
             step = np.where(hung, t - np.nan_to_num(self.job_hang_since) + self.step_s, step)
-        self.job_hang_since[~(eff.job_hang if eff is not None else np.zeros(J, bool))] = np.nan
-        self.rank_compute = comp
-        vals[RANK_COMPUTE] = comp
-        vals[RANK_STEP] = step[rj]
+        if eff is not None:
+            self.job_hang_since[~eff.job_hang] = np.nan
+        else:
+            self.job_hang_since.fill(np.nan)
+        np.copyto(self.rank_compute, comp)
+        np.take(step, rj, out=v[RANK_STEP], mode="clip")
 
-    def _step_serving(self, dt: float, eff: Effects | None, vals: dict[str, np.ndarray], rate: np.ndarray,
-                      load: np.ndarray) -> None:
-        R = len(self.fleet.replicas)
-        rng = self.rng
+    def _step_serving(self, dt: float, eff: Effects | None, rate: np.ndarray, load: np.ndarray) -> None:
+        R = self._R
         if R == 0:
-            for m in REPLICA_GAUGES + REPLICA_COUNTERS:
-                vals[m] = np.zeros(0)
-            vals[SUCCESS + "|stop"] = np.zeros(0)
-            vals[SUCCESS + "|length"] = np.zeros(0)
-            for h in (TTFT, ITL):
-                vals[h + "_bucket"] = np.zeros(0)
-                vals[h + "_sum"] = np.zeros(0)
-                vals[h + "_count"] = np.zeros(0)
             return
-        ttft_med = self.rep_ttft * (1.0 + 0.8 * load * load)
-        itl_med = self.rep_itl * (1.0 + 0.5 * load)
+        rng = self.rng
+        v = self._v
+        # TTFT and ITL medians as the two rows of one array (their logs are taken together)
+        med = self._med
+        ttft_med = np.multiply(load, _K0_8, out=med[0])
+        ttft_med *= load
+        ttft_med += _K1
+        ttft_med *= self.rep_ttft
+        itl_med = np.multiply(load, _K0_5, out=med[1])
+        itl_med += _K1
+        itl_med *= self.rep_itl
         err = self.rep_err
         if eff is not None:
-            ttft_med = ttft_med * eff.ttft_mul
-            itl_med = itl_med * eff.itl_mul
+            ttft_med *= eff.ttft_mul
+            itl_med *= eff.itl_mul
             err = np.minimum(err + eff.err_add, 1.0)
         # One call per distribution per step: with 32 replicas the cost is per call, not per number.
         z = rng.standard_normal((4, R))
         u = rng.random((2, R))
-        lam_req = rate * dt
-        e2e = ttft_med + self.rep_out * itl_med
-        lam_run = np.minimum(rate * e2e, 256.0)
-        small = rng.poisson(np.concatenate([
-            np.minimum(lam_req, 30.0), lam_req * err, np.maximum(0.0, load - 0.75) * 40.0 + 0.1,
-            np.minimum(lam_run, 30.0),
-        ])).astype(np.float64)
-        # Poisson counts: exact for small means, normal approximation for large ones
-        n_req = np.where(lam_req >= 30.0, np.maximum(np.rint(lam_req + np.sqrt(lam_req) * z[0]), 0.0), small[:R])
-        running = np.where(lam_run >= 30.0, np.maximum(np.rint(lam_run + np.sqrt(lam_run) * z[1]), 0.0),
-                           small[3 * R:])
-        waiting = small[2 * R:3 * R]
-        errs = np.minimum(n_req, small[R:2 * R])
+        # requests arriving and requests running (capped), as two rows: each a Poisson count, drawn
+        # exactly for small means and by the normal approximation for large ones
+        lam2 = self._lam2
+        np.multiply(rate, dt, out=lam2[0])
+        e2e = self.rep_out * itl_med
+        e2e += ttft_med
+        e2e *= rate
+        np.minimum(e2e, _K256, out=lam2[1])
+        lam = self._lam  # Poisson means: requests, errors, waiting, running
+        np.minimum(lam2, _K30, out=lam[::3])
+        np.multiply(lam2[0], err, out=lam[1])
+        np.subtract(load, _K0_75, out=lam[2])
+        np.maximum(_K0, lam[2], out=lam[2])
+        lam[2] *= _K40
+        lam[2] += _K0_1
+        small = rng.poisson(lam.reshape(-1)).astype(np.float64).reshape(4, R)
+        big = np.sqrt(lam2)
+        big *= z[:2]
+        big += lam2
+        np.rint(big, out=big)
+        np.maximum(big, _K0, out=big)
+        counts = np.where(lam2 >= _K30, big, small[::3])
+        n_req = counts[0]
+        np.copyto(v["vllm:num_requests_running"], counts[1])
+        np.copyto(v["vllm:num_requests_waiting"], small[2])
+        inc = self._inc  # this step's increments of the replica counters, rows in _REP_CTR order
+        errs = np.minimum(n_req, small[1], out=inc[4])
         lam_tok = n_req * self.rep_out
-        n_tok = np.maximum(np.rint(lam_tok + np.sqrt(lam_tok) * z[2]), 0.0)
+        n_tok = np.sqrt(lam_tok)
+        n_tok *= z[2]
+        n_tok += lam_tok
+        np.rint(n_tok, out=n_tok)
+        np.maximum(n_tok, _K0, out=n_tok)
         # Requests and tokens are spread over the buckets by systematic sampling (one uniform per replica):
         # cumulative counts floor(N * CDF(le) + u) are monotone, have exactly the right means, and a rare
         # slow request still lands in the tail with the right probability; a multinomial per replica per
         # step would cost ten times more.
-        cdf = self._latency_cdf(ttft_med, itl_med)
-        nb = len(TTFT_BUCKETS)
-        self.ttft_b[:, :-1] += np.floor(n_req[:, None] * cdf[:, :nb] + u[0][:, None])
-        self.ttft_b[:, -1] += n_req
-        self.itl_b[:, :-1] += np.floor(n_tok[:, None] * cdf[:, nb:] + u[1][:, None])
-        self.itl_b[:, -1] += n_tok
-        self.ttft_sum += n_req * ttft_med * math.exp(TTFT_SIGMA * TTFT_SIGMA / 2)
-        self.itl_sum += n_tok * itl_med * math.exp(ITL_SIGMA * ITL_SIGMA / 2)
+        ttft_cdf, itl_cdf = self._latency_cdf(med)
+        for hist, cdf, n, u_h in ((self.ttft_b, ttft_cdf, n_req, u[0]), (self.itl_b, itl_cdf, n_tok, u[1])):
+            cdf *= n[:, None]
+            cdf += u_h[:, None]
+            hist[:, :-1] += np.floor(cdf, out=cdf)
+            hist[:, -1] += n
+        self.ttft_sum += n_req * ttft_med * _TTFT_MEAN
+        self.itl_sum += n_tok * itl_med * _ITL_MEAN
+        np.copyto(v[TTFT + "_count"], self.ttft_b[:, -1])
+        np.copyto(v[ITL + "_count"], self.itl_b[:, -1])
         ok = n_req - errs
-        stop = np.floor(ok * 0.85 + u[0])
-        self.success[0] += stop
-        self.success[1] += ok - stop
-        self.replica_requests += n_req
-        self.replica_errors += errs
-        self.gen_tokens += n_tok + n_req
-        self.prompt_tokens += np.rint(n_req * self.rep_prompt)
-        kv = np.minimum(np.maximum(0.15 + 0.5 * load + 0.02 * z[3], 0.0), 1.0)
-        self.last_kv = kv
+        stop = np.multiply(ok, _K0_85, out=inc[5])
+        stop += u[0]
+        np.floor(stop, out=stop)
+        np.subtract(ok, stop, out=inc[6])
+        np.copyto(inc[3], n_req)
+        np.add(n_tok, n_req, out=inc[1])
+        prompt = np.multiply(n_req, self.rep_prompt, out=inc[2])
+        np.rint(prompt, out=prompt)
+        kv = np.multiply(load, _K0_5, out=self.last_kv)
+        kv += _K0_15
+        noise = z[3]
+        noise *= _K0_02
+        kv += noise
+        np.maximum(kv, _K0, out=kv)
+        np.minimum(kv, _K1, out=kv)
         if kv.max() > 0.9:
-            self.preempt += rng.poisson(np.maximum(0.0, kv - 0.9) * 5.0 * dt)
-        vals["vllm:num_requests_running"] = running
-        vals["vllm:num_requests_waiting"] = waiting
-        vals["vllm:kv_cache_usage_perc"] = kv
-        vals["vllm:num_preemptions_total"] = self.preempt
-        vals["vllm:generation_tokens_total"] = self.gen_tokens
-        vals["vllm:prompt_tokens_total"] = self.prompt_tokens
-        vals["fleethealth_replica_requests_total"] = self.replica_requests
-        vals["fleethealth_replica_errors_total"] = self.replica_errors
-        vals[SUCCESS + "|stop"] = self.success[0]
-        vals[SUCCESS + "|length"] = self.success[1]
-        vals[TTFT + "_bucket"] = self.ttft_b.reshape(-1)
-        vals[TTFT + "_sum"] = self.ttft_sum
-        vals[TTFT + "_count"] = self.ttft_b[:, -1]
-        vals[ITL + "_bucket"] = self.itl_b.reshape(-1)
-        vals[ITL + "_sum"] = self.itl_sum
-        vals[ITL + "_count"] = self.itl_b[:, -1]
+            np.copyto(inc[0], rng.poisson(np.maximum(0.0, kv - 0.9) * 5.0 * dt))
+        else:
+            inc[0].fill(0.0)
+        self._rep_ctr += inc
 
-    def _latency_cdf(self, ttft_med: np.ndarray, itl_med: np.ndarray) -> np.ndarray:
-        """P(latency <= le) for both histograms at once: (R, TTFT buckets + ITL buckets).
+    def _latency_cdf(self, med: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """P(latency <= le) per replica and bucket for the TTFT and the ITL histograms (``med``: the two
+        rows of medians): fresh arrays, the caller's to overwrite.
 
         Looked up in a table over log(median) at 0.5 % resolution, built once: the erf per bucket per
         replica per step was the most expensive line of the serving model."""
@@ -808,9 +962,14 @@ class Simulation:
             zt = (self._log_les[TTFT][None, :] - grid[:, None]) * (1.0 / (TTFT_SIGMA * _SQRT2))
             zi = (self._log_les[ITL][None, :] - grid[:, None]) * (1.0 / (ITL_SIGMA * _SQRT2))
             self._cdf_tab = (0.5 * (1.0 + _erf(zt)), 0.5 * (1.0 + _erf(zi)))
-        it = np.minimum(np.maximum(np.rint((np.log(ttft_med) - _CDF_LO) * (1 / _CDF_STEP)), 0), _CDF_N - 1)
-        ii = np.minimum(np.maximum(np.rint((np.log(itl_med) - _CDF_LO) * (1 / _CDF_STEP)), 0), _CDF_N - 1)
-        return np.concatenate([self._cdf_tab[0][it.astype(np.intp)], self._cdf_tab[1][ii.astype(np.intp)]], axis=1)
+        ix = np.log(med, out=self._cdf_ix)
+        ix -= _CDF_LO
+        ix *= 1 / _CDF_STEP
+        np.rint(ix, out=ix)
+        np.maximum(ix, _K0, out=ix)
+        np.minimum(ix, _CDF_LAST, out=ix)
+        rows = ix.astype(np.intp)
+        return self._cdf_tab[0][rows[0]], self._cdf_tab[1][rows[1]]
 
     # ---- public API ---------------------------------------------------------------------------
     def steps(self, n: int | None = None) -> Iterator[tuple[float, Snapshot]]:
