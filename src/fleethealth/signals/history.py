@@ -565,12 +565,13 @@ class SignalHistory:
         prev = np.where(same, np.concatenate(([np.nan], v[:-1])), prev)
         reset = (~np.isnan(prev)) & (v < prev)
         add = np.where(reset, prev, 0.0)
-        # cumulative offset within each slot run
+        # offset within each slot run, added up sample by sample: a difference of a running sum over the
+        # whole batch would be off by rounding, and a corrected value a hair below the one before reads
+        # as a reset (the whole count again) to whoever takes differences
         run_start = ~same
-        cum = np.cumsum(add)
-        base = np.maximum.accumulate(np.where(run_start, np.arange(slot.size), 0))
-        cum_before_run = np.where(base > 0, cum[base - 1], 0.0)
-        off = self._c_off[slot] + (cum - cum_before_run)
+        off = self._c_off[slot] + add
+        for i in np.flatnonzero(same).tolist():  # later samples of a series in one batch (rare)
+            off[i] = off[i - 1] + add[i]
         corrected = v + off
         last_pos = np.ones(slot.size, bool)
         last_pos[:-1] = slot[1:] != slot[:-1]
