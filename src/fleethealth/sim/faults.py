@@ -56,6 +56,11 @@ class Effects:
         self.node_down = np.zeros(n_node, bool)
         self.node_reason: dict[int, str] = {}
 
+    def neutral_for_serving(self) -> bool:
+        """No effect on load, request rates, latencies or errors (the simulator's plan of those holds)."""
+        return not (self.load_add.any() or self.err_add.any() or (self.rate_mul != 1.0).any()
+                    or (self.ttft_mul != 1.0).any() or (self.itl_mul != 1.0).any())
+
 
 @dataclass
 class Targets:

@@ -204,6 +204,31 @@ class _Entities:
     rendered: list[str] | None = None
 
 
+@dataclass(slots=True)
+class _Plan:
+    """What no random draw enters, for consecutive steps (row i: step k0 + i): each GPU's gain * load +
+    offset + static for temperature, (unused), power, utilisation and framebuffer (steps, 5, GPUs); per
+    replica the TTFT and ITL medians, the uncapped means of requests arriving and running with their
+    square roots and whether they take the normal approximation (steps, 2, replicas), the capped Poisson
+    means of requests, errors, waiting, running (steps, 4, replicas), the latency CDF rows (steps,
+    replicas, buckets) and the KV-cache use before noise. A step writes its own rows in place."""
+
+    k0: int
+    w: np.ndarray
+    med: np.ndarray
+    lam2: np.ndarray
+    sqrt_lam2: np.ndarray
+    lam2_big: np.ndarray
+    lam: np.ndarray
+    ttft_cdf: np.ndarray
+    itl_cdf: np.ndarray
+    kv: np.ndarray
+
+
+# steps per shared plan
+_PLAN_STEPS = 64
+
+
 class _Interner:
     """Copy-on-write interning: snapshots already handed out keep their (shorter) lists, ids never move."""
 
@@ -506,10 +531,7 @@ class Simulation:
         self._rank_noise2 = 2.0 * self.rank_noise
         self._rank_job = f.rank_job
         self._rank_gpu = f.rank_gpu
-        self._lam = np.zeros((4, R))  # scratch: the serving model's Poisson means
-        self._lam2 = np.zeros((2, R))  # scratch: requests arriving and running, uncapped
-        self._med = np.zeros((2, R))  # scratch: TTFT and ITL medians
-        self._cdf_ix = np.zeros((2, R))  # scratch: latency CDF table rows
+        self._plan_cache: _Plan | None = None
         self._inc = np.zeros((len(_REP_CTR), R))  # scratch: per-step increments of the replica counters
 
     # ---- the value buffer ---------------------------------------------------------------------
@@ -540,11 +562,12 @@ class Simulation:
 
     def __getstate__(self) -> dict[str, Any]:
         # the bound state is in the buffer; views would come back as detached copies (deepcopy, pickle)
-        drop = {"_v", "success", *_REP_CTR[:5], *(name for name, _ in _STATE)}
+        drop = {"_v", "_plan_cache", "success", *_REP_CTR[:5], *(name for name, _ in _STATE)}
         return {k: v for k, v in self.__dict__.items() if k not in drop}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
+        self._plan_cache = None  # a pure function of the step: made again when needed
         self._bind(fill=False)
 
     # ---- callbacks used by faults --------------------------------------------------------------
@@ -647,7 +670,7 @@ class Simulation:
         t = self.start + self.k * self.step_s
         self.t = t
         rng = self.rng
-        G, R = self._G, self._R
+        G = self._G
         v = self._v
         eff = self._effects(t)
         day = (t - self.start) / 86400.0
@@ -668,37 +691,11 @@ class Simulation:
         ambient = amb[self.gpu_rack]
         ambient += 1.0 * math.sin(2 * math.pi * (day - 0.6))
 
-        # serving load per replica (diurnal), mapped onto its GPUs
-        load = self.base_load.copy()
         any_out = bool(self.node_out.any())
-        if any_out:
-            load[self.node_out[self.gpu_node]] = 0.0  # drained: the workload went elsewhere
-        rep_load = rate = np.zeros(R)
-        if R:
-            rate = self.rep_rate * (1.0 + self.rep_diurnal * np.sin(2 * math.pi * (day + self.rep_phase - 0.35)))
-            rep_load = rate / (self.rep_rate * _K1_6)
-            if eff is not None:
-                rep_load += eff.load_add
-            np.maximum(rep_load, _K0, out=rep_load)
-            np.minimum(rep_load, _K2, out=rep_load)
-            if eff is not None:
-                rate = rate * eff.rate_mul
-            idle = self.rep_out | self.node_out[self.rep_node] if (any_out or self.rep_out.any()) else None
-            if idle is not None and idle.any():
-                # out of service: the router sends nothing, the engine idles with its weights loaded
-                rate = np.where(idle, 0.0, rate)
-                rep_load = np.where(idle, 0.0, rep_load)
-            gl = rep_load[self.serve_rep]
-            gl *= _K0_6
-            gl += _K0_35
-            np.minimum(_K1, gl, out=gl)
-            load[self.serve_gpus] = gl
-
+        plan, i = self._plan_for(self.k, eff, any_out)
         # temperature, (unused), power, utilisation, framebuffer as rows of one array, each
-        # gain * load + offset + static + (drift + ambient for the temperature) + noise
-        w = np.multiply(load, self._load_gain)
-        w += self._load_offset
-        w += self._gpu_static
+        # gain * load + offset + static (planned) + (drift + ambient for the temperature) + noise
+        w = plan.w[i]
         temp = w[0]
         temp += drift
         temp += ambient
@@ -752,7 +749,7 @@ class Simulation:
                 nr = eff.nvlink_rate * dt
                 self.nvl += _counts(rng, np.stack([nr, nr * 0.1, nr * 0.05, nr * 0.002]))
         self._step_training(t, eff, any_out)
-        self._step_serving(dt, eff, rate, rep_load)
+        self._step_serving(dt, plan, i)
 
         metric, series, row_node, row_gpu, row_rep, n_up = self._full_ids()
         node_up = self._all_up
@@ -859,51 +856,23 @@ class Simulation:
         np.copyto(self.rank_compute, comp)
         np.take(step, rj, out=v[RANK_STEP], mode="clip")
 
-    def _step_serving(self, dt: float, eff: Effects | None, rate: np.ndarray, load: np.ndarray) -> None:
+    def _step_serving(self, dt: float, plan: _Plan, i: int) -> None:
         R = self._R
         if R == 0:
             return
         rng = self.rng
         v = self._v
-        # TTFT and ITL medians as the two rows of one array (their logs are taken together)
-        med = self._med
-        ttft_med = np.multiply(load, _K0_8, out=med[0])
-        ttft_med *= load
-        ttft_med += _K1
-        ttft_med *= self.rep_ttft
-        itl_med = np.multiply(load, _K0_5, out=med[1])
-        itl_med += _K1
-        itl_med *= self.rep_itl
-        err = self.rep_err
-        if eff is not None:
-            ttft_med *= eff.ttft_mul
-            itl_med *= eff.itl_mul
-            err = np.minimum(err + eff.err_add, 1.0)
         # One call per distribution per step: with 32 replicas the cost is per call, not per number.
         z = rng.standard_normal((4, R))
         u = rng.random((2, R))
-        # requests arriving and requests running (capped), as two rows: each a Poisson count, drawn
-        # exactly for small means and by the normal approximation for large ones
-        lam2 = self._lam2
-        np.multiply(rate, dt, out=lam2[0])
-        e2e = self.rep_out * itl_med
-        e2e += ttft_med
-        e2e *= rate
-        np.minimum(e2e, _K256, out=lam2[1])
-        lam = self._lam  # Poisson means: requests, errors, waiting, running
-        np.minimum(lam2, _K30, out=lam[::3])
-        np.multiply(lam2[0], err, out=lam[1])
-        np.subtract(load, _K0_75, out=lam[2])
-        np.maximum(_K0, lam[2], out=lam[2])
-        lam[2] *= _K40
-        lam[2] += _K0_1
-        small = rng.poisson(lam.reshape(-1)).astype(np.float64).reshape(4, R)
-        big = np.sqrt(lam2)
-        big *= z[:2]
-        big += lam2
+        small = rng.poisson(plan.lam[i].reshape(-1)).astype(np.float64).reshape(4, R)
+        # requests arriving and requests running (two rows): Poisson counts, exact for small means, by the
+        # normal approximation for large ones
+        big = np.multiply(plan.sqrt_lam2[i], z[:2])
+        big += plan.lam2[i]
         np.rint(big, out=big)
         np.maximum(big, _K0, out=big)
-        counts = np.where(lam2 >= _K30, big, small[::3])
+        counts = np.where(plan.lam2_big[i], big, small[::3])
         n_req = counts[0]
         np.copyto(v["vllm:num_requests_running"], counts[1])
         np.copyto(v["vllm:num_requests_waiting"], small[2])
@@ -918,15 +887,15 @@ class Simulation:
         # Requests and tokens are spread over the buckets by systematic sampling (one uniform per replica):
         # cumulative counts floor(N * CDF(le) + u) are monotone, have exactly the right means, and a rare
         # slow request still lands in the tail with the right probability; a multinomial per replica per
-        # step would cost ten times more.
-        ttft_cdf, itl_cdf = self._latency_cdf(med)
-        for hist, cdf, n, u_h in ((self.ttft_b, ttft_cdf, n_req, u[0]), (self.itl_b, itl_cdf, n_tok, u[1])):
+        # step would cost ten times more. The planned CDF rows are this step's own: used up in place.
+        for hist, cdf, n, u_h in ((self.ttft_b, plan.ttft_cdf[i], n_req, u[0]), (self.itl_b, plan.itl_cdf[i], n_tok, u[1])):
             cdf *= n[:, None]
             cdf += u_h[:, None]
             hist[:, :-1] += np.floor(cdf, out=cdf)
             hist[:, -1] += n
-        self.ttft_sum += n_req * ttft_med * _TTFT_MEAN
-        self.itl_sum += n_tok * itl_med * _ITL_MEAN
+        med = plan.med[i]
+        self.ttft_sum += n_req * med[0] * _TTFT_MEAN
+        self.itl_sum += n_tok * med[1] * _ITL_MEAN
         np.copyto(v[TTFT + "_count"], self.ttft_b[:, -1])
         np.copyto(v[ITL + "_count"], self.itl_b[:, -1])
         ok = n_req - errs
@@ -938,11 +907,9 @@ class Simulation:
         np.add(n_tok, n_req, out=inc[1])
         prompt = np.multiply(n_req, self.rep_prompt, out=inc[2])
         np.rint(prompt, out=prompt)
-        kv = np.multiply(load, _K0_5, out=self.last_kv)
-        kv += _K0_15
         noise = z[3]
         noise *= _K0_02
-        kv += noise
+        kv = np.add(plan.kv[i], noise, out=self.last_kv)
         np.maximum(kv, _K0, out=kv)
         np.minimum(kv, _K1, out=kv)
         if kv.max() > 0.9:
@@ -951,9 +918,95 @@ class Simulation:
             inc[0].fill(0.0)
         self._rep_ctr += inc
 
+    # ---- the plan: what no random draw enters ----------------------------------------------------
+    def _plan_for(self, k: int, eff: Effects | None, any_out: bool) -> tuple[_Plan, int]:
+        """The plan holding step ``k`` and its row. While nothing bends load, rates or latencies (no
+        fault effect on them, nothing out of service) the steps share a plan made for ``_PLAN_STEPS``
+        at once; otherwise step ``k`` gets its own, from the same code."""
+        idle: np.ndarray | None = None
+        if self._R and (any_out or self.rep_out.any()):
+            idle = self.rep_out | self.node_out[self.rep_node]
+            if not idle.any():
+                idle = None
+        if eff is not None and eff.neutral_for_serving():
+            eff = None
+        if eff is not None or any_out or idle is not None:
+            return self._plan(k, 1, eff, idle, any_out), 0
+        plan = self._plan_cache
+        if plan is None or not plan.k0 <= k < plan.k0 + len(plan.w):
+            plan = self._plan_cache = self._plan(k, _PLAN_STEPS)
+        return plan, k - plan.k0
+
+    def _plan(self, k0: int, n: int, eff: Effects | None = None, idle: np.ndarray | None = None,
+              any_out: bool = False) -> _Plan:
+        """Steps ``k0 .. k0 + n - 1``: diurnal load per replica and GPU, request rates, latency medians,
+        Poisson means and latency CDF rows. Row by row the same operations a single step would do (a
+        leading axis changes no element-wise result)."""
+        R, dt = self._R, self.step_s
+        t = self.start + np.arange(k0, k0 + n, dtype=np.float64) * dt
+        day = (t - self.start) / 86400.0
+        # serving load per replica (diurnal), mapped onto its GPUs
+        load = np.repeat(self.base_load[None, :], n, axis=0)
+        if any_out:
+            load[:, self.node_out[self.gpu_node]] = 0.0  # drained: the workload went elsewhere
+        rate = self.rep_rate * (1.0 + self.rep_diurnal * np.sin(2 * math.pi * (day[:, None] + self.rep_phase - 0.35)))
+        rep_load = rate / (self.rep_rate * _K1_6)
+        if eff is not None:
+            rep_load += eff.load_add
+        np.maximum(rep_load, _K0, out=rep_load)
+        np.minimum(rep_load, _K2, out=rep_load)
+        if eff is not None:
+            rate = rate * eff.rate_mul
+        if idle is not None:
+            # out of service: the router sends nothing, the engine idles with its weights loaded
+            rate = np.where(idle, 0.0, rate)
+            rep_load = np.where(idle, 0.0, rep_load)
+        if R:
+            gl = rep_load[:, self.serve_rep]
+            gl *= _K0_6
+            gl += _K0_35
+            np.minimum(_K1, gl, out=gl)
+            load[:, self.serve_gpus] = gl
+        w = np.multiply(load[:, None, :], self._load_gain)
+        w += self._load_offset
+        w += self._gpu_static
+        # latency medians: TTFT grows with the square of the load, ITL linearly
+        med = np.empty((n, 2, R))
+        ttft = np.multiply(rep_load, _K0_8, out=med[:, 0])
+        ttft *= rep_load
+        ttft += _K1
+        ttft *= self.rep_ttft
+        itl = np.multiply(rep_load, _K0_5, out=med[:, 1])
+        itl += _K1
+        itl *= self.rep_itl
+        err = self.rep_err
+        if eff is not None:
+            ttft *= eff.ttft_mul
+            itl *= eff.itl_mul
+            err = np.minimum(err + eff.err_add, 1.0)
+        # Poisson means: requests arriving and running (uncapped, for the normal approximation), and the
+        # capped means of requests, errors, waiting, running
+        lam2 = np.empty((n, 2, R))
+        np.multiply(rate, dt, out=lam2[:, 0])
+        e2e = self.rep_out * itl
+        e2e += ttft
+        e2e *= rate
+        np.minimum(e2e, _K256, out=lam2[:, 1])
+        lam = np.empty((n, 4, R))
+        np.minimum(lam2, _K30, out=lam[:, ::3])
+        np.multiply(lam2[:, 0], err, out=lam[:, 1])
+        waiting = np.subtract(rep_load, _K0_75, out=lam[:, 2])
+        np.maximum(_K0, waiting, out=waiting)
+        waiting *= _K40
+        waiting += _K0_1
+        ttft_cdf, itl_cdf = self._latency_cdf(med)
+        kv = np.multiply(rep_load, _K0_5)
+        kv += _K0_15
+        return _Plan(k0, w, med, lam2, np.sqrt(lam2), lam2 >= _K30, lam, ttft_cdf, itl_cdf, kv)
+
     def _latency_cdf(self, med: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """P(latency <= le) per replica and bucket for the TTFT and the ITL histograms (``med``: the two
-        rows of medians): fresh arrays, the caller's to overwrite.
+        """P(latency <= le) per step, replica and bucket for the TTFT and the ITL histograms (``med``:
+        (steps, 2, replicas) medians): fresh arrays.
 
         Looked up in a table over log(median) at 0.5 % resolution, built once: the erf per bucket per
         replica per step was the most expensive line of the serving model."""
@@ -962,14 +1015,14 @@ class Simulation:
             zt = (self._log_les[TTFT][None, :] - grid[:, None]) * (1.0 / (TTFT_SIGMA * _SQRT2))
             zi = (self._log_les[ITL][None, :] - grid[:, None]) * (1.0 / (ITL_SIGMA * _SQRT2))
             self._cdf_tab = (0.5 * (1.0 + _erf(zt)), 0.5 * (1.0 + _erf(zi)))
-        ix = np.log(med, out=self._cdf_ix)
+        ix = np.log(med)
         ix -= _CDF_LO
         ix *= 1 / _CDF_STEP
         np.rint(ix, out=ix)
         np.maximum(ix, _K0, out=ix)
         np.minimum(ix, _CDF_LAST, out=ix)
         rows = ix.astype(np.intp)
-        return self._cdf_tab[0][rows[0]], self._cdf_tab[1][rows[1]]
+        return self._cdf_tab[0][rows[:, 0]], self._cdf_tab[1][rows[:, 1]]
 
     # ---- public API ---------------------------------------------------------------------------
     def steps(self, n: int | None = None) -> Iterator[tuple[float, Snapshot]]:
