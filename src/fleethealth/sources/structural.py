@@ -20,7 +20,6 @@ view and ``now`` as arguments and returns a snapshot of derived samples.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -73,6 +72,10 @@ class StructuralTracker:
         self._mcache: tuple[list[str], int, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] | None = None
         self._pair_node_arr = np.zeros(0, np.int64)
         self._retained_cache: tuple[Hashable, _SeriesTable, int, np.ndarray] | None = None
+        # what the `up` series said last cycle, and the tracker's learning counter it was read with
+        self._targets_version = 0
+        self._up_cache: tuple[_SeriesTable, tuple[int, bytes, bytes, int],
+                              tuple[list[str], dict[str, int], set[int], set[str], list[tuple[str, InputIssue]]]] | None = None
 
     def forget(self, node: str) -> None:
         """After a repair that really removed GPUs, an operator resets the node's expected count."""
@@ -119,51 +122,76 @@ class StructuralTracker:
         # view also holds hours of counter samples.
         ts = view.ts
         n = len(view)
-        fresh_rows = np.flatnonzero((ts <= now + self.future_skew_s) & (ts > now - self.max_age_s))
+        not_future = ts <= now + self.future_skew_s
+        fresh_rows = np.flatnonzero(not_future & (ts > now - self.max_age_s))
         fm = view.metric_ids[fresh_rows]
-        fs = view.series_ids[fresh_rows].astype(np.int64)
-        f_target = is_target[fm] if n else np.zeros(0, bool)
-        f_sample = ~f_target
+        fs = view.series_ids[fresh_rows]
+        ft = ts[fresh_rows]
+        # Presence, series counts and GPUs depend on which (metric, series) pairs have fresh rows, not on
+        # how many (a counter has several fresh samples per pair): the distinct pairs, via a dense bitmap
+        # (O(n), no sort or hash), and everything after that on pairs.
+        if n:
+            bitmap = np.zeros(n_metrics * n_series, bool)
+            bitmap[fs.astype(np.int64) * n_metrics + fm] = True
+            p_sid, p_mid = np.divmod(np.flatnonzero(bitmap), n_metrics)
+            s_sid = p_sid[~is_target[p_mid]]  # pairs of the node's own samples
+        else:
+            p_sid = p_mid = s_sid = _NO_IDS
 
         # Learn which nodes each scrape target carries (a sample with both an instance and a node label).
         alive_by_target: set[int] = set()
         dead_nodes: set[str] = set()
         if n:
             present = np.zeros(n_series, bool)
-            present[fs[f_sample]] = True
+            present[s_sid] = True
             todo = present & st.learnable & ~st.learned
-            for sid in np.flatnonzero(todo).tolist():
-                self.target_nodes.setdefault(st.inst[sid], set()).add(st.node[sid])  # type: ignore[index,arg-type]
-            st.learned |= todo
+            if todo.any():
+                for sid in np.flatnonzero(todo).tolist():
+                    self.target_nodes.setdefault(st.inst[sid], set()).add(st.node[sid])  # type: ignore[index,arg-type]
+                st.learned |= todo
+                self._targets_version += 1
 
         # Scrape health: latest `up` / `scrape_duration_seconds` per target.
-        ft = ts[fresh_rows]
-        fv = view.values[fresh_rows]
-        up_latest = _latest_of(fs, ft, fv, is_up[fm]) if n else {}
-        for sid, v in up_latest.items():
-            node, _, inst_l = self._describe(view.labelsets[sid])
-            inst = inst_l or dict(view.labelsets[sid]).get("job", "?")
-            own = node
-            # A target carrying its own node label (one target per node, e.g. a path per node on one
-            # host:port) speaks for that node only, whatever else shares its instance.
-            names = {own} if own is not None and own != inst else set(self.target_nodes.get(inst, ()))
-            if v < 0.5:
-                report.targets_down.append(inst)
-                b.source_errors.append(InputIssue(f"target {inst}", 0, "scrape failed (up=0)"))
-                # The node's exporter is known dead now, even while its last samples are not yet stale:
-                # what it reported before says nothing about GPUs missing now.
-                dead_nodes.update(names)
-            else:
-                for nm in names:
-                    if nm in node_ix:
-                        alive_by_target.add(node_ix[nm])
-                    else:
-                        node_ix[nm] = len(node_names)
-                        node_names.append(nm)
-                        alive_by_target.add(node_ix[nm])
+        up_sids, up_vals = _latest_arrays(fresh_rows, fs, ft, view.values, _rows_of(fm, is_up))
+        # What the targets say depends only on which targets answered up or down, their label sets and
+        # what the tracker has learned of targets: the same answer as last cycle while those are the same.
+        up_key = (st.n, up_sids.tobytes(), (up_vals < 0.5).tobytes(), self._targets_version)
+        uc = self._up_cache
+        downs: list[tuple[str, InputIssue]]
+        if uc is not None and uc[0] is st and uc[1] == up_key:
+            node_names, node_ix, alive_by_target, dead_nodes, downs = uc[2]
+            node_names, node_ix = list(node_names), dict(node_ix)
+            report.targets_down.extend(inst for inst, _ in downs)
+            b.source_errors.extend(err for _, err in downs)
+        else:
+            downs = []
+            for sid, v in zip(up_sids.tolist(), up_vals.tolist(), strict=True):
+                node, _, inst_l = self._describe(view.labelsets[sid])
+                inst = inst_l or dict(view.labelsets[sid]).get("job", "?")
+                own = node
+                # A target carrying its own node label (one target per node, e.g. a path per node on one
+                # host:port) speaks for that node only, whatever else shares its instance.
+                names = {own} if own is not None and own != inst else set(self.target_nodes.get(inst, ()))
+                if v < 0.5:
+                    err = InputIssue(f"target {inst}", 0, "scrape failed (up=0)")
+                    report.targets_down.append(inst)
+                    b.source_errors.append(err)
+                    downs.append((inst, err))
+                    # The node's exporter is known dead now, even while its last samples are not yet
+                    # stale: what it reported before says nothing about GPUs missing now.
+                    dead_nodes.update(names)
+                else:
+                    for nm in names:
+                        if nm in node_ix:
+                            alive_by_target.add(node_ix[nm])
+                        else:
+                            node_ix[nm] = len(node_names)
+                            node_names.append(nm)
+                            alive_by_target.add(node_ix[nm])
+            self._up_cache = (st, up_key, (list(node_names), dict(node_ix), alive_by_target, dead_nodes, downs))
         n_nodes = len(node_names)
-        dur_latest = _latest_of(fs, ft, fv, is_dur[fm]) if n else {}
-        for sid, v in dur_latest.items():
+        dur_sids, dur_vals = _latest_arrays(fresh_rows, fs, ft, view.values, _rows_of(fm, is_dur))
+        for sid, v in zip(dur_sids.tolist(), dur_vals.tolist(), strict=True):
             inst = self._describe(view.labelsets[sid])[2] or "?"
             report.scrape_seconds[inst] = v
             if v > self.slow_scrape_s:
@@ -186,13 +214,16 @@ class StructuralTracker:
 
         if n:
             retained = np.zeros(n_nodes, np.int64)
-            retained[: st.rank_n] = self._retained(view, now, st, series_per_node, is_target)
-            current = series_per_node(fs[f_sample], fm[f_sample])
+            retained[: st.rank_n] = self._retained(view, now, st, series_per_node, is_target,
+                                                   bool(not_future.all()))
+            current = np.zeros(n_nodes, np.int64)
+            nodes = node_of[s_sid]
+            current[: st.rank_n] = np.bincount(nodes[nodes >= 0], minlength=st.rank_n)
         else:
             retained = current = np.zeros(n_nodes, np.int64)
         alive = current > 0
-        for i in alive_by_target:
-            alive[i] = True
+        if alive_by_target:
+            alive[list(alive_by_target)] = True
         for nm in dead_nodes:
             if nm in node_ix:
                 alive[node_ix[nm]] = False
@@ -200,15 +231,12 @@ class StructuralTracker:
         # together with the data (never fresher than what they were computed from).
         newest = np.full(n_nodes, -np.inf)
         if n:
-            nodes_r = node_of[fs[f_sample]]
-            ok = nodes_r >= 0
-            np.maximum.at(newest, nodes_r[ok], ft[f_sample][ok])
-
+            self._newest(newest, node_of, fm, fs, ft, is_target, current)
         # GPUs per node now: distinct (node, GPU id) pairs among fresh GPU-metric samples.
         gpu_now = np.zeros(n_nodes, np.int64)
         if n:
             present = np.zeros(n_series, bool)
-            present[fs[is_gpu_metric[fm]]] = True
+            present[p_sid[is_gpu_metric[p_mid]]] = True
             pid = st.pair_id[present[: st.n]]
             pid = pid[pid >= 0]
             if pid.size:
@@ -217,37 +245,58 @@ class StructuralTracker:
                 gnodes = st.rank[self._pair_nodes()[hit]]
                 gpu_now[: st.rank_n] += np.bincount(gnodes, minlength=st.rank_n)
 
-        cap = gpu_capacity or {}
-        gpu_now_l, retained_l, current_l = gpu_now.tolist(), retained.tolist(), current.tolist()
-        newest_l = newest.tolist()
-        alive_l = alive.tolist()
         # Two samples per node, (missing, vanished), in node order: the layout SnapshotBuilder.add gives.
-        labelsets: list[LabelSet] = []
-        vals: list[float] = []
-        ats: list[float] = []
-        for node, i in node_ix.items():
-            if not alive_l[i]:
-                continue  # the exporter itself is gone: missing data, the scorer marks it stale
-            g = gpu_now_l[i]
-            seen = max(self.max_gpus.get(node, 0), g)
-            self.max_gpus[node] = seen
-            expected = max(seen, int(cap.get(node, 0)))
-            if expected == 0:
-                continue  # a node without GPU telemetry (a serving pod, a CPU host): nothing to count
-            report.gpus_now[node] = g
-            report.gpus_expected[node] = expected
-            labelsets.append((("node", node),))
-            at = newest_l[i] if math.isfinite(newest_l[i]) else now  # alive by `up` alone: now
-            vals += (float(expected - g), float(max(0, retained_l[i] - current_l[i])))
-            ats += (at, at)
-        k = len(labelsets)
+        # Nodes whose exporter is gone emit nothing (missing data: the scorer marks them stale).
+        idx = np.flatnonzero(alive[:n_nodes])
+        names_alive = [node_names[i] for i in idx.tolist()]
+        g = gpu_now[idx]
+        seen_gpus = np.maximum(np.array([self.max_gpus.get(nm, 0) for nm in names_alive], np.int64), g)
+        self.max_gpus.update(zip(names_alive, seen_gpus.tolist(), strict=True))
+        cap = gpu_capacity or {}
+        expected = seen_gpus
+        if cap:
+            expected = np.maximum(seen_gpus, np.array([int(cap.get(nm, 0)) for nm in names_alive], np.int64))
+        keep = expected != 0  # a node without GPU telemetry (a serving pod, a CPU host): nothing to count
+        kept = idx[keep]
+        out_names = [nm for nm, k in zip(names_alive, keep.tolist(), strict=True) if k]
+        g, expected = g[keep], expected[keep]
+        report.gpus_now.update(zip(out_names, g.tolist(), strict=True))
+        report.gpus_expected.update(zip(out_names, expected.tolist(), strict=True))
+        at = newest[kept]
+        at = np.where(np.isfinite(at), at, now)  # alive by `up` alone: now
+        k = len(out_names)
+        vals = np.empty((k, 2), np.float64)
+        vals[:, 0] = expected - g
+        vals[:, 1] = np.maximum(0, retained[kept] - current[kept])
         report.snapshot = Snapshot(
-            at=now, metrics=[GPUS_MISSING, SERIES_VANISHED] if k else [], labelsets=labelsets,
+            at=now, metrics=[GPUS_MISSING, SERIES_VANISHED] if k else [],
+            labelsets=[(("node", nm),) for nm in out_names],
             metric_ids=np.tile(np.array([0, 1], np.int32), k), series_ids=np.repeat(np.arange(k, dtype=np.int32), 2),
-            values=np.array(vals, np.float64), ts=np.array(ats, np.float64),
+            values=vals.reshape(-1), ts=np.repeat(at.astype(np.float64), 2),
             issues=list(b.issues), source_errors=list(b.source_errors),
         )
         return report
+
+    def _newest(self, newest: np.ndarray, node_of: np.ndarray, fm: np.ndarray, fs: np.ndarray, ft: np.ndarray,
+                is_target: np.ndarray, current: np.ndarray) -> None:
+        """Per node, the newest time among its fresh samples (in place; -inf: none). Most nodes report
+        in the newest scrape, so that scrape's rows are looked at first; a per-row maximum over every
+        fresh row only when some node with fresh samples (``current`` > 0) has none in it."""
+        if not ft.size:
+            return
+        t_max = ft.max()
+        at = np.flatnonzero(ft == t_max)
+        nodes = node_of[fs[at]]
+        nodes = nodes[(nodes >= 0) & ~is_target[fm[at]]]
+        n_nodes = newest.size
+        has = np.zeros(n_nodes, bool)
+        has[nodes] = True
+        if not (current[:n_nodes] > 0)[~has].any():
+            newest[has] = t_max
+            return
+        nodes_r = node_of[fs]
+        ok = (nodes_r >= 0) & ~is_target[fm]
+        np.maximum.at(newest, nodes_r[ok], ft[ok])
 
     def _metric_masks(self, metrics: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Per metric: up, scrape duration, GPU metric, target (not a sample of the node itself)."""
@@ -265,11 +314,10 @@ class StructuralTracker:
 
     def _retained(self, view: Snapshot, now: float, st: _SeriesTable,
                   series_per_node: Callable[[np.ndarray, np.ndarray], np.ndarray],
-                  is_target: np.ndarray) -> np.ndarray:
+                  is_target: np.ndarray, all_valid: bool) -> np.ndarray:
         """Series per node in the whole view (not future-skewed): the one count that reads every row.
         It depends only on which (metric, series) pairs the view holds, so a view of a history whose
         set of pairs is unchanged (``shape_token``) reuses the last count."""
-        all_valid = bool(view.ts.max() <= now + self.future_skew_s)
         token = shape_token(view) if all_valid else None
         c = self._retained_cache
         if token is not None and c is not None and c[0] == token and c[1] is st and c[2] == st.n:
@@ -357,12 +405,29 @@ class _SeriesTable:
         return self._node_of
 
 
-def _latest_of(sids: np.ndarray, ts: np.ndarray, vals: np.ndarray, mask: np.ndarray) -> dict[int, float]:
-    """The newest value of each series among the masked rows (ties: the later row)."""
+_NO_IDS = np.zeros(0, np.int64)
+_NO_VALS = np.zeros(0, np.float64)
+
+
+def _rows_of(fm: np.ndarray, is_metric: np.ndarray) -> np.ndarray:
+    """Mask of the rows whose metric is flagged (a view's metric names are interned: at most one)."""
+    ids = np.flatnonzero(is_metric)
+    if ids.size == 0:
+        return np.zeros(fm.size, bool)
+    if ids.size == 1:
+        return fm == ids[0]
+    return is_metric[fm]
+
+
+def _latest_arrays(rows: np.ndarray, sids: np.ndarray, ts: np.ndarray, values: np.ndarray,
+                   mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The newest value of each series among the masked rows (ties: the later row), as (series ids in
+    increasing order, values). ``sids``/``ts``/``mask`` are per row of ``rows``; ``values`` the view's."""
     if not mask.any():
-        return {}
-    sids, ts, vals = sids[mask], ts[mask], vals[mask]
+        return _NO_IDS, _NO_VALS
+    sel = np.flatnonzero(mask)
+    sids, ts, vals = sids[sel], ts[sel], values[rows[sel]]
     order = np.lexsort((ts, sids))
     sids, vals = sids[order], vals[order]
     last = np.r_[sids[1:] != sids[:-1], True]
-    return dict(zip(sids[last].tolist(), vals[last].tolist(), strict=True))
+    return sids[last].astype(np.int64), vals[last].astype(np.float64)
