@@ -109,7 +109,7 @@ class _Group:
     def _realloc(self, n: int, keep_rows: np.ndarray, room: int, cols_at: np.ndarray | None = None) -> None:
         """New arrays with ``n`` columns (old column j at ``cols_at[j]``) holding the rows ``keep_rows``."""
         k = keep_rows.size
-        cap = max(8, 2 * (k + room))
+        cap = max(16, 2 * (k + room) + 16)
         T, V = np.full((cap, n), np.nan), np.full((cap, n), np.nan)
         at, cid = np.zeros(cap), np.zeros(cap, np.int64)
         if cols_at is None:
@@ -232,12 +232,24 @@ class _Plan:
     metric_ids: np.ndarray
     series_ids: np.ndarray
     g_rows: np.ndarray  # snapshot rows of gauges, in slot order
-    g_slot: np.ndarray
-    g_m: np.ndarray
-    g_s: np.ndarray
+    g_slot: np.ndarray | slice  # a slice when the slots are a run (as made for this layout)
+    g_track: np.ndarray  # positions (in g_rows) of event-like gauges
     c_rows: np.ndarray  # snapshot rows of counters, in slot order
     c_slot: np.ndarray
+    c_run: slice | None  # c_slot as a slice when it is a run of slots
     c_parts: list[tuple[int, np.ndarray]]  # (group, positions in c_rows) per group the rows land in
+    c_cols: dict[int, tuple[int, np.ndarray | None]]  # group -> (its version, the parts' columns; None: all)
+
+
+def _run(a: np.ndarray) -> np.ndarray | slice:
+    """``a`` as a slice when it is a run of consecutive ints (fancy indexing by a slice is a view)."""
+    if a.size and int(a[-1]) - int(a[0]) == a.size - 1 and bool((np.diff(a) == 1).all()):
+        return slice(int(a[0]), int(a[-1]) + 1)
+    return a
+
+
+def _slice_or_none(a: np.ndarray | slice) -> slice | None:
+    return a if isinstance(a, slice) else None
 
 
 _SERIAL = itertools.count()
@@ -444,15 +456,17 @@ class SignalHistory:
         if (g_slot[1:] == g_slot[:-1]).any() or (c_slot[1:] == c_slot[:-1]).any():
             return None  # a pair twice in one snapshot: its order depends on the timestamps
         g_rows, c_rows = g_rows[go], c_rows[co]
-        p = _Plan(snap.metrics, snap.labelsets, snap.metric_ids.copy(), snap.series_ids.copy(), g_rows, g_slot,
-                  m[g_rows], s[g_rows], c_rows, c_slot, self._parts(c_slot))
+        p = _Plan(snap.metrics, snap.labelsets, snap.metric_ids.copy(), snap.series_ids.copy(), g_rows, _run(g_slot),
+                  np.flatnonzero(self._track_start[m[g_rows]]), c_rows, c_slot,
+                  _slice_or_none(_run(c_slot)), self._parts(c_slot), {})
         self._plans[key] = p
         return p
 
     def _unplanned_slots(self, g_new: int, c_new: int) -> None:
         if g_new:
-            self._g_m = np.concatenate((self._g_m, np.zeros(g_new, np.int32)))
-            self._g_s = np.concatenate((self._g_s, np.zeros(g_new, np.int32)))
+            key = np.concatenate(self._slot_ms["gauge"])[self._g_m.size:]
+            self._g_m = np.concatenate((self._g_m, (key >> 32).astype(np.int32)))
+            self._g_s = np.concatenate((self._g_s, (key & 0xFFFFFFFF).astype(np.int32)))
             self._g_v = np.concatenate((self._g_v, np.full(g_new, np.nan)))
             self._g_t = np.concatenate((self._g_t, np.full(g_new, -np.inf)))
             self._g_since = np.concatenate((self._g_since, np.full(g_new, -np.inf)))
@@ -489,9 +503,9 @@ class SignalHistory:
         v, t = snap.values, snap.ts
         if p.g_rows.size:
             gv, gt = v[p.g_rows], t[p.g_rows]
-            self._store_gauges(p.g_slot, p.g_m, p.g_s, gv, gt)
+            self._store_gauges(p.g_slot, gv, gt, p.g_track)
         if p.c_rows.size:
-            self._store_counters(snap.at, p.c_slot, v[p.c_rows], t[p.c_rows], p.c_parts)
+            self._store_counters(snap.at, p.c_slot, v[p.c_rows], t[p.c_rows], p.c_parts, p.c_run, p.c_cols)
 
     def _slots(self, table: str, m: np.ndarray, s: np.ndarray) -> tuple[np.ndarray, int]:
         """Slot of each (metric, series) pair, creating slots for new pairs; vectorised with a sorted key
@@ -529,19 +543,25 @@ class SignalHistory:
         last = np.ones(so.size, bool)
         last[:-1] = so[1:] != so[:-1]
         pick = order[last]
-        self._store_gauges(slot[pick], m[pick], s[pick], v[pick], t[pick])
+        self._store_gauges(slot[pick], v[pick], t[pick], None)
 
-    def _store_gauges(self, sl: np.ndarray, m: np.ndarray, s: np.ndarray, v: np.ndarray, t: np.ndarray) -> None:
-        """One sample per slot (distinct ``sl``): kept where not older than the slot's."""
-        newer = t >= self._g_t[sl]
+    def _store_gauges(self, sl: np.ndarray | slice, v: np.ndarray, t: np.ndarray, track: np.ndarray | None) -> None:
+        """One sample per slot (distinct ``sl``): kept where not older than the slot's. ``track``: the
+        positions of event-like gauges (None: find them)."""
+        gt = self._g_t[sl]
+        newer = t >= gt
         if not newer.all():
-            sl, m, s, v, t = sl[newer], m[newer], s[newer], v[newer], t[newer]
-        if not np.isfinite(self._g_t[sl]).all():
+            if isinstance(sl, slice):
+                sl = np.arange(sl.start, sl.stop)
+            sl, v, t, gt, track = sl[newer], v[newer], t[newer], gt[newer], None
+        if not np.isfinite(gt).all():
             self._epoch += 1  # a slot born or revived: a new pair in the view
-        changed = ~(self._g_v[sl] == v)  # NaN (new slot) counts as a change
-        self._g_since[sl] = np.where(changed, t, self._g_since[sl])
-        self._g_m[sl] = m
-        self._g_s[sl] = s
+        if track is None:
+            track = np.flatnonzero(self._track_start[self._g_m[sl]])
+        if track.size:  # when the current value started: only event-like gauges read it
+            ts_ = sl[track] if isinstance(sl, np.ndarray) else track + sl.start
+            changed = ~(self._g_v[ts_] == v[track])  # NaN (new slot) counts as a change
+            self._g_since[ts_] = np.where(changed, t[track], self._g_since[ts_])
         self._g_v[sl] = v
         self._g_t[sl] = t
         if t.size:
@@ -552,46 +572,63 @@ class SignalHistory:
         self._unplanned_slots(0, grown)
         order = order_by_series_time(slot, t)
         v, t, slot = v[order], t[order], slot[order]
-        self._store_counters(at, slot, v, t, self._parts(slot))
+        self._store_counters(at, slot, v, t, self._parts(slot), None, None)
 
     def _store_counters(self, at: float, slot: np.ndarray, v: np.ndarray, t: np.ndarray,
-                        parts: list[tuple[int, np.ndarray]]) -> None:
+                        parts: list[tuple[int, np.ndarray]], run: slice | None,
+                        cols: dict[int, tuple[int, np.ndarray | None]] | None) -> None:
         """Samples in (slot, time) order become one chunk of reset-corrected values: rows of the groups
-        (``parts``: which of the samples go to which group)."""
-        # resets within and across batches: sequential per slot, vectorised across slots
-        prev = self._c_last[slot]
-        same = np.zeros(slot.size, bool)
-        same[1:] = slot[1:] == slot[:-1]
-        prev = np.where(same, np.concatenate(([np.nan], v[:-1])), prev)
-        reset = (~np.isnan(prev)) & (v < prev)
-        add = np.where(reset, prev, 0.0)
-        # offset within each slot run, added up sample by sample: a difference of a running sum over the
-        # whole batch would be off by rounding, and a corrected value a hair below the one before reads
-        # as a reset (the whole count again) to whoever takes differences
-        run_start = ~same
-        off = self._c_off[slot] + add
-        for i in np.flatnonzero(same).tolist():  # later samples of a series in one batch (rare)
-            off[i] = off[i - 1] + add[i]
-        corrected = v + off
-        last_pos = np.ones(slot.size, bool)
-        last_pos[:-1] = slot[1:] != slot[:-1]
-        uslots = slot[last_pos]
-        self._c_last[uslots] = v[last_pos]
-        self._c_off[uslots] = off[last_pos]
+        (``parts``: which of the samples go to which group; ``run``: ``slot`` as a slice, if it is one)."""
+        same = slot[1:] == slot[:-1]
         rank = None
-        if same.any():
-            rank = np.arange(slot.size) - np.maximum.accumulate(np.where(run_start, np.arange(slot.size), 0))
+        if run is not None or not same.any():  # one sample per slot (a scrape)
+            sl = run if run is not None else slot
+            prev = self._c_last[sl]
+            reset = v < prev  # (never with NaN: a slot's first sample)
+            off = self._c_off[sl]
+            if reset.any():
+                off = off + np.where(reset, prev, 0.0)
+                self._c_off[sl] = off
+            corrected = v + off
+            self._c_last[sl] = v
+        else:
+            # resets within and across batches: sequential per slot, vectorised across slots
+            same = np.concatenate(([False], same))
+            prev = np.where(same, np.concatenate(([np.nan], v[:-1])), self._c_last[slot])
+            reset = (~np.isnan(prev)) & (v < prev)
+            add = np.where(reset, prev, 0.0)
+            # offset within each slot run, added up sample by sample: a difference of a running sum over
+            # the whole batch would be off by rounding, and a corrected value a hair below the one before
+            # reads as a reset (the whole count again) to whoever takes differences
+            off = self._c_off[slot] + add
+            for i in np.flatnonzero(same).tolist():  # later samples of a series in one batch (rare)
+                off[i] = off[i - 1] + add[i]
+            corrected = v + off
+            last_pos = np.ones(slot.size, bool)
+            last_pos[:-1] = slot[1:] != slot[:-1]
+            uslots = slot[last_pos]
+            self._c_last[uslots] = v[last_pos]
+            self._c_off[uslots] = off[last_pos]
+            idx = np.arange(slot.size)
+            rank = idx - np.maximum.accumulate(np.where(~same, idx, 0))
         cid = self._cid
         self._cid += 1
         keeps = []
         born = False
-        col = self._c_col[slot]
         for gi, sel in parts:
             g = self._groups[gi]
-            c = col[sel]
-            if rank is None and c.size == g.cm.size and bool((c == np.arange(c.size)).all()):
-                c = None  # every column once, in order (a scrape of the whole fleet)
-            born |= g.append(at, cid, c, None if rank is None else rank[sel], t[sel], corrected[sel])
+            hit = cols.get(gi) if cols is not None else None
+            if hit is not None and hit[0] == g.version:
+                c = hit[1]
+            else:
+                c = self._c_col[slot[sel]]
+                if rank is None and c.size == g.cm.size and bool((c == np.arange(c.size)).all()):
+                    c = None  # every column once, in order (a scrape of the whole fleet)
+                if cols is not None:
+                    cols[gi] = (g.version, c)
+            whole = sel.size == slot.size
+            born |= g.append(at, cid, c, None if rank is None else rank[sel], t if whole else t[sel],
+                             corrected if whole else corrected[sel])
             keeps.append(g.keep)
         if born:
             self._epoch += 1
@@ -682,45 +719,48 @@ class SignalHistory:
         n_rows = int(gm.size)
         matrices: dict[int, CounterMatrix] = {}
         groups: list[CounterMatrix] = []
+        # counters: each metric one block of rows, in time order (as the ingests came), series ascending
+        # within; written straight into the view's arrays (sizes first)
+        blocks: list[tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray | None, int, int]] = []
         for g in self._groups:
             k = g.r1 - g.r0
             if k == 0 or g.cm.size == 0:
                 continue
             T, V = g.T[g.r0:g.r1], g.V[g.r0:g.r1]
-            dense = g.holes == 0
+            have = None
             last = np.full(g.cm.size, k - 1, np.int64)
-            if not dense:
+            if g.holes:
                 have = ~np.isnan(T)
                 last = np.where(have.any(axis=0), k - 1 - np.argmax(have[::-1], axis=0), -1)
+                sizes = np.cumsum(have.sum(axis=0))
             gi = len(groups)
             groups.append(CounterMatrix(g.cs, T, V, last, gi, 0, g.cm.size))
-            # each metric one block of rows, in time order (as the ingests came), series ascending within
             for m, c0, c1 in g.ranges():
-                Tm, Vm = T[:, c0:c1], V[:, c0:c1]
-                if dense:
-                    tm, vm, sm = Tm.ravel(), Vm.ravel(), np.tile(g.cs[c0:c1], k)
-                else:
-                    hm = have[:, c0:c1]
-                    tm, vm, sm = Tm[hm], Vm[hm], np.broadcast_to(g.cs[c0:c1], hm.shape)[hm]
-                if tm.size:
-                    parts_t.append(tm)
-                    parts_v.append(vm)
-                    parts_s.append(sm)
-                    parts_m.append(np.full(tm.size, m, np.int32))
-                    bounds[m] = (n_rows, n_rows + tm.size)
-                    n_rows += tm.size
+                size = k * (c1 - c0) if have is None else int(sizes[c1 - 1]) - (int(sizes[c0 - 1]) if c0 else 0)
+                if size:
+                    bounds[m] = (n_rows, n_rows + size)
+                    blocks.append((m, T[:, c0:c1], V[:, c0:c1], g.cs[c0:c1],
+                                   None if have is None else have[:, c0:c1], n_rows, n_rows + size))
+                    n_rows += size
                 if g.monotone:
-                    matrices[m] = CounterMatrix(g.cs[c0:c1], Tm, Vm, last[c0:c1], gi, c0, c1)
+                    matrices[m] = CounterMatrix(g.cs[c0:c1], T[:, c0:c1], V[:, c0:c1], last[c0:c1], gi, c0, c1)
+        ng = int(gm.size)
+        out_m, out_s = np.empty(n_rows, np.int32), np.empty(n_rows, np.int32)
+        out_v, out_t = np.empty(n_rows), np.empty(n_rows)
+        out_m[:ng], out_s[:ng], out_v[:ng], out_t[:ng] = parts_m[0], parts_s[0], parts_v[0], parts_t[0]
+        for m, Tm, Vm, cs, hm, a, b in blocks:
+            out_m[a:b] = m
+            if hm is None:
+                shape = Tm.shape
+                out_t[a:b].reshape(shape)[...] = Tm
+                out_v[a:b].reshape(shape)[...] = Vm
+                out_s[a:b].reshape(shape)[...] = cs
+            else:
+                out_t[a:b], out_v[a:b] = Tm[hm], Vm[hm]
+                out_s[a:b] = np.broadcast_to(cs, hm.shape)[hm]
         snap = Snapshot(
-            at=now,
-            metrics=self.metrics,
-            labelsets=self.labelsets,
-            metric_ids=np.concatenate(parts_m).astype(np.int32, copy=False),
-            series_ids=np.concatenate(parts_s).astype(np.int32, copy=False),
-            values=np.concatenate(parts_v),
-            ts=np.concatenate(parts_t),
-            issues=self.issues[-1000:],
-            source_errors=list(self.source_errors),
+            at=now, metrics=self.metrics, labelsets=self.labelsets, metric_ids=out_m, series_ids=out_s,
+            values=out_v, ts=out_t, issues=self.issues[-1000:], source_errors=list(self.source_errors),
         )
         snap.index = ViewIndex(bounds, matrices, groups, self._max_t, snap.metric_ids, snap.series_ids, snap.values, snap.ts)
         self.source_errors = []
