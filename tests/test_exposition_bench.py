@@ -21,6 +21,7 @@ def test_bench_parse_json() -> None:
     assert r["dropped_with_issue"] == 4
     assert r["equal"] is True and r["compared_samples"] == 40 * 25
     assert r["samples_per_s"] > r["prom_client_samples_per_s"]
+    assert len(r["cpu_calibration_runs_ms"]) == 2 and r["cpu_calibration_ms"] > 0
 
 
 def test_bench_parse_rejects_bad_options() -> None:

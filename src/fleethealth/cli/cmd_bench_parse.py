@@ -47,7 +47,8 @@ def parse_cmd(
                 + ("yes" if r["equal"] else "NO"))
         for d in r["differences"]:
             c.print("  " + d, markup=False)
-        c.print(f"(machine check: sum(range(1e6)) took {r['cpu_calibration_ms']} ms; about 13 ms on an idle core)")
+        c.print(f"(machine check: sum(range(1e6)) took {r['cpu_calibration_ms']} ms CPU, median next to the runs "
+                f"{r['cpu_calibration_runs_ms']}; about 13 ms on an idle core)")
     if not r["equal"]:
         raise typer.Exit(1)
 
