@@ -501,7 +501,11 @@ def test_federate_style_timestamps_on_every_sample_take_the_bulk_path(monkeypatc
 
     slow_calls: list[int] = []
     real_slow = ex._slow_block
-    monkeypatch.setattr(ex, "_slow_block", lambda *a: slow_calls.append(1) or real_slow(*a))
+    def counted(*a: object) -> int:
+        slow_calls.append(1)
+        return real_slow(*a)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ex, "_slow_block", counted)
     lines = ["# TYPE DCGM_FI_DEV_GPU_TEMP gauge"]
     lines += [f'DCGM_FI_DEV_GPU_TEMP{{gpu="{g}",instance="h:9400"}} {40 + g} {1700000000000 + g}' for g in range(20)]
     text = "\n".join(lines) + "\n"
