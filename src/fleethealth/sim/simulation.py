@@ -13,6 +13,7 @@ The same state renders as per-node exposition text (``render_node``) for the HTT
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import functools
 import math
@@ -285,6 +286,8 @@ class Simulation:
         self.t = self.start - self.step_s  # time of the last generated step
         self.k = -1
         self._events: list[SimEvent] = []
+        self._event_ts: list[float] = []  # the events' times, nondecreasing while _events_sorted
+        self._events_sorted = True
         self._build_layout()
         self._init_state()
         self._bind(fill=True)
@@ -594,7 +597,10 @@ class Simulation:
                        {"xid": xid, "pci_bus_id": bus_id(g % f.gpus_per_node), "line": line}, "")
 
     def add_event(self, kind: str, entity: str, node: int, t: float, ctx: dict, truth: str) -> None:
+        if self._event_ts and t < self._event_ts[-1]:
+            self._events_sorted = False
         self._events.append(SimEvent(t, kind, entity, self.fleet.nodes[node], ctx, truth))
+        self._event_ts.append(t)
 
     def relabel_driver(self, n: int, version: str) -> None:
         """A driver change (an upgrade, or a rollback): the node's DCGM series carry the new version label
@@ -604,21 +610,23 @@ class Simulation:
         f.node_driver[n] = version
         self.row_series = self.row_series.copy()
         gpus = f.gpus_of_node(n)
-        for b in self.blocks:
-            if b.kind == "gpu":
-                for g in gpus:
-                    labels = self._gpu_labels(int(g), version) | {"instance": self._instance(n)}
-                    self.row_series[b.start + int(g)] = self.intern.series(labels)
-            elif b.kind == "node":
-                labels = f.node_labels(n) | {"instance": self._instance(n)}
-                self.row_series[b.start + n] = self.intern.series(labels)
+        inst = {"instance": self._instance(n)}
+        # each label set interned and rendered once, for every block (in the order the blocks would)
+        gpu_labels = [self._gpu_labels(int(g), version) for g in gpus]
+        gpu_sids = np.array([self.intern.series(lb | inst) for lb in gpu_labels], np.int32)
+        gpu_text = [_render_labels(lb) for lb in gpu_labels]
+        node_labels = f.node_labels(n)
+        node_sid = self.intern.series(node_labels | inst) if "node" in {b.kind for b in self.blocks} else -1
+        node_text = _render_labels(node_labels)
         prefix = list(self.row_prefix)
         for b in self.blocks:
             if b.kind == "gpu":
-                for g in gpus:
-                    prefix[b.start + int(g)] = b.metric + _render_labels(self._gpu_labels(int(g)))
+                self.row_series[b.start + gpus] = gpu_sids
+                for g, text in zip(gpus.tolist(), gpu_text, strict=True):
+                    prefix[b.start + g] = b.metric + text
             elif b.kind == "node":
-                prefix[b.start + n] = b.metric + _render_labels(f.node_labels(n))
+                self.row_series[b.start + n] = node_sid
+                prefix[b.start + n] = b.metric + node_text
         self.row_prefix = prefix
         self.sbe[gpus] = 0
         self.dbe[gpus] = 0
@@ -1049,6 +1057,9 @@ class Simulation:
     def events(self, t: float, since: float | None = None) -> list[SimEvent]:
         """Non-metric events with ``since < ts <= t`` (default: the step ending at ``t``)."""
         lo = t - self.step_s if since is None else since
+        if self._events_sorted:
+            # called every step by the backtest: a search, not a scan of everything that happened so far
+            return self._events[bisect.bisect_right(self._event_ts, lo):bisect.bisect_right(self._event_ts, t)]
         return [e for e in self._events if lo < e.ts <= t]
 
     @property
