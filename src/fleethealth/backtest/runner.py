@@ -56,25 +56,37 @@ class Timeline:
     kinds: dict[str, str] = field(default_factory=dict)
     rows: list[np.ndarray] = field(default_factory=list)
     _ix: dict[str, int] = field(default_factory=dict)
+    _cols: dict[str, tuple[list[str], np.ndarray]] = field(default_factory=dict)
 
     def add(self, now: float, health: Any) -> None:
-        vals: dict[int, float] = {}
+        parts: list[tuple[np.ndarray, np.ndarray]] = []
         for kind in ("node", "replica"):
             ks = getattr(health, "kinds", {}).get(kind)
             if ks is None:
                 continue
-            for name, v in zip(ks.names, ks.value.tolist(), strict=True):
-                i = self._ix.get(name)
-                if i is None:
-                    i = self._ix[name] = len(self.names)
-                    self.names.append(name)
-                    self.kinds[name] = kind
-                vals[i] = v
+            parts.append((self._columns(kind, ks.names), np.asarray(ks.value, np.float64)))
         row = np.full(len(self.names), np.nan)
-        for i, v in vals.items():
-            row[i] = v
+        for ix, values in parts:
+            row[ix] = values
         self.ts.append(now)
         self.rows.append(row)
+
+    def _columns(self, kind: str, names: list[str]) -> np.ndarray:
+        """Timeline columns of a kind's entities, remembered per names list (the engine's list is the same
+        from cycle to cycle while the fleet is)."""
+        hit = self._cols.get(kind)
+        if hit is not None and (hit[0] is names or hit[0] == names):
+            return hit[1]
+        ix = np.empty(len(names), np.int64)
+        for k, name in enumerate(names):
+            i = self._ix.get(name)
+            if i is None:
+                i = self._ix[name] = len(self.names)
+                self.names.append(name)
+                self.kinds[name] = kind
+            ix[k] = i
+        self._cols[kind] = (list(names), ix)
+        return ix
 
     def matrix(self) -> np.ndarray:
         """cycles x entities."""

@@ -517,6 +517,8 @@ class Decider:
         out: list[str] = []
         seen = self._steady_ok
         ents = c.s.entities
+        lc, r = self.policy.lifecycle, self.policy.router
+        lims = (lc.min_confidence, lc.quarantine_below, lc.degraded_below, lc.flag_below, r.min_weight, r.hold_s)
         for eid, es in ents.items():
             if eid in ev_by_entity:
                 out.append(eid)
@@ -531,31 +533,31 @@ class Decider:
                     continue
             elif es.kind == "replica" and o is not None:
                 st = serving_by_id.get(eid) or by_id.get(eid)
-                if self._steady_replica(c, es, o, st):
+                if self._steady_replica(c, es, o, st, lims):
                     ents[eid] = es.seen(o.value, o.confidence, o.reason, c.now)
                     continue
             out.append(eid)
         return out
 
-    def _steady_replica(self, c: _Cycle, es: EntityLifecycle, o: Observation, st: HealthTuple | None) -> bool:
+    def _steady_replica(self, c: _Cycle, es: EntityLifecycle, o: Observation, st: HealthTuple | None,
+                        lims: tuple[float, float, float, float, float, float]) -> bool:
         """A READY replica whose step changes nothing but its last observation (value, confidence,
         reason, last_known_ts): usable and not gated, no timer running or started, nothing held or
         blocked, its flag already on the side its value is, and the router would publish the weight it
-        already has (or, without a usable serving tuple, hold it)."""
-        lc = self.policy.lifecycle
+        already has (or, without a usable serving tuple, hold it). ``lims``: the policy's min_confidence,
+        quarantine_below, degraded_below, flag_below, router min_weight and hold_s."""
+        minc, q_below, d_below, f_below, min_w, hold_s = lims
         v = o.value
-        if (es.state != State.READY or v is None or o.confidence < lc.min_confidence or o.gate or o.drain_reset
-                or es.timers or es.blocked or v < lc.quarantine_below or v < lc.degraded_below
-                or (v < lc.flag_below) != es.flagged):
+        if (es.state != State.READY or v is None or not o.confidence >= minc or o.gate or o.drain_reset
+                or es.timers or es.blocked or v < q_below or v < d_below or (v < f_below) != es.flagged):
             return False
-        r = self.policy.router
-        if st is not None and st.value is not None and st.confidence >= lc.min_confidence:
+        if st is not None and st.value is not None and st.confidence >= minc:
             if es.weight is None:
                 return False
-            w = round(max(r.min_weight, min(1.0, st.value)), 2)
+            w = round(max(min_w, min(1.0, st.value)), 2)
             return abs(w - es.weight) < 0.005
         # no usable serving tuple: the router holds (its last known time is now, after this step)
-        return es.weight is None or c.s.frozen or r.hold_s >= 0.0
+        return es.weight is None or c.s.frozen or hold_s >= 0.0
 
     def _steady(self, es: EntityLifecycle, o: Observation | None) -> bool:
         """A healthy READY node whose tuple is exactly what it was last cycle: nothing can change (no
@@ -588,23 +590,44 @@ class Decider:
         for longer than ABSENT_GRACE_S (scaled down, decommissioned), except while frozen: a freeze ends
         when data returns, never because the silent entities were forgotten by the history."""
         p = self.policy
-        counted = [eid for eid, es in c.s.entities.items()
-                   if es.state != State.STARTING and es.state not in ISOLATED_STATES
-                   and (es.absent_since is None or c.s.frozen or c.now - es.absent_since < ABSENT_GRACE_S)]
-        low = [eid for eid in counted if not ((o := obs.get(eid)) is not None and o.usable(p.lifecycle))]
-        total = len(counted)
-        frac = len(low) / total if total else 0.0
+        if self.fast:
+            total, n_low = self._confidence_counts(c, obs)
+        else:
+            counted = [eid for eid, es in c.s.entities.items()
+                       if es.state != State.STARTING and es.state not in ISOLATED_STATES
+                       and (es.absent_since is None or c.s.frozen or c.now - es.absent_since < ABSENT_GRACE_S)]
+            low = [eid for eid in counted if not ((o := obs.get(eid)) is not None and o.usable(p.lifecycle))]
+            total, n_low = len(counted), len(low)
+        frac = n_low / total if total else 0.0
         frozen = total >= p.fleet.min_entities and frac >= p.fleet.low_confidence_fraction
         if frozen and not c.s.frozen:
             c.s.frozen, c.s.frozen_since = True, c.now
             c.emit(IntentKind.FLEET_ALERT, "fleet", "fleet_confidence_low",
-                   {"state": "firing", "low": len(low), "total": total, "fraction": round(frac, 4),
+                   {"state": "firing", "low": n_low, "total": total, "fraction": round(frac, 4),
                     "remediation": "frozen"})
         elif not frozen and c.s.frozen:
             c.s.frozen, c.s.frozen_since = False, None
             c.emit(IntentKind.FLEET_ALERT, "fleet", "fleet_confidence_restored",
-                   {"state": "resolved", "low": len(low), "total": total, "fraction": round(frac, 4),
+                   {"state": "resolved", "low": n_low, "total": total, "fraction": round(frac, 4),
                     "remediation": "resumed"})
+
+    def _confidence_counts(self, c: _Cycle, obs: Mapping[str, Observation | None]) -> tuple[int, int]:
+        """``_fleet_confidence``'s two counts in one pass: entities counted, and those without a usable
+        observation."""
+        minc = self.policy.lifecycle.min_confidence
+        frozen, now = c.s.frozen, c.now
+        total = low = 0
+        for eid, es in c.s.entities.items():
+            st = es.state
+            if st == State.STARTING or st in ISOLATED_STATES:
+                continue
+            if es.absent_since is not None and not frozen and not now - es.absent_since < ABSENT_GRACE_S:
+                continue
+            total += 1
+            o = obs.get(eid)
+            if o is None or o.value is None or not o.confidence >= minc:
+                low += 1
+        return total, low
 
     def _app_xids(self, c: _Cycle, life: list[HealthTuple], gpus: list[HealthTuple]) -> dict[str, str]:
         """Charge application Xids to jobs; return the nodes that distinct jobs keep hitting."""
@@ -656,7 +679,19 @@ class Decider:
         a = p.attribution
         lc = p.lifecycle
         out: dict[tuple[str, str], str] = {}
-        for kind in LIFECYCLE_KINDS:
+        kinds: Iterable[str] = LIFECYCLE_KINDS
+        if self.fast:
+            # a kind with fewer unhealthy entities than version_min_entities has nothing to say: count
+            # them in one pass before building anything
+            n_bad: dict[str, int] = defaultdict(int)
+            minc, deg = lc.min_confidence, lc.degraded_below
+            ents = c.s.entities
+            for eid, o in obs.items():
+                if (o is not None and o.value is not None and o.confidence >= minc
+                        and (o.gate or o.value < deg)):
+                    n_bad[ents[eid].kind] += 1
+            kinds = [k for k in LIFECYCLE_KINDS if n_bad[k] >= a.version_min_entities]
+        for kind in kinds:
             usable = {eid: o for eid, o in obs.items()
                       if o is not None and o.usable(lc) and c.s.entities[eid].kind == kind}
             bad = {eid for eid, o in usable.items() if o.gate or (o.value is not None and o.value < lc.degraded_below)}
@@ -694,7 +729,13 @@ class Decider:
                     gpu_by_node: Mapping[str, list[HealthTuple]]) -> None:
         p = self.policy
         reset_flags = {"row_remap_pending"} | {f"xid:{x}" for x in p.xid.reset_xids}
-        for eid in sorted(c.s.entities):
+        if self.fast:
+            # only a flagged node or one with a reset outstanding has anything to do here
+            todo: Iterable[str] = sorted({eid for eid, es in c.s.entities.items() if es.reset_scheduled}
+                                         | {eid for eid in node_flags if eid in c.s.entities})
+        else:
+            todo = sorted(c.s.entities)
+        for eid in todo:
             es = c.s.entities[eid]
             o = obs.get(eid)
             if es.kind != "node" or o is None or o.value is None:

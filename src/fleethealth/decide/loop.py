@@ -45,9 +45,21 @@ def _labels_key(health: Any, view: Snapshot, now: float, policy: Policy) -> Hash
     meta = getattr(health, "meta", None)
     if getattr(meta, "snap", None) is not view:
         return None
-    if len(view) and float(view.ts.max()) > now + policy.freshness.future_skew_s:
+    if len(view) and _newest_ts(view) > now + policy.freshness.future_skew_s:
         return None
     return shape_token(view)
+
+
+_NEWEST: list[tuple[Snapshot, float]] = []  # the last view asked about (arms of a backtest share views)
+
+
+def _newest_ts(view: Snapshot) -> float:
+    """The view's newest timestamp (a pass over every row: once per view, not once per loop)."""
+    if _NEWEST and _NEWEST[0][0] is view:
+        return _NEWEST[0][1]
+    t = float(view.ts.max())
+    _NEWEST[:] = [(view, t)]
+    return t
 
 
 @dataclass(slots=True)
