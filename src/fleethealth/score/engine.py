@@ -21,7 +21,7 @@ The result (``FleetHealth``) is columnar; ``HealthTuple`` objects are built lazi
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -30,6 +30,7 @@ import numpy as np
 from fleethealth.policy import Policy, SignalSpec
 from fleethealth.score import shapes
 from fleethealth.score.health import REASON_NO_FRESH_DATA, EntityKind, HealthTuple, SignalDetail
+from fleethealth.signals.history import shape_token
 from fleethealth.signals.snapshot import (
     CounterMatrix,
     InputIssue,
@@ -1018,6 +1019,52 @@ def _aggregate(
     )
 
 
+@dataclass
+class _SpecPlan:
+    """What aggregation needs from a kind's signal list alone (the same every cycle)."""
+
+    fam_rows: list[np.ndarray]  # per family: its signals
+    fam_ix: np.ndarray
+    exp_flag: np.ndarray
+    cat_ix: np.ndarray
+    direct: list[tuple[int, int]]  # (category, signal) where the category is that one signal
+    multi: list[tuple[int, np.ndarray, np.ndarray]]  # (category, its signals, their weights)
+    gate_rows: np.ndarray
+
+
+_SPEC_PLANS: dict[tuple[tuple[int, ...], tuple[str, ...]], tuple[list[SignalSpec], _SpecPlan]] = {}
+
+
+def _spec_plan(specs: list[SignalSpec], categories: list[str]) -> _SpecPlan:
+    key = (tuple(id(s) for s in specs), tuple(categories))
+    hit = _SPEC_PLANS.get(key)
+    if hit is not None and all(a is b for a, b in zip(hit[0], specs, strict=True)):
+        return hit[1]
+    fams = sorted({s.family_name for s in specs})
+    fam_ix = np.array([fams.index(s.family_name) for s in specs], np.int64)
+    cat_ix = np.array([categories.index(s.category) for s in specs], np.int64)
+    w = np.array([s.weight for s in specs], np.float64)
+    direct: list[tuple[int, int]] = []
+    multi: list[tuple[int, np.ndarray, np.ndarray]] = []
+    for c in range(len(categories)):
+        rows = np.flatnonzero(cat_ix == c)
+        if rows.size == 0:
+            continue
+        if rows.size == 1 and w[rows[0]] > 0:
+            direct.append((c, int(rows[0])))
+        else:
+            multi.append((c, rows, w[rows]))
+    plan = _SpecPlan(
+        [np.flatnonzero(fam_ix == fi) for fi in range(len(fams))], fam_ix,
+        np.array([s.expected for s in specs], bool), cat_ix, direct, multi,
+        np.flatnonzero(np.array([s.shape in ("gate", "xid") for s in specs], bool)),
+    )
+    if len(_SPEC_PLANS) > 64:
+        _SPEC_PLANS.clear()
+    _SPEC_PLANS[key] = (list(specs), plan)
+    return plan
+
+
 def _aggregate_base(
     names: list[str], specs: list[SignalSpec], results: list[_SignalResult], categories: list[str],
     critical_zeroes: bool,
@@ -1026,50 +1073,36 @@ def _aggregate_base(
     # and a category is a block of rows; the entities x signals views handed out are transposes.
     n = len(names)
     m = len(specs)
+    plan = _spec_plan(specs, categories)
     sub_t = np.stack([r.sub for r in results]) if m else np.zeros((0, n))
     seen_t = np.stack([r.seen for r in results]) if m else np.zeros((0, n), bool)
     fresh_t = ~np.isnan(sub_t)
-    fams = sorted({s.family_name for s in specs})
-    fam_ix = np.array([fams.index(s.family_name) for s in specs], np.int64)
-    fam_seen = np.zeros((len(fams), n), bool)
-    for fi in range(len(fams)):
-        fam_seen[fi] = seen_t[fam_ix == fi].any(axis=0)
-    exp_flag = np.array([s.expected for s in specs], bool)
-    expected_t = (exp_flag[:, None] & fam_seen[fam_ix]) | fresh_t if m else np.zeros((0, n), bool)
+    fam_seen = np.zeros((len(plan.fam_rows), n), bool)
+    for fi, rows in enumerate(plan.fam_rows):
+        fam_seen[fi] = seen_t[rows[0]] if rows.size == 1 else seen_t[rows].any(axis=0)
+    expected_t = (plan.exp_flag[:, None] & fam_seen[plan.fam_ix]) | fresh_t if m else np.zeros((0, n), bool)
     n_exp = expected_t.sum(axis=0)
     n_fresh = fresh_t.sum(axis=0)  # fresh implies expected
     with np.errstate(invalid="ignore", divide="ignore"):
         confidence = np.where(n_exp > 0, n_fresh / np.maximum(n_exp, 1), 0.0)
 
-    cat_ix = np.array([categories.index(s.category) for s in specs], np.int64)
-    w = np.array([s.weight for s in specs], np.float64)
-    # Weighted mean per category: one pass of row additions over the signals (rows are contiguous;
-    # faster here than a matrix product or fancy-indexed blocks). A one-signal category is that signal.
+    cat_ix = plan.cat_ix
+    # Weighted mean per category. A sum over axis 0 adds the rows one after the other, in signal order
+    # (the same numbers as a loop of row additions). A one-signal category is that signal.
     n_cat = len(categories)
     cat_t = np.full((n_cat, n), np.nan)
-    per_cat = np.bincount(cat_ix, minlength=n_cat)
-    sub_z = np.nan_to_num(sub_t, nan=0.0)  # NaN exactly where not fresh
-    wsum = np.zeros((n_cat, n))
-    tot = np.zeros((n_cat, n))
-    direct = np.zeros(n_cat, bool)
-    for j in range(m):
-        c = int(cat_ix[j])
-        if per_cat[c] == 1 and w[j] > 0:
-            cat_t[c] = sub_t[j]
-            direct[c] = True
-            continue
-        wsum[c] += w[j] * fresh_t[j]
-        tot[c] += w[j] * sub_z[j]
-    multi = np.flatnonzero((per_cat > 0) & ~direct)
-    if multi.size:
-        ws, tt = wsum[multi], tot[multi]
+    for c, j in plan.direct:
+        cat_t[c] = sub_t[j]
+    if plan.multi:
+        sub_z = np.nan_to_num(sub_t, nan=0.0)  # NaN exactly where not fresh
         with np.errstate(invalid="ignore", divide="ignore"):
-            cat_t[multi] = np.where(ws > 0, tt / np.where(ws > 0, ws, 1.0), np.nan)
-        if critical_zeroes:
-            for c in multi.tolist():
-                rows = np.flatnonzero(cat_ix == c)
-                cat_t[c][(sub_t[rows] == 0).any(axis=0)] = 0.0  # NaN is never == 0: only fresh zeroes
-    gate_rows = np.flatnonzero(np.array([s.shape in ("gate", "xid") for s in specs], bool))
+            for c, rows, wr in plan.multi:
+                ws = (wr[:, None] * fresh_t[rows]).sum(axis=0)
+                tt = (wr[:, None] * sub_z[rows]).sum(axis=0)
+                cat_t[c] = np.where(ws > 0, tt / np.where(ws > 0, ws, 1.0), np.nan)
+                if critical_zeroes:
+                    cat_t[c][(sub_t[rows] == 0).any(axis=0)] = 0.0  # NaN is never == 0: only fresh zeroes
+    gate_rows = plan.gate_rows
     if gate_rows.size:
         gate_hit = sub_t[gate_rows] == 0
         gated = gate_hit.any(axis=0)
@@ -1110,6 +1143,9 @@ class _WorstMembers(Mapping[int, str]):
         return int(np.count_nonzero(self.ix >= 0))
 
 
+_ROLL_UP: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
+
+
 def _roll_up_nodes(gpu: KindScores, node: KindScores, gpu_node: np.ndarray) -> None:
     """A node is the weakest of its GPUs and its node-wide signals (min; never averaged away).
 
@@ -1117,10 +1153,14 @@ def _roll_up_nodes(gpu: KindScores, node: KindScores, gpu_node: np.ndarray) -> N
     nn = len(node.names)
     if gpu_node.size == 0 or nn == 0:
         return
-    go = np.argsort(gpu_node, kind="stable")
-    gn = gpu_node[go]
-    starts = np.flatnonzero(np.concatenate(([True], gn[1:] != gn[:-1])))
-    present = gn[starts]  # node index of each GPU group
+    if _ROLL_UP and _ROLL_UP[0][0] is gpu_node:  # the GPUs of each node: as last cycle while tables are
+        _, go, starts, present = _ROLL_UP[0]
+    else:
+        go = np.argsort(gpu_node, kind="stable")
+        gn = gpu_node[go]
+        starts = np.flatnonzero(np.concatenate(([True], gn[1:] != gn[:-1])))
+        present = gn[starts]  # node index of each GPU group
+        _ROLL_UP[:] = [(gpu_node, go, starts, present)]
     # per category: min over GPUs and the node's own
     cat_names = node.categories
     gpu_cat_to_node = []
@@ -1441,7 +1481,9 @@ def score_snapshot(
     kinds: dict[str, KindScores] = {}
     for kind in KINDS:
         specs, table, results = ev.specs[kind], ev.tables[kind], ev.results[kind]
-        kind_cats = [c for c in ev.categories if any(s.category == c for s in specs)]
+        kind_cats = ev.kind_cats.get(kind)
+        if kind_cats is None:
+            kind_cats = ev.kind_cats[kind] = [c for c in ev.categories if any(s.category == c for s in specs)]
         kinds[kind] = _aggregate(
             kind, table.names, specs if table.names else [], results, how, kind_cats, policy.critical_zeroes_category,
             ev.bases,
@@ -1467,17 +1509,21 @@ class _Evaluation:
     meta: _MetaIndex
     issues: list[InputIssue]
     bases: dict[str, _Base] = field(default_factory=dict)  # per kind: the consumer-independent aggregation
+    kind_cats: dict[str, list[str]] = field(default_factory=dict)
 
 
 # A controller cycle scores the same snapshot for several consumers (remediation, serving); the
 # signals and their normalisation do not depend on the consumer, only the aggregation does. One entry,
 # holding its snapshot and policy so that identity cannot be recycled while it is cached.
 _LAST_EVALUATION: list[_Evaluation] = []
+# (shape token, policy, inventory, resolver, its key count, tables, gpu -> node): the last history view's
+_LAST_TABLES: list[tuple[Hashable, Policy, Any, _Resolver, int, dict[str, _KindTable], np.ndarray]] = []
 
 
 def forget_evaluations() -> None:
     """Drop the cached evaluation (benchmarks: time a full scoring, not a re-aggregation)."""
     _LAST_EVALUATION.clear()
+    _LAST_TABLES.clear()
 
 
 def _evaluation(
@@ -1492,21 +1538,33 @@ def _evaluation(
         ):
             return last
     ctx = _Ctx(snapshot, policy, now)
-    tables = _entity_tables(ctx, policy, inventory)
+    # Entities come from which series the view holds: while a history says that set is unchanged (its
+    # shape token), last cycle's tables are this cycle's (not with samples in the future left out).
+    token = shape_token(snapshot) if ctx.index is not None else None
+    r = ctx.resolver
+    hit = _LAST_TABLES[0] if _LAST_TABLES else None
+    if (
+        hit is not None and token is not None and hit[0] == token and hit[1] is policy and hit[3] is r
+        and hit[4] == len(r.key_names) and (hit[2] is inventory or hit[2] == inventory)
+    ):
+        tables, gpu_node = hit[5], hit[6]
+    else:
+        tables = _entity_tables(ctx, policy, inventory)
+        gt = tables["gpu"]
+        key_node = r.key_node_arr
+        gpu_node_kid = key_node[gt.key_ids] if gt.key_ids.size else np.zeros(0, np.int64)
+        nt = tables["node"]
+        gpu_node = (np.where(gpu_node_kid >= 0, nt.lut[np.maximum(gpu_node_kid, 0)], -1) if gpu_node_kid.size
+                    else gpu_node_kid)
+        if not (gpu_node >= 0).all():  # gpus always imply their node
+            raise AssertionError("gpu without node")
+        _LAST_TABLES[:] = [(token, policy, inventory, r, len(r.key_names), tables, gpu_node)] if token is not None else []
     specs: dict[str, list[SignalSpec]] = {}
     results: dict[str, list[_SignalResult]] = {}
     for kind in KINDS:
         specs[kind] = [s for s in policy.signals if kind in s.entities]
         table = tables[kind]
         results[kind] = [_evaluate(ctx, s, kind, table) for s in specs[kind]] if table.names else []
-    r = ctx.resolver
-    gt = tables["gpu"]
-    key_node = r.key_node_arr
-    gpu_node_kid = key_node[gt.key_ids] if gt.key_ids.size else np.zeros(0, np.int64)
-    nt = tables["node"]
-    gpu_node = np.where(gpu_node_kid >= 0, nt.lut[np.maximum(gpu_node_kid, 0)], -1) if gpu_node_kid.size else gpu_node_kid
-    if not (gpu_node >= 0).all():  # gpus always imply their node
-        raise AssertionError("gpu without node")
     meta = _MetaIndex(ctx, policy, tables, gpu_node)
     ev = _Evaluation(
         snapshot, policy, now, inventory, specs, tables, results,
