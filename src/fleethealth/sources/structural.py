@@ -132,7 +132,10 @@ class StructuralTracker:
         # (O(n), no sort or hash), and everything after that on pairs.
         if n:
             bitmap = np.zeros(n_metrics * n_series, bool)
-            bitmap[fs.astype(np.int64) * n_metrics + fm] = True
+            if n_metrics * n_series < 2**31 and fs.dtype == np.int32 and fm.dtype == np.int32:
+                bitmap[fs * np.int32(n_metrics) + fm] = True  # int32 keys: no int64 copy of every row
+            else:
+                bitmap[fs.astype(np.int64) * n_metrics + fm] = True
             p_sid, p_mid = np.divmod(np.flatnonzero(bitmap), n_metrics)
             s_sid = p_sid[~is_target[p_mid]]  # pairs of the node's own samples
         else:
