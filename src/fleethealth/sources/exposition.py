@@ -938,6 +938,7 @@ class _Cut:
     buf: bytes = b""
     vs: np.ndarray | None = None
     ve: np.ndarray | None = None
+    lab_at: np.ndarray | None = None  # where each label string starts in ``buf`` (when cut in place)
     _vals: list[bytes] | None = None
     _joined: bytes | None = None
 
@@ -969,31 +970,49 @@ class _Cut:
 
 @dataclass
 class _Template:
-    """The last block's label sequence: raw label strings, each + b" " (``labsp``) and its length, their
-    series ids, and for ``_rows``: the lines grouped by that length, (length, line indices, their labsp
-    joined), or None when there are too many lengths (then one bytes.startswith per line)."""
+    """The last block's label sequence: raw label strings, the length of each + b" " (``lens``), their
+    series ids, and for ``_rows``: the lines grouped by that length, (length, line indices, their labels
+    + b" " joined), or None when there are too many lengths (then one bytes.startswith per line)."""
 
     labs: list[bytes]
-    labsp: list[bytes]
     lens: np.ndarray
     sids: np.ndarray
     groups: list[tuple[int, np.ndarray, bytes]] | None
+    _labsp: list[bytes] | None = None
+
+    @property
+    def labsp(self) -> list[bytes]:
+        """Each label string + b" " (made only for the per-line fallback)."""
+        if self._labsp is None:
+            self._labsp = list(map(bytes.__add__, self.labs, repeat(b" ")))
+        return self._labsp
 
 
 def _make_template(cut: _Cut, sids: np.ndarray) -> _Template:
-    labsp = list(map(bytes.__add__, cut.labs, repeat(b" ")))
-    lens = np.fromiter(map(len, labsp), np.int64, len(labsp))
+    at = cut.lab_at
+    labsp: list[bytes] | None = None
+    if at is not None and cut.vs is not None:  # cut in place: labels + b" " are buf[at[i]:vs[i]]
+        lens = cut.vs - at
+    else:
+        labsp = list(map(bytes.__add__, cut.labs, repeat(b" ")))
+        lens = np.fromiter(map(len, labsp), np.int64, len(labsp))
+
+    def rows(w: int, idx: np.ndarray) -> bytes:
+        if labsp is None:
+            assert at is not None
+            return _rows(cut.buf, w, at[idx])
+        return b"".join(map(labsp.__getitem__, idx.tolist()))
+
     groups: list[tuple[int, np.ndarray, bytes]] | None = None
     if lens.shape[0]:
-        widths = np.unique(lens).tolist()
-        if len(widths) == 1:
-            groups = [(widths[0], np.arange(lens.shape[0]), b"".join(labsp))]
-        elif len(widths) <= 16:  # (hostnames of a few lengths; each group costs a few numpy calls per block)
+        lo, hi = int(lens.min()), int(lens.max())
+        widths = [lo] if lo == hi else np.unique(lens).tolist()
+        if len(widths) <= 16:  # (hostnames of a few lengths; each group costs a few numpy calls per piece)
             groups = []
             for w in widths:
-                idx = np.flatnonzero(lens == w)
-                groups.append((w, idx, b"".join(map(labsp.__getitem__, idx.tolist()))))
-    return _Template(cut.labs, labsp, lens, sids, groups)
+                idx = np.arange(lens.shape[0]) if lo == hi else np.flatnonzero(lens == w)
+                groups.append((w, idx, rows(w, idx)))
+    return _Template(cut.labs, lens, sids, groups, labsp)
 
 
 def _newlines(ctx: _Ctx, buf: bytes, a: int, e: int) -> np.ndarray:
@@ -1257,7 +1276,7 @@ def _cut_lines(ctx: _Ctx, buf: bytes, a: int, nl: int, e: int, bname: bytes) -> 
     if not (np.frombuffer(buf, np.uint8)[br + 1] == 32).all():
         return None
     labs = list(map(buf.__getitem__, map(slice, lab_at.tolist(), (br + 1).tolist())))
-    return _Cut(labs, buf, vs, ve)
+    return _Cut(labs, buf, vs, ve, lab_at)
 
 
 def _cut_block(chunk: bytes, bname: bytes) -> _Cut | None:
