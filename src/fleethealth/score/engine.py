@@ -75,25 +75,31 @@ class _Resolver:
         self.meta_cache: dict[tuple[str, tuple[int, ...]], dict[str, str]] = {}
         self._floats: dict[str, list[float]] = {}
         self._matches: dict[tuple[tuple[str, str], ...], list[bool]] = {}
+        self._arrays: dict[tuple[str, Any], np.ndarray] = {}  # the two above as arrays, while complete
 
     def label_floats(self, label: str) -> np.ndarray:
         """Per label set, the float value of ``label`` (NaN when absent or not a number); incremental."""
         assert self.labelsets is not None
         vals = self._floats.setdefault(label, [])
-        vals.extend(label_float(ls, label) for ls in self.labelsets[len(vals):])
-        return np.asarray(vals, np.float64)
+        arr = self._arrays.get(("f", label))
+        if arr is None or len(vals) < len(self.labelsets):
+            vals.extend(label_float(ls, label) for ls in self.labelsets[len(vals):])
+            arr = self._arrays[("f", label)] = np.asarray(vals, np.float64)
+        return arr
 
     def label_match(self, match: Mapping[str, str]) -> np.ndarray:
         """Per label set, whether every label fully matches its regular expression; incremental."""
         assert self.labelsets is not None
         key = tuple(sorted(match.items()))
         hits = self._matches.setdefault(key, [])
-        if len(hits) < len(self.labelsets):
+        arr = self._arrays.get(("m", key))
+        if arr is None or len(hits) < len(self.labelsets):
             rx = [(k, re.compile(v)) for k, v in key]
             for ls in self.labelsets[len(hits):]:
                 d = dict(ls)
                 hits.append(all(r.fullmatch(d.get(k, "")) is not None for k, r in rx))
-        return np.asarray(hits, bool)
+            arr = self._arrays[("m", key)] = np.asarray(hits, bool)
+        return arr
 
     def group_ids(self, labels: tuple[str, ...]) -> np.ndarray:
         """Per label set, the id of its peer group (the values of ``labels``); incremental, cached."""
@@ -305,6 +311,8 @@ class _Ctx:
         self.order = np.zeros(0, np.int64)
         self.bounds: dict[int, tuple[int, int]] = {}
         self._windows: dict[tuple[int, float], tuple[np.ndarray, ...]] = {}
+        self._rates: dict[tuple[int, float, float], tuple[np.ndarray, ...]] = {}
+        self._stacks: dict[tuple[int, tuple[float, ...]], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         if self.index is not None:
             self.bounds = self.index.bounds
             return
@@ -372,15 +380,49 @@ class _Ctx:
         mat = self.matrix(metric)
         if mat is None:
             return None
-        kid = self.resolver.arr[kind][mat.series]
-        ent = np.where(kid >= 0, table.lut[np.maximum(kid, 0)], -1)
-        keep = (ent >= 0) & (mat.last >= 0)
-        if match:
-            keep &= self.resolver.label_match(match)[mat.series]
+        # which entity each series is: the same while the series and the tables are (cycle after cycle)
+        key = (metric, tuple(sorted(match.items())) if match else (), kind, id(table))
+        hit = _COLUMNS.get(key)
+        if hit is not None and hit[0] is table and np.array_equal(hit[1], mat.series):
+            ent, ok, single = hit[2], hit[3], hit[4]
+        else:
+            kid = self.resolver.arr[kind][mat.series]
+            ent = np.where(kid >= 0, table.lut[np.maximum(kid, 0)], -1)
+            ok = ent >= 0
+            if match:
+                ok &= self.resolver.label_match(match)[mat.series]
+            single = bool(ok.all()) and (ent.size == 0 or int(np.bincount(ent).max()) <= 1)
+            if len(_COLUMNS) > 512:
+                _COLUMNS.clear()
+            _COLUMNS[key] = (table, mat.series.copy(), ent, ok, single)
+        keep = ok & (mat.last >= 0)
         if bool(keep.all()):
-            return _Columns(self, mat, mat.series, ent, slice(mat.c0, mat.c1))
+            return _Columns(self, mat, mat.series, ent, slice(mat.c0, mat.c1), single)
         sel = np.flatnonzero(keep)
         return _Columns(self, mat, mat.series[sel], ent[sel], sel + mat.c0)
+
+    def windows(self, mat: CounterMatrix, starts: tuple[float, ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Increase and sample count in each window (rows: ``starts``) and the latest timestamp, per
+        column of ``mat``'s group."""
+        key = (mat.group, starts)
+        hit = self._stacks.get(key)
+        if hit is None:
+            wins = [self.window(mat, st) for st in starts]
+            hit = self._stacks[key] = (np.stack([w[0] for w in wins]), np.stack([w[5] for w in wins]), wins[0][4])
+        return hit
+
+    def rates(self, mat: CounterMatrix, window: float, max_age: float) -> tuple[np.ndarray, ...]:
+        """Per column of ``mat``'s group: rate over the window (NaN unless fresh), latest value, age."""
+        key = (mat.group, window, max_age)
+        hit = self._rates.get(key)
+        if hit is None:
+            inc, t0, t1, lv, lt, _ = self.window(mat, self.now - window)
+            dt = t1 - t0
+            with np.errstate(invalid="ignore", divide="ignore"):
+                rate = np.where(dt > 0, inc / np.where(dt > 0, dt, 1.0), np.nan)
+                fresh = (self.now - t1) <= max_age
+            hit = self._rates[key] = (np.where(fresh, rate, np.nan), lv, self.now - lt)
+        return hit
 
     def window(self, mat: CounterMatrix, start: float) -> tuple[np.ndarray, ...]:
         """``_window`` over the whole matrix of ``mat``'s group: once per (group, start) and call, for
@@ -413,13 +455,18 @@ def _window(t: np.ndarray, v: np.ndarray, last: np.ndarray, start: float) -> tup
     return inc, t0, t1, lv, lt, n_in
 
 
+# (metric, match, kind, id(table)) -> (table, series, entity per series, series usable, one per entity)
+_COLUMNS: dict[tuple[Any, ...], tuple[_KindTable, np.ndarray, np.ndarray, np.ndarray, bool]] = {}
+
+
 class _Columns:
     """A counter matrix's columns (series) of one entity kind: ``ent`` per column; ``cols``: where they
     are in the matrix of the view's group."""
 
     def __init__(self, ctx: _Ctx, mat: CounterMatrix, series: np.ndarray, ent: np.ndarray,
-                 cols: slice | np.ndarray) -> None:
+                 cols: slice | np.ndarray, single: bool = False) -> None:
         self.ctx, self.mat, self.series, self.ent, self.cols = ctx, mat, series, ent, cols
+        self.single = single  # known: one series per entity
 
     def window(self, start: float) -> tuple[np.ndarray, ...]:
         return tuple(a[self.cols] for a in self.ctx.window(self.mat, start))
@@ -584,8 +631,15 @@ def _evaluate_counter_columns(ctx: _Ctx, spec: SignalSpec, kind: EntityKind, col
     res.seen[cols.ent] = True
     window = spec.rate_window_s or pol.freshness.rate_window_s
     max_age = spec.max_age_s or pol.freshness.max_age_s
-    inc, t0, t1, last_v, last_t, _ = cols.window(now - window)
-    _counter_rates(res, cols.ent, inc, t0, t1, last_v, last_t, now, max_age)
+    if cols.single:  # one series per entity: rates of the whole group at once, then placed
+        rate, last_v, age = (a[cols.cols] for a in ctx.rates(cols.mat, window, max_age))
+        res.rate = np.full(res.rate.size, np.nan)
+        res.rate[cols.ent] = rate
+        res.raw[cols.ent] = last_v
+        res.age[cols.ent] = age
+    else:
+        inc, t0, t1, last_v, last_t, _ = cols.window(now - window)
+        _counter_rates(res, cols.ent, inc, t0, t1, last_v, last_t, now, max_age)
     res.sub = _shape(ctx, spec, kind, res.rate, cols.series, cols.ent, None, res, res.sub.size)
     return res
 
@@ -845,9 +899,8 @@ def _per_entity(cols: _Columns, starts: list[float], n: int, now: float) -> tupl
     age_e = np.full(n, np.nan)
     if cols.series.size == 0:
         return inc_e, age_e
-    wins = [cols.window(st) for st in starts]
-    inc = np.stack([w[0] for w in wins])
-    n_in = np.stack([w[5] for w in wins])
+    inc_g, n_in_g, lt_g = cols.ctx.windows(cols.mat, tuple(starts))
+    inc, n_in, lt = inc_g[:, cols.cols], n_in_g[:, cols.cols], lt_g[cols.cols]
     good = n_in >= 2
     # one bincount per quantity for every window: bins (window, entity); sums in series order as add.at
     bins = (np.arange(len(starts))[:, None] * n + cols.ent[None, :])[good]
@@ -855,7 +908,7 @@ def _per_entity(cols: _Columns, starts: list[float], n: int, now: float) -> tupl
     cnt = np.bincount(bins, minlength=len(starts) * n).reshape(len(starts), n)
     inc_e = np.where(cnt > 0, acc, np.nan)
     has = n_in[0] > 0
-    np.fmin.at(age_e, cols.ent[has], now - wins[0][4][has])
+    np.fmin.at(age_e, cols.ent[has], now - lt[has])
     return inc_e, age_e
 
 
