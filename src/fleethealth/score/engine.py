@@ -217,13 +217,23 @@ def _is_counter(spec: SignalSpec) -> bool:
     return spec.kind == "counter"
 
 
-def _latest_per_series(series: np.ndarray, ts: np.ndarray) -> np.ndarray:
+def _in_order(series: np.ndarray, ts: np.ndarray, presorted: bool) -> np.ndarray:
+    """``order_by_series_time``; with ``presorted`` (a history view's gauge rows), first a check that the
+    rows already are in that order (one pass instead of a sort)."""
+    if presorted and series.size > 1:
+        ds = np.diff(series)
+        if bool((ds >= 0).all()) and bool(((ds > 0) | (np.diff(ts) >= 0)).all()):
+            return np.arange(series.size)
+    return order_by_series_time(series, ts)
+
+
+def _latest_per_series(series: np.ndarray, ts: np.ndarray, presorted: bool = False) -> np.ndarray:
     """Positions (into the given arrays) of the latest sample of each series."""
     if series.size == 0:
         return np.zeros(0, np.int64)
     if np.bincount(series).max() <= 1:  # one sample per series: each is its own latest
         return np.arange(series.size)
-    order = order_by_series_time(series, ts)
+    order = _in_order(series, ts, presorted)
     s = series[order]
     last = np.ones(s.size, bool)
     last[:-1] = s[1:] != s[:-1]
@@ -411,6 +421,35 @@ class _Ctx:
             hit = self._stacks[key] = (np.stack([w[0] for w in wins]), np.stack([w[5] for w in wins]), wins[0][4])
         return hit
 
+    def gauge_rows(self, metric: str, match: Mapping[str, str] | None, kind: str,
+                   table: _KindTable) -> _GaugeRows | None:
+        """A history view's rows of a gauge, one per series, with their entities of ``kind``; None when
+        a series has several (then: the row path)."""
+        mid = self.metric_ix.get(metric)
+        if mid is None or mid not in self.bounds:
+            return None
+        a, b = self.bounds[mid]
+        block = self.snap.series_ids[a:b]
+        key = ("g", metric, tuple(sorted(match.items())) if match else (), kind, id(table))
+        hit = _GAUGES.get(key)
+        if hit is not None and hit[0] is table and np.array_equal(hit[1], block):
+            g = hit[2]
+            return None if g is None else _GaugeRows(a, b, g.sel, g.ser, g.ent, g.single)
+        kid = self.resolver.arr[kind][block]
+        ent = np.where(kid >= 0, table.lut[np.maximum(kid, 0)], -1)
+        keep = ent >= 0
+        if match:
+            keep &= self.resolver.label_match(match)[block]
+        sel = None if bool(keep.all()) else np.flatnonzero(keep)
+        ser, ent = (block, ent) if sel is None else (block[sel], ent[sel])
+        g = None
+        if ser.size == 0 or int(np.bincount(ser).max()) <= 1:
+            g = _GaugeRows(a, b, sel, ser.copy(), ent, ent.size == 0 or int(np.bincount(ent).max()) <= 1)
+        if len(_GAUGES) > 512:
+            _GAUGES.clear()
+        _GAUGES[key] = (table, block.copy(), g)
+        return g
+
     def rates(self, mat: CounterMatrix, window: float, max_age: float) -> tuple[np.ndarray, ...]:
         """Per column of ``mat``'s group: rate over the window (NaN unless fresh), latest value, age."""
         key = (mat.group, window, max_age)
@@ -455,6 +494,20 @@ def _window(t: np.ndarray, v: np.ndarray, last: np.ndarray, start: float) -> tup
     return inc, t0, t1, lv, lt, n_in
 
 
+@dataclass
+class _GaugeRows:
+    """A gauge's rows ``a:b`` of a view (``sel``: those of the kind's entities, None: all): one per
+    series ``ser``, entity ``ent``; ``single``: one series per entity."""
+
+    a: int
+    b: int
+    sel: np.ndarray | None
+    ser: np.ndarray
+    ent: np.ndarray
+    single: bool
+
+
+_GAUGES: dict[tuple[Any, ...], tuple[_KindTable, np.ndarray, _GaugeRows | None]] = {}
 # (metric, match, kind, id(table)) -> (table, series, entity per series, series usable, one per entity)
 _COLUMNS: dict[tuple[Any, ...], tuple[_KindTable, np.ndarray, np.ndarray, np.ndarray, bool]] = {}
 
@@ -555,6 +608,10 @@ def _evaluate(ctx: _Ctx, spec: SignalSpec, kind: EntityKind, table: _KindTable) 
         cols = ctx.columns(spec.metric, spec.match, kind, table)
         if cols is not None:
             return _evaluate_counter_columns(ctx, spec, kind, cols, res)
+    elif spec.shape != "xid" and ctx.index is not None:
+        rows = ctx.gauge_rows(spec.metric, spec.match, kind, table)
+        if rows is not None:
+            return _evaluate_gauge_rows(ctx, spec, kind, rows, res)
     idx = ctx.samples(spec.metric, spec.match)
     if idx.size == 0:
         return res
@@ -592,6 +649,34 @@ def _evaluate(ctx: _Ctx, spec: SignalSpec, kind: EntityKind, table: _KindTable) 
             res.raw = res.raw.copy()
     sub = _shape(ctx, spec, kind, x, ser, ent, lp if not _is_counter(spec) else None, res, n)
     res.sub = sub
+    return res
+
+
+def _evaluate_gauge_rows(ctx: _Ctx, spec: SignalSpec, kind: EntityKind, rows: _GaugeRows,
+                         res: _SignalResult) -> _SignalResult:
+    """``_evaluate`` of a gauge whose view rows hold one sample per series (a history's view): the same
+    numbers, with the row -> entity map kept from the last cycle."""
+    n = res.sub.size
+    if rows.ent.size == 0:
+        return res
+    snap, now = ctx.snap, ctx.now
+    res.seen[rows.ent] = True
+    max_age = spec.max_age_s or ctx.policy.freshness.max_age_s
+    vals, ts = snap.values[rows.a:rows.b], snap.ts[rows.a:rows.b]
+    if rows.sel is not None:
+        vals, ts = vals[rows.sel], ts[rows.sel]
+    age_s = now - ts
+    fresh = age_s <= max_age
+    if rows.single:
+        res.age[rows.ent] = np.maximum(age_s, 0.0)
+        res.raw[rows.ent[fresh]] = vals[fresh]
+    else:
+        res.age = _reduce_worst(rows.ent, np.maximum(age_s, 0.0), n, False)
+        res.raw = _reduce_worst(rows.ent[fresh], vals[fresh], n, spec.worse_if == "higher")
+    x = res.raw
+    if spec.shape == "peer":
+        res.raw = res.raw.copy()
+    res.sub = _shape(ctx, spec, kind, x, rows.ser, rows.ent, np.arange(rows.ent.size), res, n)
     return res
 
 
@@ -729,7 +814,8 @@ def _evaluate_xid(
     n = res.sub.size
     vals, ts = snap.values[idx], snap.ts[idx]
     # Fresh evidence that the source is alive: sub-score 1 unless an Xid gates it.
-    lp = _latest_per_series(ser, ts)
+    presorted = ctx.index is not None
+    lp = _latest_per_series(ser, ts, presorted)
     age_s = now - ts[lp]
     res.age = _reduce_worst(ent[lp], np.maximum(age_s, 0.0), n, False)
     fresh_e = np.zeros(n, bool)
@@ -739,7 +825,7 @@ def _evaluate_xid(
         # DCGM's last-Xid field keeps its value until the exporter restarts, so a value is an occurrence
         # only when it *started* within the Xid window: the start of the series' final run of equal
         # values (the history keeps that start). With no earlier evidence the first sample is the start.
-        order = order_by_series_time(ser, ts)
+        order = _in_order(ser, ts, presorted)
         s_o, v_o, t_o, e_o = ser[order], vals[order], ts[order], ent[order]
         new_run = np.ones(s_o.size, bool)
         new_run[1:] = (s_o[1:] != s_o[:-1]) | (v_o[1:] != v_o[:-1])

@@ -332,7 +332,8 @@ class SignalHistory:
         # ``_epoch`` counts those moments (see ``shape_token``).
         self._serial = next(_SERIAL)
         self._epoch = 0
-        self._g_order: tuple[int, np.ndarray] | None = None  # gauge slots sorted by (metric, series)
+        # gauge slots sorted by (metric, series), and their keys
+        self._g_order: tuple[int, np.ndarray, np.ndarray] | None = None
         self._last_view: Snapshot | None = None
         self._last_token: Hashable | None = None
         self._plans: dict[tuple[int, int], _Plan] = {}
@@ -679,11 +680,17 @@ class SignalHistory:
                 self._g_v[dead] = np.nan
                 self._epoch += 1
 
+    def _gauge_keys(self) -> np.ndarray:
+        """(metric << 32 | series) per gauge slot."""
+        self._gauge_order()
+        assert self._g_order is not None
+        return self._g_order[2]
+
     def _gauge_order(self) -> np.ndarray:
         n = self._g_t.size
         if self._g_order is None or self._g_order[0] != n:
             keys = np.concatenate(self._slot_ms["gauge"]) if self._slot_ms["gauge"] else np.zeros(0, np.int64)
-            self._g_order = (n, np.argsort(keys[:n], kind="stable"))
+            self._g_order = (n, np.argsort(keys[:n], kind="stable"), keys[:n])
         return self._g_order[1]
 
     def view(self, now: float) -> Snapshot:
@@ -703,9 +710,11 @@ class SignalHistory:
         if self._track_start.any() and rows.size:
             ev = live & self._track_start[self._g_m] & (self._g_since < self._g_t) & np.isfinite(self._g_since)
             if ev.any():
-                # a value-start sample follows its metric's gauge rows (each metric stays one block)
+                # a value-start sample goes just before its series' latest (each metric one block, its
+                # rows in (series, time) order)
                 er = order[ev[order]]
-                at = np.searchsorted(gm, self._g_m[er], side="right")
+                keys = self._gauge_keys()
+                at = np.searchsorted(keys[rows], keys[er])
                 parts_m[0] = np.insert(gm, at, self._g_m[er])
                 parts_s[0] = np.insert(parts_s[0], at, self._g_s[er])
                 parts_v[0] = np.insert(parts_v[0], at, self._g_v[er])
