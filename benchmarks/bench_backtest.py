@@ -7,8 +7,10 @@ Every telemetry step goes through the simulator and the rolling history; every `
 seconds the product's full decision cycle runs (history view, structural signals, remediation and serving
 scores, decisions). The decision cadence is coarser than the telemetry on purpose: the engine costs about
 a fifth of a CPU second per cycle for this fleet, and a controller's dwell times are minutes. CPU time
-(process time) is reported next to wall time because the machine may be shared; the full week is 40,320
-steps, so ``--hours`` lets you measure a slice and the script projects the week from it.
+(process time) is reported next to wall time because the machine may be shared, with a calibration loop's
+CPU time (about 13 ms idle); the full week is 40,320 steps, so ``--hours`` lets you measure a slice and the
+script projects the week from it. ``decide_ms_per_cycle`` and ``structural_ms_per_cycle`` time the two
+per-cycle parts that are neither scoring nor the history.
 """
 
 from __future__ import annotations
@@ -25,6 +27,40 @@ from fleethealth.sim import load_scenario
 WEEK_H = 168.0
 
 
+def _time_parts() -> dict[str, list[float]]:
+    """CPU seconds and calls of Decider.decide and StructuralTracker.observe during the run (wrapped
+    here, in the benchmark only)."""
+    from fleethealth.decide.decider import Decider
+    from fleethealth.sources.structural import StructuralTracker
+
+    acc: dict[str, list[float]] = {"decide": [0.0, 0], "structural": [0.0, 0]}
+
+    def wrap(cls: Any, name: str, key: str) -> None:
+        inner = getattr(cls, name)
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            t = time.process_time()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                acc[key][0] += time.process_time() - t
+                acc[key][1] += 1
+
+        setattr(cls, name, timed)
+
+    wrap(Decider, "decide", "decide")
+    wrap(StructuralTracker, "observe", "structural")
+    return acc
+
+
+def _calibration_ms() -> float:
+    """CPU milliseconds of a fixed loop (about 13 on this machine when idle): quote it next to the
+    figures, the machine is shared."""
+    t = time.process_time()
+    sum(range(10**6))
+    return round(1000 * (time.process_time() - t), 1)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--hours", type=float, default=WEEK_H, help="simulated hours (default: a week)")
@@ -36,6 +72,7 @@ def main() -> None:
           "all": ["static-rules", "liveness-only", "weighted-mean", "no-confidence"]}[a.baselines]
     sc = load_scenario("noise-only").with_overrides(duration=a.hours * 3600.0)
     gpus = sum(p.nodes for p in sc.fleet.pools) * sc.fleet.gpus_per_node
+    parts = _time_parts()
     w0, c0 = time.perf_counter(), time.process_time()
     run = run_backtest(sc, default_policy(), bl, cycle_s=a.cycle)
     res = evaluate(run)
@@ -50,6 +87,10 @@ def main() -> None:
         "cpu_per_cycle_ms": round(1000 * arm_cpu.get("fleethealth", 0.0) / max(res["cycles"], 1), 1),
         "cpu_per_step_ms_sim_and_ingest": round(1000 * (cpu - decide_cpu) / max(run.steps, 1), 2),
         "arm_cpu_s": arm_cpu,
+        # the per-cycle parts that are neither scoring nor the history, over every engine arm's cycles
+        "decide_ms_per_cycle": round(1000 * parts["decide"][0] / max(parts["decide"][1], 1), 2),
+        "structural_ms_per_cycle": round(1000 * parts["structural"][0] / max(parts["structural"][1], 1), 2),
+        "calibration_ms": _calibration_ms(),
         "projected_week_cpu_s": round(cpu * WEEK_H / a.hours, 0),
         "quarantines": res["quarantines"], "flaps_per_node_day": round(res["flaps_per_node_day"], 4),
     }
