@@ -135,3 +135,25 @@ def test_label_value_holding_a_brace_falls_back_to_the_split_cut(monkeypatch: py
     monkeypatch.undo()
     with _careful_only():
         assert _rows(text) == (rows, issues)
+
+
+_plain_value = st.text(st.characters(blacklist_characters='"\\\n', blacklist_categories=["Cs"]), max_size=6)
+
+
+@settings(max_examples=120, deadline=None)
+@given(
+    st.lists(st.tuples(_plain_value, _plain_value, _plain_value), min_size=8, max_size=24, unique=True),
+    st.sampled_from(["{a=\"%s\",b=\"%s\",c=\"%s\"}", "{ a = \"%s\" , b=\"%s\",c=\"%s\", }", "{c=\"%s\",a=\"%s\",b=\"%s\"}"]),
+    st.lists(st.sampled_from(['{a="x",b="y"}', '{a="x",b="y",c="z",d="w"}', '{a="x" ,b="y",c="z"}', '{"a"="x",b="y",c="z"}',
+                              '{a="x",b="y",b="z"}', '{a="x",b="y",c="z"', '{a="x"b="y",c="z"}', '{a="\\"",b="y",c="z"}']),
+             max_size=3),
+)
+def test_property_bulk_label_strings_equal_careful_parse(
+    values: list[tuple[str, str, str]], shape: str, odd: list[str]
+) -> None:
+    """Label strings parsed in bulk (the bytes template regex for each shape, the careful parser for
+    the rest) equal the careful parser's reading of each."""
+    raws = list(dict.fromkeys([(shape % v).encode() for v in values] + [o.encode() for o in odd]))
+    clear_label_cache()
+    ex._parse_labels_bulk(raws)
+    assert [ex._LABEL_CACHE[r] for r in raws] == [ex._split_labels(r.decode()) for r in raws]

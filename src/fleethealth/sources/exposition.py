@@ -174,7 +174,7 @@ def _parse_labels_bulk(raws: list[bytes], depth: int = 0) -> None:
     a newline. A string that fits has the first string's keys, separators and spacing byte for byte and
     values without quotes or escapes, so ``_split_labels`` would give the same pairs.
     """
-    todo = [r for r in raws if r not in _LABEL_CACHE]
+    todo = [r for r in raws if r not in _LABEL_CACHE] if _LABEL_CACHE else list(raws)
     if len(todo) < 8 or depth >= 6:
         for r in todo:
             _parse_labels(r)
@@ -271,29 +271,38 @@ def _parse_labels_bulk_str(todo: list[bytes], depth: int) -> None:
 
 
 def _label_sets(found: list[tuple[Any, ...]], keys: list[str]) -> list[LabelSet]:
-    """Sorted label sets from value tuples (one per string, in ``keys`` order; bytes are decoded as
-    UTF-8), built column by column with C-level loops: the pairs of a value shared by many strings
-    (gpu="0", modelName, the driver) are one tuple object, and zip() assembles the label sets. Fewer new
-    objects also means fewer garbage collector passes (``zip(*found)`` over 100k tuples made 100k
-    iterators and cost five times more than ``itemgetter`` columns). Empty values mean an absent label
+    """``_column_label_sets`` for value tuples (one per string, in ``keys`` order); ``itemgetter``
+    columns (``zip(*found)`` over 100k tuples made 100k iterators and cost five times more)."""
+    if not found:
+        return []
+    return _column_label_sets([list(map(itemgetter(j), found)) for j in range(len(keys))], keys)
+
+
+def _column_label_sets(columns: list[list[Any]], keys: list[str]) -> list[LabelSet]:
+    """Sorted label sets from value columns (``columns[j]``: the values of ``keys[j]``, one per string;
+    bytes are decoded as UTF-8), built column by column with C-level loops: the pairs of a value shared
+    by many strings (gpu="0", modelName, the driver) are one tuple object, and zip() assembles the label
+    sets. Fewer new objects also means fewer garbage collector passes. Empty values mean an absent label
     and are dropped (a Python loop for those only). Raises UnicodeDecodeError on a value that is not
     UTF-8."""
-    n = len(found)
+    n = len(columns[0]) if columns else 0
     if n == 0:
         return []
     cols: list[list[tuple[str, str]]] = []
     empty = False
     for j in sorted(range(len(keys)), key=keys.__getitem__):
         k = keys[j]
-        col: list[Any] = list(map(itemgetter(j), found))
-        uniq = set(col)
-        if len(uniq) * 4 <= n:
+        col = columns[j]
+        # A column whose first values are mostly distinct (UUIDs) is not worth a set of all its values.
+        uniq = set(col) if len(set(col[:64])) <= 16 else None
+        if uniq is not None and len(uniq) * 4 <= n:
             pair_of = {v: (k, v.decode("utf-8") if isinstance(v, bytes) else v) for v in uniq}
             cols.append(list(map(pair_of.__getitem__, col)))
+            empty = empty or "" in uniq or b"" in uniq
         else:
             strs = list(map(bytes.decode, col)) if isinstance(col[0], bytes) else col
             cols.append(list(zip(repeat(k), strs)))
-        empty = empty or "" in uniq or b"" in uniq
+            empty = empty or not all(strs)
     sets: list[LabelSet] = list(zip(*cols, strict=True))
     if empty:
         sets = [tuple(p for p in ls if p[1]) for ls in sets]
