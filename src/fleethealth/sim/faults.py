@@ -58,8 +58,10 @@ class Effects:
 
     def neutral_for_serving(self) -> bool:
         """No effect on load, request rates, latencies or errors (the simulator's plan of those holds)."""
-        return not (self.load_add.any() or self.err_add.any() or (self.rate_mul != 1.0).any()
-                    or (self.ttft_mul != 1.0).any() or (self.itl_mul != 1.0).any())
+        # count_nonzero: several times cheaper than .any() on small arrays
+        return not (np.count_nonzero(self.load_add) or np.count_nonzero(self.err_add)
+                    or np.count_nonzero(self.rate_mul != 1.0) or np.count_nonzero(self.ttft_mul != 1.0)
+                    or np.count_nonzero(self.itl_mul != 1.0))
 
 
 @dataclass

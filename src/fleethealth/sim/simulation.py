@@ -120,8 +120,8 @@ _SQRT2 = math.sqrt(2.0)
 # 0-d constants for the step's element-wise operations (same values, same bits as the Python floats)
 _K0, _K1, _K2, _K6, _K38, _K100, _K1935 = (np.array(x) for x in (0.0, 1.0, 2.0, 6.0, 38.0, 100.0, 1935.0))
 _K0_35, _K0_4, _K0_5, _K0_6, _K1_6 = (np.array(x) for x in (0.35, 0.4, 0.5, 0.6, 1.6))
-_K0_02, _K0_1, _K0_15, _K0_75, _K0_8, _K0_85, _K30, _K40, _K256 = (
-    np.array(x) for x in (0.02, 0.1, 0.15, 0.75, 0.8, 0.85, 30.0, 40.0, 256.0))
+_K0_02, _K0_1, _K0_15, _K0_75, _K0_8, _K0_85, _K0_9, _K30, _K40, _K256 = (
+    np.array(x) for x in (0.02, 0.1, 0.15, 0.75, 0.8, 0.85, 0.9, 30.0, 40.0, 256.0))
 _FB_USABLE = np.array(FB_TOTAL_MIB - 300.0)
 # latency CDF lookup table: medians from 0.1 ms to 1000 s in steps of 0.5 % (log space)
 _CDF_LO = math.log(1e-4)
@@ -532,6 +532,7 @@ class Simulation:
         self._gpu_static = np.stack([self.temp_static, zero, self.power_static, zero, self.fb_base])
         self._ms_per_step = np.array(self.step_s * 1000.0)
         self._rank_noise2 = 2.0 * self.rank_noise
+        self._seq_imbalance = bool(np.count_nonzero(self.job_sigma))  # job_sigma is constant
         self._rank_job = f.rank_job
         self._rank_gpu = f.rank_gpu
         self._plan_cache: _Plan | None = None
@@ -699,7 +700,7 @@ class Simulation:
         ambient = amb[self.gpu_rack]
         ambient += 1.0 * math.sin(2 * math.pi * (day - 0.6))
 
-        any_out = bool(self.node_out.any())
+        any_out = bool(np.count_nonzero(self.node_out))
         plan, i = self._plan_for(self.k, eff, any_out)
         # temperature, (unused), power, utilisation, framebuffer as rows of one array, each
         # gain * load + offset + static (planned) + (drift + ambient for the temperature) + noise
@@ -721,7 +722,7 @@ class Simulation:
             temp += eff.temp_add
             clock *= eff.clock_mul
             power += eff.power_add
-            np.copyto(v["DCGM_FI_DEV_CLOCKS_EVENT_REASONS"], eff.clock_reasons)
+            v["DCGM_FI_DEV_CLOCKS_EVENT_REASONS"][...] = eff.clock_reasons
             fb += eff.fb_add
         else:
             v["DCGM_FI_DEV_CLOCKS_EVENT_REASONS"].fill(0.0)
@@ -730,7 +731,7 @@ class Simulation:
         mem_temp += n01[5]
         np.rint(mem_temp, out=mem_temp)
         np.rint(clock, out=v["DCGM_FI_DEV_SM_CLOCK"])
-        np.copyto(v["DCGM_FI_DEV_POWER_USAGE"], power)
+        v["DCGM_FI_DEV_POWER_USAGE"][...] = power
         util = np.rint(util, out=v["DCGM_FI_DEV_GPU_UTIL"])
         np.maximum(util, _K0, out=util)
         np.minimum(util, _K100, out=util)
@@ -747,13 +748,13 @@ class Simulation:
         _sprinkle(rng, self.sbe, 1e-6 * dt * G)
         _sprinkle(rng, self.nvl[0], 1e-6 * dt * G)
         if eff is not None:
-            if eff.pcie_rate.any():
+            if np.count_nonzero(eff.pcie_rate):
                 self.pcie += _counts(rng, eff.pcie_rate * dt)
-            if eff.sbe_rate.any():
+            if np.count_nonzero(eff.sbe_rate):
                 self.sbe += _counts(rng, eff.sbe_rate * dt)
             self.therm_viol += np.rint(eff.thermal_viol_rate * dt)
             self.power_viol += np.rint(eff.power_viol_rate * dt)
-            if eff.nvlink_rate.any():
+            if np.count_nonzero(eff.nvlink_rate):
                 nr = eff.nvlink_rate * dt
                 self.nvl += _counts(rng, np.stack([nr, nr * 0.1, nr * 0.05, nr * 0.002]))
         self._step_training(t, eff, any_out)
@@ -763,7 +764,8 @@ class Simulation:
         node_up = self._all_up
         errors: list[InputIssue] = []
         keep: np.ndarray | None = None
-        if eff is not None and (eff.node_down.any() or eff.gpu_gone.any() or eff.replica_gone.any()):
+        if eff is not None and (np.count_nonzero(eff.node_down) or np.count_nonzero(eff.gpu_gone)
+                                or np.count_nonzero(eff.replica_gone)):
             node_up = ~eff.node_down
             gpu_ok = np.append(~eff.gpu_gone, True)
             rep_ok = np.append(~eff.replica_gone, True)
@@ -786,9 +788,11 @@ class Simulation:
         self._values = values
         if keep is not None:
             metric, series, values = metric[keep], series[keep], values[keep]
+        ts = np.empty(len(values))
+        ts.fill(t)
         snap = Snapshot(
             at=t, metrics=self.intern.metrics, labelsets=self.intern.labelsets, metric_ids=metric,
-            series_ids=series, values=values, ts=np.full(len(values), t), source_errors=errors,
+            series_ids=series, values=values, ts=ts, source_errors=errors,
         )
         self.last = snap
         return snap
@@ -824,6 +828,7 @@ class Simulation:
         J = self._J
         v = self._v
         job_sigma = self.job_sigma + eff.seq_sigma if eff is not None else self.job_sigma
+        imbalance = np.count_nonzero(job_sigma) > 0 if eff is not None else self._seq_imbalance
         common = np.exp(0.01 * rng.standard_normal(J))  # the whole job is a little slower on some steps
         rj = self._rank_job
         node_of_rank = self.node_of_rank
@@ -835,10 +840,10 @@ class Simulation:
         dev *= self._rank_noise2
         dev += self.rank_static
         dev += 1.0
-        comp = np.take(common, rj)
+        comp = common[rj]
         comp *= self.rank_base
         comp *= dev
-        if job_sigma.any():
+        if imbalance:
             # sequence-length imbalance: the ranks of one node share a micro-batch, so they are slow together
             z = rng.standard_normal(self.fleet.n_nodes)
             sig = job_sigma[rj]
@@ -849,7 +854,7 @@ class Simulation:
         # ranks are contiguous per job; a drained node's ranks no longer hold the step up
         step_max = np.maximum.reduceat(comp if out is None else np.where(out, 0.0, comp), self.job_rank_start)
         step = step_max + self.job_comm * (1.0 + 0.02 * rng.standard_normal(J))
-        if eff is not None and eff.job_hang.any():
+        if eff is not None and np.count_nonzero(eff.job_hang):
             hung = eff.job_hang
             newly = hung & np.isnan(self.job_hang_since)
             self.job_hang_since[newly] = t
@@ -861,8 +866,8 @@ class Simulation:
             self.job_hang_since[~eff.job_hang] = np.nan
         else:
             self.job_hang_since.fill(np.nan)
-        np.copyto(self.rank_compute, comp)
-        np.take(step, rj, out=v[RANK_STEP], mode="clip")
+        self.rank_compute[...] = comp
+        v[RANK_STEP][...] = step[rj]
 
     def _step_serving(self, dt: float, plan: _Plan, i: int) -> None:
         R = self._R
@@ -882,8 +887,8 @@ class Simulation:
         np.maximum(big, _K0, out=big)
         counts = np.where(plan.lam2_big[i], big, small[::3])
         n_req = counts[0]
-        np.copyto(v["vllm:num_requests_running"], counts[1])
-        np.copyto(v["vllm:num_requests_waiting"], small[2])
+        v["vllm:num_requests_running"][...] = counts[1]
+        v["vllm:num_requests_waiting"][...] = small[2]
         inc = self._inc  # this step's increments of the replica counters, rows in _REP_CTR order
         errs = np.minimum(n_req, small[1], out=inc[4])
         lam_tok = n_req * self.rep_out
@@ -904,14 +909,14 @@ class Simulation:
         med = plan.med[i]
         self.ttft_sum += n_req * med[0] * _TTFT_MEAN
         self.itl_sum += n_tok * med[1] * _ITL_MEAN
-        np.copyto(v[TTFT + "_count"], self.ttft_b[:, -1])
-        np.copyto(v[ITL + "_count"], self.itl_b[:, -1])
+        v[TTFT + "_count"][...] = self.ttft_b[:, -1]
+        v[ITL + "_count"][...] = self.itl_b[:, -1]
         ok = n_req - errs
         stop = np.multiply(ok, _K0_85, out=inc[5])
         stop += u[0]
         np.floor(stop, out=stop)
         np.subtract(ok, stop, out=inc[6])
-        np.copyto(inc[3], n_req)
+        inc[3] = n_req
         np.add(n_tok, n_req, out=inc[1])
         prompt = np.multiply(n_req, self.rep_prompt, out=inc[2])
         np.rint(prompt, out=prompt)
@@ -920,8 +925,8 @@ class Simulation:
         kv = np.add(plan.kv[i], noise, out=self.last_kv)
         np.maximum(kv, _K0, out=kv)
         np.minimum(kv, _K1, out=kv)
-        if kv.max() > 0.9:
-            np.copyto(inc[0], rng.poisson(np.maximum(0.0, kv - 0.9) * 5.0 * dt))
+        if np.count_nonzero(np.greater(kv, _K0_9)):
+            inc[0] = rng.poisson(np.maximum(0.0, kv - 0.9) * 5.0 * dt)
         else:
             inc[0].fill(0.0)
         self._rep_ctr += inc
@@ -932,9 +937,9 @@ class Simulation:
         fault effect on them, nothing out of service) the steps share a plan made for ``_PLAN_STEPS``
         at once; otherwise step ``k`` gets its own, from the same code."""
         idle: np.ndarray | None = None
-        if self._R and (any_out or self.rep_out.any()):
+        if self._R and (any_out or np.count_nonzero(self.rep_out)):
             idle = self.rep_out | self.node_out[self.rep_node]
-            if not idle.any():
+            if not np.count_nonzero(idle):
                 idle = None
         if eff is not None and eff.neutral_for_serving():
             eff = None
