@@ -157,3 +157,16 @@ def test_property_bulk_label_strings_equal_careful_parse(
     clear_label_cache()
     ex._parse_labels_bulk(raws)
     assert [ex._LABEL_CACHE[r] for r in raws] == [ex._split_labels(r.decode()) for r in raws]
+
+
+def test_repeated_label_strings_in_a_first_block_share_one_series() -> None:
+    # The first block interns its strings without de-duplicating them first: a repeated string must get
+    # the same series id, in the fast path as in the careful one.
+    lab = [f'{{gpu="{g % 3}",Hostname="h"}}' for g in range(12)]
+    text = "".join(f"# TYPE m{f} gauge\n" + "".join(f"m{f}{x} {i}\n" for i, x in enumerate(lab)) for f in range(2))
+    clear_label_cache()
+    snap = parse_exposition(text, default_ts=NOW)
+    assert len(snap.labelsets) == 3 and snap.series_ids.tolist() == [g % 3 for g in range(12)] * 2
+    fast = _rows(text.encode())
+    with _careful_only():
+        assert _rows(text.encode()) == fast
