@@ -6,20 +6,24 @@ across all of its metrics and in the same order in every block. The text is cut 
 blocks (offsets, no copies), and a block whose lines all start with the same `name{` takes a fast path
 made only of C-level bytes, regex and numpy operations, no Python per line:
 
-- first such block: strip the name, split every line at `} ` into (raw label string, value); intern each
-  raw label string once (new ones are parsed together through a template regex built from the first,
-  see ``_parse_labels_bulk``; later parses of the same exporter hit a cache);
-- every later block with the same label sequence: pull out only the values with one regex, rebuild the
-  text the known labels would give with those values, and compare it with the block in place; equality
-  proves the shape, so the series ids are reused as they are;
-- values: numpy's integer reader for plain digits, else int(), else float() (same floats as float());
-  NaN, Inf, DCGM blank sentinels and negative counters are found with numpy and become issues.
+- first such block: numpy finds every newline and '}' (one per line), which cuts each line into (raw
+  label string, value text) in place (``_cut_lines``); each raw label string is interned once (new ones
+  are parsed together through a bytes template regex built from the first, see ``_parse_labels_bulk``;
+  later parses of the same exporter hit a cache);
+- every later block with the same label sequence is proved in place, piece by piece while the piece is
+  in the CPU cache: numpy finds the newlines, the name at every line start and the known label string
+  at every label offset are compared as fixed-width rows gathered by numpy (one memcmp per piece), and
+  the value texts are gathered between the labels and the next newlines (``_template_block``, with the
+  proof); the series ids are then reused as they are. No regex pass, no copy of the block;
+- values: numpy's integer reader for plain digits, an exact decimal reader, else int(), else float()
+  (same floats as float()); NaN, Inf, DCGM blank sentinels and negative counters are found with numpy
+  and become issues.
 
 A block with several names (a histogram's `_bucket`, `_sum`, `_count`) is cut into (name, labels,
 value) the same C-level way. Anything the bulk paths cannot prove (timestamps, exemplars, lines without
 labels, odd spacing, a broken line) falls back, per block, to a careful line-by-line parser that reports
 each bad line with its number. Property tests check that all paths, and prometheus-client, read the same
-samples.
+samples, and that any single corrupted byte reads exactly as the careful parser reads it.
 
 Many small pages (a scrape of thousands of exporters) go through ``parse_many``: pages with the same
 comment lines are parsed together, block j of every page as one big block on the same fast path, so
