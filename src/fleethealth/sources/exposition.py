@@ -1282,13 +1282,14 @@ _PIECE = 1 << 18  # 256 KiB of text and its scratch fit in a core's 512 KiB L2 c
 
 def _cut_lines(ctx: _Ctx, buf: bytes, a: int, nl: int, e: int, bname: bytes) -> _Cut | None:
     """Cut the sample lines of buf[a:e] (after the comment line ending at ``nl``) into label strings and
-    value texts in place, when every line is `bname{...} value` with exactly one '}': the newlines and
-    the '}'s found by numpy, the names proved as in ``_template_block``, and one '}' inside each line
-    (n of them, the i-th within line i, after its '{' and followed by a space and a value byte). None
-    when that does not hold (a '}' inside a label value, a line of another shape)."""
+    value texts in place, when every line is `bname{...} value` with exactly one '}'. numpy finds the
+    newlines (so the lines, as in ``_template_block``) and the '}'s: n of them, the i-th inside line i
+    after its '{' (the label runs from the '{' after the name to it), followed by a space and at least
+    one value byte; the name + '{' at every line start is compared as rows (``_rows``). None when that
+    does not hold (a '}' inside a label value, a line of another shape)."""
     nls = _newlines(ctx, buf, a, e)
     n = nls.shape[0]
-    if n == 0 or nls[0] != nl or buf.count(b"\n" + bname + b"{", a, e) != n:
+    if n == 0 or nls[0] != nl:
         return None
     br = _find_byte(ctx, buf, nl, e, 125)
     if br.shape[0] != n:
@@ -1296,9 +1297,11 @@ def _cut_lines(ctx: _Ctx, buf: bytes, a: int, nl: int, e: int, bname: bytes) -> 
     lab_at = nls + (1 + len(bname))
     ve = np.append(nls[1:], e)
     vs = br + 2
-    if not ((br > lab_at) & (vs < ve)).all():
+    if not ((br > lab_at) & (vs < ve)).all():  # (so every row below lies inside its line)
         return None
     if not (np.frombuffer(buf, np.uint8)[br + 1] == 32).all():
+        return None
+    if _rows(buf, len(bname) + 2, nls) != (b"\n" + bname + b"{") * n:
         return None
     labs = list(map(buf.__getitem__, map(slice, lab_at.tolist(), (br + 1).tolist())))
     return _Cut(labs, buf, vs, ve, lab_at)
