@@ -120,8 +120,8 @@ _SQRT2 = math.sqrt(2.0)
 # 0-d constants for the step's element-wise operations (same values, same bits as the Python floats)
 _K0, _K1, _K2, _K6, _K38, _K100, _K1935 = (np.array(x) for x in (0.0, 1.0, 2.0, 6.0, 38.0, 100.0, 1935.0))
 _K0_35, _K0_4, _K0_5, _K0_6, _K1_6 = (np.array(x) for x in (0.35, 0.4, 0.5, 0.6, 1.6))
-_K0_02, _K0_1, _K0_15, _K0_75, _K0_8, _K0_85, _K0_9, _K30, _K40, _K256 = (
-    np.array(x) for x in (0.02, 0.1, 0.15, 0.75, 0.8, 0.85, 0.9, 30.0, 40.0, 256.0))
+_K0_01, _K0_02, _K0_1, _K0_15, _K0_75, _K0_8, _K0_85, _K0_9, _K30, _K40, _K256 = (
+    np.array(x) for x in (0.01, 0.02, 0.1, 0.15, 0.75, 0.8, 0.85, 0.9, 30.0, 40.0, 256.0))
 _FB_USABLE = np.array(FB_TOTAL_MIB - 300.0)
 # latency CDF lookup table: medians from 0.1 ms to 1000 s in steps of 0.5 % (log space)
 _CDF_LO = math.log(1e-4)
@@ -421,6 +421,7 @@ class Simulation:
         self._node_rows_cache: dict[int, tuple[int, np.ndarray]] = {}
         self._full_cache: tuple[int, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]] | None = None
         self._all_up = np.ones(self.fleet.n_nodes, bool)
+        self._all_up_values = np.ones(self.fleet.n_nodes)
         # One value buffer over the whole static layout, plus the blocks computed but not exported (the
         # shadow): each step writes every block in place and the snapshot is one copy of the emitted part.
         off = self.n_static
@@ -782,6 +783,8 @@ class Simulation:
         emitted = self._buf[: self.n_static]
         if self.xid_counts:
             values = np.concatenate((emitted, np.asarray(self.xid_counts), node_up), dtype=np.float64)
+        elif node_up is self._all_up:
+            values = np.concatenate((emitted, self._all_up_values))
         else:
             values = np.concatenate((emitted, node_up), dtype=np.float64)
         self._keep = keep
@@ -829,17 +832,19 @@ class Simulation:
         v = self._v
         job_sigma = self.job_sigma + eff.seq_sigma if eff is not None else self.job_sigma
         imbalance = np.count_nonzero(job_sigma) > 0 if eff is not None else self._seq_imbalance
-        common = np.exp(0.01 * rng.standard_normal(J))  # the whole job is a little slower on some steps
+        common = rng.standard_normal(J)  # the whole job is a little slower on some steps
+        common *= _K0_01
+        common = np.exp(common, out=common)
         rj = self._rank_job
         node_of_rank = self.node_of_rank
         # Healthy ranks of one stage stay within 1.1 % of each other's typical time, uniformly (seed: MAD
         # 0.01 s at 1.82 s, so 1.86 s reads as z ~ 2.7); anything beyond that comes from a fault or from
         # the workload (unequal stages, sequence lengths).
         dev = rng.random(self._nr)
-        dev -= 0.5
+        dev -= _K0_5
         dev *= self._rank_noise2
         dev += self.rank_static
-        dev += 1.0
+        dev += _K1
         comp = common[rj]
         comp *= self.rank_base
         comp *= dev
@@ -853,7 +858,11 @@ class Simulation:
         out = self.node_out[node_of_rank] if any_out else None
         # ranks are contiguous per job; a drained node's ranks no longer hold the step up
         step_max = np.maximum.reduceat(comp if out is None else np.where(out, 0.0, comp), self.job_rank_start)
-        step = step_max + self.job_comm * (1.0 + 0.02 * rng.standard_normal(J))
+        jitter = rng.standard_normal(J)
+        jitter *= _K0_02
+        jitter += _K1
+        jitter *= self.job_comm
+        step = np.add(step_max, jitter, out=jitter)
         if eff is not None and np.count_nonzero(eff.job_hang):
             hung = eff.job_hang
             newly = hung & np.isnan(self.job_hang_since)
