@@ -274,7 +274,7 @@ class StructuralTracker:
         report.snapshot = Snapshot(
             at=now, metrics=[GPUS_MISSING, SERIES_VANISHED] if k else [],
             labelsets=[(("node", nm),) for nm in out_names],
-            metric_ids=np.tile(np.array([0, 1], np.int32), k), series_ids=np.repeat(np.arange(k, dtype=np.int32), 2),
+            metric_ids=np.arange(2 * k, dtype=np.int32) & 1, series_ids=np.arange(2 * k, dtype=np.int32) >> 1,
             values=vals.reshape(-1), ts=np.repeat(at.astype(np.float64), 2),
             issues=list(b.issues), source_errors=list(b.source_errors),
         )
@@ -432,5 +432,6 @@ def _latest_arrays(rows: np.ndarray, sids: np.ndarray, ts: np.ndarray, values: n
     sids, ts, vals = sids[sel], ts[sel], values[rows[sel]]
     order = np.lexsort((ts, sids))
     sids, vals = sids[order], vals[order]
-    last = np.r_[sids[1:] != sids[:-1], True]
+    last = np.ones(sids.size, bool)
+    np.not_equal(sids[1:], sids[:-1], out=last[:-1])
     return sids[last].astype(np.int64), vals[last].astype(np.float64)
