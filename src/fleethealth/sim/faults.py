@@ -28,40 +28,91 @@ SW_THERMAL = 0x20
 HW_THERMAL = 0x40
 
 
+# Effects' fields: (what they are indexed by, neutral value, dtype)
+_EFFECT_FIELDS: dict[str, tuple[str, float, type]] = {
+    "temp_add": ("gpu", 0.0, np.float64),
+    "clock_mul": ("gpu", 1.0, np.float64),
+    "compute_mul": ("gpu", 1.0, np.float64),
+    "power_add": ("gpu", 0.0, np.float64),
+    "thermal_viol_rate": ("gpu", 0.0, np.float64),  # microseconds per second
+    "power_viol_rate": ("gpu", 0.0, np.float64),
+    "pcie_rate": ("gpu", 0.0, np.float64),  # replays per second
+    "nvlink_rate": ("gpu", 0.0, np.float64),  # CRC flit errors per second (others follow)
+    "sbe_rate": ("gpu", 0.0, np.float64),
+    "fb_add": ("gpu", 0.0, np.float64),  # MiB
+    "clock_reasons": ("gpu", 0, np.int64),
+    "gpu_gone": ("gpu", False, np.bool_),
+    "ttft_mul": ("rep", 1.0, np.float64),
+    "itl_mul": ("rep", 1.0, np.float64),
+    "err_add": ("rep", 0.0, np.float64),
+    "rate_mul": ("rep", 1.0, np.float64),
+    "load_add": ("rep", 0.0, np.float64),
+    "replica_gone": ("rep", False, np.bool_),
+    "rank_mul": ("rank", 1.0, np.float64),
+    "job_hang": ("job", False, np.bool_),
+    "seq_sigma": ("job", 0.0, np.float64),
+    "node_down": ("node", False, np.bool_),
+}
+
+
 class Effects:
-    """Per-step modifiers, neutral unless a fault writes them."""
+    """Per-step modifiers, neutral unless a fault writes them.
+
+    A field's array is made (neutral) when a fault first touches it; ``get`` tells the simulator which
+    were, so that a step with a fault on one GPU does not build and apply two dozen fleet-wide neutral
+    arrays (adding zero or multiplying by one would change no value)."""
+
+    temp_add: np.ndarray
+    clock_mul: np.ndarray
+    compute_mul: np.ndarray
+    power_add: np.ndarray
+    thermal_viol_rate: np.ndarray
+    power_viol_rate: np.ndarray
+    pcie_rate: np.ndarray
+    nvlink_rate: np.ndarray
+    sbe_rate: np.ndarray
+    fb_add: np.ndarray
+    clock_reasons: np.ndarray
+    gpu_gone: np.ndarray
+    ttft_mul: np.ndarray
+    itl_mul: np.ndarray
+    err_add: np.ndarray
+    rate_mul: np.ndarray
+    load_add: np.ndarray
+    replica_gone: np.ndarray
+    rank_mul: np.ndarray
+    job_hang: np.ndarray
+    seq_sigma: np.ndarray
+    node_down: np.ndarray
 
     def __init__(self, n_gpu: int, n_rep: int, n_job: int, n_node: int, n_rank: int) -> None:
-        self.temp_add = np.zeros(n_gpu)
-        self.clock_mul = np.ones(n_gpu)
-        self.compute_mul = np.ones(n_gpu)
-        self.power_add = np.zeros(n_gpu)
-        self.thermal_viol_rate = np.zeros(n_gpu)  # microseconds per second
-        self.power_viol_rate = np.zeros(n_gpu)
-        self.pcie_rate = np.zeros(n_gpu)  # replays per second
-        self.nvlink_rate = np.zeros(n_gpu)  # CRC flit errors per second (others follow)
-        self.sbe_rate = np.zeros(n_gpu)
-        self.fb_add = np.zeros(n_gpu)  # MiB
-        self.clock_reasons = np.zeros(n_gpu, np.int64)
-        self.gpu_gone = np.zeros(n_gpu, bool)
-        self.ttft_mul = np.ones(n_rep)
-        self.itl_mul = np.ones(n_rep)
-        self.err_add = np.zeros(n_rep)
-        self.rate_mul = np.ones(n_rep)
-        self.load_add = np.zeros(n_rep)
-        self.replica_gone = np.zeros(n_rep, bool)
-        self.rank_mul = np.ones(n_rank)
-        self.job_hang = np.zeros(n_job, bool)
-        self.seq_sigma = np.zeros(n_job)
-        self.node_down = np.zeros(n_node, bool)
+        self._sizes = {"gpu": n_gpu, "rep": n_rep, "job": n_job, "node": n_node, "rank": n_rank}
         self.node_reason: dict[int, str] = {}
+
+    def __getattr__(self, name: str) -> np.ndarray:
+        # only reached for a field not made yet
+        spec = _EFFECT_FIELDS.get(name)
+        if spec is None or name.startswith("_"):
+            raise AttributeError(name)
+        of, neutral, dtype = spec
+        arr: np.ndarray = np.full(self._sizes[of], neutral, dtype)
+        self.__dict__[name] = arr
+        return arr
+
+    def get(self, name: str) -> np.ndarray | None:
+        """The field if a fault touched it this step, else None (neutral everywhere)."""
+        assert name in _EFFECT_FIELDS, name
+        return self.__dict__.get(name)
 
     def neutral_for_serving(self) -> bool:
         """No effect on load, request rates, latencies or errors (the simulator's plan of those holds)."""
-        # count_nonzero: several times cheaper than .any() on small arrays
-        return not (np.count_nonzero(self.load_add) or np.count_nonzero(self.err_add)
-                    or np.count_nonzero(self.rate_mul != 1.0) or np.count_nonzero(self.ttft_mul != 1.0)
-                    or np.count_nonzero(self.itl_mul != 1.0))
+        for name, neutral in (("load_add", 0.0), ("err_add", 0.0), ("rate_mul", 1.0), ("ttft_mul", 1.0),
+                              ("itl_mul", 1.0)):
+            arr = self.get(name)
+            # count_nonzero: several times cheaper than .any() on small arrays
+            if arr is not None and np.count_nonzero(arr != neutral):
+                return False
+        return True
 
 
 @dataclass

@@ -719,12 +719,17 @@ class Simulation:
         clock -= _K0_5
         clock *= _K38
         clock += _K1935
+        # the effects faults touched (the others are neutral: adding zero, multiplying by one, changes nothing)
+        reasons = None
         if eff is not None:
-            temp += eff.temp_add
-            clock *= eff.clock_mul
-            power += eff.power_add
-            v["DCGM_FI_DEV_CLOCKS_EVENT_REASONS"][...] = eff.clock_reasons
-            fb += eff.fb_add
+            for arr, name in ((temp, "temp_add"), (power, "power_add"), (fb, "fb_add")):
+                if (add := eff.get(name)) is not None:
+                    arr += add
+            if (mul := eff.get("clock_mul")) is not None:
+                clock *= mul
+            reasons = eff.get("clock_reasons")
+        if reasons is not None:
+            v["DCGM_FI_DEV_CLOCKS_EVENT_REASONS"][...] = reasons
         else:
             v["DCGM_FI_DEV_CLOCKS_EVENT_REASONS"].fill(0.0)
         np.rint(temp, out=v["DCGM_FI_DEV_GPU_TEMP"])
@@ -749,14 +754,16 @@ class Simulation:
         _sprinkle(rng, self.sbe, 1e-6 * dt * G)
         _sprinkle(rng, self.nvl[0], 1e-6 * dt * G)
         if eff is not None:
-            if np.count_nonzero(eff.pcie_rate):
-                self.pcie += _counts(rng, eff.pcie_rate * dt)
-            if np.count_nonzero(eff.sbe_rate):
-                self.sbe += _counts(rng, eff.sbe_rate * dt)
-            self.therm_viol += np.rint(eff.thermal_viol_rate * dt)
-            self.power_viol += np.rint(eff.power_viol_rate * dt)
-            if np.count_nonzero(eff.nvlink_rate):
-                nr = eff.nvlink_rate * dt
+            if (rate := eff.get("pcie_rate")) is not None and np.count_nonzero(rate):
+                self.pcie += _counts(rng, rate * dt)
+            if (rate := eff.get("sbe_rate")) is not None and np.count_nonzero(rate):
+                self.sbe += _counts(rng, rate * dt)
+            if (rate := eff.get("thermal_viol_rate")) is not None:
+                self.therm_viol += np.rint(rate * dt)
+            if (rate := eff.get("power_viol_rate")) is not None:
+                self.power_viol += np.rint(rate * dt)
+            if (rate := eff.get("nvlink_rate")) is not None and np.count_nonzero(rate):
+                nr = rate * dt
                 self.nvl += _counts(rng, np.stack([nr, nr * 0.1, nr * 0.05, nr * 0.002]))
         self._step_training(t, eff, any_out)
         self._step_serving(dt, plan, i)
@@ -765,8 +772,9 @@ class Simulation:
         node_up = self._all_up
         errors: list[InputIssue] = []
         keep: np.ndarray | None = None
-        if eff is not None and (np.count_nonzero(eff.node_down) or np.count_nonzero(eff.gpu_gone)
-                                or np.count_nonzero(eff.replica_gone)):
+        if eff is not None and any(
+                (gone := eff.get(name)) is not None and np.count_nonzero(gone)
+                for name in ("node_down", "gpu_gone", "replica_gone")):
             node_up = ~eff.node_down
             gpu_ok = np.append(~eff.gpu_gone, True)
             rep_ok = np.append(~eff.replica_gone, True)
@@ -830,8 +838,9 @@ class Simulation:
         rng = self.rng
         J = self._J
         v = self._v
-        job_sigma = self.job_sigma + eff.seq_sigma if eff is not None else self.job_sigma
-        imbalance = np.count_nonzero(job_sigma) > 0 if eff is not None else self._seq_imbalance
+        seq = eff.get("seq_sigma") if eff is not None else None
+        job_sigma = self.job_sigma + seq if seq is not None else self.job_sigma
+        imbalance = np.count_nonzero(job_sigma) > 0 if seq is not None else self._seq_imbalance
         common = rng.standard_normal(J)  # the whole job is a little slower on some steps
         common *= _K0_01
         common = np.exp(common, out=common)
@@ -854,7 +863,10 @@ class Simulation:
             sig = job_sigma[rj]
             comp = comp * np.exp(sig * z[node_of_rank] - 0.5 * sig * sig)
         if eff is not None:
-            comp = comp * eff.compute_mul[self._rank_gpu] * eff.rank_mul
+            if (mul := eff.get("compute_mul")) is not None:
+                comp = comp * mul[self._rank_gpu]
+            if (mul := eff.get("rank_mul")) is not None:
+                comp = comp * mul
         out = self.node_out[node_of_rank] if any_out else None
         # ranks are contiguous per job; a drained node's ranks no longer hold the step up
         step_max = np.maximum.reduceat(comp if out is None else np.where(out, 0.0, comp), self.job_rank_start)
@@ -863,16 +875,16 @@ class Simulation:
         jitter += _K1
         jitter *= self.job_comm
         step = np.add(step_max, jitter, out=jitter)
-        if eff is not None and np.count_nonzero(eff.job_hang):
-            hung = eff.job_hang
+        hung = eff.get("job_hang") if eff is not None else None
+        if hung is not None and np.count_nonzero(hung):
             newly = hung & np.isnan(self.job_hang_since)
             self.job_hang_since[newly] = t
             # a hung collective: no step completes, compute times freeze, the step in flight grows
             hang_ranks = hung[rj]
             comp = np.where(hang_ranks, self.rank_compute, comp)
             step = np.where(hung, t - np.nan_to_num(self.job_hang_since) + self.step_s, step)
-        if eff is not None:
-            self.job_hang_since[~eff.job_hang] = np.nan
+        if hung is not None:
+            self.job_hang_since[~hung] = np.nan
         else:
             self.job_hang_since.fill(np.nan)
         self.rank_compute[...] = comp
