@@ -33,9 +33,9 @@ REPLICAS = [{"replica": f"r{i}", "node": f"n{i}"} for i in range(2)]
 KW = {"memory_s": 400.0, "dense_s": 120.0, "coarse_s": 60.0, "sparse_s": 600.0, "sparse_coarse_s": 300.0}
 
 scrape = st.tuples(
-    st.floats(5, 200),  # seconds since the last scrape
+    st.floats(5, 500),  # seconds since the last scrape (past memory_s: series are forgotten)
     st.lists(st.integers(0, 3), min_size=4, max_size=4),  # per GPU: 0 normal, 1 absent, 2 reset, 3 NaN
-    st.integers(0, 5),  # 0: a GPU counter sample twice (later ts); 1: one sample out of order; else none
+    st.integers(0, 6),  # 0: a GPU counter sample twice (later ts); 1: one out of order; 6: GPU 3 gone for good
     st.booleans(),  # replicas report
     st.booleans(),  # view after this scrape
 )
@@ -60,11 +60,13 @@ def _ingest(script: list, histories: list, look: callable) -> None:  # type: ign
     t = 10_000.0
     cum = np.zeros((len(GPU_COUNTERS), len(GPUS)))
     req = np.zeros(len(REPLICAS))
+    retired = False
     for dt, modes, extra, replicas, view in script:
         t += dt
+        retired |= extra == 6
         b = SnapshotBuilder()
         for g, labels in enumerate(GPUS):
-            if modes[g] == 1:
+            if modes[g] == 1 or (retired and g == 3):
                 continue
             b.add(GAUGE, labels, 50.0 + g, t)
             for c, name in enumerate(GPU_COUNTERS):
@@ -153,6 +155,28 @@ def test_scores_off_the_matrices_equal_the_row_path(script: list) -> None:
                 _same_scores(fast, plain)
         checked.append(now)
 
+    _ingest(script, [h], look)
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.lists(scrape, min_size=1, max_size=20))
+def test_scores_cycle_after_cycle_equal_a_scoring_from_scratch(script: list) -> None:
+    """What the engine keeps between cycles (entity tables while the set of series is unchanged,
+    series->entity maps, the node roll-up's grouping) never shows: each cycle, as production scores it
+    (no cache dropped), equals the row path scored from scratch."""
+    h = SignalHistory(POLICY, **KW)
+    inventory = {"node": ["n0", "n1", "n9"]}
+
+    def look(now: float) -> None:
+        v = h.view(now)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            fast = [score_snapshot(v, POLICY, now, c, inventory) for c in ("remediation", "serving")]
+            plain = dataclasses.replace(v, index=None)
+            for c, f in zip(("remediation", "serving"), fast, strict=True):
+                _same_scores(f, score_snapshot(plain, POLICY, now, c, inventory))
+
+    forget_evaluations()
     _ingest(script, [h], look)
 
 

@@ -1697,7 +1697,8 @@ def _evaluation(
                     else gpu_node_kid)
         if not (gpu_node >= 0).all():  # gpus always imply their node
             raise AssertionError("gpu without node")
-        _LAST_TABLES[:] = [(token, policy, inventory, r, len(r.key_names), tables, gpu_node)] if token is not None else []
+        if token is not None:
+            _LAST_TABLES[:] = [(token, policy, inventory, r, len(r.key_names), tables, gpu_node)]
     specs: dict[str, list[SignalSpec]] = {}
     results: dict[str, list[_SignalResult]] = {}
     for kind in KINDS:
