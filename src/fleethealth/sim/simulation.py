@@ -156,6 +156,11 @@ def _lognormal_bucket_probs(median: np.ndarray, sigma: float, les: np.ndarray) -
     return np.clip(np.diff(full, axis=1), 0.0, 1.0)
 
 
+def _with_inf(cdf: np.ndarray) -> np.ndarray:
+    """A CDF table with a column for the +Inf bucket (filled per step with the count, not looked up)."""
+    return np.concatenate([cdf, np.ones((len(cdf), 1))], axis=1)
+
+
 def _counts(rng: np.random.Generator, lam: np.ndarray) -> np.ndarray:
     """Poisson counts: exact for small means (the latency tail matters for SLOs), normal approximation
     for large ones, where Poisson sampling is the most expensive call of a step."""
@@ -212,7 +217,7 @@ class _Plan:
     replica the TTFT and ITL medians, the uncapped means of requests arriving and running with their
     square roots and whether they take the normal approximation (steps, 2, replicas), the capped Poisson
     means of requests, errors, waiting, running (steps, 4, replicas), the latency CDF rows (steps,
-    replicas, buckets) and the KV-cache use before noise. A step writes its own rows in place."""
+    replicas, buckets + a placeholder for +Inf) and the KV-cache use before noise. A step writes its own rows in place."""
 
     k0: int
     w: np.ndarray
@@ -923,10 +928,13 @@ class Simulation:
         # slow request still lands in the tail with the right probability; a multinomial per replica per
         # step would cost ten times more. The planned CDF rows are this step's own: used up in place.
         for hist, cdf, n, u_h in ((self.ttft_b, plan.ttft_cdf[i], n_req, u[0]), (self.itl_b, plan.itl_cdf[i], n_tok, u[1])):
+            # the table's last column (+Inf) is a placeholder: the count itself goes there, so that the
+            # whole (contiguous) histogram block takes one addition
             cdf *= n[:, None]
             cdf += u_h[:, None]
-            hist[:, :-1] += np.floor(cdf, out=cdf)
-            hist[:, -1] += n
+            np.floor(cdf, out=cdf)
+            cdf[:, -1] = n
+            hist += cdf
         med = plan.med[i]
         self.ttft_sum += n_req * med[0] * _TTFT_MEAN
         self.itl_sum += n_tok * med[1] * _ITL_MEAN
@@ -1048,7 +1056,7 @@ class Simulation:
             grid = _CDF_LO + _CDF_STEP * np.arange(_CDF_N)
             zt = (self._log_les[TTFT][None, :] - grid[:, None]) * (1.0 / (TTFT_SIGMA * _SQRT2))
             zi = (self._log_les[ITL][None, :] - grid[:, None]) * (1.0 / (ITL_SIGMA * _SQRT2))
-            self._cdf_tab = (0.5 * (1.0 + _erf(zt)), 0.5 * (1.0 + _erf(zi)))
+            self._cdf_tab = (_with_inf(0.5 * (1.0 + _erf(zt))), _with_inf(0.5 * (1.0 + _erf(zi))))
         ix = np.log(med)
         ix -= _CDF_LO
         ix *= 1 / _CDF_STEP
