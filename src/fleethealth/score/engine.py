@@ -471,22 +471,29 @@ class _Ctx:
         if hit is None:
             assert self.index is not None
             g = self.index.groups[mat.group]
-            hit = self._windows[key] = _window(g.t, g.v, g.last, start)
+            hit = self._windows[key] = _window(g.t, g.v, g.last, start, g.dense)
         return hit
 
 
-def _window(t: np.ndarray, v: np.ndarray, last: np.ndarray, start: float) -> tuple[np.ndarray, ...]:
+def _window(t: np.ndarray, v: np.ndarray, last: np.ndarray, start: float, dense: bool = False) -> tuple[np.ndarray, ...]:
     """Per column of a counter matrix, as ``_counter_runs`` per series: the increase over the samples
     after ``start`` (NaN with fewer than two), their first and last timestamps (NaN with none), the
     latest value and timestamp, and how many samples are in the window. The values are cumulative and
     times sorted down each column, so the window is a suffix and its increase a difference of two
     entries."""
     cols = np.arange(last.size)
-    inw = t > start
-    n_in = inw.sum(axis=0)
-    first = inw.argmax(axis=0)
-    lt = t[last, cols]
-    lv = v[last, cols]
+    k = t.shape[0]
+    if dense:  # every series a sample in every row: the first in the window is the count before it
+        n_out = (t <= start).sum(axis=0)
+        n_in = k - n_out
+        first = np.minimum(n_out, k - 1)
+        lt, lv = t[k - 1], v[k - 1]
+    else:
+        inw = t > start
+        n_in = inw.sum(axis=0)
+        first = inw.argmax(axis=0)
+        lt = t[last, cols]
+        lv = v[last, cols]
     has = n_in > 0
     t0 = np.where(has, t[first, cols], np.nan)
     t1 = np.where(has, lt, np.nan)
@@ -1303,13 +1310,16 @@ def _roll_up_nodes(gpu: KindScores, node: KindScores, gpu_node: np.ndarray) -> N
     # per category: min over GPUs and the node's own
     cat_names = node.categories
     gpu_cat_to_node = []
+    n_own = len(cat_names)
     for cname in gpu.categories:
         if cname not in cat_names:
             cat_names.append(cname)
-            node.cat = np.column_stack([node.cat, np.full(nn, np.nan)])
         gpu_cat_to_node.append(cat_names.index(cname))
     cmap = np.asarray(gpu_cat_to_node, np.int64)
-    node.cat = np.array(node.cat)  # own a writable copy (it may be a transposed view)
+    # own a writable copy (it may be a transposed view), with a NaN column per GPU-only category
+    cat = np.full((nn, len(cat_names)), np.nan)
+    cat[:, :n_own] = node.cat
+    node.cat = cat
     if cmap.size:
         gmin = np.fmin.reduceat(gpu.cat[go], starts, axis=0)
         node.cat[np.ix_(present, cmap)] = np.fmin(node.cat[np.ix_(present, cmap)], gmin)

@@ -743,7 +743,7 @@ class SignalHistory:
                 last = np.where(have.any(axis=0), k - 1 - np.argmax(have[::-1], axis=0), -1)
                 sizes = np.cumsum(have.sum(axis=0))
             gi = len(groups)
-            groups.append(CounterMatrix(g.cs, T, V, last, gi, 0, g.cm.size))
+            groups.append(CounterMatrix(g.cs, T, V, last, gi, 0, g.cm.size, have is None))
             for m, c0, c1 in g.ranges():
                 size = k * (c1 - c0) if have is None else int(sizes[c1 - 1]) - (int(sizes[c0 - 1]) if c0 else 0)
                 if size:
@@ -752,7 +752,8 @@ class SignalHistory:
                                    None if have is None else have[:, c0:c1], n_rows, n_rows + size))
                     n_rows += size
                 if g.monotone:
-                    matrices[m] = CounterMatrix(g.cs[c0:c1], T[:, c0:c1], V[:, c0:c1], last[c0:c1], gi, c0, c1)
+                    matrices[m] = CounterMatrix(g.cs[c0:c1], T[:, c0:c1], V[:, c0:c1], last[c0:c1], gi, c0, c1,
+                                                have is None)
         ng = int(gm.size)
         out_m, out_s = np.empty(n_rows, np.int32), np.empty(n_rows, np.int32)
         out_v, out_t = np.empty(n_rows), np.empty(n_rows)

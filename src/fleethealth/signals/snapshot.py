@@ -74,6 +74,7 @@ class CounterMatrix:
     group: int = -1
     c0: int = 0
     c1: int = 0
+    dense: bool = False  # no NaN: every series has a sample in every row
 
 
 @dataclass(frozen=True, slots=True)
