@@ -169,6 +169,7 @@ class RuleArm:
         self.index = _SeriesIndex(nodes)
         self.log = ArmLog(name)
         self.out: set[str] = set()
+        self._rows_of: tuple[np.ndarray, list[str], int, dict[str, np.ndarray]] | None = None
 
     def quarantine(self, entity: str, kind: str, now: float, why: str) -> None:
         if entity in self.out:
@@ -180,11 +181,22 @@ class RuleArm:
                                        policy_version=f"baseline:{self.name}"))
 
     def _rows(self, snap: Snapshot, metric: str) -> np.ndarray:
-        try:
-            mid = snap.metrics.index(metric)
-        except ValueError:
-            return np.zeros(0, np.int64)
-        return np.nonzero(snap.metric_ids == mid)[0]
+        """The snapshot's rows of ``metric``. A simulator sends the same layout arrays every step (a
+        snapshot's arrays are never changed in place), so the rows are remembered per metric-id array."""
+        if self._rows_of is None or self._rows_of[0] is not snap.metric_ids or self._rows_of[1] is not snap.metrics \
+                or self._rows_of[2] != len(snap.metrics):
+            self._rows_of = (snap.metric_ids, snap.metrics, len(snap.metrics), {})
+        memo = self._rows_of[3]
+        rows = memo.get(metric)
+        if rows is None:
+            try:
+                mid = snap.metrics.index(metric)
+            except ValueError:
+                rows = np.zeros(0, np.int64)
+            else:
+                rows = np.nonzero(snap.metric_ids == mid)[0]
+            memo[metric] = rows
+        return rows
 
     def observe(self, now: float, snap: Snapshot) -> None:
         raise NotImplementedError
