@@ -45,7 +45,10 @@ def _labels_key(health: Any, view: Snapshot, now: float, policy: Policy) -> Hash
     meta = getattr(health, "meta", None)
     if getattr(meta, "snap", None) is not view:
         return None
-    if len(view) and _newest_ts(view) > now + policy.freshness.future_skew_s:
+    limit = now + policy.freshness.future_skew_s
+    bound = getattr(getattr(view, "index", None), "max_ts", None)  # the history's bound on the view's times
+    if len(view) and not (bound is not None and view.index.valid_for(view) and bound <= limit) \
+            and _newest_ts(view) > limit:
         return None
     return shape_token(view)
 
