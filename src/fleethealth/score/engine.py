@@ -14,6 +14,12 @@ Theory of operation
    categories. Confidence is the share of *expected* signals that are fresh; no fresh data -> unknown.
 4. A node is the weakest of its GPUs and its node-wide signals; the tuple names the worst GPU.
 
+A history's view (``Snapshot.index``) is read without sorting: each metric's rows are one block, counters
+come as matrices (``CounterMatrix``: a window's increase is a difference of two entries, computed once for
+every counter kept alike), and what depends only on which series exist (entity tables, series->entity
+maps) is kept from the last cycle while the history's shape token says that set is unchanged. Any other
+snapshot takes the row path, which stays the reference: both give the same numbers (tests).
+
 The result (``FleetHealth``) is columnar; ``HealthTuple`` objects are built lazily on access so that a
 100k-GPU fleet scores in a fraction of a second. Pure: no I/O, no clock; ``now`` is an argument.
 """

@@ -9,6 +9,10 @@ that metric, thinned to one sample per ``coarse_s`` once older than ``dense_s`` 
 scrape). Counter resets are folded in on arrival (a reset-corrected
 cumulative value), so thinning can never hide a reset.
 
+Counters are stored grouped by retention as matrices (a row per ingest, a column per series, see
+``_Group``), so a view hands the engine each counter's samples as a ``CounterMatrix`` on its
+``ViewIndex``: a window's increase is a difference of two entries, read without sorting the view's rows.
+
 Pure data structure: no clock, no I/O; ``now`` is an argument.
 """
 
