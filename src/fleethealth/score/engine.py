@@ -1155,9 +1155,7 @@ def _aggregate(
     else:
         confidence = confidence.copy()
 
-    prefix = "min" if how == "min" else how
-    gate_reasons = np.array([f"gate:{s.name}" for s in specs] or ["gate:"], dtype=object)
-    cat_reasons = np.array([f"{prefix}:{c}" for c in categories] or [REASON_NO_FRESH_DATA], dtype=object)
+    gate_reasons, cat_reasons = _spec_plan(specs, categories).reasons(how)
     reason_arr = np.where(
         gated, gate_reasons[first_gate] if m else "",
         np.where(np.isnan(value), REASON_NO_FRESH_DATA, cat_reasons[np.maximum(worst, 0)] if len(categories) else ""),
@@ -1182,6 +1180,18 @@ class _SpecPlan:
     direct: list[tuple[int, int]]  # (category, signal) where the category is that one signal
     multi: list[tuple[int, np.ndarray, np.ndarray]]  # (category, its signals, their weights)
     gate_rows: np.ndarray
+    gate_reasons: np.ndarray
+    categories: list[str]
+    _cat_reasons: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def reasons(self, how: str) -> tuple[np.ndarray, np.ndarray]:
+        """Reason strings (object arrays): per signal when it gates, per category when it is the worst."""
+        cat = self._cat_reasons.get(how)
+        if cat is None:
+            prefix = "min" if how == "min" else how
+            cat = self._cat_reasons[how] = np.array(
+                [f"{prefix}:{c}" for c in self.categories] or [REASON_NO_FRESH_DATA], dtype=object)
+        return self.gate_reasons, cat
 
 
 _SPEC_PLANS: dict[tuple[tuple[int, ...], tuple[str, ...]], tuple[list[SignalSpec], _SpecPlan]] = {}
@@ -1210,6 +1220,7 @@ def _spec_plan(specs: list[SignalSpec], categories: list[str]) -> _SpecPlan:
         [np.flatnonzero(fam_ix == fi) for fi in range(len(fams))], fam_ix,
         np.array([s.expected for s in specs], bool), cat_ix, direct, multi,
         np.flatnonzero(np.array([s.shape in ("gate", "xid") for s in specs], bool)),
+        np.array([f"gate:{s.name}" for s in specs] or ["gate:"], dtype=object), list(categories),
     )
     if len(_SPEC_PLANS) > 64:
         _SPEC_PLANS.clear()
