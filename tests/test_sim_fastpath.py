@@ -192,3 +192,13 @@ def test_default_field_list_keeps_unexported_counters_running() -> None:
     temp_b = b.metric_index()["DCGM_FI_DEV_GPU_TEMP"]
     assert np.array_equal(a.values[a.metric_ids == temp], b.values[b.metric_ids == temp_b])
     assert np.array_equal(full.sbe, dflt.sbe)
+
+
+def test_bucket_bounds_are_written_as_prometheus_client_writes_them() -> None:
+    from prometheus_client.utils import floatToGoString
+
+    from fleethealth.sim.simulation import ITL_BUCKETS, TTFT_BUCKETS, go_float
+
+    for v in [*TTFT_BUCKETS, *ITL_BUCKETS, 1e6, 1234567.0, 2.5e9, 0.0, -3.0, 1e-9, float("inf"), -float("inf"),
+              float("nan")]:
+        assert go_float(v) == floatToGoString(v), v

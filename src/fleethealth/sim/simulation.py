@@ -181,11 +181,25 @@ def _sprinkle(rng: np.random.Generator, counter: np.ndarray, mean_total: float) 
         np.add.at(counter, rng.integers(0, counter.shape[-1], k), 1.0)
 
 
+def go_float(v: float) -> str:
+    """A float as Prometheus writes a bucket bound (prometheus_client's floatToGoString), without importing
+    prometheus_client: that import was most of a first simulator's start-up."""
+    d = float(v)
+    if math.isinf(d):
+        return "+Inf" if d > 0 else "-Inf"
+    if math.isnan(d):
+        return "NaN"
+    s = repr(d)
+    dot = s.find(".")
+    if d > 0 and dot > 6:  # Go switches to exponents sooner than Python
+        mantissa = f"{s[0]}.{s[1:dot]}{s[dot + 1:]}".rstrip("0.")
+        return f"{mantissa}e+{dot - 1:02d}"
+    return s
+
+
 @functools.cache
 def _le_strings(hist: str) -> tuple[str, ...]:
-    from prometheus_client.utils import floatToGoString
-
-    return tuple(floatToGoString(v) for v in (TTFT_BUCKETS if hist == TTFT else ITL_BUCKETS))
+    return tuple(go_float(v) for v in (TTFT_BUCKETS if hist == TTFT else ITL_BUCKETS))
 
 
 @dataclass(slots=True)
@@ -526,7 +540,7 @@ class Simulation:
         self._G, self._R, self._J, self._nr = G, R, J, len(f.rank_gpu)
         a = math.exp(-self.step_s / 7200.0)
         b = math.exp(-self.step_s / 10800.0)
-        self._drift = (np.array(a), b, math.sqrt(1 - b * b) * 0.8)
+        self._drift = (np.array(a), np.array(b), np.array(math.sqrt(1 - b * b) * 0.8))
         # rows of the step's unit normals: temperature, (unused), power, utilisation, framebuffer, memory
         # temperature, drift
         self._noise_scale = np.array([0.4, 1.0, 10.0, 1.5, 40.0, 0.5, math.sqrt(1 - a * a) * 0.8])[:, None]
@@ -704,7 +718,7 @@ class Simulation:
         noise *= b_c
         amb += noise
         ambient = amb[self.gpu_rack]
-        ambient += 1.0 * math.sin(2 * math.pi * (day - 0.6))
+        ambient += np.array(1.0 * math.sin(2 * math.pi * (day - 0.6)))
 
         any_out = bool(np.count_nonzero(self.node_out))
         plan, i = self._plan_for(self.k, eff, any_out)
