@@ -202,3 +202,12 @@ def test_bucket_bounds_are_written_as_prometheus_client_writes_them() -> None:
     for v in [*TTFT_BUCKETS, *ITL_BUCKETS, 1e6, 1234567.0, 2.5e9, 0.0, -3.0, 1e-9, float("inf"), -float("inf"),
               float("nan")]:
         assert go_float(v) == floatToGoString(v), v
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(st.text("abc_", min_size=1, max_size=5), st.text(max_size=12), max_size=4))
+def test_label_rendering_escapes_as_the_reference(labels: dict[str, str]) -> None:
+    from fleethealth.sim.simulation import _render_labels
+    from sim_reference import _render_labels as reference
+
+    assert _render_labels(labels) == reference(labels)

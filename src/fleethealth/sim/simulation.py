@@ -281,14 +281,14 @@ class _Interner:
         return ix
 
 
+# exposition label-value escaping: backslash, newline, double quote (one pass, each character mapped once)
+_ESCAPE = str.maketrans({"\\": "\\\\", "\n": "\\n", '"': '\\"'})
+
+
 def _render_labels(labels: dict[str, str]) -> str:
     if not labels:
         return ""
-    body = ",".join(
-        f'{k}="{v.replace(chr(92), chr(92) * 2).replace(chr(10), chr(92) + "n").replace(chr(34), chr(92) + chr(34))}"'
-        for k, v in labels.items()
-    )
-    return "{" + body + "}"
+    return "{" + ",".join(f'{k}="{v.translate(_ESCAPE)}"' for k, v in labels.items()) + "}"
 
 
 class Simulation:
