@@ -47,21 +47,25 @@ class KS:
 
 
 class Meta:
-    def __init__(self, kinds: dict[str, KS]) -> None:
+    def __init__(self, kinds: dict[str, KS], drivers: dict[str, str] | None = None) -> None:
         self.kinds = kinds
+        self.drivers = drivers or {}
 
     def labels(self, kind: str, i: int) -> dict[str, str]:
         name = self.kinds[kind].names[i]
-        return dict(NODE_LABELS.get(name) or REPLICA_LABELS.get(name) or {"node": name.split("/")[0], "job": "j1"})
+        out = dict(NODE_LABELS.get(name) or REPLICA_LABELS.get(name) or {"node": name.split("/")[0], "job": "j1"})
+        if name in self.drivers:
+            out["driver_version"] = self.drivers[name]  # a rollout: the node's metadata changed
+        return out
 
 
 class Health:
     """A columnar FleetHealth stand-in (the engine's own is exercised below)."""
 
-    def __init__(self, kinds: dict[str, KS], now: float) -> None:
+    def __init__(self, kinds: dict[str, KS], now: float, drivers: dict[str, str] | None = None) -> None:
         self.kinds = kinds
         self.now = now
-        self.meta = Meta(kinds)
+        self.meta = Meta(kinds, drivers)
 
     def _tuple(self, ks: KS, i: int) -> HealthTuple:
         v = float(ks.value[i])
@@ -99,6 +103,8 @@ cycle = st.fixed_dictionaries({
     "events": st.lists(st.tuples(st.sampled_from(["active_test", "reset", "ack"]), st.sampled_from(NODES + REPLICAS),
                                  st.booleans(), st.sampled_from(["READY", "QUARANTINED"])), max_size=1),
     "dt": st.sampled_from([15.0, 60.0, 60.0, 300.0, 900.0]),
+    "no_key": st.sampled_from([False, False, True]),  # no labels_key: labels asked for every row
+    "rollout": st.sampled_from([None, None, None, ("n1", "560"), ("n4", "560"), ("n1", "550"), ("r1", "x")]),
 })
 
 
@@ -116,15 +122,19 @@ def _columns(kind: str, names: list[str], rows: dict[str, Any]) -> KS:
 
 
 @SETTINGS
-@given(script=st.lists(cycle, min_size=1, max_size=40))
-def test_fast_decider_answers_as_the_plain_one_on_columnar_health(script: list[dict[str, Any]]) -> None:
+@given(script=st.lists(cycle, min_size=1, max_size=40), keyless=st.booleans())
+def test_fast_decider_answers_as_the_plain_one_on_columnar_health(script: list[dict[str, Any]], keyless: bool) -> None:
+    """``keyless``: no cycle has a labels_key (a custom scorer, or a history that cannot tell)."""
     fast, plain = Decider(POL), Decider(POL, fast=False)
     sf, sp = DecisionState(), DecisionState()
     rows: dict[str, Any] = {n: (1.0, 1.0, "min:hardware", ()) for n in NODES + REPLICAS + GPUS}
     serving: dict[str, Any] = {r: (1.0, 1.0) for r in REPLICAS}
+    drivers: dict[str, str] = {}
     t = 1_000.0
     for step in script:
         t += step["dt"]
+        if step["rollout"] is not None:
+            drivers[step["rollout"][0]] = step["rollout"][1]
         rows.update(step["rows"])
         serving.update(step["serving"])
         kinds = {
@@ -134,11 +144,13 @@ def test_fast_decider_answers_as_the_plain_one_on_columnar_health(script: list[d
         }
         sk = _columns("replica", [r for r in REPLICAS if r not in step["absent"]],
                       {r: (serving[r][0], serving[r][1], "min:performance", ()) for r in REPLICAS})
-        key = tuple(kinds["node"].names + kinds["replica"].names)  # the set of series: here, who is present
+        # the set of series: who is present, and which driver series they carry
+        key = None if keyless or step["no_key"] else (tuple(kinds["node"].names + kinds["replica"].names),
+                                           tuple(sorted(drivers.items())))
         events = [Event(t, k, e, passed=p, to=to) for k, e, p, to in step["events"]]
         before = sf.to_dict()
-        df = fast.decide(sf, Health(kinds, t), t, events, Health({"replica": sk}, t), labels_key=key)
-        dp = plain.decide(sp, Health(kinds, t), t, events, Health({"replica": sk}, t), labels_key=key)
+        df = fast.decide(sf, Health(kinds, t, dict(drivers)), t, events, Health({"replica": sk}, t), labels_key=key)
+        dp = plain.decide(sp, Health(kinds, t, dict(drivers)), t, events, Health({"replica": sk}, t), labels_key=key)
         assert sf.to_dict() == before  # the input state is not modified
         assert [x.to_dict() for x in df.transitions] == [x.to_dict() for x in dp.transitions]
         assert [x.to_dict() for x in df.intents] == [x.to_dict() for x in dp.intents]

@@ -265,40 +265,60 @@ def _changed_rows(ks: Any, prev: _Rows) -> tuple[np.ndarray, np.ndarray, np.ndar
 def _light_tuples_reusing(health: Any, kind: str, memo: LabelMemo | None, cache: dict[str, _Rows]) -> list[HealthTuple]:
     """``_light_tuples``, handing back last cycle's tuple object for every row whose columns and labels
     are unchanged (a steady fleet: nearly all). The tuples' ``ts`` is then that of the cycle that built
-    them; the decider never reads it."""
+    them; the decider never reads it. Without a memo (no ``labels_key``: the set of series may have
+    changed) every row's labels are asked for, as ``_light_tuples`` does, and a row is unchanged only if
+    they are equal too."""
     ks = health.kinds.get(kind)
     prev = cache.get(kind)
-    if ks is None or memo is None:
+    if ks is None:
         cache.pop(kind, None)
-        return _light_tuples(health, kind, memo)
+        return []
+    asked: list[dict[str, str]] | None = None
+    if memo is None:
+        meta = health.meta
+        asked = [meta.labels(kind, i) for i in range(len(ks.names))]
     diff = None if prev is None or prev.memo is not memo else _changed_rows(ks, prev)
     if diff is None or prev is None:
-        out = _light_tuples(health, kind, memo)
+        if asked is None:
+            out = _light_tuples(health, kind, memo)
+        else:
+            out = [_tuple_at(health, ks, i, asked[i]) for i in range(len(ks.names))]
         cache[kind] = _Rows(kind, list(ks.names), _bits(ks.value), _bits(ks.confidence), np.array(ks.worst, np.int64),
                             [str(r) for r in ks.reason], {int(i): tuple(f) for i, f in ks.flags.items()},
                             dict(ks.worst_member), list(ks.categories), memo, out)
         return out
     changed, value, conf, reason, flags, wm = diff
+    if asked is not None:
+        for i, lab in enumerate(asked):
+            if not changed[i] and lab != prev.tuples[i].labels:
+                changed[i] = True
     tuples = list(prev.tuples)
     if changed.any():
         meta = health.meta
-        vals = value.view(np.float64)
-        cfs = conf.view(np.float64)
         for i in np.flatnonzero(changed).tolist():
-            name = ks.names[i]
-            labels = memo.get((kind, name))
-            if labels is None:
-                labels = memo[(kind, name)] = meta.labels(kind, i)
-            v = float(vals[i])
-            w = int(ks.worst[i])
-            tuples[i] = HealthTuple(
-                entity=name, kind=ks.kind, value=None if v != v else v, confidence=float(cfs[i]),
-                worst=ks.categories[w] if w >= 0 else None, reason=str(ks.reason[i]), labels=labels,
-                worst_member=ks.worst_member.get(i), flags=tuple(ks.flags.get(i, ())), ts=health.now,
-            )
+            if asked is not None:
+                labels = asked[i]
+            else:
+                assert memo is not None
+                name = ks.names[i]
+                labels = memo.get((kind, name))  # type: ignore[assignment]
+                if labels is None:
+                    labels = memo[(kind, name)] = meta.labels(kind, i)
+            tuples[i] = _tuple_at(health, ks, i, labels)
     cache[kind] = _Rows(kind, prev.names, value, conf, np.array(ks.worst, np.int64), reason, flags, wm,
                         prev.categories, memo, tuples)
     return tuples
+
+
+def _tuple_at(health: Any, ks: Any, i: int, labels: dict[str, str]) -> HealthTuple:
+    """Row ``i`` of the engine's columns as ``_light_tuples`` builds it."""
+    v = float(ks.value[i])
+    w = int(ks.worst[i])
+    return HealthTuple(
+        entity=ks.names[i], kind=ks.kind, value=None if v != v else v, confidence=float(ks.confidence[i]),
+        worst=ks.categories[w] if w >= 0 else None, reason=str(ks.reason[i]), labels=labels,
+        worst_member=ks.worst_member.get(i), flags=tuple(ks.flags.get(i, ())), ts=health.now,
+    )
 
 
 def node_of(t: HealthTuple) -> str:
