@@ -58,8 +58,9 @@ _NEWEST: list[tuple[Snapshot, float]] = []  # the last view asked about (arms of
 
 def _newest_ts(view: Snapshot) -> float:
     """The view's newest timestamp (a pass over every row: once per view, not once per loop)."""
-    if _NEWEST and _NEWEST[0][0] is view:
-        return _NEWEST[0][1]
+    hit = _NEWEST[0] if _NEWEST else None  # one read: a consistent (view, time) pair even across threads
+    if hit is not None and hit[0] is view:
+        return hit[1]
     t = float(view.ts.max())
     _NEWEST[:] = [(view, t)]
     return t
