@@ -1316,8 +1316,9 @@ def _roll_up_nodes(gpu: KindScores, node: KindScores, gpu_node: np.ndarray) -> N
     nn = len(node.names)
     if gpu_node.size == 0 or nn == 0:
         return
-    if _ROLL_UP and _ROLL_UP[0][0] is gpu_node:  # the GPUs of each node: as last cycle while tables are
-        _, go, starts, present = _ROLL_UP[0]
+    hit = _ROLL_UP[0] if _ROLL_UP else None  # (one read: another thread may replace it)
+    if hit is not None and hit[0] is gpu_node:  # the GPUs of each node: as last cycle while tables are
+        _, go, starts, present = hit
     else:
         go = np.argsort(gpu_node, kind="stable")
         gn = gpu_node[go]
