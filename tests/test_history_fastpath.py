@@ -104,3 +104,26 @@ def test_the_token_moves_when_a_series_appears_or_is_forgotten() -> None:
     assert t1 != t0
     assert shape_token(h.view(150.0)) != t1  # n1 forgotten after memory_s
     assert shape_token(Snapshot.empty(0.0)) is None  # not a history's view
+
+
+def test_a_copied_history_has_its_own_tokens() -> None:
+    # The backtest deep-copies a lane's history when an arm acts on its world: the copy's views must keep
+    # a token (or every per-shape cache downstream is lost in that lane) and never share one with the
+    # original, whose set of series may diverge from then on.
+    import copy
+    import pickle
+
+    h = SignalHistory(POLICY, memory_s=100.0)
+    b = SnapshotBuilder()
+    b.add(GAUGE, {"Hostname": "n1", "gpu": "0"}, 50.0, 0.0)
+    h.add(b.build(0.0))
+    t0 = shape_token(h.view(0.0))
+    for c in (copy.deepcopy(h), pickle.loads(pickle.dumps(h))):
+        tc = shape_token(c.view(10.0))
+        assert tc is not None and tc != t0
+        assert shape_token(c.view(11.0)) == tc
+        b2 = SnapshotBuilder()
+        b2.add(GAUGE, {"Hostname": "n2", "gpu": "0"}, 50.0, 12.0)
+        c.add(b2.build(12.0))
+        assert shape_token(c.view(12.0)) not in (tc, t0)
+    assert shape_token(h.view(12.0)) == t0

@@ -22,6 +22,7 @@ import itertools
 import weakref
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -343,6 +344,14 @@ class SignalHistory:
         self._last_view: Snapshot | None = None
         self._last_token: Hashable | None = None
         self._plans: dict[tuple[int, int], _Plan] = {}
+        _HISTORIES.add(self)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        # A copy (deepcopy, pickle: the backtest forks a lane's history when an arm acts) diverges from
+        # its original, so it gets its own serial, and it registers so that shape_token finds its views.
+        self.__dict__.update(state)
+        self._serial = next(_SERIAL)
+        self._last_view, self._last_token = None, None
         _HISTORIES.add(self)
 
     # -- interning -------------------------------------------------------------------------------
