@@ -28,6 +28,8 @@ from typing import Any
 
 import numpy as np
 
+from fleethealth.bench.calibration import cpu_calibration_ms
+
 WARMUP = 5
 
 
@@ -43,12 +45,6 @@ def _reference_package(rev: str, into: Path) -> None:
         text = re.sub(r"\bfleethealth\.(\w)", r"fleethealth_ref.\1", text)
         text = text.replace("from fleethealth import", "from fleethealth_ref import")
         f.write_text(text)
-
-
-def _calibration_ms() -> float:
-    t = time.process_time()
-    sum(range(10**6))
-    return 1000 * (time.process_time() - t)
 
 
 def main() -> None:
@@ -136,9 +132,9 @@ def main() -> None:
     sc = load_scenario(a.scenario)
     sc = sc.with_overrides(duration=a.hours * 3600) if not sc.faults or a.scenario == "noise-only" \
         else compress(sc, tail_s=a.hours * 3600, gap_s=3600)
-    cal0 = _calibration_ms()
+    cal0 = cpu_calibration_ms()
     run_backtest(sc, default_policy(), a.baselines)
-    cal1 = _calibration_ms()
+    cal1 = cpu_calibration_ms()
     print(f"{a.scenario}, {sc.duration / 3600:.2f} h, baselines {a.baselines or 'none'}; reference {a.rev}; "
           f"calibration {cal0:.0f}/{cal1:.0f} ms")
     for kind in ("decide", "observe"):

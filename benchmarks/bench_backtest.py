@@ -21,6 +21,7 @@ import time
 from typing import Any
 
 from fleethealth.backtest import evaluate, run_backtest
+from fleethealth.bench.calibration import cpu_calibration_ms
 from fleethealth.policy import default_policy
 from fleethealth.sim import load_scenario
 
@@ -53,14 +54,6 @@ def _time_parts() -> dict[str, list[float]]:
     return acc
 
 
-def _calibration_ms() -> float:
-    """CPU milliseconds of a fixed loop (about 13 on this machine when idle): quote it next to the
-    figures, the machine is shared."""
-    t = time.process_time()
-    sum(range(10**6))
-    return round(1000 * (time.process_time() - t), 1)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--hours", type=float, default=WEEK_H, help="simulated hours (default: a week)")
@@ -90,7 +83,7 @@ def main() -> None:
         # the per-cycle parts that are neither scoring nor the history, over every engine arm's cycles
         "decide_ms_per_cycle": round(1000 * parts["decide"][0] / max(parts["decide"][1], 1), 2),
         "structural_ms_per_cycle": round(1000 * parts["structural"][0] / max(parts["structural"][1], 1), 2),
-        "calibration_ms": _calibration_ms(),
+        "calibration_ms": cpu_calibration_ms(),
         "projected_week_cpu_s": round(cpu * WEEK_H / a.hours, 0),
         "quarantines": res["quarantines"], "flaps_per_node_day": round(res["flaps_per_node_day"], 4),
     }

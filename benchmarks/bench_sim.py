@@ -16,17 +16,9 @@ import time
 
 import numpy as np
 
+from fleethealth.bench.calibration import cpu_calibration_ms
 from fleethealth.sim import load_scenario
 from fleethealth.sim.simulation import Simulation
-
-
-def calibration_ms() -> float:
-    best = float("inf")
-    for _ in range(3):
-        c0 = time.process_time()
-        sum(range(10**6))
-        best = min(best, time.process_time() - c0)
-    return best * 1e3
 
 
 def main() -> None:
@@ -38,7 +30,7 @@ def main() -> None:
     a = ap.parse_args()
     sc = load_scenario(a.scenario)
     sc = sc.with_overrides(duration=max(sc.duration, (a.skip + a.steps + 1) * sc.step))
-    cal = calibration_ms()
+    cal = cpu_calibration_ms()
     c0 = time.process_time()
     sim = Simulation(sc)
     init_ms = (time.process_time() - c0) * 1e3
@@ -54,7 +46,7 @@ def main() -> None:
         "scenario": a.scenario, "gpus": sim.fleet.n_gpus, "rows": int(sim.n_static + sim.fleet.n_nodes),
         "init_ms": round(init_ms, 1), "step_ms_p10": round(float(np.percentile(per_step, 10)), 3),
         "step_ms_median": round(float(np.median(per_step)), 3), "steps": len(per_step) * chunk,
-        "calibration_ms": round((cal + calibration_ms()) / 2, 1),
+        "calibration_ms": round((cal + cpu_calibration_ms()) / 2, 1),
     }
     if a.json:
         print(json.dumps(out))

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from fleethealth.bench.calibration import cpu_calibration_ms
 from fleethealth.signals.snapshot import Snapshot
 
 # dcgm-exporter's default-counters.csv (DCGM 3.x/4.x), the fields enabled by default.
@@ -147,19 +148,6 @@ def compare_rows(ours: Iterable[Row], theirs: Iterable[Row], default_ts: float) 
     if not diffs:
         diffs = [f"same samples, different multiplicity ({len(a)} vs {len(b)})"]
     return diffs
-
-
-def cpu_calibration_ms() -> float:
-    """CPU time (``time.process_time``, the clock the rates use) of a fixed pure-Python loop, so numbers
-    from a busy machine can be judged: about 13 ms on an idle core of the 2-core box this was tuned on,
-    18-35 ms while others run (a shared core's caches and memory bandwidth slow this process's CPU
-    time too)."""
-    best = float("inf")
-    for _ in range(3):
-        t0 = time.process_time()
-        sum(range(1_000_000))
-        best = min(best, time.process_time() - t0)
-    return round(best * 1000, 2)
 
 
 def bench_parse(
