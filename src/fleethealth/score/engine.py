@@ -402,8 +402,7 @@ class _Ctx:
         if hit is not None and hit[0] is table and np.array_equal(hit[1], mat.series):
             ent, ok, single = hit[2], hit[3], hit[4]
         else:
-            kid = self.resolver.arr[kind][mat.series]
-            ent = np.where(kid >= 0, table.lut[np.maximum(kid, 0)], -1)
+            ent = table.entities(self.resolver.arr[kind][mat.series])
             ok = ent >= 0
             if match:
                 ok &= self.resolver.label_match(match)[mat.series]
@@ -441,8 +440,7 @@ class _Ctx:
         if hit is not None and hit[0] is table and np.array_equal(hit[1], block):
             g = hit[2]
             return None if g is None else _GaugeRows(a, b, g.sel, g.ser, g.ent, g.single)
-        kid = self.resolver.arr[kind][block]
-        ent = np.where(kid >= 0, table.lut[np.maximum(kid, 0)], -1)
+        ent = table.entities(self.resolver.arr[kind][block])
         keep = ent >= 0
         if match:
             keep &= self.resolver.label_match(match)[block]
@@ -462,11 +460,7 @@ class _Ctx:
         hit = self._rates.get(key)
         if hit is None:
             inc, t0, t1, lv, lt, _ = self.window(mat, self.now - window)
-            dt = t1 - t0
-            with np.errstate(invalid="ignore", divide="ignore"):
-                rate = np.where(dt > 0, inc / np.where(dt > 0, dt, 1.0), np.nan)
-                fresh = (self.now - t1) <= max_age
-            hit = self._rates[key] = (np.where(fresh, rate, np.nan), lv, self.now - lt)
+            hit = self._rates[key] = (_fresh_rate(inc, t0, t1, self.now, max_age), lv, self.now - lt)
         return hit
 
     def window(self, mat: CounterMatrix, start: float) -> tuple[np.ndarray, ...]:
@@ -549,6 +543,10 @@ class _KindTable:
     lut: np.ndarray  # resolver key id -> entity index (-1)
     names: list[str]
 
+    def entities(self, kid: np.ndarray) -> np.ndarray:
+        """Entity index per resolver key id (-1: no key, or no entity of this kind)."""
+        return np.where(kid >= 0, self.lut[np.maximum(kid, 0)], -1)
+
 
 def _entity_tables(ctx: _Ctx, policy: Policy, inventory: Mapping[str, Sequence[str]] | None) -> dict[str, _KindTable]:
     r = ctx.resolver
@@ -629,8 +627,7 @@ def _evaluate(ctx: _Ctx, spec: SignalSpec, kind: EntityKind, table: _KindTable) 
     if idx.size == 0:
         return res
     ser = snap.series_ids[idx]
-    kid = ctx.resolver.arr[kind][ser]
-    ent = np.where(kid >= 0, table.lut[np.maximum(kid, 0)], -1)
+    ent = table.entities(ctx.resolver.arr[kind][ser])
     keep = ent >= 0
     idx, ser, ent = idx[keep], ser[keep], ent[keep]
     if idx.size == 0:
@@ -693,16 +690,22 @@ def _evaluate_gauge_rows(ctx: _Ctx, spec: SignalSpec, kind: EntityKind, rows: _G
     return res
 
 
+def _fresh_rate(inc: np.ndarray, t0: np.ndarray, t1: np.ndarray, now: float, max_age: float) -> np.ndarray:
+    """Per series: the increase over the time between its first and last sample in the window, NaN
+    without two samples at different times or when the last is older than ``max_age``."""
+    dt = t1 - t0
+    with np.errstate(invalid="ignore", divide="ignore"):
+        rate = np.where(dt > 0, inc / np.where(dt > 0, dt, 1.0), np.nan)
+        fresh = (now - t1) <= max_age
+    return np.where(fresh, rate, np.nan)
+
+
 def _counter_rates(res: _SignalResult, e: np.ndarray, inc: np.ndarray, t0: np.ndarray, t1: np.ndarray,
                    last_v: np.ndarray, last_t: np.ndarray, now: float, max_age: float) -> None:
     """A counter's rate, raw (latest value) and age per entity from its per-series window (``e``: the
     entity of each series)."""
     n = res.rate.size
-    dt = t1 - t0
-    with np.errstate(invalid="ignore", divide="ignore"):
-        rate = np.where(dt > 0, inc / np.where(dt > 0, dt, 1.0), np.nan)
-        fresh = (now - t1) <= max_age
-    rate = np.where(fresh, rate, np.nan)
+    rate = _fresh_rate(inc, t0, t1, now, max_age)
     good = ~np.isnan(rate)
     one_per_entity = e.size == 0 or np.bincount(e).max() <= 1
     if good.any():
@@ -911,8 +914,7 @@ def _evaluate_slo(ctx: _Ctx, spec: SignalSpec, kind: EntityKind, table: _KindTab
 
         def __init__(self, idx: np.ndarray) -> None:
             ser = snap.series_ids[idx]
-            kid = ctx.resolver.arr[kind][ser]
-            ent = np.where(kid >= 0, table.lut[np.maximum(kid, 0)], -1)
+            ent = table.entities(ctx.resolver.arr[kind][ser])
             keep = ent >= 0
             ser, ent, ts, v = ser[keep], ent[keep], snap.ts[idx][keep], snap.values[idx][keep]
             order = order_by_series_time(ser, ts)
@@ -955,8 +957,7 @@ def _evaluate_slo(ctx: _Ctx, spec: SignalSpec, kind: EntityKind, table: _KindTab
 
     # seen / freshness from the request counter
     ser_all = snap.series_ids[req_idx]
-    kid_all = ctx.resolver.arr[kind][ser_all]
-    ent_all = np.where(kid_all >= 0, table.lut[np.maximum(kid_all, 0)], -1)
+    ent_all = table.entities(ctx.resolver.arr[kind][ser_all])
     res.seen[ent_all[ent_all >= 0]] = True
     burns: list[tuple[np.ndarray, np.ndarray, float]] = []
     last_total = None
@@ -1543,8 +1544,7 @@ class _MetaIndex:
                     continue
                 ser = ser.astype(np.int64)
                 for kind in spec.entities:
-                    kid = r.arr[kind][ser]
-                    ent = np.where(kid >= 0, tables[kind].lut[np.maximum(kid, 0)], -1)
+                    ent = tables[kind].entities(r.arr[kind][ser])
                     ok = ent >= 0
                     ents[kind].append(ent[ok])
                     sers[kind].append(ser[ok])
@@ -1721,8 +1721,7 @@ def _evaluation(
         key_node = r.key_node_arr
         gpu_node_kid = key_node[gt.key_ids] if gt.key_ids.size else np.zeros(0, np.int64)
         nt = tables["node"]
-        gpu_node = (np.where(gpu_node_kid >= 0, nt.lut[np.maximum(gpu_node_kid, 0)], -1) if gpu_node_kid.size
-                    else gpu_node_kid)
+        gpu_node = nt.entities(gpu_node_kid) if gpu_node_kid.size else gpu_node_kid
         if not (gpu_node >= 0).all():  # gpus always imply their node
             raise AssertionError("gpu without node")
         if token is not None:
