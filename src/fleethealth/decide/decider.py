@@ -61,7 +61,7 @@ from fleethealth.decide.lifecycle import (
 from fleethealth.decide.model import Intent, IntentKind, State, Tier, Transition
 from fleethealth.decide.state import Decision, DecisionState, EntityLifecycle, Event
 from fleethealth.policy import Policy, default_policy
-from fleethealth.score.health import HealthTuple
+from fleethealth.score.health import EntityKind, HealthTuple
 
 LIFECYCLE_KINDS = ("node", "replica")
 FLAG_TIMER = "flag"  # the READY-but-flagged condition's own timer, kept with the lifecycle's
@@ -134,6 +134,13 @@ def _lifecycle_and_flagged(health: Any, memo: LabelMemo | None = None,
             [t for t in tuples if t.kind == "gpu" and t.flags])
 
 
+def _replica_tuple(name: str, kind: EntityKind, value: float, confidence: float, reason: str, now: float) -> HealthTuple:
+    """A serving tuple as the router reads it: value (None for NaN), confidence, reason."""
+    v = float(value)
+    return HealthTuple(entity=name, kind=kind, value=None if v != v else v,
+                       confidence=float(confidence), worst=None, reason=reason, ts=now)
+
+
 def _serving_replicas(serving: Any, cache: list[Any] | None = None) -> dict[str, HealthTuple]:
     """The serving consumer's replica tuples: only value, confidence and reason are read (router
     weights), so the engine's columns are read without metadata labels or node tuples. ``cache``: a
@@ -156,22 +163,18 @@ def _serving_replicas(serving: Any, cache: list[Any] | None = None) -> dict[str,
                     vals, cfs = vb.view(np.float64), cb.view(np.float64)
                     for i, name in enumerate(prev[0]):
                         if not same[i] or rs[i] != prev[3][i]:
-                            v = float(vals[i])
-                            tuples[i] = HealthTuple(entity=name, kind=ks.kind, value=None if v != v else v,
-                                                    confidence=float(cfs[i]), worst=None, reason=rs[i], ts=now)
+                            tuples[i] = _replica_tuple(name, ks.kind, vals[i], cfs[i], rs[i], now)
                     names = prev[0]
                 else:
                     names = list(ks.names)
-                    tuples = [HealthTuple(entity=name, kind=ks.kind, value=None if v != v else float(v),
-                                          confidence=float(cf), worst=None, reason=r, ts=now)
+                    tuples = [_replica_tuple(name, ks.kind, v, cf, r, now)
                               for name, v, cf, r in zip(names, ks.value.tolist(), ks.confidence.tolist(), rs,
                                                         strict=True)]
                 cache[:] = [(names, vb, cb, rs, tuples)]
                 return dict(zip(names, tuples, strict=True))
             values = ks.value.tolist()
             conf = ks.confidence.tolist()
-            return {name: HealthTuple(entity=name, kind=ks.kind, value=None if v != v else float(v),
-                                      confidence=float(cf), worst=None, reason=str(r), ts=now)
+            return {name: _replica_tuple(name, ks.kind, v, cf, str(r), now)
                     for name, v, cf, r in zip(ks.names, values, conf, ks.reason, strict=True)}
         except (AttributeError, TypeError, IndexError, KeyError, ValueError):
             if cache is not None:
@@ -634,7 +637,7 @@ class Decider:
     def _confidence_counts(self, c: _Cycle, obs: Mapping[str, Observation | None]) -> tuple[int, int]:
         """``_fleet_confidence``'s two counts in one pass: entities counted, and those without a usable
         observation."""
-        minc = self.policy.lifecycle.min_confidence
+        lc = self.policy.lifecycle
         frozen, now = c.s.frozen, c.now
         total = low = 0
         for eid, es in c.s.entities.items():
@@ -645,7 +648,7 @@ class Decider:
                 continue
             total += 1
             o = obs.get(eid)
-            if o is None or o.value is None or not o.confidence >= minc:
+            if o is None or not o.usable(lc):
                 low += 1
         return total, low
 
