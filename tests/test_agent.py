@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,6 +18,7 @@ import pynvml
 import pytest
 from typer.testing import CliRunner
 
+from act_support import free_port
 from fleethealth.agent.exposition import render_exposition
 from fleethealth.agent.server import Agent
 from fleethealth.signals.snapshot import Snapshot, SnapshotBuilder
@@ -142,12 +142,6 @@ def test_render_exposition_escapes_and_keeps_latest_sample() -> None:
     assert {(m, v) for m, _, v, _ in snap.rows()} == {("m_total", 2.0), ("g", 0.25)}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_agent_serves_metrics_over_http_with_kernel_log_xids(tmp_path: Path) -> None:
     klog_path = tmp_path / "kern.log"
     klog_path.write_text("")
@@ -227,7 +221,7 @@ def test_cli_agent_process_with_fake_gpus_serves_and_stops_on_sigterm(tmp_path: 
         {"index": 0, "values": {"temperature": 50}},
         {"index": 1, "unsupported": ["nvmlDeviceGetPowerUsage"]},
     ]}))
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
         [sys.executable, "-m", "fleethealth.cli.main", "agent", "--listen", f"127.0.0.1:{port}",

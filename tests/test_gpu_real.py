@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -28,6 +27,7 @@ from typing import Any
 import httpx
 import pytest
 
+from act_support import free_port
 from fleethealth.policy import default_policy
 from fleethealth.serve.gpu import nvml_present
 from fleethealth.signals.history import SignalHistory
@@ -55,12 +55,6 @@ def _report(name: str, data: Any) -> None:
     if out:
         Path(out).mkdir(parents=True, exist_ok=True)
         Path(out, f"{name}.json").write_text(json.dumps(data, indent=1, default=str))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _latest(snap: Snapshot) -> dict[tuple[str, str], float]:
@@ -115,7 +109,7 @@ def test_nvml_source_reads_every_gpu_with_dcgm_names_and_sane_units() -> None:
 def agent_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     log = tmp_path_factory.mktemp("agent") / "kern.log"
     log.write_text("")
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
         _cli("agent", "--listen", f"127.0.0.1:{port}", "--interval", "1", "--kernel-log", str(log),
              "--hostname", "gpu-node-1"),
@@ -276,7 +270,7 @@ def test_rank_timer_measures_gpu_time_with_cuda_events_under_ddp() -> None:
     cycles_per_s = _sleep_cycles_per_s(torch)
     extra_s = 0.08
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ["MASTER_PORT"] = str(_free_port())
+    os.environ["MASTER_PORT"] = str(free_port())
     dist.init_process_group("nccl", rank=0, world_size=1)
     try:
         slow = {"on": False}
@@ -321,8 +315,8 @@ def test_rank_timer_measures_gpu_time_with_cuda_events_under_ddp() -> None:
 
 @needs_nvml
 def test_sidecar_gpuz_answers_from_the_real_gpu(tmp_path: Path) -> None:
-    port = _free_port()
-    dead = _free_port()  # no engine behind it: /gpuz is about the GPU, not the engine
+    port = free_port()
+    dead = free_port()  # no engine behind it: /gpuz is about the GPU, not the engine
     proc = subprocess.Popen(
         _cli("sidecar", "--upstream", f"http://127.0.0.1:{dead}", "--listen", f"127.0.0.1:{port}", "--nvml",
              "--gpu-node", "gpu-node-1", "--log-level", "warning"),

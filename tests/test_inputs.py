@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gzip
-import socket
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -11,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from act_support import free_port
 from fleethealth.bench.parse import dcgm_text
 from fleethealth.sources.exposition import parse_exposition
 from fleethealth.sources.inputs import InputError, read_inputs
@@ -53,16 +53,10 @@ def server() -> Iterator[str]:
     srv.server_close()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_urls_files_and_tables_merge(server: str, tmp_path: Path) -> None:
     (tmp_path / "dcgm.prom").write_text(dcgm_text(8, seed=1))
     write_table(parse_exposition('rank_t{job="j",rank="0"} 1.8\n', default_ts=NOW - 30), tmp_path / "r.parquet")
-    dead = f"http://127.0.0.1:{_free_port()}/metrics"
+    dead = f"http://127.0.0.1:{free_port()}/metrics"
     snap = read_inputs(
         [str(tmp_path / "dcgm.prom"), f"{server}/vllm", f"{server}/om", f"{server}/broken", dead,
          str(tmp_path / "r.parquet"), f"{server}/rec.csv"],

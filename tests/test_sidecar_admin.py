@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,6 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from act_support import free_port
 from fake_engine import ADMIN_TOKEN, FakeEngine, ServerThread, running_pair, wait_until
 from fleethealth.serve.app import create_app
 from fleethealth.serve.config import SidecarConfig
@@ -69,17 +69,11 @@ def test_drain_wait_blocks_until_drained_for_prestop() -> None:
         assert time.monotonic() - t0 < 2.0  # nothing in flight: returns at once
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.mark.slow  # a subprocess importing the whole CLI: about 10 s on a loaded 2-core box
 def test_cli_runs_the_sidecar_and_sigterm_drains_before_exit(tmp_path: Path) -> None:
     token = tmp_path / "token"
     token.write_text("cli-token\n")
-    port = _free_port()
+    port = free_port()
     env = {k: v for k, v in os.environ.items() if k != "FLEETHEALTH_ADMIN_TOKEN"}
     engine = FakeEngine()
     with ServerThread(engine.app) as esrv:

@@ -3,7 +3,6 @@ while an idle one passes; readiness follows state, queue protection and the GPU.
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from pathlib import Path
@@ -12,6 +11,7 @@ import httpx
 from fastapi import FastAPI
 from fastapi.responses import PlainTextResponse
 
+from act_support import free_port
 from fake_engine import ServerThread, running_pair, wait_until
 from fleethealth.decide.model import State
 from fleethealth.serve.app import create_app
@@ -86,14 +86,8 @@ def test_hung_non_streaming_work_without_engine_metrics() -> None:
         wait_until(lambda: _status(p.url + "/livez") == 200, 5, 0.05)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_not_ready_while_starting_and_alive_before_engine_ever_came_up() -> None:
-    cfg = SidecarConfig(upstream=f"http://127.0.0.1:{_free_port()}", replica="r", probe_interval_s=0.05,
+    cfg = SidecarConfig(upstream=f"http://127.0.0.1:{free_port()}", replica="r", probe_interval_s=0.05,
                         admin_token="t")
     with ServerThread(create_app(cfg)) as s:
         time.sleep(0.3)

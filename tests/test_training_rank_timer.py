@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import statistics
 import sys
 import time
@@ -16,6 +15,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from act_support import free_port
 from fleethealth.training import COMPUTE_METRIC, STEP_METRIC, RankTimer
 
 
@@ -214,12 +214,6 @@ def _worker(rank: int, world: int, rdzv: str, out_dir: str) -> None:
     dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory: pytest.TempPathFactory) -> dict[int, dict[str, list[dict[str, Any]]]]:
     pytest.importorskip("torch", reason="torch is not installed (pip install torch==2.13.0)")
@@ -229,7 +223,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> dict[int, dict[str, lis
     # Children must import this test module by name to find _worker.
     sys.path.insert(0, str(Path(__file__).parent))
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(_free_port()))
+    os.environ.setdefault("MASTER_PORT", str(free_port()))
     started = time.monotonic()
     mp.spawn(_worker, args=(WORLD, str(d / "rdzv"), str(d)), nprocs=WORLD, join=True)
     out = {}
