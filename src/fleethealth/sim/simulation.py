@@ -181,25 +181,13 @@ def _sprinkle(rng: np.random.Generator, counter: np.ndarray, mean_total: float) 
         np.add.at(counter, rng.integers(0, counter.shape[-1], k), 1.0)
 
 
-def go_float(v: float) -> str:
-    """A float as Prometheus writes a bucket bound (prometheus_client's floatToGoString), without importing
-    prometheus_client: that import was most of a first simulator's start-up."""
-    d = float(v)
-    if math.isinf(d):
-        return "+Inf" if d > 0 else "-Inf"
-    if math.isnan(d):
-        return "NaN"
-    s = repr(d)
-    dot = s.find(".")
-    if d > 0 and dot > 6:  # Go switches to exponents sooner than Python
-        mantissa = f"{s[0]}.{s[1:dot]}{s[dot + 1:]}".rstrip("0.")
-        return f"{mantissa}e+{dot - 1:02d}"
-    return s
-
-
 @functools.cache
 def _le_strings(hist: str) -> tuple[str, ...]:
-    return tuple(go_float(v) for v in (TTFT_BUCKETS if hist == TTFT else ITL_BUCKETS))
+    """The histogram's bucket bounds as Prometheus writes them (imported here: the library costs ~0.1 s
+    to import and only a simulator with serving replicas needs it, once per process)."""
+    from prometheus_client.utils import floatToGoString
+
+    return tuple(floatToGoString(v) for v in (TTFT_BUCKETS if hist == TTFT else ITL_BUCKETS))
 
 
 @dataclass(slots=True)
