@@ -19,8 +19,12 @@ _LABEL_ORDER = {k: i for i, k in enumerate(
     ("gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname", "DCGM_FI_DRIVER_VERSION"))}
 
 
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+_ESCAPE = str.maketrans({"\\": "\\\\", "\n": "\\n", '"': '\\"'})
+
+
+def escape_label_value(value: str) -> str:
+    """A label value as the text format writes it: backslash, newline and double quote escaped."""
+    return value.translate(_ESCAPE)
 
 
 def _format_value(v: float) -> str:
@@ -37,7 +41,7 @@ def _format_labels(labels: tuple[tuple[str, str], ...]) -> str:
     if not labels:
         return ""
     ordered = sorted(labels, key=lambda kv: (_LABEL_ORDER.get(kv[0], len(_LABEL_ORDER)), kv[0]))
-    return "{" + ",".join(f'{k}="{_escape(v)}"' for k, v in ordered) + "}"
+    return "{" + ",".join(f'{k}="{escape_label_value(v)}"' for k, v in ordered) + "}"
 
 
 def render_exposition(snapshot: Snapshot, metric_help: Mapping[str, tuple[str, str]] | None = None) -> str:

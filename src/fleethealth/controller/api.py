@@ -27,18 +27,15 @@ from typing import Any
 from fastapi import FastAPI, HTTPException, Query, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
+from fleethealth.agent.exposition import escape_label_value
 from fleethealth.controller.loop import Controller, Published
 from fleethealth.decide.state import Event
 
 CONTENT_TYPE_TEXT = "text/plain; version=0.0.4; charset=utf-8"
 
 
-def _esc(v: str) -> str:
-    return v.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
-
-
 def _labels(d: dict[str, Any]) -> str:
-    return "{" + ",".join(f'{k}="{_esc(str(v))}"' for k, v in d.items() if v is not None) + "}"
+    return "{" + ",".join(f'{k}="{escape_label_value(str(v))}"' for k, v in d.items() if v is not None) + "}"
 
 
 def _num(v: float) -> str:

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from fleethealth.agent.exposition import escape_label_value
 from fleethealth.signals.snapshot import InputIssue, LabelSet, Snapshot
 from fleethealth.sim.faults import Effects, Fault, make_fault
 from fleethealth.sim.fleet import Fleet, build_fleet, bus_id
@@ -270,13 +271,10 @@ class _Interner:
 
 
 # exposition label-value escaping: backslash, newline, double quote (one pass, each character mapped once)
-_ESCAPE = str.maketrans({"\\": "\\\\", "\n": "\\n", '"': '\\"'})
-
-
 def _render_labels(labels: dict[str, str]) -> str:
     if not labels:
         return ""
-    return "{" + ",".join(f'{k}="{v.translate(_ESCAPE)}"' for k, v in labels.items()) + "}"
+    return "{" + ",".join(f'{k}="{escape_label_value(v)}"' for k, v in labels.items()) + "}"
 
 
 class Simulation:
