@@ -46,9 +46,8 @@ def _labels_key(health: Any, view: Snapshot, now: float, policy: Policy) -> Hash
     if getattr(meta, "snap", None) is not view:
         return None
     limit = now + policy.freshness.future_skew_s
-    bound = getattr(getattr(view, "index", None), "max_ts", None)  # the history's bound on the view's times
-    if len(view) and not (bound is not None and view.index.valid_for(view) and bound <= limit) \
-            and _newest_ts(view) > limit:
+    # the history's bound on its view's times spares the pass over them
+    if len(view) and view.index_upto(limit) is None and _newest_ts(view) > limit:
         return None
     return shape_token(view)
 

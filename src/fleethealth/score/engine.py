@@ -320,10 +320,9 @@ class _Ctx:
         self.metric_ix = snap.metric_index()
         self.resolver = _resolver_for(snap, policy)
         skew = policy.freshness.future_skew_s
-        ix = snap.index
         # A history's view says where each metric's rows are and holds its counters as matrices: nothing
         # to sort, unless a sample lies in the future (those rows are left out: the plain path below).
-        self.index = ix if ix is not None and ix.valid_for(snap) and ix.max_ts <= now + skew else None
+        self.index = snap.index_upto(now + skew)
         self.order = np.zeros(0, np.int64)
         self.bounds: dict[int, tuple[int, int]] = {}
         self._windows: dict[tuple[int, float], tuple[np.ndarray, ...]] = {}

@@ -123,6 +123,11 @@ class Snapshot:
     def __len__(self) -> int:
         return int(self.values.shape[0])
 
+    def index_upto(self, limit: float) -> ViewIndex | None:
+        """``index`` when it holds for these very arrays and bounds every timestamp at or below ``limit``."""
+        ix = self.index
+        return ix if ix is not None and ix.valid_for(self) and ix.max_ts <= limit else None
+
     @staticmethod
     def empty(at: float) -> Snapshot:
         return Snapshot(
