@@ -29,6 +29,7 @@ import numpy as np
 from fleethealth.policy import Policy
 from fleethealth.signals.snapshot import (
     CounterMatrix,
+    HistoryView,
     InputIssue,
     LabelSet,
     Snapshot,
@@ -343,6 +344,11 @@ class SignalHistory:
         self._g_order: tuple[int, np.ndarray, np.ndarray] | None = None
         self._last_view: Snapshot | None = None
         self._last_token: Hashable | None = None
+        # The last full view's gauge layout, to patch it when only gauge values of series it holds have
+        # come in since at the same ``now`` (a cycle's derived signals; see ``_patched_view``):
+        # (now, epoch, chunk serial, gauge slot -> view row or -1).
+        self._view_layout: tuple[float, int, int, np.ndarray] | None = None
+        self._dirty: list[np.ndarray | slice] = []  # gauge slots stored since the last view
         self._plans: dict[tuple[int, int], _Plan] = {}
         _HISTORIES.add(self)
 
@@ -352,6 +358,7 @@ class SignalHistory:
         self.__dict__.update(state)
         self._serial = next(_SERIAL)
         self._last_view, self._last_token = None, None
+        self._view_layout, self._dirty = None, []
         _HISTORIES.add(self)
 
     # -- interning -------------------------------------------------------------------------------
@@ -580,6 +587,8 @@ class SignalHistory:
             self._g_since[ts_] = np.where(changed, t[track], self._g_since[ts_])
         self._g_v[sl] = v
         self._g_t[sl] = t
+        if self._view_layout is not None:
+            self._dirty.append(sl)
         if t.size:
             self._max_t = max(self._max_t, float(t.max()))
 
@@ -713,6 +722,9 @@ class SignalHistory:
         time its value started) and the retained counter samples. Each metric's rows are one block,
         counters' in (series, time) order; ``Snapshot.index`` says so, with each counter metric's samples
         as a matrix (``CounterMatrix``)."""
+        patched = self._patched_view(now)
+        if patched is not None:
+            return patched
         self._compact(now)
         order = self._gauge_order()
         live = np.isfinite(self._g_t) & ~np.isnan(self._g_v)
@@ -722,6 +734,7 @@ class SignalHistory:
         parts_s = [self._g_s[rows]]
         parts_v = [self._g_v[rows]]
         parts_t = [self._g_t[rows]]
+        shift: np.ndarray | None = None  # view row of each of ``rows`` minus its position in ``rows``
         if self._track_start.any() and rows.size:
             ev = live & self._track_start[self._g_m] & (self._g_since < self._g_t) & np.isfinite(self._g_since)
             if ev.any():
@@ -730,6 +743,7 @@ class SignalHistory:
                 er = order[ev[order]]
                 keys = self._gauge_keys()
                 at = np.searchsorted(keys[rows], keys[er])
+                shift = np.searchsorted(at, np.arange(rows.size), "right")  # (np.insert: before index ``at``)
                 parts_m[0] = np.insert(gm, at, self._g_m[er])
                 parts_s[0] = np.insert(parts_s[0], at, self._g_s[er])
                 parts_v[0] = np.insert(parts_v[0], at, self._g_v[er])
@@ -769,28 +783,76 @@ class SignalHistory:
                 if g.monotone:
                     matrices[m] = CounterMatrix(g.cs[c0:c1], T[:, c0:c1], V[:, c0:c1], last[c0:c1], gi, c0, c1,
                                                 have is None)
-        ng = int(gm.size)
-        out_m, out_s = np.empty(n_rows, np.int32), np.empty(n_rows, np.int32)
-        out_v, out_t = np.empty(n_rows), np.empty(n_rows)
-        out_m[:ng], out_s[:ng], out_v[:ng], out_t[:ng] = parts_m[0], parts_s[0], parts_v[0], parts_t[0]
-        for m, Tm, Vm, cs, hm, a, b in blocks:
-            out_m[a:b] = m
-            if hm is None:
-                shape = Tm.shape
-                out_t[a:b].reshape(shape)[...] = Tm
-                out_v[a:b].reshape(shape)[...] = Vm
-                out_s[a:b].reshape(shape)[...] = cs
-            else:
-                out_t[a:b], out_v[a:b] = Tm[hm], Vm[hm]
-                out_s[a:b] = np.broadcast_to(cs, hm.shape)[hm]
-        snap = Snapshot(
-            at=now, metrics=self.metrics, labelsets=self.labelsets, metric_ids=out_m, series_ids=out_s,
-            values=out_v, ts=out_t, issues=self.issues[-1000:], source_errors=list(self.source_errors),
+        head = (parts_m[0].astype(np.int32, copy=False), parts_s[0].astype(np.int32, copy=False),
+                np.asarray(parts_v[0], np.float64), np.asarray(parts_t[0], np.float64))
+
+        def fill() -> tuple[np.ndarray, ...]:
+            ng = head[0].size
+            out_m, out_s = np.empty(n_rows, np.int32), np.empty(n_rows, np.int32)
+            out_v, out_t = np.empty(n_rows), np.empty(n_rows)
+            out_m[:ng], out_s[:ng], out_v[:ng], out_t[:ng] = head
+            for m, Tm, Vm, cs, hm, a, b in blocks:
+                out_m[a:b] = m
+                if hm is None:
+                    shape = Tm.shape
+                    out_t[a:b].reshape(shape)[...] = Tm
+                    out_v[a:b].reshape(shape)[...] = Vm
+                    out_s[a:b].reshape(shape)[...] = cs
+                else:
+                    out_t[a:b], out_v[a:b] = Tm[hm], Vm[hm]
+                    out_s[a:b] = np.broadcast_to(cs, hm.shape)[hm]
+            return out_m, out_s, out_v, out_t
+
+        pos = np.full(self._g_t.size, -1, np.int64)
+        pos[rows] = np.arange(rows.size) if shift is None else np.arange(rows.size) + shift
+        self._view_layout = (now, self._epoch, self._cid, pos)
+        return self._publish(now, head, n_rows, fill, bounds, matrices, groups)
+
+    def _publish(self, now: float, head: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray], n_rows: int,
+                 fill: Any, bounds: dict[int, tuple[int, int]], counters: dict[int, CounterMatrix],
+                 groups: list[CounterMatrix]) -> Snapshot:
+        """A view of ``head`` then the rows ``fill`` writes (only when asked for: ``HistoryView``)."""
+        empty = n_rows == head[0].size  # nothing to write later: the head is every row
+        snap = HistoryView(
+            now, self.metrics, self.labelsets, *(head if empty else (np.zeros(0, np.int32),) * 2 + (np.zeros(0),) * 2),
+            issues=self.issues[-1000:], source_errors=list(self.source_errors), fill=None if empty else fill,
+            n_rows=n_rows,
         )
-        snap.index = ViewIndex(bounds, matrices, groups, self._max_t, snap.metric_ids, snap.series_ids, snap.values, snap.ts)
+        snap.index = ViewIndex(bounds, counters, groups, self._max_t, head, weakref.ref(snap))
         self.source_errors = []
         self._last_view, self._last_token = snap, (self._serial, self._epoch)
+        self._dirty = []
         return snap
+
+    def _patched_view(self, now: float) -> Snapshot | None:
+        """The view as of the same ``now`` as the last one when all that came in since are new samples
+        of gauge series it already holds (no counter, no new or revived series, no event-like gauge):
+        the last view's rows with those values and times written over, its counter matrices shared.
+        The same rows as a full view: compaction at an unchanged ``now`` changes nothing."""
+        lay, last = self._view_layout, self._last_view
+        if lay is None or last is None or last.index is None:
+            return None
+        at, epoch, cid, pos = lay
+        if at != now or epoch != self._epoch or cid != self._cid or pos.size != self._g_t.size:
+            return None
+        slots = np.concatenate([np.arange(d.start, d.stop) if isinstance(d, slice) else d for d in self._dirty]) \
+            if self._dirty else np.zeros(0, np.int64)
+        rows = pos[slots]
+        if (rows < 0).any() or self._track_start[self._g_m[slots]].any():
+            return None
+        ix = last.index
+        hm, hs, hv, ht = ix.head
+        hv, ht = hv.copy(), ht.copy()
+        hv[rows] = self._g_v[slots]
+        ht[rows] = self._g_t[slots]
+        head = (hm, hs, hv, ht)
+
+        def fill() -> tuple[np.ndarray, ...]:
+            v, t = last.values.copy(), last.ts.copy()
+            v[:hv.size], t[:ht.size] = hv, ht
+            return last.metric_ids, last.series_ids, v, t
+
+        return self._publish(now, head, len(last), fill, ix.bounds, ix.counters, ix.groups)
 
     def extend(self, snaps: Iterable[Snapshot]) -> None:
         for s in snaps:

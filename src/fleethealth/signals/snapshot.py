@@ -9,8 +9,9 @@ A snapshot may carry several samples per series (a window of history); counters 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -82,21 +83,49 @@ class ViewIndex:
     """What the maker of a view (the history) guarantees about its rows, so that the engine can skip
     sorting and read counter windows off matrices: each metric's rows are the block ``bounds[metric]``;
     ``counters``: the same samples as a ``CounterMatrix`` per counter metric (all of them, or none where
-    a series' samples are out of time order); no NaN value; no timestamp after ``max_ts``. Valid only for the very arrays it names (a
-    snapshot rebuilt from a view's arrays does not carry it over)."""
+    a series' samples are out of time order); no NaN value; no timestamp after ``max_ts``. ``head``: the
+    view's first rows (metric ids, series ids, values, times: every gauge's), readable without the rest
+    being written (see ``HistoryView``). Valid only for the view it was made for, while its arrays are
+    the ones it was made with (a snapshot rebuilt from a view's arrays does not carry it over)."""
 
     bounds: dict[int, tuple[int, int]]
     counters: dict[int, CounterMatrix]
     groups: list[CounterMatrix]
     max_ts: float
-    metric_ids: np.ndarray
-    series_ids: np.ndarray
-    values: np.ndarray
-    ts: np.ndarray
+    head: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+    owner: Callable[[], object]  # a weak reference to the view
 
     def valid_for(self, snap: Snapshot) -> bool:
-        return (snap.metric_ids is self.metric_ids and snap.series_ids is self.series_ids
-                and snap.values is self.values and snap.ts is self.ts)
+        return self.owner() is snap
+
+    def _view(self) -> Snapshot:
+        snap = self.owner()
+        if not isinstance(snap, Snapshot):
+            raise ValueError("the view this index was made for is gone")
+        return snap
+
+    # The view's arrays (all its rows: reading them writes a HistoryView's lazy rows).
+    @property
+    def metric_ids(self) -> np.ndarray:
+        return self._view().metric_ids
+
+    @property
+    def series_ids(self) -> np.ndarray:
+        return self._view().series_ids
+
+    @property
+    def values(self) -> np.ndarray:
+        return self._view().values
+
+    @property
+    def ts(self) -> np.ndarray:
+        return self._view().ts
+
+    def rows(self, snap: Snapshot, a: int, b: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Series ids, values and times of ``snap``'s rows a..b, off ``head`` when it holds them."""
+        if b <= self.head[0].size:
+            return self.head[1][a:b], self.head[2][a:b], self.head[3][a:b]
+        return snap.series_ids[a:b], snap.values[a:b], snap.ts[a:b]
 
 
 @dataclass(slots=True)
@@ -158,6 +187,63 @@ class Snapshot:
             at, self.metrics, self.labelsets, self.metric_ids, self.series_ids, self.values, self.ts,
             list(self.issues), list(self.source_errors),
         )
+
+
+_ROWS = ("metric_ids", "series_ids", "values", "ts")
+_ROW_SLOTS = {name: Snapshot.__dict__[name] for name in _ROWS}  # the base class's slot descriptors
+
+
+class HistoryView(Snapshot):
+    """A history's view: the first rows (every gauge, ``index.head``) are written when it is made; the
+    rest (the counter samples of the window, most of it, which the engine reads off
+    ``index.counters`` instead) only when something first reads ``metric_ids``, ``series_ids``,
+    ``values`` or ``ts``. Otherwise a Snapshot: assigning new arrays to it drops its index, and a copy
+    (pickle, deepcopy) is a plain Snapshot with every row and no index."""
+
+    __slots__ = ("_fill", "_n", "__weakref__")
+
+    def __init__(self, *args: Any, fill: Callable[[], tuple[np.ndarray, ...]] | None = None, n_rows: int = 0,
+                 **kwargs: Any) -> None:
+        self._fill = None
+        self._n = -1  # being made: assignments are the constructor's
+        Snapshot.__init__(self, *args, **kwargs)
+        self._fill = fill
+        self._n = n_rows
+
+    def _materialize(self) -> None:
+        fill, self._fill = self._fill, None
+        assert fill is not None
+        for name, arr in zip(_ROWS, fill(), strict=True):
+            _ROW_SLOTS[name].__set__(self, arr)
+
+    def __len__(self) -> int:
+        return self._n if self._fill is not None else int(_ROW_SLOTS["values"].__get__(self, Snapshot).shape[0])
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Snapshot, (self.at, self.metrics, self.labelsets, self.metric_ids, self.series_ids, self.values,
+                           self.ts, list(self.issues), list(self.source_errors)))
+
+
+def _row_property(name: str) -> property:
+    slot = _ROW_SLOTS[name]
+
+    def get(self: HistoryView) -> np.ndarray:
+        if self._fill is not None:
+            self._materialize()
+        return slot.__get__(self, Snapshot)  # type: ignore[no-any-return]
+
+    def put(self: HistoryView, value: np.ndarray) -> None:
+        if self._fill is not None:
+            self._materialize()
+        slot.__set__(self, value)
+        if self._n >= 0 and self.index is not None and self.index.valid_for(self):
+            self.index = None  # the index describes the rows the view was made with
+
+    return property(get, put)
+
+
+for _name in _ROWS:
+    setattr(HistoryView, _name, _row_property(_name))
 
 
 class SnapshotBuilder:
