@@ -26,11 +26,18 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from fleethealth.signals.history import shape_token
-from fleethealth.signals.snapshot import InputIssue, LabelSet, Snapshot, SnapshotBuilder
+from fleethealth.signals.snapshot import InputIssue, LabelSet, Snapshot, SnapshotBuilder, ViewIndex
 
 GPUS_MISSING = "fleethealth_node_gpus_missing"
 SERIES_VANISHED = "fleethealth_series_vanished"
 GPU_METRIC_PREFIX = "DCGM_FI_DEV_"
+
+# per metric: up, scrape duration, GPU metric, target (not a sample of the node itself)
+_Masks = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+# a view's blocks read row by row: (first row, end row, metric), by first row; the counter groups:
+# (group, its metrics' (first column, end column, metric) ranges), by group
+_Blocks = tuple[tuple[int, int, int], ...]
+_CGroups = tuple[tuple[int, tuple[tuple[int, int, int], ...]], ...]
 
 
 @dataclass(slots=True)
@@ -69,9 +76,14 @@ class StructuralTracker:
         self._pair_ix: dict[tuple[str, str], int] = {}
         self._pair_node: list[int] = []
         self._table: _SeriesTable | None = None
-        self._mcache: tuple[list[str], int, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] | None = None
+        self._mcache: tuple[list[str], int, _Masks] | None = None
         self._pair_node_arr = np.zeros(0, np.int64)
         self._retained_cache: tuple[Hashable, _SeriesTable, int, np.ndarray] | None = None
+        # the last history view's layout of entries, and what it says (see ``_fresh_indexed``)
+        self._layout: _Layout | None = None
+        self._blocks_cache: tuple[dict[int, tuple[int, int]], list[tuple[int, int, int, int]],
+                                  tuple[_Blocks, list[tuple[int, int]], _CGroups]] | None = None
+        self._rm_cache: tuple[_Masks, list[int]] | None = None
         # what the `up` series said last cycle, and the tracker's learning counter it was read with
         self._targets_version = 0
         self._up_cache: tuple[_SeriesTable, tuple[int, bytes, bytes, int],
@@ -112,42 +124,16 @@ class StructuralTracker:
         st = self._series(view.labelsets)
         node_names = list(st.node_names)
         node_ix = dict(st.node_ix)
-        node_of = st.node_of()
-        n_series = max(len(view.labelsets), 1)
-        metric_names = view.metrics
-        is_up, is_dur, is_gpu_metric, is_target = self._metric_masks(metric_names)
-        n_metrics = max(len(metric_names), 1)
-
-        # Everything but the retained-series count reads fresh rows only: a few per series, while the
-        # view also holds hours of counter samples.
-        ts = view.ts
-        n = len(view)
-        not_future = ts <= now + self.future_skew_s
-        fresh_rows = np.flatnonzero(not_future & (ts > now - self.max_age_s))
-        fm = view.metric_ids[fresh_rows]
-        fs = view.series_ids[fresh_rows]
-        ft = ts[fresh_rows]
-        # Presence, series counts and GPUs depend on which (metric, series) pairs have fresh rows, not on
-        # how many (a counter has several fresh samples per pair): the distinct pairs, via a dense bitmap
-        # (O(n), no sort or hash), and everything after that on pairs.
-        if n:
-            bitmap = np.zeros(n_metrics * n_series, bool)
-            if n_metrics * n_series < 2**31 and fs.dtype == np.int32 and fm.dtype == np.int32:
-                bitmap[fs * np.int32(n_metrics) + fm] = True  # int32 keys: no int64 copy of every row
-            else:
-                bitmap[fs.astype(np.int64) * n_metrics + fm] = True
-            p_sid, p_mid = np.divmod(np.flatnonzero(bitmap), n_metrics)
-            s_sid = p_sid[~is_target[p_mid]]  # pairs of the node's own samples
-        else:
-            p_sid = p_mid = s_sid = _NO_IDS
+        masks = self._metric_masks(view.metrics)
+        # What the fresh samples say (and the retained-series count): off a history view's index when it
+        # holds, else off every row.
+        fr = self._fresh_indexed(view, now, st, masks) or self._fresh_rows(view, now, st, masks)
 
         # Learn which nodes each scrape target carries (a sample with both an instance and a node label).
         alive_by_target: set[int] = set()
         dead_nodes: set[str] = set()
-        if n:
-            present = np.zeros(n_series, bool)
-            present[s_sid] = True
-            todo = present & st.learnable & ~st.learned
+        if fr.present is not None:
+            todo = fr.present & st.learnable & ~st.learned
             if todo.any():
                 for sid in np.flatnonzero(todo).tolist():
                     self.target_nodes.setdefault(st.inst[sid], set()).add(st.node[sid])  # type: ignore[index,arg-type]
@@ -155,7 +141,7 @@ class StructuralTracker:
                 self._targets_version += 1
 
         # Scrape health: latest `up` / `scrape_duration_seconds` per target.
-        up_sids, up_vals = _latest_arrays(fresh_rows, fs, ft, view.values, _rows_of(fm, is_up))
+        up_sids, up_vals = fr.up
         # What the targets say depends only on which targets answered up or down, their label sets and
         # what the tracker has learned of targets: the same answer as last cycle while those are the same.
         up_key = (st.n, up_sids.tobytes(), (up_vals < 0.5).tobytes(), self._targets_version)
@@ -193,7 +179,7 @@ class StructuralTracker:
                             alive_by_target.add(node_ix[nm])
             self._up_cache = (st, up_key, (list(node_names), dict(node_ix), alive_by_target, dead_nodes, downs))
         n_nodes = len(node_names)
-        dur_sids, dur_vals = _latest_arrays(fresh_rows, fs, ft, view.values, _rows_of(fm, is_dur))
+        dur_sids, dur_vals = fr.dur
         for sid, v in zip(dur_sids.tolist(), dur_vals.tolist(), strict=True):
             inst = self._describe(view.labelsets[sid])[2] or "?"
             report.scrape_seconds[inst] = v
@@ -204,26 +190,8 @@ class StructuralTracker:
             report.snapshot = b.build(now)
             return report
 
-        def series_per_node(sids: np.ndarray, mids: np.ndarray) -> np.ndarray:
-            # distinct (metric, series) pairs via a dense bitmap: O(n), no sort or hash (np.unique is
-            # the slowest step here at 100k GPUs). Nodes known only from a scrape target have none.
-            seen = np.zeros(n_metrics * n_series, bool)
-            seen[sids.astype(np.int64) * n_metrics + mids] = True
-            keys = np.flatnonzero(seen)
-            nodes = node_of[keys // n_metrics]
-            out = np.zeros(n_nodes, np.int64)
-            out[: st.rank_n] = np.bincount(nodes[nodes >= 0], minlength=st.rank_n)
-            return out
-
-        if n:
-            retained = np.zeros(n_nodes, np.int64)
-            retained[: st.rank_n] = self._retained(view, now, st, series_per_node, is_target,
-                                                   bool(not_future.all()))
-            current = np.zeros(n_nodes, np.int64)
-            nodes = node_of[s_sid]
-            current[: st.rank_n] = np.bincount(nodes[nodes >= 0], minlength=st.rank_n)
-        else:
-            retained = current = np.zeros(n_nodes, np.int64)
+        # per node of the series table, then the nodes known only from a scrape target (none of those)
+        retained, current, gpu_now = (_padded(a, n_nodes, 0) for a in (fr.retained, fr.current, fr.gpus))
         alive = current > 0
         if alive_by_target:
             alive[list(alive_by_target)] = True
@@ -232,21 +200,7 @@ class StructuralTracker:
                 alive[node_ix[nm]] = False
         # Derived samples carry the time of the newest observation they come from, so they go stale
         # together with the data (never fresher than what they were computed from).
-        newest = np.full(n_nodes, -np.inf)
-        if n:
-            self._newest(newest, node_of, fm, fs, ft, is_target, current)
-        # GPUs per node now: distinct (node, GPU id) pairs among fresh GPU-metric samples.
-        gpu_now = np.zeros(n_nodes, np.int64)
-        if n:
-            present = np.zeros(n_series, bool)
-            present[p_sid[is_gpu_metric[p_mid]]] = True
-            pid = st.pair_id[present[: st.n]]
-            pid = pid[pid >= 0]
-            if pid.size:
-                hit = np.zeros(len(self._pair_node), bool)
-                hit[pid] = True
-                gnodes = st.rank[self._pair_nodes()[hit]]
-                gpu_now[: st.rank_n] += np.bincount(gnodes, minlength=st.rank_n)
+        newest = _padded(fr.newest, n_nodes, -np.inf)
 
         # Two samples per node, (missing, vanished), in node order: the layout SnapshotBuilder.add gives.
         # Nodes whose exporter is gone emit nothing (missing data: the scorer marks them stale).
@@ -280,28 +234,192 @@ class StructuralTracker:
         )
         return report
 
-    def _newest(self, newest: np.ndarray, node_of: np.ndarray, fm: np.ndarray, fs: np.ndarray, ft: np.ndarray,
-                is_target: np.ndarray, current: np.ndarray) -> None:
-        """Per node, the newest time among its fresh samples (in place; -inf: none). Most nodes report
-        in the newest scrape, so that scrape's rows are looked at first; a per-row maximum over every
-        fresh row only when some node with fresh samples (``current`` > 0) has none in it."""
-        if not ft.size:
-            return
-        t_max = ft.max()
-        at = np.flatnonzero(ft == t_max)
-        nodes = node_of[fs[at]]
-        nodes = nodes[(nodes >= 0) & ~is_target[fm[at]]]
-        n_nodes = newest.size
-        has = np.zeros(n_nodes, bool)
-        has[nodes] = True
-        if not (current[:n_nodes] > 0)[~has].any():
-            newest[has] = t_max
-            return
-        nodes_r = node_of[fs]
-        ok = (nodes_r >= 0) & ~is_target[fm]
-        np.maximum.at(newest, nodes_r[ok], ft[ok])
+    # -- what the fresh samples say ----------------------------------------------------------------
 
-    def _metric_masks(self, metrics: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    def _fresh_rows(self, view: Snapshot, now: float, st: _SeriesTable, masks: _Masks) -> _Fresh:
+        """Off every row of the view: fresh rows are those in (now - max_age_s, now + future_skew_s]."""
+        if not len(view):
+            return _Fresh.none(st.rank_n)
+        is_target = masks[3]
+        ts = view.ts
+        not_future = ts <= now + self.future_skew_s
+        all_valid = bool(not_future.all())
+        fresh_rows = np.flatnonzero(not_future & (ts > now - self.max_age_s))
+
+        def all_pairs() -> tuple[np.ndarray, np.ndarray]:
+            rows = ~is_target[view.metric_ids]
+            if not all_valid:
+                rows &= view.ts <= now + self.future_skew_s
+            return view.series_ids[rows], view.metric_ids[rows]
+
+        fr = self._from_entries(view, st, masks, view.metric_ids[fresh_rows], view.series_ids[fresh_rows],
+                                ts[fresh_rows], fresh_rows, view.values)
+        fr.retained = self._retained(view, st, all_pairs, all_valid)
+        return fr
+
+    def _from_entries(self, view: Snapshot, st: _SeriesTable, masks: _Masks, fm: np.ndarray, fs: np.ndarray,
+                      ft: np.ndarray, rows: np.ndarray, values: np.ndarray) -> _Fresh:
+        """From fresh entries (metric, series, time; ``values[rows[i]]`` the value of entry i where its
+        metric is ``up`` or the scrape duration): at least one entry per fresh (metric, series) pair, at
+        least its newest, and every fresh row of those two metrics."""
+        is_up, is_dur, is_gpu_metric, is_target = masks
+        n_series = max(len(view.labelsets), 1)
+        n_metrics = max(len(view.metrics), 1)
+        node_of = st.node_of()
+        # Presence, series counts and GPUs depend on which (metric, series) pairs have fresh rows, not on
+        # how many (a counter has several fresh samples per pair): the distinct pairs, via a dense bitmap
+        # (O(n), no sort or hash), and everything after that on pairs.
+        bitmap = np.zeros(n_metrics * n_series, bool)
+        if n_metrics * n_series < 2**31 and fs.dtype == np.int32 and fm.dtype == np.int32:
+            bitmap[fs * np.int32(n_metrics) + fm] = True  # int32 keys: no int64 copy of every row
+        else:
+            bitmap[fs.astype(np.int64) * n_metrics + fm] = True
+        p_sid, p_mid = np.divmod(np.flatnonzero(bitmap), n_metrics)
+        present, current, gpus = self._pair_facts(st, masks, n_series, p_sid, p_mid)
+        newest = np.full(st.rank_n, -np.inf)
+        _newest(newest, node_of, fm, fs, ft, is_target, current)
+        return _Fresh(present, current, gpus, newest, current,
+                      _latest_arrays(rows, fs, ft, values, _rows_of(fm, is_up)),
+                      _latest_arrays(rows, fs, ft, values, _rows_of(fm, is_dur)))
+
+    def _pair_facts(self, st: _SeriesTable, masks: _Masks, n_series: int, p_sid: np.ndarray,
+                    p_mid: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """For a set of (metric, series) pairs: the series with pairs of the node's own samples, those
+        pairs per node, and the distinct (node, GPU) pairs per node among series with GPU-metric pairs."""
+        is_gpu_metric, is_target = masks[2], masks[3]
+        s_sid = p_sid[~is_target[p_mid]]  # pairs of the node's own samples
+        present = np.zeros(n_series, bool)
+        present[s_sid] = True
+        nodes = st.node_of()[s_sid]
+        current = np.bincount(nodes[nodes >= 0], minlength=st.rank_n)
+        # GPUs per node now: distinct (node, GPU id) pairs among fresh GPU-metric samples.
+        gpus = np.zeros(st.rank_n, np.int64)
+        has_gpu = np.zeros(n_series, bool)
+        has_gpu[p_sid[is_gpu_metric[p_mid]]] = True
+        pid = st.pair_id[has_gpu[: st.n]]
+        pid = pid[pid >= 0]
+        if pid.size:
+            hit = np.zeros(len(self._pair_node), bool)
+            hit[pid] = True
+            gpus += np.bincount(st.rank[self._pair_nodes()[hit]], minlength=st.rank_n)
+        return present, current, gpus
+
+    def _pairs_per_node(self, st: _SeriesTable, n_metrics: int, n_series: int, sids: np.ndarray,
+                        mids: np.ndarray) -> np.ndarray:
+        """Distinct (metric, series) pairs per node (rows may repeat a pair), via a dense bitmap: O(n), no
+        sort or hash (np.unique is the slowest step here at 100k GPUs)."""
+        seen = np.zeros(n_metrics * n_series, bool)
+        seen[sids.astype(np.int64) * n_metrics + mids] = True
+        nodes = st.node_of()[np.flatnonzero(seen) // n_metrics]
+        return np.bincount(nodes[nodes >= 0], minlength=st.rank_n)
+
+    def _fresh_indexed(self, view: Snapshot, now: float, st: _SeriesTable, masks: _Masks) -> _Fresh | None:
+        """Off a history view's index, or None where it does not hold, does not bound every time at
+        ``now + future_skew_s`` (then every row is looked at) or has ``up`` or the scrape duration as a
+        counter matrix (their rows are read).
+
+        Entries are (metric, series, time): the rows of every block that is not a counter matrix (gauges:
+        a row or two per series), and each counter series' latest sample (a counter matrix column is in
+        time order, so its latest sample is its newest). Everything the tracker reads off fresh rows is
+        the same on the fresh entries: the set of fresh (metric, series) pairs, the newest fresh time per
+        node and the latest ``up`` / scrape duration per target.
+
+        While the layout of the entries (the blocks, the series of each, the counter columns) is the same
+        as the last cycle's, and every (metric, series) pair has a fresh entry, as in a steady state,
+        everything but the newest times and the targets' answers is what the layout says (``_Layout``)."""
+        if not len(view):
+            return None
+        ix = view.index_upto(now + self.future_skew_s)
+        if ix is None:
+            return None
+        is_target = masks[3]
+        counters = ix.counters
+        if any(m in counters for m in self._row_metrics(masks)):
+            return None
+        lo = now - self.max_age_s
+        # the blocks read row by row (by first row) and the counter groups, as the last view's while its
+        # bounds and counter columns are the same
+        clay = [(m, cm.group, cm.c0, cm.c1) for m, cm in counters.items()]
+        bc = self._blocks_cache
+        if bc is not None and bc[0] == ix.bounds and bc[1] == clay:
+            blocks, spans, cgroups = bc[2]
+        else:
+            blocks = tuple(sorted((a, b, m) for m, (a, b) in ix.bounds.items() if m not in counters and b > a))
+            spans = []  # merged where adjacent (a history view's gauges are one run)
+            for a, b, _ in blocks:
+                if spans and spans[-1][1] == a:
+                    spans[-1] = (spans[-1][0], b)
+                else:
+                    spans.append((a, b))
+            cols: dict[int, list[tuple[int, int, int]]] = {}
+            for m, gi, c0, c1 in clay:
+                cols.setdefault(gi, []).append((c0, c1, m))
+            cgroups = tuple(sorted((gi, tuple(sorted(r))) for gi, r in cols.items()))
+            self._blocks_cache = (dict(ix.bounds), clay, (blocks, spans, cgroups))
+        parts = [_block_rows(view, ix, a, b) for a, b in spans]
+        if len(parts) == 1:
+            bs, bv, bt = parts[0]
+        elif parts:
+            bs, bv, bt = (np.concatenate(p) for p in zip(*parts, strict=True))
+        else:
+            bs, bv, bt = _NO_IDS32, _NO_VALS, _NO_VALS
+        # counter matrices: each series' latest time, a gather per group of metrics kept alike (none
+        # where every column has a sample in every row: the last row)
+        g_series: list[np.ndarray] = []
+        g_valid: list[np.ndarray | None] = []  # columns with a sample (None: all)
+        g_t: list[np.ndarray] = []
+        for gi, _ in cgroups:
+            g = ix.groups[gi]
+            ncol = g.last.size
+            if g.dense and g.t.shape[0]:
+                g_valid.append(None)
+                g_t.append(g.t[-1])
+            else:
+                last = np.maximum(g.last, 0)
+                g_valid.append(g.last >= 0)
+                g_t.append(g.t.reshape(-1)[last * ncol + np.arange(ncol)] if g.t.flags.c_contiguous
+                           else g.t[last, np.arange(ncol)])
+            g_series.append(g.series)
+        key = (st, st.n, view.metrics, len(view.metrics), blocks, cgroups)
+        lay = self._layout
+        if lay is None or not lay.matches(key, bs, g_series, g_valid):
+            lay = self._layout = _Layout(key, blocks, cgroups, bs, g_series, g_valid)  # built when seen again
+        elif not lay.built:
+            lay.build(self, st, masks, len(view.labelsets), len(view.metrics))
+        ta = _cat([t if v is None else t[v] for t, v in zip(g_t, g_valid, strict=True)], _NO_VALS)
+        if lay.built and lay.steady(np.flatnonzero(bt <= lo), np.flatnonzero(~(ta > lo))):
+            # every pair is fresh: so is each node's newest entry, which is then its newest fresh one
+            newest = np.full(st.rank_n, -np.inf)
+            if lay.nb_nodes.size:
+                newest[lay.nb_nodes] = np.maximum.reduceat(bt[lay.nb_order], lay.nb_starts)
+            if lay.na_nodes.size:
+                newest[lay.na_nodes] = np.maximum(
+                    newest[lay.na_nodes], np.maximum.reduceat(ta[lay.na_order], lay.na_starts))
+            up = _latest_fresh(lay.up_rows, bs, bt, bv, lo)
+            dur = _latest_fresh(lay.dur_rows, bs, bt, bv, lo)
+            return _Fresh(lay.present, lay.retained, lay.gpus, newest, lay.retained, up, dur)
+        # some pair has no fresh entry (or a new layout): the fresh entries' distinct pairs
+        nb = bt.size
+        fresh_b = np.flatnonzero(bt > lo)
+        bm = _block_metrics(blocks, nb)
+        am, as_ = _columns(cgroups, g_series, g_valid)
+        fresh_a = np.flatnonzero(ta > lo)
+        fm = np.concatenate((bm[fresh_b], am[fresh_a]))
+        fs = np.concatenate((bs[fresh_b], as_[fresh_a]))
+        ft = np.concatenate((bt[fresh_b], ta[fresh_a]))
+        fr = self._from_entries(view, st, masks, fm, fs, ft, fresh_b, bv)
+        if lay.built:
+            fr.retained = lay.retained
+        else:
+            def all_pairs() -> tuple[np.ndarray, np.ndarray]:
+                sids, mids = np.concatenate((bs, as_)), np.concatenate((bm, am))
+                keep = ~is_target[mids]
+                return sids[keep], mids[keep]
+
+            fr.retained = self._retained(view, st, all_pairs, True)
+        return fr
+
+    def _metric_masks(self, metrics: list[str]) -> _Masks:
         """Per metric: up, scrape duration, GPU metric, target (not a sample of the node itself)."""
         c = self._mcache
         if c is not None and c[0] is metrics and c[1] == len(metrics):
@@ -315,20 +433,24 @@ class StructuralTracker:
         self._mcache = (metrics, len(metrics), masks)
         return masks
 
-    def _retained(self, view: Snapshot, now: float, st: _SeriesTable,
-                  series_per_node: Callable[[np.ndarray, np.ndarray], np.ndarray],
-                  is_target: np.ndarray, all_valid: bool) -> np.ndarray:
-        """Series per node in the whole view (not future-skewed): the one count that reads every row.
+    def _row_metrics(self, masks: _Masks) -> list[int]:
+        """The metrics whose rows are read (``up``, the scrape duration)."""
+        c = self._rm_cache
+        if c is None or c[0] is not masks:
+            c = self._rm_cache = (masks, np.flatnonzero(masks[0] | masks[1]).tolist())
+        return c[1]
+
+    def _retained(self, view: Snapshot, st: _SeriesTable,
+                  all_pairs: Callable[[], tuple[np.ndarray, np.ndarray]], all_valid: bool) -> np.ndarray:
+        """Series per node in the whole view (not future-skewed): the one count that reads every row
+        (``all_pairs``: the series and metric ids of the node's own samples, a row or more per pair).
         It depends only on which (metric, series) pairs the view holds, so a view of a history whose
         set of pairs is unchanged (``shape_token``) reuses the last count."""
         token = shape_token(view) if all_valid else None
         c = self._retained_cache
         if token is not None and c is not None and c[0] == token and c[1] is st and c[2] == st.n:
             return c[3]  # same pairs, same series table: the same count (nodes from targets are zeros)
-        rows = ~is_target[view.metric_ids]
-        if not all_valid:
-            rows &= view.ts <= now + self.future_skew_s
-        out = series_per_node(view.series_ids[rows], view.metric_ids[rows])[: st.rank_n]
+        out = self._pairs_per_node(st, max(len(view.metrics), 1), max(len(view.labelsets), 1), *all_pairs())
         self._retained_cache = (token, st, st.n, out) if token is not None else None
         return out
 
@@ -409,6 +531,7 @@ class _SeriesTable:
 
 
 _NO_IDS = np.zeros(0, np.int64)
+_NO_IDS32 = np.zeros(0, np.int32)
 _NO_VALS = np.zeros(0, np.float64)
 
 
@@ -430,8 +553,178 @@ def _latest_arrays(rows: np.ndarray, sids: np.ndarray, ts: np.ndarray, values: n
         return _NO_IDS, _NO_VALS
     sel = np.flatnonzero(mask)
     sids, ts, vals = sids[sel], ts[sel], values[rows[sel]]
+    if sids.size < 2 or bool((sids[1:] > sids[:-1]).all()):  # one row per series, in order
+        return sids.astype(np.int64), vals.astype(np.float64)
     order = np.lexsort((ts, sids))
     sids, vals = sids[order], vals[order]
     last = np.ones(sids.size, bool)
     np.not_equal(sids[1:], sids[:-1], out=last[:-1])
     return sids[last].astype(np.int64), vals[last].astype(np.float64)
+
+
+@dataclass(slots=True)
+class _Fresh:
+    """What a view's fresh samples say, per node of the series table (in its order)."""
+
+    present: np.ndarray | None  # per series: a fresh sample of the node's own (None: an empty view)
+    current: np.ndarray  # fresh (metric, series) pairs of the node's own samples
+    gpus: np.ndarray  # distinct GPUs among series with fresh GPU-metric samples
+    newest: np.ndarray  # newest time of the node's own fresh samples (-inf: none)
+    retained: np.ndarray  # (metric, series) pairs of the node's own samples in the whole view (not future)
+    up: tuple[np.ndarray, np.ndarray]  # latest fresh `up` per series: (series ids ascending, values)
+    dur: tuple[np.ndarray, np.ndarray]  # the same for `scrape_duration_seconds`
+
+    @staticmethod
+    def none(n_nodes: int) -> _Fresh:
+        zeros = np.zeros(n_nodes, np.int64)
+        return _Fresh(None, zeros, zeros, np.full(n_nodes, -np.inf), zeros, (_NO_IDS, _NO_VALS), (_NO_IDS, _NO_VALS))
+
+
+class _Layout:
+    """The entries of a history view (block rows, then the valid counter columns of each group), and,
+    once the same layout has come twice in a row, what it says when every (metric, series) pair it holds
+    is fresh: the pair of each entry, the entries per pair, the present series, the pairs and GPUs per
+    node, and per node the entries to take the newest time of."""
+
+    def __init__(self, key: tuple[object, ...], blocks: _Blocks, cgroups: _CGroups, bs: np.ndarray,
+                 g_series: list[np.ndarray], g_valid: list[np.ndarray | None]) -> None:
+        self.key = key
+        self.blocks, self.cgroups = blocks, cgroups
+        self.bs = bs.copy()
+        self.g_series = [s.copy() for s in g_series]
+        self.g_valid = [None if v is None else v.copy() for v in g_valid]
+        self.built = False
+        self._stale: tuple[np.ndarray, np.ndarray, bool] | None = None  # the last verdict of ``steady``
+
+    def matches(self, key: tuple[object, ...], bs: np.ndarray, g_series: list[np.ndarray],
+                g_valid: list[np.ndarray | None]) -> bool:
+        k = self.key
+        # the series table and the metric list by identity (both grow in place), the rest by value
+        return (k[0] is key[0] and k[2] is key[2] and k[1:2] + k[3:] == key[1:2] + key[3:]
+                and _same(self.bs, bs)
+                and all(_same(a, b) for a, b in zip(self.g_series, g_series, strict=True))
+                and all(a is b or (a is not None and b is not None and _same(a, b))
+                        for a, b in zip(self.g_valid, g_valid, strict=True)))
+
+    def steady(self, stale_b: np.ndarray, stale_a: np.ndarray) -> bool:
+        """Whether every pair has a fresh entry, given the entries that are not fresh (block rows,
+        counter columns): the same answer as last time for the same ones."""
+        if not stale_b.size and not stale_a.size:
+            return True
+        c = self._stale
+        if c is not None and _same(c[0], stale_b) and _same(c[1], stale_a):
+            return c[2]
+        u, n = np.unique(np.concatenate((self.pair_b[stale_b], self.pair_a[stale_a])), return_counts=True)
+        ok = not (n == self.npe[u]).any()  # else a pair with none of its entries fresh
+        self._stale = (stale_b, stale_a, ok)
+        return ok
+
+    def build(self, tr: StructuralTracker, st: _SeriesTable, masks: _Masks, n_labelsets: int,
+              n_metric_names: int) -> None:
+        is_up, is_dur, _, is_target = masks
+        blocks, cgroups = self.blocks, self.cgroups
+        n_series, n_metrics = max(n_labelsets, 1), max(n_metric_names, 1)
+        nb = self.bs.size
+        bm = _block_metrics(blocks, nb)
+        am, as_ = _columns(cgroups, self.g_series, self.g_valid)
+        sids = np.concatenate((self.bs, as_)).astype(np.int64)
+        mids = np.concatenate((bm, am)).astype(np.int64)
+        keys, pair, npe = np.unique(sids * n_metrics + mids, return_inverse=True, return_counts=True)
+        self.pair_b, self.pair_a, self.npe = pair[:nb], pair[nb:], npe
+        p_sid, p_mid = np.divmod(keys, n_metrics)
+        self.present, self.retained, self.gpus = tr._pair_facts(st, masks, n_series, p_sid, p_mid)
+        node_of = st.node_of()
+
+        def by_node(s: np.ndarray, m: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+            nodes = node_of[s]
+            rows = np.flatnonzero((nodes >= 0) & ~is_target[m])
+            rows = rows[np.argsort(nodes[rows], kind="stable")]
+            nodes = nodes[rows]
+            starts = np.flatnonzero(np.concatenate(([True], nodes[1:] != nodes[:-1]))) if rows.size else _NO_IDS
+            return rows, starts, nodes[starts]
+
+        self.nb_order, self.nb_starts, self.nb_nodes = by_node(self.bs, bm)
+        self.na_order, self.na_starts, self.na_nodes = by_node(as_, am)
+        self.up_rows = np.flatnonzero(is_up[bm])
+        self.dur_rows = np.flatnonzero(is_dur[bm])
+        self.built = True
+
+
+def _padded(a: np.ndarray, n: int, fill: float) -> np.ndarray:
+    """``a`` (per node of the series table) followed by ``fill`` up to ``n`` nodes."""
+    if a.size == n:
+        return a.copy()
+    out = np.full(n, fill, a.dtype)
+    out[: a.size] = a
+    return out
+
+
+def _block_rows(view: Snapshot, ix: ViewIndex, a: int, b: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Series ids, values and times of the view's rows a..b (off the index's head of gauge rows where it
+    has one: the rest of a history view is written only when asked for)."""
+    rows = getattr(ix, "rows", None)
+    if rows is not None:
+        return rows(view, a, b)  # type: ignore[no-any-return]
+    return view.series_ids[a:b], view.values[a:b], view.ts[a:b]
+
+
+def _block_metrics(blocks: _Blocks, n: int) -> np.ndarray:
+    """The metric id of each row of the blocks (a, b, metric), in order, laid end to end."""
+    out = np.empty(n, np.int32)
+    at = 0
+    for a, b, m in blocks:
+        out[at:at + b - a] = m
+        at += b - a
+    return out
+
+
+def _same(a: np.ndarray, b: np.ndarray) -> bool:
+    return a.shape == b.shape and bool((a == b).all())
+
+
+def _cat(parts: list[np.ndarray], empty: np.ndarray) -> np.ndarray:
+    return parts[0] if len(parts) == 1 else np.concatenate(parts) if parts else empty
+
+
+def _columns(cgroups: _CGroups, g_series: list[np.ndarray], g_valid: list[np.ndarray | None]
+             ) -> tuple[np.ndarray, np.ndarray]:
+    """Metric and series ids of the counter groups' columns with a sample, laid end to end."""
+    mids = [_column_metrics(r, s.size) for (_, r), s in zip(cgroups, g_series, strict=True)]
+    return (_cat([m if v is None else m[v] for m, v in zip(mids, g_valid, strict=True)], _NO_IDS32),
+            _cat([s if v is None else s[v] for s, v in zip(g_series, g_valid, strict=True)], _NO_IDS32))
+
+
+def _column_metrics(ranges: tuple[tuple[int, int, int], ...], n: int) -> np.ndarray:
+    """The metric id of each of a counter group's ``n`` columns ((c0, c1, metric) ranges; -1: none)."""
+    out = np.full(n, -1, np.int32)
+    for c0, c1, m in ranges:
+        out[c0:c1] = m
+    return out
+
+
+def _latest_fresh(rows: np.ndarray, sids: np.ndarray, ts: np.ndarray, values: np.ndarray,
+                  lo: float) -> tuple[np.ndarray, np.ndarray]:
+    """``_latest_arrays`` of the ``rows`` (in order) newer than ``lo``."""
+    rows = rows[ts[rows] > lo]
+    return _latest_arrays(rows, sids[rows], ts[rows], values, np.ones(rows.size, bool))
+
+
+def _newest(newest: np.ndarray, node_of: np.ndarray, fm: np.ndarray, fs: np.ndarray, ft: np.ndarray,
+            is_target: np.ndarray, current: np.ndarray) -> None:
+    """Per node, the newest time among its fresh entries (in place; -inf: none). Most nodes report in
+    the newest scrape, so that scrape's entries are looked at first; a per-entry maximum over every
+    fresh entry only when some node with fresh samples (``current`` > 0) has none in it."""
+    if not ft.size:
+        return
+    t_max = ft.max()
+    at = np.flatnonzero(ft == t_max)
+    nodes = node_of[fs[at]]
+    nodes = nodes[(nodes >= 0) & ~is_target[fm[at]]]
+    has = np.zeros(newest.size, bool)
+    has[nodes] = True
+    if not (current > 0)[~has].any():
+        newest[has] = t_max
+        return
+    nodes_r = node_of[fs]
+    ok = (nodes_r >= 0) & ~is_target[fm]
+    np.maximum.at(newest, nodes_r[ok], ft[ok])
