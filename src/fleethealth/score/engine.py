@@ -207,6 +207,23 @@ class _SignalResult:
     notes: dict[int, str] = field(default_factory=dict)
 
 
+class _Mats:
+    """One kind's per-signal results as signals x entities matrices (NaN / unseen to start): each
+    signal's ``_SignalResult`` holds rows of them, so that several signals are evaluated and shaped by
+    one numpy operation and aggregation reads the matrices without stacking."""
+
+    def __init__(self, m: int, n: int) -> None:
+        self.sub = np.full((m, n), np.nan)
+        self.raw = np.full((m, n), np.nan)
+        self.rate = np.full((m, n), np.nan)
+        self.z = np.full((m, n), np.nan)
+        self.age = np.full((m, n), np.nan)
+        self.seen = np.zeros((m, n), bool)
+
+    def result(self, j: int) -> _SignalResult:
+        return _SignalResult(self.sub[j], self.raw[j], self.rate[j], self.z[j], self.age[j], self.seen[j])
+
+
 def _uniq(a: np.ndarray) -> np.ndarray:
     """Sorted unique of non-negative ints; a presence mask beats hashing/sorting for dense ids."""
     if a.size == 0:
@@ -606,11 +623,14 @@ def _reduce_worst(ent: np.ndarray, vals: np.ndarray, n: int, higher_worse: bool)
     return out
 
 
-def _evaluate(ctx: _Ctx, spec: SignalSpec, kind: EntityKind, table: _KindTable) -> _SignalResult:
+def _evaluate(ctx: _Ctx, spec: SignalSpec, kind: EntityKind, table: _KindTable,
+              res: _SignalResult | None = None) -> _SignalResult:
+    """One signal for every entity of ``kind``, written into ``res`` (all NaN / unseen on entry; a fresh
+    one when None). Every writer fills the result's arrays in place: they may be rows of one matrix."""
     n = len(table.names)
     pol = ctx.policy
-    nan = np.full(n, np.nan)
-    res = _SignalResult(nan.copy(), nan.copy(), nan.copy(), nan.copy(), nan.copy(), np.zeros(n, bool))
+    if res is None:
+        res = _Mats(1, n).result(0)
     snap = ctx.snap
     if spec.shape == "slo":
         return _evaluate_slo(ctx, spec, kind, table, res)
@@ -650,15 +670,207 @@ def _evaluate(ctx: _Ctx, spec: SignalSpec, kind: EntityKind, table: _KindTable) 
         lp = _latest_per_series(ser, ts)
         age_s = now - ts[lp]
         fresh = age_s <= max_age
-        res.age = _reduce_worst(ent[lp], np.maximum(age_s, 0.0), n, False)
+        res.age[:] = _reduce_worst(ent[lp], np.maximum(age_s, 0.0), n, False)
         lpf = lp[fresh]
-        res.raw = _reduce_worst(ent[lpf], vals[lpf], n, higher_worse)
+        res.raw[:] = _reduce_worst(ent[lpf], vals[lpf], n, higher_worse)
         x = res.raw
-        if spec.shape == "peer":
-            res.raw = res.raw.copy()
-    sub = _shape(ctx, spec, kind, x, ser, ent, lp if not _is_counter(spec) else None, res, n)
-    res.sub = sub
+    res.sub[:] = _shape(ctx, spec, kind, x, ser, ent, lp if not _is_counter(spec) else None, res, n)
     return res
+
+
+@dataclass
+class _ShapePlan:
+    """Per signal of one kind's list, what the batched evaluation needs from the policy alone."""
+
+    code: np.ndarray  # 0 other, 1 ramp, 2 gate, 3 flag, 4 peer
+    counter: np.ndarray  # bool: the shape reads the rate (else the raw value)
+    max_age: np.ndarray
+    window: np.ndarray
+    warn: np.ndarray  # ramp
+    span: np.ndarray  # ramp: crit - warn
+    above: np.ndarray  # gate / flag threshold (NaN: none; nothing is above NaN)
+    flag_score: np.ndarray
+
+
+_SHAPE_PLANS: dict[tuple[int, tuple[int, ...]], tuple[Policy, list[SignalSpec], _ShapePlan]] = {}
+_SHAPE_CODES = {"ramp": 1, "gate": 2, "flag": 3, "peer": 4}
+
+
+def _shape_plan(policy: Policy, specs: list[SignalSpec]) -> _ShapePlan:
+    key = (id(policy), tuple(id(s) for s in specs))
+    hit = _SHAPE_PLANS.get(key)
+    if hit is not None and hit[0] is policy and all(a is b for a, b in zip(hit[1], specs, strict=True)):
+        return hit[2]
+    fr = policy.freshness
+
+    def col(f: Any) -> np.ndarray:
+        return np.array([f(s) for s in specs], np.float64)
+
+    plan = _ShapePlan(
+        np.array([_SHAPE_CODES.get(s.shape, 0) if s.shape != "xid" else 0 for s in specs], np.int64),
+        np.array([_is_counter(s) for s in specs], bool),
+        col(lambda s: s.max_age_s or fr.max_age_s),
+        col(lambda s: s.rate_window_s or fr.rate_window_s),
+        col(lambda s: s.warn if s.shape == "ramp" else np.nan),
+        # the same float subtraction shapes.ramp does per call
+        col(lambda s: (s.crit - s.warn) if s.shape == "ramp" else np.nan),
+        col(lambda s: s.above if s.above is not None else np.nan),
+        col(lambda s: s.flag_score if s.shape == "flag" else np.nan),
+    )
+    if len(_SHAPE_PLANS) > 64:
+        _SHAPE_PLANS.clear()
+    _SHAPE_PLANS[key] = (policy, list(specs), plan)
+    return plan
+
+
+# gathers of the batched signals, kept while the per-signal row/column maps they were built from are
+_GATHERS: dict[tuple[Any, ...], tuple[list[Any], np.ndarray, np.ndarray, np.ndarray]] = {}
+
+
+def _gather(key: tuple[Any, ...], refs: list[Any], build: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``build()`` (source positions, flat destinations, per-position signal row), cached under ``key``
+    (ids of ``refs``, which the entry holds so that the ids cannot be recycled)."""
+    hit = _GATHERS.get(key)
+    if hit is not None and len(hit[0]) == len(refs) and all(a is b for a, b in zip(hit[0], refs, strict=True)):
+        return hit[1], hit[2], hit[3]
+    src, dest, row = build()
+    if len(_GATHERS) > 256:
+        _GATHERS.clear()
+    _GATHERS[key] = (refs, src, dest, row)
+    return src, dest, row
+
+
+def _evaluate_kind(ctx: _Ctx, kind: EntityKind, table: _KindTable,
+                   specs: list[SignalSpec]) -> tuple[list[_SignalResult], _Mats]:
+    """Every signal of one kind. On a history's view, the gauges read one row per series and the
+    counters whose series are one per entity are read with one gather each (all signals together),
+    and the ramp, gate and flag shapes run once on the signals x entities matrix; the rest (peer
+    groups, SLOs, Xids, anything with several series per entity, the row path) signal by signal. The
+    same numbers as ``_evaluate`` per signal (tests)."""
+    n, m = len(table.names), len(specs)
+    mats = _Mats(m, n)
+    results = [mats.result(j) for j in range(m)]
+    if ctx.index is None or m == 0 or n == 0:
+        for j, spec in enumerate(specs):
+            _evaluate(ctx, spec, kind, table, results[j])
+        return results, mats
+    plan = _shape_plan(ctx.policy, specs)
+    gauges: list[tuple[int, _GaugeRows]] = []
+    counters: list[tuple[int, _Columns]] = []
+    for j, spec in enumerate(specs):
+        if spec.shape in ("slo", "xid"):
+            _evaluate(ctx, spec, kind, table, results[j])
+        elif _is_counter(spec):
+            cols = ctx.columns(spec.metric, spec.match, kind, table)
+            if (cols is not None and cols.single and isinstance(cols.cols, slice) and cols.series.size
+                    and 1 <= plan.code[j] <= 3):
+                counters.append((j, cols))
+            elif cols is not None:
+                _evaluate_counter_columns(ctx, spec, kind, cols, results[j])
+            else:
+                _evaluate(ctx, spec, kind, table, results[j])
+        else:
+            mid = ctx.metric_ix.get(spec.metric)
+            if mid is None or mid not in ctx.bounds:
+                continue  # no sample at all: unseen, NaN (as the row path)
+            rows = ctx.gauge_rows(spec.metric, spec.match, kind, table)
+            if rows is not None and rows.single and rows.ent.size and plan.code[j] >= 1:
+                gauges.append((j, rows))
+            elif rows is not None:
+                _evaluate_gauge_rows(ctx, spec, kind, rows, results[j])
+            else:
+                _evaluate(ctx, spec, kind, table, results[j])
+    if not gauges and not counters:
+        return results, mats
+    now = ctx.now
+    seen_f, raw_f, rate_f, age_f = (a.reshape(-1) for a in (mats.seen, mats.raw, mats.rate, mats.age))
+    if gauges:
+        def build_g() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+            src = [r.a + (np.arange(r.b - r.a) if r.sel is None else r.sel) for _, r in gauges]
+            return (np.concatenate(src), np.concatenate([j * n + r.ent for j, r in gauges]),
+                    np.concatenate([np.full(r.ent.size, j) for j, r in gauges]))
+
+        refs: list[Any] = [x for _, r in gauges for x in (r.ent, r.sel)]
+        key = ("g", n, tuple((j, r.a, r.b, id(r.ent), id(r.sel)) for j, r in gauges))
+        src, dest, row = _gather(key, refs, build_g)
+        age_s = now - ctx.snap.ts[src]
+        fresh = age_s <= plan.max_age[row]
+        seen_f[dest] = True
+        age_f[dest] = np.maximum(age_s, 0.0)
+        raw_f[dest[fresh]] = ctx.snap.values[src[fresh]]
+    by_group: dict[tuple[int, float, float], list[tuple[int, _Columns]]] = {}
+    for j, cols in counters:
+        by_group.setdefault((cols.mat.group, float(plan.window[j]), float(plan.max_age[j])), []).append((j, cols))
+    for (_, window, max_age), members in by_group.items():
+        def build_c(members: list[tuple[int, _Columns]] = members) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+            src = []
+            for _, c in members:
+                assert isinstance(c.cols, slice)
+                src.append(np.arange(c.cols.start, c.cols.stop))
+            return np.concatenate(src), np.concatenate([j * n + c.ent for j, c in members]), np.zeros(0, np.int64)
+
+        refs = [c.ent for _, c in members]
+        ckey: tuple[Any, ...] = ("c", n, tuple((j, id(c.ent), c.mat.c0, c.mat.c1) for j, c in members))
+        src, dest, _ = _gather(ckey, refs, build_c)
+        rate, last_v, age = ctx.rates(members[0][1].mat, window, max_age)
+        seen_f[dest] = True
+        rate_f[dest] = rate[src]
+        raw_f[dest] = last_v[src]
+        age_f[dest] = age[src]
+    done = np.zeros(m, bool)
+    for j, _ in gauges:
+        done[j] = True
+    for j, _ in counters:
+        done[j] = True
+    _shape_batch(ctx, kind, specs, plan, mats, results, done, dict(gauges))
+    return results, mats
+
+
+def _shape_batch(ctx: _Ctx, kind: EntityKind, specs: list[SignalSpec], plan: _ShapePlan, mats: _Mats,
+                 results: list[_SignalResult], done: np.ndarray, gauges: dict[int, _GaugeRows]) -> None:
+    """``_shape`` of the signals ``done`` marks, ramps, gates and flags each as one 2-D operation (the
+    same element-wise arithmetic as shapes.ramp / shapes.gate, parameters per row)."""
+    n = mats.sub.shape[1]
+    code = np.where(done, plan.code, -1)
+    # the shaped quantity: the rate of a counter, the (worst fresh) value of a gauge
+    x_all = np.where(plan.counter[:, None], mats.rate, mats.raw)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        rr = np.flatnonzero(code == 1)
+        if rr.size:
+            out = 1.0 - (x_all[rr] - plan.warn[rr, None]) / plan.span[rr, None]
+            mats.sub[rr] = np.clip(out, 0.0, 1.0)
+        gr = np.flatnonzero(code == 2)
+        if gr.size:
+            x = x_all[gr]
+            bad = x > plan.above[gr, None]
+            for k, j in enumerate(gr.tolist()):
+                if specs[j].values:
+                    bad[k] |= np.isin(x[k], np.asarray(specs[j].values, np.float64))
+            sub = np.where(bad, 0.0, 1.0)
+            sub[np.isnan(x)] = np.nan
+            mats.sub[gr] = sub
+            for k, j in enumerate(gr.tolist()):
+                if specs[j].value_flags:
+                    results[j].flags.extend(_value_flags(x[k], specs[j].value_flags))
+            hit_k, hit_e = np.nonzero(sub == 0)
+            for k, e in zip(hit_k.tolist(), hit_e.tolist(), strict=True):
+                results[int(gr[k])].notes[e] = f"gate fired: {specs[int(gr[k])].metric}={x[k, e]:g}"
+        fr = np.flatnonzero(code == 3)
+        if fr.size:
+            x = x_all[fr]
+            raised = x > plan.above[fr, None]
+            sub = np.where(np.isnan(x), np.nan, 1.0)
+            mats.sub[fr] = np.where(raised, plan.flag_score[fr, None], sub)
+            for k, j in enumerate(fr.tolist()):
+                spec = specs[j]
+                if spec.flag:
+                    results[j].flags.extend((e, spec.flag) for e in np.flatnonzero(raised[k]).tolist())
+                if spec.value_flags:
+                    results[j].flags.extend(_value_flags(x[k], spec.value_flags))
+    for j in np.flatnonzero(code == 4).tolist():
+        rows = gauges[j]  # only gauges are batched as peers
+        spec, res = specs[j], results[j]
+        res.sub[:] = _shape(ctx, spec, kind, res.raw, rows.ser, rows.ent, np.arange(rows.ent.size), res, n)
 
 
 def _evaluate_gauge_rows(ctx: _Ctx, spec: SignalSpec, kind: EntityKind, rows: _GaugeRows,
@@ -680,12 +892,9 @@ def _evaluate_gauge_rows(ctx: _Ctx, spec: SignalSpec, kind: EntityKind, rows: _G
         res.age[rows.ent] = np.maximum(age_s, 0.0)
         res.raw[rows.ent[fresh]] = vals[fresh]
     else:
-        res.age = _reduce_worst(rows.ent, np.maximum(age_s, 0.0), n, False)
-        res.raw = _reduce_worst(rows.ent[fresh], vals[fresh], n, spec.worse_if == "higher")
-    x = res.raw
-    if spec.shape == "peer":
-        res.raw = res.raw.copy()
-    res.sub = _shape(ctx, spec, kind, x, rows.ser, rows.ent, np.arange(rows.ent.size), res, n)
+        res.age[:] = _reduce_worst(rows.ent, np.maximum(age_s, 0.0), n, False)
+        res.raw[:] = _reduce_worst(rows.ent[fresh], vals[fresh], n, spec.worse_if == "higher")
+    res.sub[:] = _shape(ctx, spec, kind, res.raw, rows.ser, rows.ent, np.arange(rows.ent.size), res, n)
     return res
 
 
@@ -709,17 +918,16 @@ def _counter_rates(res: _SignalResult, e: np.ndarray, inc: np.ndarray, t0: np.nd
     one_per_entity = e.size == 0 or np.bincount(e).max() <= 1
     if good.any():
         if one_per_entity:
-            res.rate = np.full(n, np.nan)
             res.rate[e[good]] = rate[good]
         else:
             acc = np.zeros(n)
             cnt = np.zeros(n)
             np.add.at(acc, e[good], rate[good])
             np.add.at(cnt, e[good], 1)
-            res.rate = np.where(cnt > 0, acc, np.nan)
+            res.rate[:] = np.where(cnt > 0, acc, np.nan)
     # the latest sample of a series is its latest in the window whenever it has one in the window
-    res.raw = _reduce_worst(e, last_v, n, True)
-    res.age = _reduce_worst(e, now - last_t, n, False)
+    res.raw[:] = _reduce_worst(e, last_v, n, True)
+    res.age[:] = _reduce_worst(e, now - last_t, n, False)
 
 
 def _evaluate_counter_columns(ctx: _Ctx, spec: SignalSpec, kind: EntityKind, cols: _Columns,
@@ -733,14 +941,13 @@ def _evaluate_counter_columns(ctx: _Ctx, spec: SignalSpec, kind: EntityKind, col
     max_age = spec.max_age_s or pol.freshness.max_age_s
     if cols.single:  # one series per entity: rates of the whole group at once, then placed
         rate, last_v, age = (a[cols.cols] for a in ctx.rates(cols.mat, window, max_age))
-        res.rate = np.full(res.rate.size, np.nan)
         res.rate[cols.ent] = rate
         res.raw[cols.ent] = last_v
         res.age[cols.ent] = age
     else:
         inc, t0, t1, last_v, last_t, _ = cols.window(now - window)
         _counter_rates(res, cols.ent, inc, t0, t1, last_v, last_t, now, max_age)
-    res.sub = _shape(ctx, spec, kind, res.rate, cols.series, cols.ent, None, res, res.sub.size)
+    res.sub[:] = _shape(ctx, spec, kind, res.rate, cols.series, cols.ent, None, res, res.sub.size)
     return res
 
 
@@ -790,32 +997,65 @@ def _shape(
         src_series = np.full(n, -1, np.int64)
         src_series[ent[lp]] = ser[lp]
         have = (~np.isnan(x)) & (src_series >= 0)
-        ents = np.flatnonzero(have)
-        if ents.size == 0:
+        peers = _peer_groups(ctx, spec, kind, src_series, have)
+        if peers is None:
             return np.full(n, np.nan)
-        raw_groups = ctx.resolver.group_ids(tuple(spec.peer_by))[src_series[ents]]
-        present = _uniq(raw_groups)
-        remap = np.full(int(raw_groups.max()) + 1, -1, np.int64)
-        remap[present] = np.arange(present.size)
-        groups = remap[raw_groups]
-        n_groups = int(present.size)
+        ents, groups, n_groups, layout = peers
         k_warn = spec.k_warn if spec.k_warn is not None else pol.peer.k_warn
         k_crit = spec.k_crit if spec.k_crit is not None else pol.peer.k_crit
         min_peers = spec.min_peers if spec.min_peers is not None else pol.peer.min_peers
-        z, _med, _mad, counts = shapes.peer_robust_z(
-            x[ents], groups, n_groups, worse_if=spec.worse_if, min_rel_dev=spec.min_rel_dev,
-            mad_floor_rel=spec.mad_floor_rel,
-        )
+        xv = x[ents]
+        if layout is not None and bool(np.isfinite(xv).all()):
+            z, _med, _mad, counts = shapes.peer_robust_z_laid_out(
+                xv, layout, worse_if=spec.worse_if, min_rel_dev=spec.min_rel_dev, mad_floor_rel=spec.mad_floor_rel)
+        else:
+            z, _med, _mad, counts = shapes.peer_robust_z(
+                xv, groups, n_groups, worse_if=spec.worse_if, min_rel_dev=spec.min_rel_dev,
+                mad_floor_rel=spec.mad_floor_rel,
+            )
         small = counts[groups] < min_peers
         z = np.where(small, np.nan, z)
         zz = np.full(n, np.nan)
         zz[ents] = z
-        res.z = zz
+        res.z[:] = zz
         for e in ents[small].tolist():
             res.notes[e] = f"too few peers (< {min_peers}) in its group: not scored"
             res.flags.append((e, f"too_few_peers:{spec.name}"))
         return shapes.ramp(zz, k_warn, k_crit)
     raise AssertionError(f"unhandled shape {spec.shape}")
+
+
+# (spec, kind, entity count) -> (spec, group ids per label set, source series, usable, _peer_groups' result)
+_PEERS: dict[tuple[int, str, int], tuple[SignalSpec, np.ndarray, np.ndarray, np.ndarray,
+                                    tuple[np.ndarray, np.ndarray, int, shapes.PeerLayout | None] | None]] = {}
+
+
+def _peer_groups(ctx: _Ctx, spec: SignalSpec, kind: str, src_series: np.ndarray, have: np.ndarray,
+                 ) -> tuple[np.ndarray, np.ndarray, int, shapes.PeerLayout | None] | None:
+    """The entities a peer signal scores (``have``), their peer group ids (0..n_groups-1, in order of
+    first label-set group id) and, when the groups suit it, a ``PeerLayout``; None when none is scored.
+    Depends only on which series each entity's sample came from: kept while that is unchanged."""
+    label_groups = ctx.resolver.group_ids(tuple(spec.peer_by))
+    key = (id(spec), kind, src_series.size)
+    hit = _PEERS.get(key)
+    if (hit is not None and hit[0] is spec and hit[1] is label_groups and np.array_equal(hit[2], src_series)
+            and np.array_equal(hit[3], have)):
+        return hit[4]
+    ents = np.flatnonzero(have)
+    out: tuple[np.ndarray, np.ndarray, int, shapes.PeerLayout | None] | None = None
+    if ents.size:
+        raw_groups = label_groups[src_series[ents]]
+        present = _uniq(raw_groups)
+        remap = np.full(int(raw_groups.max()) + 1, -1, np.int64)
+        remap[present] = np.arange(present.size)
+        groups = remap[raw_groups]
+        n_groups = int(present.size)
+        layout = shapes.PeerLayout(groups, n_groups) if shapes.PeerLayout.fits(groups, n_groups) else None
+        out = (ents, groups, n_groups, layout)
+    if len(_PEERS) > 64:
+        _PEERS.clear()
+    _PEERS[key] = (spec, label_groups, src_series.copy(), have.copy(), out)
+    return out
 
 
 def _evaluate_xid(
@@ -832,7 +1072,7 @@ def _evaluate_xid(
     presorted = ctx.index is not None
     lp = _latest_per_series(ser, ts, presorted)
     age_s = now - ts[lp]
-    res.age = _reduce_worst(ent[lp], np.maximum(age_s, 0.0), n, False)
+    res.age[:] = _reduce_worst(ent[lp], np.maximum(age_s, 0.0), n, False)
     fresh_e = np.zeros(n, bool)
     fresh_e[ent[lp][age_s <= max_age]] = True
     codes: list[tuple[int, int]] = []  # (entity, xid)
@@ -850,7 +1090,7 @@ def _evaluate_xid(
         w = last & (v_o > 0) & (run_start_ts > now - window) & (now - t_o <= max_age)
         for e, v in set(zip(e_o[w].tolist(), v_o[w].astype(np.int64).tolist(), strict=True)):
             codes.append((e, v))
-        res.raw = _reduce_worst(ent[lp][age_s <= max_age], vals[lp][age_s <= max_age], n, True)
+        res.raw[:] = _reduce_worst(ent[lp][age_s <= max_age], vals[lp][age_s <= max_age], n, True)
     else:
         inw = ts > now - window
         s_ids, inc, _t0, _t1, _ = _increase_per_series(ser[inw], vals[inw], ts[inw])
@@ -863,7 +1103,7 @@ def _evaluate_xid(
                 codes.append((ent_of_series[s], int(float(x))))
             except ValueError:
                 ctx.issues.append(InputIssue("<snapshot>", 0, f"{spec.metric}: xid label is not a number", x))
-        res.raw = np.where(fresh_e, 0.0, np.nan)
+        res.raw[:] = np.where(fresh_e, 0.0, np.nan)
     sub = np.where(fresh_e, 1.0, np.nan)
     for e, code in sorted(codes):
         cls = classify_xid(code, xp.gate_buckets, xp.gate_xids, xp.app_xids, xp.reset_xids)
@@ -877,7 +1117,7 @@ def _evaluate_xid(
             res.flags.append((e, f"xid_unknown:{code}"))
             ctx.issues.append(InputIssue("<snapshot>", 0, f"unknown Xid {code}: not in NVIDIA's catalog; counted, not scored"))
         res.raw[e] = float(code) if np.isnan(res.raw[e]) or res.raw[e] == 0 else res.raw[e]
-    res.sub = sub
+    res.sub[:] = sub
     return res
 
 
@@ -893,7 +1133,7 @@ def _evaluate_slo(ctx: _Ctx, spec: SignalSpec, kind: EntityKind, table: _KindTab
     req_c = ctx.columns(spec.requests_metric, None, kind, table)
     good_c = ctx.columns(good_name, spec.match, kind, table)
     if req_c is not None and good_c is not None:
-        return _evaluate_slo_columns(ctx, spec, req_c, good_c, res)
+        return _evaluate_slo_columns(ctx, spec, kind, req_c, good_c, res)
     req_idx = ctx.samples(spec.requests_metric)
     if spec.threshold_s is not None:
         bidx = ctx.samples(spec.metric + "_bucket", spec.match)
@@ -973,7 +1213,7 @@ def _evaluate_slo(ctx: _Ctx, spec: SignalSpec, kind: EntityKind, table: _KindTab
                 bad = np.where(np.isnan(good), 0.0, good)  # no error samples in window: no errors
             pair.append(shapes.burn_rate(bad, total, objective))
             if last_total is None:
-                res.age = age
+                res.age[:] = age
                 last_total = total
         burns.append((pair[0], pair[1], w.factor))
     return _slo_result(res, burns, max_age)
@@ -982,12 +1222,36 @@ def _evaluate_slo(ctx: _Ctx, spec: SignalSpec, kind: EntityKind, table: _KindTab
 def _slo_result(res: _SignalResult, burns: list[tuple[np.ndarray, np.ndarray, float]], max_age: float) -> _SignalResult:
     sub = shapes.slo_score(burns)
     fresh = res.age <= max_age
-    sub = np.where(fresh, sub, np.nan)
-    res.sub = sub
+    res.sub[:] = np.where(fresh, sub, np.nan)
     # explanation: burn rate of the fastest pair's short window
-    res.rate = burns[0][1]
-    res.raw = burns[0][0]
+    res.rate[:] = burns[0][1]
+    res.raw[:] = burns[0][0]
     return res
+
+
+# (spec, kind) -> (spec, le per label set, histogram series, present, entity columns' series, chosen)
+_BUCKETS: dict[tuple[int, str], tuple[SignalSpec, np.ndarray, np.ndarray, np.ndarray, np.ndarray,
+                                      np.ndarray | None]] = {}
+
+
+def _slo_bucket(ctx: _Ctx, spec: SignalSpec, kind: str, mat: CounterMatrix, present: np.ndarray,
+                good_c: _Columns) -> np.ndarray | None:
+    """Which of ``good_c``'s columns are the bucket a latency SLO reads (``bucket_at_threshold`` among
+    the histogram's ``present`` series); None when no bucket is low enough. Kept while its inputs are."""
+    assert spec.threshold_s is not None
+    le = ctx.resolver.label_floats("le")
+    key = (id(spec), kind)
+    hit = _BUCKETS.get(key)
+    if (hit is not None and hit[0] is spec and hit[1] is le and np.array_equal(hit[2], mat.series)
+            and np.array_equal(hit[3], present) and np.array_equal(hit[4], good_c.series)):
+        return hit[5]
+    le_all = le[mat.series[present]]
+    at = bucket_at_threshold(le_all, spec.threshold_s)
+    sel = np.flatnonzero(le[good_c.series] == le_all[at][0]) if at.any() else None
+    if len(_BUCKETS) > 64:
+        _BUCKETS.clear()
+    _BUCKETS[key] = (spec, le, mat.series.copy(), present.copy(), good_c.series.copy(), sel)
+    return sel
 
 
 def _per_entity(cols: _Columns, starts: list[float], n: int, now: float) -> tuple[np.ndarray, np.ndarray]:
@@ -1011,7 +1275,7 @@ def _per_entity(cols: _Columns, starts: list[float], n: int, now: float) -> tupl
     return inc_e, age_e
 
 
-def _evaluate_slo_columns(ctx: _Ctx, spec: SignalSpec, req: _Columns, good_c: _Columns,
+def _evaluate_slo_columns(ctx: _Ctx, spec: SignalSpec, kind: str, req: _Columns, good_c: _Columns,
                           res: _SignalResult) -> _SignalResult:
     """``_evaluate_slo`` read off the view's counter matrices, every window at once."""
     pol, now = ctx.policy, ctx.now
@@ -1022,15 +1286,13 @@ def _evaluate_slo_columns(ctx: _Ctx, spec: SignalSpec, req: _Columns, good_c: _C
         # the bucket is chosen among all of the histogram's series, as on rows, then read per entity
         mat = ctx.matrix(spec.metric + "_bucket")
         assert mat is not None
-        le = ctx.resolver.label_floats("le")
         present = mat.last >= 0
         if spec.match:
             present &= ctx.resolver.label_match(spec.match)[mat.series]
-        le_all = le[mat.series[present]]
-        at = bucket_at_threshold(le_all, spec.threshold_s)
-        if not at.any():
+        sel = _slo_bucket(ctx, spec, kind, mat, present, good_c)
+        if sel is None:
             return res
-        good_c = good_c.only(np.flatnonzero(le[good_c.series] == le_all[at][0]))
+        good_c = good_c.only(sel)
     if req.series.size == 0:
         return res
     res.seen[req.ent] = True
@@ -1043,7 +1305,7 @@ def _evaluate_slo_columns(ctx: _Ctx, spec: SignalSpec, req: _Columns, good_c: _C
     else:
         bad = np.where(np.isnan(good), 0.0, good)  # no error samples in window: no errors
     burn = shapes.burn_rate(bad, total, objective)
-    res.age = age
+    res.age[:] = age
     burns = [(burn[2 * i], burn[2 * i + 1], w.factor) for i, w in enumerate(pol.slo.windows)]
     return _slo_result(res, burns, max_age)
 
@@ -1136,13 +1398,14 @@ _Base = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.nda
 def _aggregate(
     kind: EntityKind, names: list[str], specs: list[SignalSpec], results: list[_SignalResult], how: str,
     categories: list[str], critical_zeroes: bool = True, cache: dict[str, _Base] | None = None,
+    mats: _Mats | None = None,
 ) -> KindScores:
     """Scores of one kind for one cross-category function ``how``. Everything before the cross-category
     step is the same for every consumer: kept in ``cache`` (per evaluation) and shared, read-only; what
     a caller may change in place (per-entity vectors, flags, category list) is its own copy."""
     base = cache.get(kind) if cache is not None else None
     if base is None:
-        base = _aggregate_base(names, specs, results, categories, critical_zeroes)
+        base = _aggregate_base(names, specs, results, categories, critical_zeroes, mats)
         if cache is not None:
             cache[kind] = base
     sub_t, expected_t, n_exp, n_fresh, confidence, cat_t, cat_ix, gated, first_gate, flags, notes = base
@@ -1162,11 +1425,14 @@ def _aggregate(
     )
     reason: list[str] = reason_arr.tolist()
     worst = np.where(np.isnan(value), -1, worst)
-    return KindScores(
+    ks = KindScores(
         kind, names, specs, sub_t.T, list(results), expected_t.T, list(categories), cat_t.T, value, confidence,
         worst, reason, {e: list(f) for e, f in flags.items()}, dict(notes), gated=gated.copy(),
         n_expected=n_exp.astype(np.float64), n_fresh=n_fresh.astype(np.float64),
     )
+    if mats is not None and m:  # the results are rows of these: nothing to stack
+        ks._stacked.update(raw=mats.raw.T, rate=mats.rate.T, z=mats.z.T, age=mats.age.T)
+    return ks
 
 
 @dataclass
@@ -1230,15 +1496,19 @@ def _spec_plan(specs: list[SignalSpec], categories: list[str]) -> _SpecPlan:
 
 def _aggregate_base(
     names: list[str], specs: list[SignalSpec], results: list[_SignalResult], categories: list[str],
-    critical_zeroes: bool,
+    critical_zeroes: bool, mats: _Mats | None = None,
 ) -> _Base:
     # Signals x entities: each signal's column is one contiguous row, so stacking is a memcpy per signal
-    # and a category is a block of rows; the entities x signals views handed out are transposes.
+    # and a category is a block of rows; the entities x signals views handed out are transposes. With
+    # ``mats`` the results already are those rows.
     n = len(names)
     m = len(specs)
     plan = _spec_plan(specs, categories)
-    sub_t = np.stack([r.sub for r in results]) if m else np.zeros((0, n))
-    seen_t = np.stack([r.seen for r in results]) if m else np.zeros((0, n), bool)
+    if mats is not None and m:
+        sub_t, seen_t = mats.sub, mats.seen
+    else:
+        sub_t = np.stack([r.sub for r in results]) if m else np.zeros((0, n))
+        seen_t = np.stack([r.seen for r in results]) if m else np.zeros((0, n), bool)
     fresh_t = ~np.isnan(sub_t)
     fam_seen = np.zeros((len(plan.fam_rows), n), bool)
     for fi, rows in enumerate(plan.fam_rows):
@@ -1652,7 +1922,7 @@ def score_snapshot(
             kind_cats = ev.kind_cats[kind] = [c for c in ev.categories if any(s.category == c for s in specs)]
         kinds[kind] = _aggregate(
             kind, table.names, specs if table.names else [], results, how, kind_cats, policy.critical_zeroes_category,
-            ev.bases,
+            ev.bases, ev.mats.get(kind),
         )
     kinds["gpu"].member_of = ev.gpu_node
     _roll_up_nodes(kinds["gpu"], kinds["node"], ev.gpu_node)
@@ -1676,6 +1946,7 @@ class _Evaluation:
     issues: list[InputIssue]
     bases: dict[str, _Base] = field(default_factory=dict)  # per kind: the consumer-independent aggregation
     kind_cats: dict[str, list[str]] = field(default_factory=dict)
+    mats: dict[str, _Mats] = field(default_factory=dict)  # per kind: the results as matrices
 
 
 # A controller cycle scores the same snapshot for several consumers (remediation, serving); the
@@ -1727,14 +1998,18 @@ def _evaluation(
             _LAST_TABLES[:] = [(token, policy, inventory, r, len(r.key_names), tables, gpu_node)]
     specs: dict[str, list[SignalSpec]] = {}
     results: dict[str, list[_SignalResult]] = {}
+    mats: dict[str, _Mats] = {}
     for kind in KINDS:
         specs[kind] = [s for s in policy.signals if kind in s.entities]
         table = tables[kind]
-        results[kind] = [_evaluate(ctx, s, kind, table) for s in specs[kind]] if table.names else []
+        if table.names:
+            results[kind], mats[kind] = _evaluate_kind(ctx, kind, table, specs[kind])
+        else:
+            results[kind] = []
     meta = _MetaIndex(ctx, policy, tables, gpu_node)
     ev = _Evaluation(
         snapshot, policy, now, inventory, specs, tables, results,
-        list(dict.fromkeys(s.category for s in policy.signals)), gpu_node, meta, ctx.issues,
+        list(dict.fromkeys(s.category for s in policy.signals)), gpu_node, meta, ctx.issues, mats=mats,
     )
     _LAST_EVALUATION[:] = [ev]
     return ev
