@@ -118,12 +118,17 @@ class _Group:
         # room for half the live rows again: a copy every k/2 ingests, and at 100k GPUs (900k counter
         # columns) the matrices stay under the chunk lists' footprint (1.5x the live samples at most)
         cap = max(16, k + room + max(8, k // 2))
-        T, V = np.full((cap, n), np.nan), np.full((cap, n), np.nan)
-        at, cid = np.zeros(cap), np.zeros(cap, np.int64)
+        # (memory traffic is most of an ingest's cost: the kept rows are copied once, straight from a
+        # slice, and only the spare rows are filled)
+        T, V = np.empty((cap, n)), np.empty((cap, n))
+        T[k:], V[k:] = np.nan, np.nan
+        rows = _run(keep_rows)
         if cols_at is None:
-            T[:k], V[:k] = self.T[keep_rows], self.V[keep_rows]
+            T[:k], V[:k] = self.T[rows], self.V[rows]
         else:
-            T[:k, cols_at], V[:k, cols_at] = self.T[keep_rows], self.V[keep_rows]
+            T[:k], V[:k] = np.nan, np.nan
+            T[:k, cols_at], V[:k, cols_at] = self.T[rows], self.V[rows]
+        at, cid = np.zeros(cap), np.zeros(cap, np.int64)
         at[:k], cid[:k] = self.at[keep_rows], self.cid[keep_rows]
         self.T, self.V, self.at, self.cid = T, V, at, cid
         self.r0, self.r1 = 0, k
@@ -189,13 +194,16 @@ class _Group:
         return born
 
     def expire(self, now: float, dropped: np.ndarray | None) -> bool:
-        """Drop the rows older than ``keep`` and those of ``dropped`` chunks. True when a column was left
-        without samples."""
+        """Drop the rows older than ``keep`` and those of ``dropped`` chunks (sorted cids). True when a
+        column was left without samples."""
         if self.r1 == self.r0:
             return False
         dead = (now - self.at[self.r0:self.r1]) > self.keep
         if dropped is not None and dropped.size:
-            dead |= np.isin(self.cid[self.r0:self.r1], dropped)
+            # (row cids ascend: rows are appended ingest by ingest; ``dropped`` is sorted)
+            cids = self.cid[self.r0:self.r1]
+            at = np.searchsorted(dropped, cids)
+            dead |= dropped[np.minimum(at, dropped.size - 1)] == cids
         nd = int(np.count_nonzero(dead))
         if nd == 0:
             return False
@@ -348,6 +356,8 @@ class SignalHistory:
         # come in since at the same ``now`` (a cycle's derived signals; see ``_patched_view``):
         # (now, epoch, chunk serial, gauge slot -> view row or -1).
         self._view_layout: tuple[float, int, int, np.ndarray] | None = None
+        # the gauge part of a view's layout (see ``_gauge_layout``)
+        self._g_base: tuple[int, int, np.ndarray, np.ndarray, Any] | None = None
         self._dirty: list[np.ndarray | slice] = []  # gauge slots stored since the last view
         self._plans: dict[tuple[int, int], _Plan] = {}
         _HISTORIES.add(self)
@@ -358,7 +368,7 @@ class SignalHistory:
         self.__dict__.update(state)
         self._serial = next(_SERIAL)
         self._last_view, self._last_token = None, None
-        self._view_layout, self._dirty = None, []
+        self._view_layout, self._dirty, self._g_base = None, [], None
         _HISTORIES.add(self)
 
     # -- interning -------------------------------------------------------------------------------
@@ -663,39 +673,45 @@ class SignalHistory:
 
     # -- view ------------------------------------------------------------------------------------
     def _compact(self, now: float) -> None:
-        kept: list[_Chunk] = []
-        dropped: list[int] = []
-        expired = False
-        for ch in self._chunks:
-            age = now - ch.at
-            if ch.keeps[0] >= age:
-                kept.append(ch)
-                continue
-            expired = True
-            if ch.keeps[-1] < age:
-                dropped.append(ch.cid)
-                continue
-            ch.keeps = [k for k in ch.keeps if k >= age]  # some metrics expire, others stay
-            kept.append(ch)
-        # thinning: beyond dense_s only the first chunk of each coarse bucket survives
-        out: list[_Chunk] = []
-        last_bucket = None
-        for ch in kept:
-            age = now - ch.at
-            if age > self.dense_s:
-                b = int(ch.at // (self.sparse_coarse_s if age > self.sparse_s else self.coarse_s))
-                b = b if age > self.sparse_s else -1 - b  # the tiers never share a bucket id
-                if b == last_bucket:
-                    dropped.append(ch.cid)
-                    continue
-                last_bucket = b
-            out.append(ch)
-        self._chunks = out
-        if expired or dropped:
-            gone = np.asarray(dropped, np.int64) if dropped else None
-            for g in self._groups:
-                if g.expire(now, gone):
-                    self._epoch += 1
+        """Expire and thin the chunks as of ``now`` (vectorised over the chunks: a view's main cost
+        once its rows are lazy)."""
+        chunks = self._chunks
+        n = len(chunks)
+        if n:
+            at = np.fromiter((ch.at for ch in chunks), np.float64, n)
+            kmin = np.fromiter((ch.keeps[0] for ch in chunks), np.float64, n)
+            kmax = np.fromiter((ch.keeps[-1] for ch in chunks), np.float64, n)
+            age = now - at
+            whole = kmin >= age
+            expired = not bool(whole.all())
+            gone = kmax < age
+            if expired:
+                for i in np.flatnonzero(~whole & ~gone).tolist():  # some metrics expire, others stay
+                    ch = chunks[i]
+                    ch.keeps = [k for k in ch.keeps if k >= age[i]]
+            # thinning: beyond dense_s only the first chunk of each coarse bucket survives (the first
+            # in list order among the old chunks left)
+            old = np.flatnonzero(~gone & (age > self.dense_s))
+            drop = gone
+            if old.size > 1:
+                sparse = age[old] > self.sparse_s
+                b = np.where(sparse, np.floor_divide(at[old], self.sparse_coarse_s),
+                             -1.0 - np.floor_divide(at[old], self.coarse_s))  # the tiers never share an id
+                same = np.flatnonzero(b[1:] == b[:-1]) + 1
+                if same.size:
+                    drop = gone.copy()
+                    drop[old[same]] = True
+            if drop.any():
+                keep_ix = np.flatnonzero(~drop).tolist()
+                self._chunks = [chunks[i] for i in keep_ix]
+                dropped = [chunks[i].cid for i in np.flatnonzero(drop).tolist()]
+            else:
+                dropped = []
+            if expired or dropped:
+                gone_ids = np.sort(np.asarray(dropped, np.int64)) if dropped else None
+                for g in self._groups:
+                    if g.expire(now, gone_ids):
+                        self._epoch += 1
         # forget gauges nobody has reported for memory_s
         if self._g_t.size:
             dead = (now - self._g_t > self.memory_s) & np.isfinite(self._g_t)
@@ -726,34 +742,11 @@ class SignalHistory:
         if patched is not None:
             return patched
         self._compact(now)
-        order = self._gauge_order()
-        live = np.isfinite(self._g_t) & ~np.isnan(self._g_v)
-        rows = order[live[order]]
-        gm = self._g_m[rows]
-        parts_m = [gm]
-        parts_s = [self._g_s[rows]]
-        parts_v = [self._g_v[rows]]
-        parts_t = [self._g_t[rows]]
-        shift: np.ndarray | None = None  # view row of each of ``rows`` minus its position in ``rows``
-        if self._track_start.any() and rows.size:
-            ev = live & self._track_start[self._g_m] & (self._g_since < self._g_t) & np.isfinite(self._g_since)
-            if ev.any():
-                # a value-start sample goes just before its series' latest (each metric one block, its
-                # rows in (series, time) order)
-                er = order[ev[order]]
-                keys = self._gauge_keys()
-                at = np.searchsorted(keys[rows], keys[er])
-                shift = np.searchsorted(at, np.arange(rows.size), "right")  # (np.insert: before index ``at``)
-                parts_m[0] = np.insert(gm, at, self._g_m[er])
-                parts_s[0] = np.insert(parts_s[0], at, self._g_s[er])
-                parts_v[0] = np.insert(parts_v[0], at, self._g_v[er])
-                parts_t[0] = np.insert(parts_t[0], at, self._g_since[er])
-        gm = parts_m[0]
-        bounds: dict[int, tuple[int, int]] = {}
-        if gm.size:
-            heads = np.flatnonzero(np.concatenate(([True], gm[1:] != gm[:-1])))
-            ends = np.concatenate((heads[1:], [gm.size]))
-            bounds = {int(gm[a]): (int(a), int(b)) for a, b in zip(heads, ends, strict=True)}
+        src, since, pos, gauge_bounds, gm, gs = self._gauge_layout()
+        bounds = dict(gauge_bounds)
+        gv, gt = self._g_v[src], self._g_t[src]
+        if since.size:
+            gt[since] = self._g_since[src[since]]
         n_rows = int(gm.size)
         matrices: dict[int, CounterMatrix] = {}
         groups: list[CounterMatrix] = []
@@ -783,8 +776,7 @@ class SignalHistory:
                 if g.monotone:
                     matrices[m] = CounterMatrix(g.cs[c0:c1], T[:, c0:c1], V[:, c0:c1], last[c0:c1], gi, c0, c1,
                                                 have is None)
-        head = (parts_m[0].astype(np.int32, copy=False), parts_s[0].astype(np.int32, copy=False),
-                np.asarray(parts_v[0], np.float64), np.asarray(parts_t[0], np.float64))
+        head = (gm, gs, gv, gt)
 
         def fill() -> tuple[np.ndarray, ...]:
             ng = head[0].size
@@ -803,10 +795,52 @@ class SignalHistory:
                     out_s[a:b] = np.broadcast_to(cs, hm.shape)[hm]
             return out_m, out_s, out_v, out_t
 
-        pos = np.full(self._g_t.size, -1, np.int64)
-        pos[rows] = np.arange(rows.size) if shift is None else np.arange(rows.size) + shift
         self._view_layout = (now, self._epoch, self._cid, pos)
         return self._publish(now, head, n_rows, fill, bounds, matrices, groups)
+
+    def _gauge_layout(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[int, tuple[int, int]], np.ndarray,
+                                     np.ndarray]:
+        """Where a view's gauge rows come from: the slot of each row (live slots in (metric, series)
+        order, an event-like gauge's value-start row just before its latest), the rows that carry a
+        value-start time, each slot's row (-1: none), each gauge metric's block, and the rows' metric
+        and series ids (shared by the views made with this layout: read-only). Kept while the
+        set of live slots (``_epoch``) and of value-start rows are unchanged: a view then only gathers."""
+        n = self._g_t.size
+        base = self._g_base
+        if base is None or base[0] != self._epoch or base[1] != n:
+            order = self._gauge_order()
+            live = np.isfinite(self._g_t) & ~np.isnan(self._g_v)
+            rows = order[live[order]]
+            track = rows[self._track_start[self._g_m[rows]]]  # live event-like slots, in key order
+            base = self._g_base = (self._epoch, n, rows, track, None)
+        _, _, rows, track, hit = base
+        since = self._g_since[track]
+        er = track[(since < self._g_t[track]) & np.isfinite(since)]
+        if hit is not None and np.array_equal(hit[0], er):
+            return hit[1:]  # type: ignore[no-any-return]
+        if er.size:
+            # a value-start row goes just before its series' latest (each metric one block, its rows in
+            # (series, time) order)
+            keys = self._gauge_keys()
+            at = np.searchsorted(keys[rows], keys[er])
+            src = np.insert(rows, at, er)
+            since_rows = at + np.arange(er.size)  # (np.insert: each before index ``at``, in order)
+        else:
+            src, since_rows = rows, np.zeros(0, np.int64)
+        is_since = np.zeros(src.size, bool)
+        is_since[since_rows] = True
+        pos = np.full(n, -1, np.int64)
+        latest = np.flatnonzero(~is_since)
+        pos[src[latest]] = latest
+        gm = self._g_m[src]
+        bounds: dict[int, tuple[int, int]] = {}
+        if gm.size:
+            heads = np.flatnonzero(np.concatenate(([True], gm[1:] != gm[:-1])))
+            ends = np.concatenate((heads[1:], [gm.size]))
+            bounds = {int(gm[a]): (int(a), int(b)) for a, b in zip(heads, ends, strict=True)}
+        gs = self._g_s[src]
+        self._g_base = (base[0], n, rows, track, (er, src, since_rows, pos, bounds, gm, gs))
+        return src, since_rows, pos, bounds, gm, gs
 
     def _publish(self, now: float, head: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray], n_rows: int,
                  fill: Any, bounds: dict[int, tuple[int, int]], counters: dict[int, CounterMatrix],
