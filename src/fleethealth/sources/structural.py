@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from fleethealth.signals.history import shape_token
-from fleethealth.signals.snapshot import InputIssue, LabelSet, Snapshot, SnapshotBuilder, ViewIndex
+from fleethealth.signals.snapshot import InputIssue, LabelSet, Snapshot, SnapshotBuilder
 
 GPUS_MISSING = "fleethealth_node_gpus_missing"
 SERIES_VANISHED = "fleethealth_series_vanished"
@@ -81,7 +81,7 @@ class StructuralTracker:
         self._retained_cache: tuple[Hashable, _SeriesTable, int, np.ndarray] | None = None
         # the last history view's layout of entries, and what it says (see ``_fresh_indexed``)
         self._layout: _Layout | None = None
-        self._blocks_cache: tuple[dict[int, tuple[int, int]], list[tuple[int, int, int, int]],
+        self._blocks_cache: tuple[list[tuple[int, tuple[int, int]]], list[tuple[int, int, int, int]],
                                   tuple[_Blocks, list[tuple[int, int]], _CGroups]] | None = None
         self._rm_cache: tuple[_Masks, list[int]] | None = None
         # what the `up` series said last cycle, and the tracker's learning counter it was read with
@@ -325,8 +325,10 @@ class StructuralTracker:
         node and the latest ``up`` / scrape duration per target.
 
         While the layout of the entries (the blocks, the series of each, the counter columns) is the same
-        as the last cycle's, and every (metric, series) pair has a fresh entry, as in a steady state,
-        everything but the newest times and the targets' answers is what the layout says (``_Layout``)."""
+        as the last cycle's, which pairs are fresh follows from which entries are stale (few, and the same
+        from one cycle to the next: none in a steady state), and what depends only on the set of fresh
+        pairs is the layout's (``_Layout``): then a cycle reads the entries' times once and the rows of
+        ``up`` and the scrape duration, nothing else."""
         if not len(view):
             return None
         ix = view.index_upto(now + self.future_skew_s)
@@ -340,11 +342,12 @@ class StructuralTracker:
         # the blocks read row by row (by first row) and the counter groups, as the last view's while its
         # bounds and counter columns are the same
         clay = [(m, cm.group, cm.c0, cm.c1) for m, cm in counters.items()]
+        rows_at = [(m, ab) for m, ab in ix.bounds.items() if m not in counters]
         bc = self._blocks_cache
-        if bc is not None and bc[0] == ix.bounds and bc[1] == clay:
+        if bc is not None and bc[0] == rows_at and bc[1] == clay:
             blocks, spans, cgroups = bc[2]
         else:
-            blocks = tuple(sorted((a, b, m) for m, (a, b) in ix.bounds.items() if m not in counters and b > a))
+            blocks = tuple(sorted((a, b, m) for m, (a, b) in rows_at if b > a))
             spans = []  # merged where adjacent (a history view's gauges are one run)
             for a, b, _ in blocks:
                 if spans and spans[-1][1] == a:
@@ -355,8 +358,8 @@ class StructuralTracker:
             for m, gi, c0, c1 in clay:
                 cols.setdefault(gi, []).append((c0, c1, m))
             cgroups = tuple(sorted((gi, tuple(sorted(r))) for gi, r in cols.items()))
-            self._blocks_cache = (dict(ix.bounds), clay, (blocks, spans, cgroups))
-        parts = [_block_rows(view, ix, a, b) for a, b in spans]
+            self._blocks_cache = (rows_at, clay, (blocks, spans, cgroups))
+        parts = [ix.rows(view, a, b) for a, b in spans]
         if len(parts) == 1:
             bs, bv, bt = parts[0]
         elif parts:
@@ -387,18 +390,21 @@ class StructuralTracker:
         elif not lay.built:
             lay.build(self, st, masks, len(view.labelsets), len(view.metrics))
         ta = _cat([t if v is None else t[v] for t, v in zip(g_t, g_valid, strict=True)], _NO_VALS)
-        if lay.built and lay.steady(np.flatnonzero(bt <= lo), np.flatnonzero(~(ta > lo))):
-            # every pair is fresh: so is each node's newest entry, which is then its newest fresh one
+        if lay.built:
+            present, current, gpus = lay.facts(self, st, masks, np.flatnonzero(bt <= lo), np.flatnonzero(~(ta > lo)))
+            # A node's newest entry is its newest fresh one when it has a fresh one (later than every
+            # stale entry); without one (``current`` 0) it has no fresh time.
             newest = np.full(st.rank_n, -np.inf)
             if lay.nb_nodes.size:
                 newest[lay.nb_nodes] = np.maximum.reduceat(bt[lay.nb_order], lay.nb_starts)
             if lay.na_nodes.size:
                 newest[lay.na_nodes] = np.maximum(
                     newest[lay.na_nodes], np.maximum.reduceat(ta[lay.na_order], lay.na_starts))
+            newest[current == 0] = -np.inf
             up = _latest_fresh(lay.up_rows, bs, bt, bv, lo)
             dur = _latest_fresh(lay.dur_rows, bs, bt, bv, lo)
-            return _Fresh(lay.present, lay.retained, lay.gpus, newest, lay.retained, up, dur)
-        # some pair has no fresh entry (or a new layout): the fresh entries' distinct pairs
+            return _Fresh(present, current, gpus, newest, lay.retained, up, dur)
+        # a layout seen once: the fresh entries' distinct pairs
         nb = bt.size
         fresh_b = np.flatnonzero(bt > lo)
         bm = _block_metrics(blocks, nb)
@@ -408,15 +414,13 @@ class StructuralTracker:
         fs = np.concatenate((bs[fresh_b], as_[fresh_a]))
         ft = np.concatenate((bt[fresh_b], ta[fresh_a]))
         fr = self._from_entries(view, st, masks, fm, fs, ft, fresh_b, bv)
-        if lay.built:
-            fr.retained = lay.retained
-        else:
-            def all_pairs() -> tuple[np.ndarray, np.ndarray]:
-                sids, mids = np.concatenate((bs, as_)), np.concatenate((bm, am))
-                keep = ~is_target[mids]
-                return sids[keep], mids[keep]
 
-            fr.retained = self._retained(view, st, all_pairs, True)
+        def all_pairs() -> tuple[np.ndarray, np.ndarray]:
+            sids, mids = np.concatenate((bs, as_)), np.concatenate((bm, am))
+            keep = ~is_target[mids]
+            return sids[keep], mids[keep]
+
+        fr.retained = self._retained(view, st, all_pairs, True)
         return fr
 
     def _metric_masks(self, metrics: list[str]) -> _Masks:
@@ -581,20 +585,25 @@ class _Fresh:
 
 
 class _Layout:
-    """The entries of a history view (block rows, then the valid counter columns of each group), and,
-    once the same layout has come twice in a row, what it says when every (metric, series) pair it holds
-    is fresh: the pair of each entry, the entries per pair, the present series, the pairs and GPUs per
-    node, and per node the entries to take the newest time of."""
+    """The entries of a history view (block rows, then the counter columns with a sample, group by group)
+    and, once the same layout has come twice in a row (built then, not for a layout seen once), what
+    follows from it: the (metric, series) pair of each entry, the entries per pair, the pair facts when
+    every pair is fresh (present series, pairs and GPUs per node), the pairs in the whole view per node,
+    and per node the entries to take the newest time of."""
 
     def __init__(self, key: tuple[object, ...], blocks: _Blocks, cgroups: _CGroups, bs: np.ndarray,
                  g_series: list[np.ndarray], g_valid: list[np.ndarray | None]) -> None:
         self.key = key
         self.blocks, self.cgroups = blocks, cgroups
         self.bs = bs.copy()
+        # a history never writes a counter group's series array again (new columns: a new array), so the
+        # same array object holds the same series
+        self.g_series_of = list(g_series)
         self.g_series = [s.copy() for s in g_series]
         self.g_valid = [None if v is None else v.copy() for v in g_valid]
         self.built = False
-        self._stale: tuple[np.ndarray, np.ndarray, bool] | None = None  # the last verdict of ``steady``
+        # the last answer of ``facts``: (stale block rows, stale counter columns, the facts)
+        self._stale: tuple[np.ndarray, np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray]] | None = None
 
     def matches(self, key: tuple[object, ...], bs: np.ndarray, g_series: list[np.ndarray],
                 g_valid: list[np.ndarray | None]) -> bool:
@@ -602,22 +611,30 @@ class _Layout:
         # the series table and the metric list by identity (both grow in place), the rest by value
         return (k[0] is key[0] and k[2] is key[2] and k[1:2] + k[3:] == key[1:2] + key[3:]
                 and _same(self.bs, bs)
-                and all(_same(a, b) for a, b in zip(self.g_series, g_series, strict=True))
+                and all(o is b or _same(a, b) for a, o, b in zip(self.g_series, self.g_series_of, g_series, strict=True))
                 and all(a is b or (a is not None and b is not None and _same(a, b))
                         for a, b in zip(self.g_valid, g_valid, strict=True)))
 
-    def steady(self, stale_b: np.ndarray, stale_a: np.ndarray) -> bool:
-        """Whether every pair has a fresh entry, given the entries that are not fresh (block rows,
-        counter columns): the same answer as last time for the same ones."""
+    def facts(self, tr: StructuralTracker, st: _SeriesTable, masks: _Masks, stale_b: np.ndarray,
+              stale_a: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``_pair_facts`` of the fresh pairs, given the entries that are not fresh (block rows, counter
+        columns): the layout's own when every pair still has a fresh entry (a steady state), and the
+        same answer as last time for the same stale entries (a GPU that has fallen off stays so)."""
         if not stale_b.size and not stale_a.size:
-            return True
+            return self.present, self.retained, self.gpus
         c = self._stale
         if c is not None and _same(c[0], stale_b) and _same(c[1], stale_a):
             return c[2]
         u, n = np.unique(np.concatenate((self.pair_b[stale_b], self.pair_a[stale_a])), return_counts=True)
-        ok = not (n == self.npe[u]).any()  # else a pair with none of its entries fresh
-        self._stale = (stale_b, stale_a, ok)
-        return ok
+        gone = u[n == self.npe[u]]  # pairs none of whose entries is fresh
+        if not gone.size:
+            out = (self.present, self.retained, self.gpus)
+        else:
+            fresh = np.ones(self.npe.size, bool)
+            fresh[gone] = False
+            out = tr._pair_facts(st, masks, self.present.size, self.p_sid[fresh], self.p_mid[fresh])
+        self._stale = (stale_b, stale_a, out)
+        return out
 
     def build(self, tr: StructuralTracker, st: _SeriesTable, masks: _Masks, n_labelsets: int,
               n_metric_names: int) -> None:
@@ -631,8 +648,8 @@ class _Layout:
         mids = np.concatenate((bm, am)).astype(np.int64)
         keys, pair, npe = np.unique(sids * n_metrics + mids, return_inverse=True, return_counts=True)
         self.pair_b, self.pair_a, self.npe = pair[:nb], pair[nb:], npe
-        p_sid, p_mid = np.divmod(keys, n_metrics)
-        self.present, self.retained, self.gpus = tr._pair_facts(st, masks, n_series, p_sid, p_mid)
+        self.p_sid, self.p_mid = np.divmod(keys, n_metrics)
+        self.present, self.retained, self.gpus = tr._pair_facts(st, masks, n_series, self.p_sid, self.p_mid)
         node_of = st.node_of()
 
         def by_node(s: np.ndarray, m: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -657,15 +674,6 @@ def _padded(a: np.ndarray, n: int, fill: float) -> np.ndarray:
     out = np.full(n, fill, a.dtype)
     out[: a.size] = a
     return out
-
-
-def _block_rows(view: Snapshot, ix: ViewIndex, a: int, b: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Series ids, values and times of the view's rows a..b (off the index's head of gauge rows where it
-    has one: the rest of a history view is written only when asked for)."""
-    rows = getattr(ix, "rows", None)
-    if rows is not None:
-        return rows(view, a, b)  # type: ignore[no-any-return]
-    return view.series_ids[a:b], view.values[a:b], view.ts[a:b]
 
 
 def _block_metrics(blocks: _Blocks, n: int) -> np.ndarray:
