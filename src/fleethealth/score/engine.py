@@ -723,154 +723,234 @@ def _shape_plan(policy: Policy, specs: list[SignalSpec]) -> _ShapePlan:
     return plan
 
 
-# gathers of the batched signals, kept while the per-signal row/column maps they were built from are
-_GATHERS: dict[tuple[Any, ...], tuple[list[Any], np.ndarray, np.ndarray, np.ndarray]] = {}
-
-
-def _gather(key: tuple[Any, ...], refs: list[Any], build: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``build()`` (source positions, flat destinations, per-position signal row), cached under ``key``
-    (ids of ``refs``, which the entry holds so that the ids cannot be recycled)."""
-    hit = _GATHERS.get(key)
-    if hit is not None and len(hit[0]) == len(refs) and all(a is b for a, b in zip(hit[0], refs, strict=True)):
-        return hit[1], hit[2], hit[3]
-    src, dest, row = build()
-    if len(_GATHERS) > 256:
-        _GATHERS.clear()
-    _GATHERS[key] = (refs, src, dest, row)
-    return src, dest, row
-
-
 def _evaluate_kind(ctx: _Ctx, kind: EntityKind, table: _KindTable,
                    specs: list[SignalSpec]) -> tuple[list[_SignalResult], _Mats]:
-    """Every signal of one kind. On a history's view, the gauges read one row per series and the
-    counters whose series are one per entity are read with one gather each (all signals together),
-    and the ramp, gate and flag shapes run once on the signals x entities matrix; the rest (peer
-    groups, SLOs, Xids, anything with several series per entity, the row path) signal by signal. The
-    same numbers as ``_evaluate`` per signal (tests)."""
-    n, m = len(table.names), len(specs)
-    mats = _Mats(m, n)
-    results = [mats.result(j) for j in range(m)]
-    if ctx.index is None or m == 0 or n == 0:
-        for j, spec in enumerate(specs):
-            _evaluate(ctx, spec, kind, table, results[j])
-        return results, mats
-    plan = _shape_plan(ctx.policy, specs)
-    gauges: list[tuple[int, _GaugeRows]] = []
-    counters: list[tuple[int, _Columns]] = []
+    """Every signal of one kind, one by one (the plain path: a snapshot without a view index)."""
+    mats = _Mats(len(specs), len(table.names))
+    results = [mats.result(j) for j in range(len(specs))]
     for j, spec in enumerate(specs):
-        if spec.shape in ("slo", "xid"):
-            _evaluate(ctx, spec, kind, table, results[j])
-        elif _is_counter(spec):
-            cols = ctx.columns(spec.metric, spec.match, kind, table)
-            if (cols is not None and cols.single and isinstance(cols.cols, slice) and cols.series.size
-                    and 1 <= plan.code[j] <= 3):
-                counters.append((j, cols))
-            elif cols is not None:
-                _evaluate_counter_columns(ctx, spec, kind, cols, results[j])
-            else:
-                _evaluate(ctx, spec, kind, table, results[j])
-        else:
-            mid = ctx.metric_ix.get(spec.metric)
-            if mid is None or mid not in ctx.bounds:
-                continue  # no sample at all: unseen, NaN (as the row path)
-            rows = ctx.gauge_rows(spec.metric, spec.match, kind, table)
-            if rows is not None and rows.single and rows.ent.size and plan.code[j] >= 1:
-                gauges.append((j, rows))
-            elif rows is not None:
-                _evaluate_gauge_rows(ctx, spec, kind, rows, results[j])
-            else:
-                _evaluate(ctx, spec, kind, table, results[j])
-    if not gauges and not counters:
-        return results, mats
-    now = ctx.now
-    seen_f, raw_f, rate_f, age_f = (a.reshape(-1) for a in (mats.seen, mats.raw, mats.rate, mats.age))
-    if gauges:
-        def build_g() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-            src = [r.a + (np.arange(r.b - r.a) if r.sel is None else r.sel) for _, r in gauges]
-            return (np.concatenate(src), np.concatenate([j * n + r.ent for j, r in gauges]),
-                    np.concatenate([np.full(r.ent.size, j) for j, r in gauges]))
-
-        refs: list[Any] = [x for _, r in gauges for x in (r.ent, r.sel)]
-        key = ("g", n, tuple((j, r.a, r.b, id(r.ent), id(r.sel)) for j, r in gauges))
-        src, dest, row = _gather(key, refs, build_g)
-        age_s = now - ctx.snap.ts[src]
-        fresh = age_s <= plan.max_age[row]
-        seen_f[dest] = True
-        age_f[dest] = np.maximum(age_s, 0.0)
-        raw_f[dest[fresh]] = ctx.snap.values[src[fresh]]
-    by_group: dict[tuple[int, float, float], list[tuple[int, _Columns]]] = {}
-    for j, cols in counters:
-        by_group.setdefault((cols.mat.group, float(plan.window[j]), float(plan.max_age[j])), []).append((j, cols))
-    for (_, window, max_age), members in by_group.items():
-        def build_c(members: list[tuple[int, _Columns]] = members) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-            src = []
-            for _, c in members:
-                assert isinstance(c.cols, slice)
-                src.append(np.arange(c.cols.start, c.cols.stop))
-            return np.concatenate(src), np.concatenate([j * n + c.ent for j, c in members]), np.zeros(0, np.int64)
-
-        refs = [c.ent for _, c in members]
-        ckey: tuple[Any, ...] = ("c", n, tuple((j, id(c.ent), c.mat.c0, c.mat.c1) for j, c in members))
-        src, dest, _ = _gather(ckey, refs, build_c)
-        rate, last_v, age = ctx.rates(members[0][1].mat, window, max_age)
-        seen_f[dest] = True
-        rate_f[dest] = rate[src]
-        raw_f[dest] = last_v[src]
-        age_f[dest] = age[src]
-    done = np.zeros(m, bool)
-    for j, _ in gauges:
-        done[j] = True
-    for j, _ in counters:
-        done[j] = True
-    _shape_batch(ctx, kind, specs, plan, mats, results, done, dict(gauges))
+        _evaluate(ctx, spec, kind, table, results[j])
     return results, mats
 
 
-def _shape_batch(ctx: _Ctx, kind: EntityKind, specs: list[SignalSpec], plan: _ShapePlan, mats: _Mats,
-                 results: list[_SignalResult], done: np.ndarray, gauges: dict[int, _GaugeRows]) -> None:
-    """``_shape`` of the signals ``done`` marks, ramps, gates and flags each as one 2-D operation (the
-    same element-wise arithmetic as shapes.ramp / shapes.gate, parameters per row)."""
-    n = mats.sub.shape[1]
-    code = np.where(done, plan.code, -1)
-    # the shaped quantity: the rate of a counter, the (worst fresh) value of a gauge
-    x_all = np.where(plan.counter[:, None], mats.rate, mats.raw)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        rr = np.flatnonzero(code == 1)
-        if rr.size:
-            out = 1.0 - (x_all[rr] - plan.warn[rr, None]) / plan.span[rr, None]
-            mats.sub[rr] = np.clip(out, 0.0, 1.0)
-        gr = np.flatnonzero(code == 2)
-        if gr.size:
-            x = x_all[gr]
-            bad = x > plan.above[gr, None]
-            for k, j in enumerate(gr.tolist()):
-                if specs[j].values:
-                    bad[k] |= np.isin(x[k], np.asarray(specs[j].values, np.float64))
-            sub = np.where(bad, 0.0, 1.0)
-            sub[np.isnan(x)] = np.nan
-            mats.sub[gr] = sub
-            for k, j in enumerate(gr.tolist()):
-                if specs[j].value_flags:
-                    results[j].flags.extend(_value_flags(x[k], specs[j].value_flags))
-            hit_k, hit_e = np.nonzero(sub == 0)
-            for k, e in zip(hit_k.tolist(), hit_e.tolist(), strict=True):
-                results[int(gr[k])].notes[e] = f"gate fired: {specs[int(gr[k])].metric}={x[k, e]:g}"
-        fr = np.flatnonzero(code == 3)
-        if fr.size:
-            x = x_all[fr]
-            raised = x > plan.above[fr, None]
-            sub = np.where(np.isnan(x), np.nan, 1.0)
-            mats.sub[fr] = np.where(raised, plan.flag_score[fr, None], sub)
-            for k, j in enumerate(fr.tolist()):
-                spec = specs[j]
-                if spec.flag:
-                    results[j].flags.extend((e, spec.flag) for e in np.flatnonzero(raised[k]).tolist())
-                if spec.value_flags:
-                    results[j].flags.extend(_value_flags(x[k], spec.value_flags))
-    for j in np.flatnonzero(code == 4).tolist():
-        rows = gauges[j]  # only gauges are batched as peers
-        spec, res = specs[j], results[j]
-        res.sub[:] = _shape(ctx, spec, kind, res.raw, rows.ser, rows.ent, np.arange(rows.ent.size), res, n)
+def _rows_of(off: int, n: int, js: list[int]) -> np.ndarray:
+    """Flat positions of whole signal rows ``js`` of a kind's m x n block starting at ``off``."""
+    if not js:
+        return np.zeros(0, np.int64)
+    return (off + np.asarray(js, np.int64)[:, None] * n + np.arange(n)[None, :]).reshape(-1)
+
+
+class _Plan:
+    """How one view layout is evaluated, every kind at once: built from the per-signal lookups
+    (``gauge_rows``, ``columns``) on a history's view, kept while the layout it read is the same (the
+    checks in ``holds``), so that a steady-state cycle is a fixed sequence of numpy operations:
+
+    * every kind's results live in one flat buffer per quantity (sub, raw, rate, z, age, seen); a
+      kind's ``_Mats`` are m x n views of its block and a signal's result is rows of those;
+    * gauges with one row per series and one series per entity: one gather of values and times for all
+      of them, one scatter into raw and age;
+    * counters with one column per entity: the group's rates (once per group and window, shared with
+      every signal of the group), one gather per group;
+    * ramp, gate and flag shapes: one element-wise pass over all their rows (the same arithmetic as
+      ``shapes.ramp`` / ``shapes.gate`` with the parameters repeated per element);
+    * peer signals shaped one by one (grouped medians), everything else (Xids, SLOs, several series
+      per entity, rows without a matrix) through ``_evaluate``.
+    """
+
+    def __init__(self, ctx: _Ctx, tables: dict[str, _KindTable], specs: dict[str, list[SignalSpec]]) -> None:
+        pol = ctx.policy
+        self.policy, self.tables = pol, tables
+        self.kinds: list[tuple[EntityKind, int, int, int]] = []  # (kind, offset, m, n)
+        off = 0
+        for kind in KINDS:
+            n = len(tables[kind].names)
+            if n:
+                self.kinds.append((kind, off, len(specs[kind]), n))
+                off += len(specs[kind]) * n
+        self.size = off
+        self.mids: dict[str, int | None] = {}  # every metric the checks read: its id (None: absent)
+        self.absent: list[str] = []  # gauges without a sample: nothing to read (unseen, NaN)
+        self.gbounds: dict[int, tuple[int, int]] = {}
+        self.cmats: dict[int, tuple[int, int, int]] = {}  # counter metric -> (group, c0, c1)
+        self.rest: list[tuple[EntityKind, int]] = []
+        self.peers: list[tuple[EntityKind, int, np.ndarray, np.ndarray, np.ndarray]] = []
+        g_src: list[np.ndarray] = []
+        g_dest: list[np.ndarray] = []
+        g_age: list[np.ndarray] = []
+        c_sets: dict[tuple[int, float, float], tuple[list[np.ndarray], list[np.ndarray]]] = {}
+        shaped: dict[int, list[tuple[EntityKind, int, int, int, bool]]] = {1: [], 2: [], 3: []}
+        self.order: list[tuple[EntityKind, int]] = []  # flat result index -> (kind, signal)
+        seen = np.zeros(self.size, bool)
+        assert ctx.index is not None
+        for kind, off, _, n in self.kinds:
+            table = tables[kind]
+            plan = _shape_plan(pol, specs[kind])
+            for j, spec in enumerate(specs[kind]):
+                self.order.append((kind, j))
+                code = int(plan.code[j])
+                if spec.shape in ("slo", "xid") or code == 0:
+                    self.rest.append((kind, j))
+                    continue
+                mid = ctx.metric_ix.get(spec.metric)
+                self.mids[spec.metric] = mid
+                if _is_counter(spec):
+                    cols = ctx.columns(spec.metric, spec.match, kind, table)
+                    if (cols is None or not cols.single or not isinstance(cols.cols, slice) or not cols.series.size
+                            or code == 4):
+                        self.rest.append((kind, j))
+                        continue
+                    assert mid is not None
+                    self.cmats[mid] = (cols.mat.group, cols.mat.c0, cols.mat.c1)
+                    dest = off + j * n + cols.ent
+                    src, dst = c_sets.setdefault((cols.mat.group, float(plan.window[j]), float(plan.max_age[j])),
+                                                 ([], []))
+                    src.append(np.arange(cols.cols.start, cols.cols.stop))
+                    dst.append(dest)
+                else:
+                    if mid is None or mid not in ctx.bounds:
+                        self.absent.append(spec.metric)
+                        continue
+                    rows = ctx.gauge_rows(spec.metric, spec.match, kind, table)
+                    if rows is None or not rows.single or not rows.ent.size:
+                        self.rest.append((kind, j))
+                        continue
+                    self.gbounds[mid] = (rows.a, rows.b)
+                    dest = off + j * n + rows.ent
+                    g_src.append(rows.a + (np.arange(rows.b - rows.a) if rows.sel is None else rows.sel))
+                    g_dest.append(dest)
+                    g_age.append(np.full(rows.ent.size, plan.max_age[j]))
+                    if code == 4:
+                        self.peers.append((kind, j, rows.ser, rows.ent, np.arange(rows.ent.size)))
+                seen[dest] = True
+                if code in shaped:
+                    shaped[code].append((kind, j, off, n, bool(plan.counter[j])))
+        self.seen = seen
+        z = np.zeros(0, np.int64)
+        self.g_src = np.concatenate(g_src) if g_src else z
+        self.g_dest = np.concatenate(g_dest) if g_dest else z
+        self.g_age = np.concatenate(g_age) if g_age else np.zeros(0)
+        # the gauges' whole blocks, to check that their rows still hold the same series
+        self.g_blocks = (np.concatenate([np.arange(a, b) for a, b in self.gbounds.values()])
+                         if self.gbounds else z)
+        self.g_block_series = ctx.snap.series_ids[self.g_blocks].copy()
+        self.c_sets = [(g, w, a, np.concatenate(src), np.concatenate(dst)) for (g, w, a), (src, dst) in c_sets.items()]
+        self.c_series = {g: ctx.index.groups[g].series.copy() for g, *_ in self.c_sets}
+        self.c_cols = {g: np.concatenate([np.arange(c0, c1) for gg, c0, c1 in self.cmats.values() if gg == g])
+                       for g in self.c_series}
+        index_of = {kj: i for i, kj in enumerate(self.order)}
+        self.shapes: dict[int, tuple[np.ndarray, ...]] = {}
+        self.shaped = shaped
+        for code, rows_ in shaped.items():
+            if not rows_:
+                continue
+            idx = np.concatenate([_rows_of(off, n, [j]) for _, j, off, n, _ in rows_])
+            per = [n for *_, n, _ in rows_]
+            rate = np.repeat([c for *_, c in rows_], per)
+            res = np.repeat([index_of[(k, j)] for k, j, *_ in rows_], per)
+            ent = np.concatenate([np.arange(n) for *_, n, _ in rows_])
+            p1 = np.repeat([self._param(specs[k][j], code, 0) for k, j, *_ in rows_], per)
+            p2 = np.repeat([self._param(specs[k][j], code, 1) for k, j, *_ in rows_], per)
+            self.shapes[code] = (idx, np.flatnonzero(rate), res, ent, p1, p2)
+
+    @staticmethod
+    def _param(spec: SignalSpec, code: int, which: int) -> float:
+        if code == 1:  # ramp: warn, then crit - warn (the subtraction shapes.ramp does)
+            assert spec.warn is not None and spec.crit is not None
+            return spec.warn if which == 0 else spec.crit - spec.warn
+        if which == 0:  # gate / flag: the threshold (nothing is above NaN)
+            return spec.above if spec.above is not None else np.nan
+        return spec.flag_score if code == 3 else np.nan
+
+    def holds(self, ctx: _Ctx) -> bool:
+        """Whether this view is laid out as the one the plan was built on, where the plan reads it."""
+        ix = ctx.index
+        if ix is None or ctx.policy is not self.policy:
+            return False
+        metric_ix, bounds = ctx.metric_ix, ctx.bounds
+        for name, mid in self.mids.items():
+            if metric_ix.get(name) != mid:
+                return False
+        for name in self.absent:
+            mid = metric_ix.get(name)
+            if mid is not None and mid in bounds:
+                return False
+        for mid, ab in self.gbounds.items():
+            if bounds.get(mid) != ab:
+                return False
+        for mid, (g, c0, c1) in self.cmats.items():
+            mat = ix.counters.get(mid)
+            if mat is None or mat.group != g or mat.c0 != c0 or mat.c1 != c1:
+                return False
+        for g, ser in self.c_series.items():
+            grp = ix.groups[g] if g < len(ix.groups) else None
+            if grp is None or not np.array_equal(grp.series, ser) or not bool((grp.last[self.c_cols[g]] >= 0).all()):
+                return False
+        return bool(np.array_equal(ctx.snap.series_ids[self.g_blocks], self.g_block_series))
+
+    def run(self, ctx: _Ctx, specs: dict[str, list[SignalSpec]],
+            ) -> tuple[dict[str, list[_SignalResult]], dict[str, _Mats]]:
+        L = self.size
+        sub_f, raw_f, rate_f, z_f, age_f = (np.full(L, np.nan) for _ in range(5))
+        seen_f = self.seen.copy()
+        mats: dict[str, _Mats] = {}
+        results: dict[str, list[_SignalResult]] = {}
+        flat: list[_SignalResult] = []
+        for kind, off, m, n in self.kinds:
+            mt = mats[kind] = _Mats.__new__(_Mats)
+            mt.sub, mt.raw, mt.rate, mt.z, mt.age, mt.seen = (
+                a[off:off + m * n].reshape(m, n) for a in (sub_f, raw_f, rate_f, z_f, age_f, seen_f))
+            results[kind] = [mt.result(j) for j in range(m)]
+            flat.extend(results[kind])
+        now, snap = ctx.now, ctx.snap
+        if self.g_src.size:
+            age_s = now - snap.ts[self.g_src]
+            fresh = age_s <= self.g_age
+            age_f[self.g_dest] = np.maximum(age_s, 0.0)
+            raw_f[self.g_dest[fresh]] = snap.values[self.g_src[fresh]]
+        for g, window, max_age, src, dest in self.c_sets:
+            rate, last_v, age = ctx.rates(ctx.index.groups[g], window, max_age)  # type: ignore[union-attr]
+            rate_f[dest] = rate[src]
+            raw_f[dest] = last_v[src]
+            age_f[dest] = age[src]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            for code, (idx, rate_pos, res_ix, ent, p1, p2) in self.shapes.items():
+                x = raw_f[idx]
+                if rate_pos.size:
+                    x[rate_pos] = rate_f[idx[rate_pos]]
+                if code == 1:
+                    sub_f[idx] = np.clip(1.0 - (x - p1) / p2, 0.0, 1.0)
+                    continue
+                bad = x > p1
+                if code == 2:
+                    at = 0
+                    for kind, j, _, n, _ in self.shaped[2]:
+                        spec = specs[kind][j]
+                        if spec.values:
+                            bad[at:at + n] |= np.isin(x[at:at + n], np.asarray(spec.values, np.float64))
+                        at += n
+                    sub = np.where(bad, 0.0, 1.0)
+                    sub[np.isnan(x)] = np.nan
+                    sub_f[idx] = sub
+                    for h in np.flatnonzero(sub == 0).tolist():
+                        kind, j = self.order[int(res_ix[h])]
+                        flat[int(res_ix[h])].notes[int(ent[h])] = f"gate fired: {specs[kind][j].metric}={x[h]:g}"
+                else:
+                    sub_f[idx] = np.where(bad, p2, np.where(np.isnan(x), np.nan, 1.0))
+                    for h in np.flatnonzero(bad).tolist():
+                        kind, j = self.order[int(res_ix[h])]
+                        if specs[kind][j].flag:
+                            flat[int(res_ix[h])].flags.append((int(ent[h]), specs[kind][j].flag))  # type: ignore[arg-type]
+                for kind, j, *_, counter in self.shaped[code]:
+                    spec = specs[kind][j]
+                    if spec.value_flags:
+                        res = results[kind][j]
+                        res.flags.extend(_value_flags(res.rate if counter else res.raw, spec.value_flags))
+        for kind, j, ser, ent_, lp in self.peers:
+            res = results[kind][j]
+            res.sub[:] = _shape(ctx, specs[kind][j], kind, res.raw, ser, ent_, lp, res, res.sub.size)
+        for kind, j in self.rest:
+            _evaluate(ctx, specs[kind][j], kind, self.tables[kind], results[kind][j])
+        return results, mats
 
 
 def _evaluate_gauge_rows(ctx: _Ctx, spec: SignalSpec, kind: EntityKind, rows: _GaugeRows,
@@ -1362,37 +1442,65 @@ class KindScores:
         return self._stack("age")
 
 
-def _cross_category(cat_t: np.ndarray, how: str) -> tuple[np.ndarray, np.ndarray]:
-    """Across categories (rows of ``cat_t``, categories x entities): value and worst category index
-    (-1 when no category is known). Categories are few: a loop over rows beats strided reductions."""
+def _lowest_category(cat_t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per entity (columns of ``cat_t``, categories x entities): the lowest known category score (inf
+    when none is known) and its index, the first of equal minima (-1 when none is known)."""
     c, n = cat_t.shape
-    worst = np.full(n, -1, np.int64)
     if c == 0:
-        return np.full(n, np.nan), worst
-    low = np.full(n, np.inf)
-    for k in range(c):
-        row = cat_t[k]
-        better = row < low  # NaN never is: the first of equal minima stays the worst
-        low = np.where(better, row, low)
-        worst[better] = k
-    any_ = worst >= 0
+        return np.full(n, np.inf), np.full(n, -1, np.int64)
+    filled = np.where(np.isnan(cat_t), np.inf, cat_t)
+    worst = filled.argmin(axis=0)  # the first of equal minima, as a scan that keeps strict improvements
+    low = filled.min(axis=0)
+    return low, np.where(low < np.inf, worst, -1)
+
+
+def _cross_value(cat_t: np.ndarray, low: np.ndarray, any_: np.ndarray, how: str) -> np.ndarray:
+    """The cross-category value per entity (NaN when no category is known): min, geometric mean
+    (0 when any category is 0) or mean (baselines only: averages away a fatal category)."""
+    n = cat_t.shape[1]
+    if cat_t.shape[0] == 0:
+        return np.full(n, np.nan)
     if how == "min":
-        val = np.where(any_, low, np.nan)
-    elif how == "gmean":
+        return np.where(any_, low, np.nan)
+    if how == "gmean":
         have = ~np.isnan(cat_t)
         logs = np.where(have, np.log(np.maximum(np.where(have, cat_t, 1.0), 1e-300)), 0.0)
         k_have = have.sum(axis=0)
         with np.errstate(invalid="ignore", divide="ignore"):
             val = np.where(any_, np.exp(logs.sum(axis=0) / np.maximum(k_have, 1)), np.nan)
-        val = np.where(any_ & (low == 0), 0.0, val)
-    else:  # mean: only for baselines (averages away a fatal category)
-        with np.errstate(invalid="ignore"):
-            val = np.where(any_, np.nanmean(cat_t, axis=0), np.nan) if n else np.zeros(0)
-    return val, worst
+        return np.where(any_ & (low == 0), 0.0, val)
+    with np.errstate(invalid="ignore"):
+        return np.where(any_, np.nanmean(cat_t, axis=0), np.nan) if n else np.zeros(0)
 
 
-_Base = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray,
-              np.ndarray, dict[int, list[str]], dict[tuple[int, int], str]]
+def _cross_category(cat_t: np.ndarray, how: str) -> tuple[np.ndarray, np.ndarray]:
+    """Across categories (rows of ``cat_t``, categories x entities): value and worst category index
+    (-1 when no category is known)."""
+    low, worst = _lowest_category(cat_t)
+    return _cross_value(cat_t, low, worst >= 0, how), worst
+
+
+@dataclass
+class _Base:
+    """One kind's aggregation up to the cross-category step: the same for every consumer, computed once
+    per evaluation and shared read-only (what a consumer may change is copied out of it)."""
+
+    sub_t: np.ndarray  # signals x entities
+    expected_t: np.ndarray
+    n_exp: np.ndarray
+    n_fresh: np.ndarray
+    confidence: np.ndarray  # a gated entity's is 1 (a gate is certain evidence)
+    cat_t: np.ndarray  # categories x entities
+    cat_ix: np.ndarray
+    gated: np.ndarray
+    first_gate: np.ndarray
+    flags: dict[int, list[str]]
+    notes: dict[tuple[int, int], str]
+    low: np.ndarray  # lowest known category score (inf: none)
+    worst: np.ndarray  # its index (-1: none); a gated entity's is its first gate's category
+    any_gated: bool
+    # per cross-category function: (reasons, worst category, value)
+    by_how: dict[str, tuple[list[str], np.ndarray, np.ndarray]] = field(default_factory=dict)
 
 
 def _aggregate(
@@ -1408,27 +1516,25 @@ def _aggregate(
         base = _aggregate_base(names, specs, results, categories, critical_zeroes, mats)
         if cache is not None:
             cache[kind] = base
-    sub_t, expected_t, n_exp, n_fresh, confidence, cat_t, cat_ix, gated, first_gate, flags, notes = base
     m = len(specs)
-    value, worst = _cross_category(cat_t, how)
-    if gated.any():
-        value = np.where(gated, 0.0, value)
-        confidence = np.where(gated, 1.0, confidence)
-        worst = np.where(gated, cat_ix[first_gate] if m else -1, worst)
-    else:
-        confidence = confidence.copy()
-
-    gate_reasons, cat_reasons = _spec_plan(specs, categories).reasons(how)
-    reason_arr = np.where(
-        gated, gate_reasons[first_gate] if m else "",
-        np.where(np.isnan(value), REASON_NO_FRESH_DATA, cat_reasons[np.maximum(worst, 0)] if len(categories) else ""),
-    )
-    reason: list[str] = reason_arr.tolist()
-    worst = np.where(np.isnan(value), -1, worst)
+    hit = base.by_how.get(how)
+    if hit is None:
+        value = _cross_value(base.cat_t, base.low, base.worst >= 0, how)
+        if base.any_gated:
+            value = np.where(base.gated, 0.0, value)
+        unknown = np.isnan(value)
+        gate_reasons, cat_reasons = _spec_plan(specs, categories).reasons(how)
+        reason_arr = np.where(
+            base.gated, gate_reasons[base.first_gate] if m else "",
+            np.where(unknown, REASON_NO_FRESH_DATA, cat_reasons[np.maximum(base.worst, 0)] if len(categories) else ""),
+        )
+        hit = base.by_how[how] = (reason_arr.tolist(), np.where(unknown, -1, base.worst), value)
+    reason, worst, value = hit
     ks = KindScores(
-        kind, names, specs, sub_t.T, list(results), expected_t.T, list(categories), cat_t.T, value, confidence,
-        worst, reason, {e: list(f) for e, f in flags.items()}, dict(notes), gated=gated.copy(),
-        n_expected=n_exp.astype(np.float64), n_fresh=n_fresh.astype(np.float64),
+        kind, names, specs, base.sub_t.T, list(results), base.expected_t.T, list(categories), base.cat_t.T,
+        value.copy(), base.confidence.copy(), worst.copy(), list(reason),
+        {e: list(f) for e, f in base.flags.items()}, dict(base.notes), gated=base.gated.copy(),
+        n_expected=base.n_exp.astype(np.float64), n_fresh=base.n_fresh.astype(np.float64),
     )
     if mats is not None and m:  # the results are rows of these: nothing to stack
         ks._stacked.update(raw=mats.raw.T, rate=mats.rate.T, z=mats.z.T, age=mats.age.T)
@@ -1448,7 +1554,13 @@ class _SpecPlan:
     gate_rows: np.ndarray
     gate_reasons: np.ndarray
     categories: list[str]
+    weights: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    direct_cats: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    direct_rows: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     _cat_reasons: dict[str, np.ndarray] = field(default_factory=dict)
+    # (seen, fresh, expected, n expected, n fresh, confidence, per multi category (weight > 0, weight
+    # sum or 1)): the last masks' consequences (see _aggregate_base)
+    fixed: tuple[Any, ...] | None = None
 
     def reasons(self, how: str) -> tuple[np.ndarray, np.ndarray]:
         """Reason strings (object arrays): per signal when it gates, per category when it is the worst."""
@@ -1486,7 +1598,8 @@ def _spec_plan(specs: list[SignalSpec], categories: list[str]) -> _SpecPlan:
         [np.flatnonzero(fam_ix == fi) for fi in range(len(fams))], fam_ix,
         np.array([s.expected for s in specs], bool), cat_ix, direct, multi,
         np.flatnonzero(np.array([s.shape in ("gate", "xid") for s in specs], bool)),
-        np.array([f"gate:{s.name}" for s in specs] or ["gate:"], dtype=object), list(categories),
+        np.array([f"gate:{s.name}" for s in specs] or ["gate:"], dtype=object), list(categories), w,
+        np.array([c for c, _ in direct], np.int64), np.array([j for _, j in direct], np.int64),
     )
     if len(_SPEC_PLANS) > 64:
         _SPEC_PLANS.clear()
@@ -1510,31 +1623,42 @@ def _aggregate_base(
         sub_t = np.stack([r.sub for r in results]) if m else np.zeros((0, n))
         seen_t = np.stack([r.seen for r in results]) if m else np.zeros((0, n), bool)
     fresh_t = ~np.isnan(sub_t)
-    fam_seen = np.zeros((len(plan.fam_rows), n), bool)
-    for fi, rows in enumerate(plan.fam_rows):
-        fam_seen[fi] = seen_t[rows[0]] if rows.size == 1 else seen_t[rows].any(axis=0)
-    expected_t = (plan.exp_flag[:, None] & fam_seen[plan.fam_ix]) | fresh_t if m else np.zeros((0, n), bool)
-    n_exp = expected_t.sum(axis=0)
-    n_fresh = fresh_t.sum(axis=0)  # fresh implies expected
-    with np.errstate(invalid="ignore", divide="ignore"):
-        confidence = np.where(n_exp > 0, n_fresh / np.maximum(n_exp, 1), 0.0)
+    # What depends only on which signals are seen and fresh (expected signals, confidence, each
+    # category's weight sum) is as last cycle's while those masks are: the steady state.
+    fixed = plan.fixed
+    if fixed is None or not (np.array_equal(fixed[0], seen_t) and np.array_equal(fixed[1], fresh_t)):
+        fam_seen = np.zeros((len(plan.fam_rows), n), bool)
+        for fi, rows in enumerate(plan.fam_rows):
+            fam_seen[fi] = seen_t[rows[0]] if rows.size == 1 else seen_t[rows].any(axis=0)
+        expected_t = (plan.exp_flag[:, None] & fam_seen[plan.fam_ix]) | fresh_t if m else np.zeros((0, n), bool)
+        n_exp = expected_t.sum(axis=0)
+        n_fresh = fresh_t.sum(axis=0)  # fresh implies expected
+        with np.errstate(invalid="ignore", divide="ignore"):
+            confidence = np.where(n_exp > 0, n_fresh / np.maximum(n_exp, 1), 0.0)
+        weights = []
+        for _, rows, wr in plan.multi:
+            ws = (wr[:, None] * fresh_t[rows]).sum(axis=0)
+            weights.append((ws > 0, np.where(ws > 0, ws, 1.0)))
+        for a in (expected_t, n_exp, n_fresh, confidence):
+            a.setflags(write=False)  # shared by every cycle while the masks hold
+        fixed = plan.fixed = (seen_t.copy(), fresh_t.copy(), expected_t, n_exp, n_fresh, confidence, weights)
+    _, _, expected_t, n_exp, n_fresh, confidence, weights = fixed
 
     cat_ix = plan.cat_ix
     # Weighted mean per category. A sum over axis 0 adds the rows one after the other, in signal order
     # (the same numbers as a loop of row additions). A one-signal category is that signal.
     n_cat = len(categories)
     cat_t = np.full((n_cat, n), np.nan)
-    for c, j in plan.direct:
-        cat_t[c] = sub_t[j]
+    if plan.direct:
+        cat_t[plan.direct_cats] = sub_t[plan.direct_rows]
     if plan.multi:
-        sub_z = np.nan_to_num(sub_t, nan=0.0)  # NaN exactly where not fresh
+        wsub = plan.weights[:, None] * np.where(fresh_t, sub_t, 0.0)  # NaN exactly where not fresh
+        zero = sub_t == 0  # NaN is never == 0: only fresh zeroes
         with np.errstate(invalid="ignore", divide="ignore"):
-            for c, rows, wr in plan.multi:
-                ws = (wr[:, None] * fresh_t[rows]).sum(axis=0)
-                tt = (wr[:, None] * sub_z[rows]).sum(axis=0)
-                cat_t[c] = np.where(ws > 0, tt / np.where(ws > 0, ws, 1.0), np.nan)
+            for (c, rows, _), (pos, safe) in zip(plan.multi, weights, strict=True):
+                cat_t[c] = np.where(pos, wsub[rows].sum(axis=0) / safe, np.nan)
                 if critical_zeroes:
-                    cat_t[c][(sub_t[rows] == 0).any(axis=0)] = 0.0  # NaN is never == 0: only fresh zeroes
+                    cat_t[c][zero[rows].any(axis=0)] = 0.0
     gate_rows = plan.gate_rows
     if gate_rows.size:
         gate_hit = sub_t[gate_rows] == 0
@@ -1552,8 +1676,14 @@ def _aggregate_base(
                 lst.append(f)
         for e, note in r.notes.items():
             notes[(e, j)] = note
-    return (sub_t, expected_t, n_exp, n_fresh, confidence, cat_t, cat_ix, np.asarray(gated, bool), first_gate, flags,
-            notes)
+    gated = np.asarray(gated, bool)
+    low, worst = _lowest_category(cat_t)
+    any_gated = bool(gated.any())
+    if any_gated:
+        confidence = np.where(gated, 1.0, confidence)
+        worst = np.where(gated, cat_ix[first_gate] if m else -1, worst)
+    return _Base(sub_t, expected_t, n_exp, n_fresh, confidence, cat_t, cat_ix, gated, first_gate, flags, notes,
+                 low, worst, any_gated)
 
 
 class _WorstMembers(Mapping[int, str]):
@@ -1579,10 +1709,13 @@ class _WorstMembers(Mapping[int, str]):
 _ROLL_UP: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
 
 
-def _roll_up_nodes(gpu: KindScores, node: KindScores, gpu_node: np.ndarray) -> None:
+def _roll_up_nodes(gpu: KindScores, node: KindScores, gpu_node: np.ndarray,
+                   shared: dict[str, Any] | None = None) -> None:
     """A node is the weakest of its GPUs and its node-wide signals (min; never averaged away).
 
-    Reductions over each node's GPUs are one stable sort by node and ``reduceat``, never a loop."""
+    Reductions over each node's GPUs are one stable sort by node and ``reduceat``, never a loop. What
+    does not depend on the consumer (categories, confidence, flags) is computed once per evaluation and
+    kept in ``shared``; each consumer gets copies of what it may change."""
     nn = len(node.names)
     if gpu_node.size == 0 or nn == 0:
         return
@@ -1595,71 +1728,81 @@ def _roll_up_nodes(gpu: KindScores, node: KindScores, gpu_node: np.ndarray) -> N
         starts = np.flatnonzero(np.concatenate(([True], gn[1:] != gn[:-1])))
         present = gn[starts]  # node index of each GPU group
         _ROLL_UP[:] = [(gpu_node, go, starts, present)]
-    # per category: min over GPUs and the node's own
-    cat_names = node.categories
-    gpu_cat_to_node = []
-    n_own = len(cat_names)
-    for cname in gpu.categories:
-        if cname not in cat_names:
-            cat_names.append(cname)
-        gpu_cat_to_node.append(cat_names.index(cname))
-    cmap = np.asarray(gpu_cat_to_node, np.int64)
-    # own a writable copy (it may be a transposed view), with a NaN column per GPU-only category
-    cat = np.full((nn, len(cat_names)), np.nan)
-    cat[:, :n_own] = node.cat
+    gated_gpu = gpu.gated if gpu.gated is not None else np.zeros(len(gpu.names), bool)
+    fixed = shared.get("fixed") if shared is not None else None
+    if fixed is None:
+        # per category: min over GPUs and the node's own
+        cat_names = list(node.categories)
+        gpu_cat_to_node = []
+        n_own = len(cat_names)
+        for cname in gpu.categories:
+            if cname not in cat_names:
+                cat_names.append(cname)
+            gpu_cat_to_node.append(cat_names.index(cname))
+        cmap = np.asarray(gpu_cat_to_node, np.int64)
+        # a NaN column per GPU-only category
+        cat = np.full((nn, len(cat_names)), np.nan)
+        cat[:, :n_own] = node.cat
+        if cmap.size:
+            gmin = np.fmin.reduceat(gpu.cat[go], starts, axis=0)
+            cat[np.ix_(present, cmap)] = np.fmin(cat[np.ix_(present, cmap)], gmin)
+        # confidence: share of expected signals fresh over the node's GPUs and its own signals
+        n_exp = node.n_expected.copy()
+        n_fresh = node.n_fresh.copy()
+        n_exp[present] += np.add.reduceat(gpu.n_expected[go], starts)
+        n_fresh[present] += np.add.reduceat(gpu.n_fresh[go], starts)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            conf = np.where(n_exp > 0, n_fresh / np.maximum(n_exp, 1), 0.0)
+        node_gated = node.gated if node.gated is not None else np.zeros(nn, bool)
+        any_gpu_gate = np.zeros(nn, bool)
+        any_gpu_gate[present] = np.logical_or.reduceat(gated_gpu[go], starts)
+        # node flags: union of its GPUs' flags
+        flags = {e: list(f) for e, f in node.flags.items()}
+        for g, fl in gpu.flags.items():
+            i = int(gpu_node[g])
+            lst = flags.setdefault(i, [])
+            for f in fl:
+                if f not in lst:
+                    lst.append(f)
+        gate_any = node_gated | any_gpu_gate
+        fixed = (cat_names, cmap, cat, np.where(gate_any, 1.0, conf), node_gated.copy(), gate_any, flags)
+        if shared is not None:
+            shared["fixed"] = fixed
+    cat_names, cmap, cat, conf, node_gated, gate_any, flags = fixed
+    node.categories[:] = cat_names
     node.cat = cat
-    if cmap.size:
-        gmin = np.fmin.reduceat(gpu.cat[go], starts, axis=0)
-        node.cat[np.ix_(present, cmap)] = np.fmin(node.cat[np.ix_(present, cmap)], gmin)
+    node.confidence = conf.copy()
+    node.flags = {e: list(f) for e, f in flags.items()}
     # value: min over known GPU values and the node's own value
     own = node.value.copy()
     v = node.value.copy()
     v[present] = np.fmin(v[present], np.fmin.reduceat(gpu.value[go], starts))
     # worst GPU per node: gated first, then lowest value
     gv = np.where(np.isnan(gpu.value), np.inf, gpu.value)
-    gated_gpu = gpu.gated if gpu.gated is not None else np.zeros(len(gpu.names), bool)
     order = np.lexsort((~gated_gpu, gv, gpu_node))
     first = np.ones(order.size, bool)
     first[1:] = gpu_node[order][1:] != gpu_node[order][:-1]
     best = order[first]  # worst gpu index for each node present
-    # confidence: share of expected signals fresh over the node's GPUs and its own signals
-    n_exp = node.n_expected.copy()
-    n_fresh = node.n_fresh.copy()
-    n_exp[present] += np.add.reduceat(gpu.n_expected[go], starts)
-    n_fresh[present] += np.add.reduceat(gpu.n_fresh[go], starts)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        conf = np.where(n_exp > 0, n_fresh / np.maximum(n_exp, 1), 0.0)
-    node_gated = node.gated if node.gated is not None else np.zeros(nn, bool)
-    any_gpu_gate = np.zeros(nn, bool)
-    any_gpu_gate[present] = np.logical_or.reduceat(gated_gpu[go], starts)
-    node.confidence = np.where(node_gated | any_gpu_gate, 1.0, conf)
     ni = gpu_node[best]
     gval = gpu.value[best]
     take = ~node_gated[ni] & ~np.isnan(gval)
     with np.errstate(invalid="ignore"):
         take &= gated_gpu[best] | np.isnan(own[ni]) | (gval < own[ni])
+    node.worst = np.array(node.worst)
     if take.any():
         tb, tn = best[take], ni[take]
         reasons = np.array(node.reason, dtype=object)
         reasons[tn] = np.array(gpu.reason, dtype=object)[tb]
         node.reason = reasons.tolist()
         gw = gpu.worst[tb]
-        node.worst = np.array(node.worst)
         node.worst[tn] = np.where(gw >= 0, cmap[np.maximum(gw, 0)] if cmap.size else -1, -1)
         members = _WorstMembers(nn, gpu.names)
         members.ix[tn] = tb
         node.worst_member = members
-    node.value = np.where(node_gated | any_gpu_gate, 0.0, v)
+    node.value = np.where(gate_any, 0.0, v)
     for i in np.flatnonzero(np.isnan(node.value)).tolist():
         node.reason[i] = REASON_NO_FRESH_DATA
         node.worst[i] = -1
-    # node flags: union of its GPUs' flags
-    for g, fl in gpu.flags.items():
-        i = int(gpu_node[g])
-        lst = node.flags.setdefault(i, [])
-        for f in fl:
-            if f not in lst:
-                lst.append(f)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -1925,7 +2068,7 @@ def score_snapshot(
             ev.bases, ev.mats.get(kind),
         )
     kinds["gpu"].member_of = ev.gpu_node
-    _roll_up_nodes(kinds["gpu"], kinds["node"], ev.gpu_node)
+    _roll_up_nodes(kinds["gpu"], kinds["node"], ev.gpu_node, ev.roll_up)
     return FleetHealth(now, consumer, policy.version_tag, kinds, ev.meta, list(snapshot.issues) + ev.issues)
 
 
@@ -1947,6 +2090,7 @@ class _Evaluation:
     bases: dict[str, _Base] = field(default_factory=dict)  # per kind: the consumer-independent aggregation
     kind_cats: dict[str, list[str]] = field(default_factory=dict)
     mats: dict[str, _Mats] = field(default_factory=dict)  # per kind: the results as matrices
+    roll_up: dict[str, Any] = field(default_factory=dict)  # the node roll-up's consumer-independent part
 
 
 # A controller cycle scores the same snapshot for several consumers (remediation, serving); the
@@ -1957,10 +2101,15 @@ _LAST_EVALUATION: list[_Evaluation] = []
 _LAST_TABLES: list[tuple[Hashable, Policy, Any, _Resolver, int, dict[str, _KindTable], np.ndarray]] = []
 
 
+# (the tables it was built with, the plan): how the last history view was evaluated
+_LAST_PLAN: list[tuple[dict[str, _KindTable], _Plan]] = []
+
+
 def forget_evaluations() -> None:
     """Drop the cached evaluation (benchmarks: time a full scoring, not a re-aggregation)."""
     _LAST_EVALUATION.clear()
     _LAST_TABLES.clear()
+    _LAST_PLAN.clear()
 
 
 def _evaluation(
@@ -1996,16 +2145,23 @@ def _evaluation(
             raise AssertionError("gpu without node")
         if token is not None:
             _LAST_TABLES[:] = [(token, policy, inventory, r, len(r.key_names), tables, gpu_node)]
-    specs: dict[str, list[SignalSpec]] = {}
-    results: dict[str, list[_SignalResult]] = {}
+    specs: dict[str, list[SignalSpec]] = {kind: [s for s in policy.signals if kind in s.entities] for kind in KINDS}
+    results: dict[str, list[_SignalResult]] = {kind: [] for kind in KINDS}
     mats: dict[str, _Mats] = {}
-    for kind in KINDS:
-        specs[kind] = [s for s in policy.signals if kind in s.entities]
-        table = tables[kind]
-        if table.names:
-            results[kind], mats[kind] = _evaluate_kind(ctx, kind, table, specs[kind])
-        else:
-            results[kind] = []
+    if ctx.index is not None:
+        # a history's view: the plan built on the last view of this layout, else one for this view
+        prev = _LAST_PLAN[0] if _LAST_PLAN else None
+        plan = prev[1] if prev is not None and prev[0] is tables and prev[1].holds(ctx) else None
+        if plan is None:
+            plan = _Plan(ctx, tables, specs)
+            if token is not None:
+                _LAST_PLAN[:] = [(tables, plan)]
+        found, mats = plan.run(ctx, specs)
+        results.update(found)
+    else:
+        for kind in KINDS:
+            if tables[kind].names:
+                results[kind], mats[kind] = _evaluate_kind(ctx, kind, tables[kind], specs[kind])
     meta = _MetaIndex(ctx, policy, tables, gpu_node)
     ev = _Evaluation(
         snapshot, policy, now, inventory, specs, tables, results,
