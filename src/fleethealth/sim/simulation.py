@@ -17,7 +17,7 @@ import bisect
 import contextlib
 import functools
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -236,6 +236,60 @@ class _Plan:
 
 # steps per shared plan
 _PLAN_STEPS = 64
+# at most this many steps drawn ahead (0: never; every step draws and computes on its own)
+_DRAW_AHEAD = 64
+# a first draw-ahead after a rewind covers this many steps, each next one twice as many (up to _DRAW_AHEAD):
+# a world that keeps leaving the quiet regime wastes little on draws it has to replay
+_DRAW_FIRST = 8
+# numpy's standard normals never exceed 12.3 in magnitude (its ziggurat tail draws from 53-bit uniforms),
+# so a KV-cache use planned at most this high stays under the 0.9 that triggers the preemption draw
+# (0.6 + 0.02 * 14 < 0.9) and the draw-ahead needs no check of its noise
+_KV_SAFE = 0.6
+
+
+@dataclass(slots=True)
+class _Drawn:
+    """Steps ``k0 .. k0 + n - 1`` drawn ahead in the quiet regime (no fault effect, nothing out of
+    service), and everything the step computes from the draws and the plan alone, row i for step k0 + i:
+    the GPU gauges (temperature, memory temperature, SM clock, unused, power, utilisation, copy utilisation,
+    framebuffer used and free), the energy increments, the slow-drift and rack-ambient states (one row:
+    GPUs, then racks), the rank
+    gauges (compute, step), the replica gauges (running, waiting, KV-cache use) and the increments of the
+    replica counters and histograms (one contiguous region of the value buffer), plus the rare sprinkled
+    counter increments {row: [(counter, GPUs)]}. ``state0``: the generator before the first row's draws
+    (a world leaving the regime mid-way replays the draws it consumed from there)."""
+
+    k0: int
+    n: int
+    state0: Mapping[str, Any]
+    kv: np.ndarray
+    lam: np.ndarray
+    gpu: np.ndarray
+    energy: np.ndarray
+    drift: np.ndarray
+    ranks: np.ndarray
+    rep_gauges: np.ndarray
+    rep_inc: np.ndarray
+    sprinkles: dict[int, list[tuple[int, np.ndarray]]]
+
+
+@dataclass(slots=True)
+class _Draws:
+    """The random draws of consecutive quiet steps, one row per step, in the generator's order: unit
+    normals of the GPUs (7 rows) and racks, uniforms of the SM clocks, the sprinkles, the training job's
+    common normals and the ranks' uniforms, then one run of normals (imbalance per node, step jitter per
+    job, the replicas' 4 rows), the replicas' uniforms (2 rows), their Poisson counts (4 rows) and the rare
+    preemption counts."""
+
+    gpu_z: np.ndarray
+    clock_u: np.ndarray
+    sprinkles: dict[int, list[tuple[int, np.ndarray]]]
+    common_z: np.ndarray
+    dev_u: np.ndarray
+    tail_z: np.ndarray
+    rep_u: np.ndarray
+    small: np.ndarray
+    preempt: np.ndarray
 
 
 class _Interner:
@@ -543,6 +597,16 @@ class Simulation:
         self._rank_gpu = f.rank_gpu
         self._plan_cache: _Plan | None = None
         self._inc = np.zeros((len(_REP_CTR), R))  # scratch: per-step increments of the replica counters
+        # the sprinkles' mean counts per step, written as the step writes them (same floats)
+        dt = self.step_s
+        self._sprinkle_means = (2e-6 * dt * G, 1e-6 * dt * G, 1e-6 * dt * G)
+        self._drawn: _Drawn | None = None
+        self._ahead = _DRAW_FIRST
+        # drawn ahead: the scale of each normal of a step's first run (7 GPU rows, then the racks), and
+        # the AR(1) coefficients of slow drift and rack ambient as one state (GPUs, then racks)
+        nrk = len(self.rack_amb)
+        self._gpu_z_scale = np.concatenate([np.repeat(self._noise_scale[:, 0], G), np.full(nrk, self._drift[2])])
+        self._ar_coef = np.concatenate([np.full(G, a), np.full(nrk, b)])
 
     # ---- the value buffer ---------------------------------------------------------------------
     def _bind(self, fill: bool) -> None:
@@ -570,9 +634,25 @@ class Simulation:
         for i, name in enumerate(_REP_CTR[:5]):
             setattr(self, name, self._rep_ctr[i])
 
+        def span(*keys: str) -> np.ndarray:
+            first, last = pos[keys[0]], pos[keys[-1]]
+            assert all(pos[k].stop == pos[n].start for k, n in zip(keys, keys[1:], strict=False))
+            return buf[first.start:last.stop]
+
+        # what a drawn-ahead step writes (_step_drawn): two runs of GPU gauges (the memory clock between
+        # them is state), the rank gauges, the replica gauges, and the replica counters with the
+        # histograms (sums and counts included) as one run
+        G, nr = self._G, self._nr
+        self._fast_views = (
+            span(*GPU_GAUGES[:3]).reshape(3, G), span(*GPU_GAUGES[4:9]).reshape(5, G),
+            span(RANK_COMPUTE, RANK_STEP).reshape(2, nr), span(*REPLICA_GAUGES).reshape(3, R),
+            span(*REPLICA_COUNTERS, SUCCESS + "|stop", SUCCESS + "|length", *(
+                h + suf for h in (TTFT, ITL) for suf in ("_bucket", "_sum", "_count"))),
+        )
+
     def __getstate__(self) -> dict[str, Any]:
         # the bound state is in the buffer; views would come back as detached copies (deepcopy, pickle)
-        drop = {"_v", "_plan_cache", "success", *_REP_CTR[:5], *(name for name, _ in _STATE)}
+        drop = {"_v", "_plan_cache", "_fast_views", "success", *_REP_CTR[:5], *(name for name, _ in _STATE)}
         return {k: v for k, v in self.__dict__.items() if k not in drop}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -648,6 +728,9 @@ class Simulation:
         self.success[:, r] = 0.0
         self.ttft_b[r] = 0.0
         self.itl_b[r] = 0.0
+        # a histogram's count is its +Inf bucket; a drawn-ahead step advances both by the same increment
+        self._v[TTFT + "_count"][r] = 0.0
+        self._v[ITL + "_count"][r] = 0.0
 
     def serving(self, r: int) -> bool:
         """Replica ``r`` takes traffic: neither it nor its node was taken out of service."""
@@ -680,14 +763,31 @@ class Simulation:
         same, operation for operation and in the same order, as when every quantity was computed on its
         own (element-wise IEEE operations give the same bits whichever array they run over), and the
         random draws are the same calls in the same order: a seed's telemetry does not depend on how the
-        step is organised. Constants are 0-d arrays, which numpy applies faster than Python floats."""
+        step is organised. Constants are 0-d arrays, which numpy applies faster than Python floats.
+
+        In the quiet regime (no fault effect, nothing out of service) a step's draws are known in advance:
+        up to ``_DRAW_AHEAD`` steps are drawn at once, in the same order as one by one, and what follows
+        from the draws and the plan is computed for all of them together (``_draw_ahead``); each step
+        then copies its rows into the buffer and adds its increments (``_step_drawn``). A step outside the
+        regime first puts the generator back where the last consumed step left it (``_undraw``)."""
         self.k += 1
         t = self.start + self.k * self.step_s
         self.t = t
+        eff = self._effects(t)
+        any_out = bool(np.count_nonzero(self.node_out))
+        if eff is None and not any_out and not (self._R and np.count_nonzero(self.rep_out)) and _DRAW_AHEAD:
+            self._step_drawn()
+        else:
+            if self._drawn is not None:
+                self._undraw()
+            self._step_plain(t, eff, any_out)
+        return self._emit(t, eff, any_out)
+
+    def _step_plain(self, t: float, eff: Effects | None, any_out: bool) -> None:
+        """One step's draws and values, computed on their own."""
         rng = self.rng
         G = self._G
         v = self._v
-        eff = self._effects(t)
         day = (t - self.start) / 86400.0
         # Seven rows of unit normals: temperature, (unused), power, utilisation, framebuffer, memory
         # temperature, drift; scaled in one operation. Slow drift: AR(1) with a two-hour time constant,
@@ -706,7 +806,6 @@ class Simulation:
         ambient = amb[self.gpu_rack]
         ambient += np.array(1.0 * math.sin(2 * math.pi * (day - 0.6)))
 
-        any_out = bool(np.count_nonzero(self.node_out))
         plan, i = self._plan_for(self.k, eff, any_out)
         # temperature, (unused), power, utilisation, framebuffer as rows of one array, each
         # gain * load + offset + static (planned) + (drift + ambient for the temperature) + noise
@@ -773,6 +872,8 @@ class Simulation:
         self._step_training(t, eff, any_out)
         self._step_serving(dt, plan, i)
 
+    def _emit(self, t: float, eff: Effects | None, any_out: bool) -> Snapshot:
+        """The snapshot of the step just computed (the buffer's emitted rows, dynamic Xid rows, `up`)."""
         metric, series, row_node, row_gpu, row_rep, n_up = self._full_ids()
         node_up = self._all_up
         errors: list[InputIssue] = []
@@ -812,6 +913,233 @@ class Simulation:
         )
         self.last = snap
         return snap
+
+    # ---- the quiet regime: draws made ahead --------------------------------------------------------
+    def _step_drawn(self) -> None:
+        """A quiet step from the rows drawn ahead: its gauges copied into the buffer, its increments
+        added to the counters there (which actions may have changed meanwhile: added, not copied)."""
+        d = self._drawn
+        k = self.k
+        if d is None or k >= d.k0 + d.n:
+            d = self._drawn = self._draw_ahead(k)
+        i = k - d.k0
+        gpu_a, gpu_b, ranks, rep_gauges, rep_counters = self._fast_views
+        g = d.gpu[i]
+        np.copyto(gpu_a, g[:3])
+        np.copyto(gpu_b, g[4:])
+        self.energy += d.energy[i]
+        if d.sprinkles and (hits := d.sprinkles.get(i)):
+            counters = (self.pcie, self.sbe, self.nvl[0])
+            for c, gpus in hits:
+                np.add.at(counters[c], gpus, 1.0)
+        drift = d.drift[i]
+        self.temp_drift = drift[:self._G]
+        self.rack_amb = drift[self._G:]
+        np.copyto(ranks, d.ranks[i])
+        np.copyto(rep_gauges, d.rep_gauges[i])
+        rep_counters += d.rep_inc[i]
+
+    def _undraw(self) -> None:
+        """Leave the quiet regime: put the generator where the consumed steps left it (replaying their
+        draws from the first one's state) and forget the rest."""
+        d = self._drawn
+        assert d is not None
+        self._drawn = None
+        used = self.k - d.k0  # steps k0 .. k - 1 are consumed; step k draws on its own
+        if used < d.n:
+            self.rng.bit_generator.state = d.state0
+            if used:
+                self._draws(used, d.kv[:used], d.lam[:used])
+            self._ahead = _DRAW_FIRST
+
+    def _draws(self, n: int, kv: np.ndarray, lam: np.ndarray) -> _Draws:
+        """The draws of ``n`` quiet steps (planned KV-cache use ``kv`` and capped Poisson means ``lam``,
+        one row per step): the calls ``_step_plain`` makes, in its order, except that consecutive normal
+        draws are one call (numpy's Generator gives the same numbers for one call of n + m as for n then
+        m: each value takes the next raw outputs, nothing is buffered between calls)."""
+        rng = self.rng
+        G, R, J, nr = self._G, self._R, self._J, self._nr
+        tail = (self.fleet.n_nodes if nr and self._seq_imbalance else 0) + (J if nr else 0) + 4 * R
+        dr = _Draws(np.empty((n, 7 * G + len(self.rack_amb))), np.empty((n, G)), {}, np.empty((n, J if nr else 0)),
+                    np.empty((n, nr)), np.empty((n, tail)), np.empty((n, 2 * R)), np.empty((n, 4 * R)),
+                    np.zeros((n, R)))
+        means = self._sprinkle_means
+        hot = (kv.max(axis=1) > _KV_SAFE).tolist() if R else []
+        dt = self.step_s
+        for i in range(n):
+            rng.standard_normal(out=dr.gpu_z[i])
+            rng.random(out=dr.clock_u[i])
+            for c, mean in enumerate(means):
+                hits = int(rng.poisson(mean))
+                if hits:
+                    dr.sprinkles.setdefault(i, []).append((c, rng.integers(0, G, hits)))
+            if nr:
+                rng.standard_normal(out=dr.common_z[i])
+                rng.random(out=dr.dev_u[i])
+            if tail:
+                rng.standard_normal(out=dr.tail_z[i])
+            if R:
+                rng.random(out=dr.rep_u[i])
+                dr.small[i] = rng.poisson(lam[i])
+                if hot[i]:
+                    level = np.multiply(dr.tail_z[i, tail - R:], _K0_02)
+                    level = np.add(kv[i], level)
+                    np.maximum(level, _K0, out=level)
+                    np.minimum(level, _K1, out=level)
+                    if np.count_nonzero(np.greater(level, _K0_9)):
+                        dr.preempt[i] = rng.poisson(np.maximum(0.0, level - 0.9) * 5.0 * dt)
+        return dr
+
+    def _draw_ahead(self, k: int) -> _Drawn:
+        """Draw the quiet steps from ``k`` on (to the end of the shared plan, at most ``_ahead``) and
+        compute what follows from the draws and the plan for all of them at once: ``_step_plain``'s
+        arithmetic, operation for operation, along a leading axis of steps. Only the recurrences (slow
+        drift, rack ambient) go step by step, and the exponentials run on fresh arrays of the step's own
+        shape, as the plain step's do."""
+        plan = self._plan_cache
+        if plan is None or not plan.k0 <= k < plan.k0 + len(plan.w):
+            plan = self._plan_cache = self._plan(k, _PLAN_STEPS)
+        i0 = k - plan.k0
+        n = min(self._ahead, _DRAW_AHEAD, len(plan.w) - i0)
+        self._ahead = min(2 * self._ahead, _DRAW_AHEAD)
+        rows = slice(i0, i0 + n)
+        kv, lam = plan.kv[rows], plan.lam[rows].reshape(n, -1)
+        state0 = self.rng.bit_generator.state
+        dr = self._draws(n, kv, lam)
+        G, R, J, nr = self._G, self._R, self._J, self._nr
+        v = self._v
+        # what the plain step rewrites every step and nothing else writes: the same for all these steps
+        v["DCGM_FI_DEV_CLOCKS_EVENT_REASONS"].fill(0.0)
+        self.job_hang_since.fill(np.nan)
+        for h, hist in ((TTFT, self.ttft_b), (ITL, self.itl_b)):
+            v[h + "_count"][...] = hist[:, -1]  # from here on advanced with the +Inf bucket
+
+        # GPUs: noise (every normal of the run scaled by its row's factor in one operation), slow drift
+        # and rack ambient (one AR(1) state: GPUs, then racks, each step from the last), gauges
+        gz = dr.gpu_z
+        gz *= self._gpu_z_scale
+        n01 = gz[:, :7 * G].reshape(n, 7, G)
+        state = np.empty((n, G + len(self.rack_amb)))
+        prev = np.concatenate((self.temp_drift, self.rack_amb))
+        coef = self._ar_coef
+        for i in range(n):
+            cur = np.multiply(prev, coef, out=state[i])
+            cur += gz[i, 6 * G:]
+            prev = cur
+        ambient = state[:, G:][:, self.gpu_rack]
+        days = [(self.start + kk * self.step_s - self.start) / 86400.0 for kk in range(k, k + n)]
+        ambient += np.array([1.0 * math.sin(2 * math.pi * (day - 0.6)) for day in days])[:, None]
+        w = plan.w[rows]  # read only: a step that leaves the regime may still use the plan's later rows
+        gpu = np.empty((n, 9, G))
+        temp = np.add(w[:, 0], state[:, :G])
+        temp += ambient
+        temp += n01[:, 0]
+        np.rint(temp, out=gpu[:, 0])
+        mem_temp = np.add(temp, _K6, out=gpu[:, 1])
+        mem_temp += n01[:, 5]
+        np.rint(mem_temp, out=mem_temp)
+        clock = dr.clock_u
+        clock -= _K0_5
+        clock *= _K38
+        clock += _K1935
+        np.rint(clock, out=gpu[:, 2])
+        power = np.add(w[:, 2], n01[:, 2], out=gpu[:, 4])
+        util = np.add(w[:, 3], n01[:, 3], out=gpu[:, 5])
+        np.rint(util, out=util)
+        np.maximum(util, _K0, out=util)
+        np.minimum(util, _K100, out=util)
+        copy_util = np.multiply(util, _K0_4, out=gpu[:, 6])
+        np.rint(copy_util, out=copy_util)
+        fb = np.add(w[:, 4], n01[:, 4], out=gpu[:, 7])
+        np.rint(fb, out=fb)
+        np.minimum(_FB_USABLE, fb, out=fb)
+        np.subtract(_FB_USABLE, fb, out=gpu[:, 8])
+        energy = np.multiply(power, self._ms_per_step)
+        np.rint(energy, out=energy)
+
+        # training: rank compute times and whole-step times
+        ranks = np.empty((n, 2, nr))
+        off = 0
+        if nr:
+            rj = self._rank_job
+            common = np.empty((n, J))
+            for i in range(n):
+                c = np.multiply(dr.common_z[i], _K0_01)
+                common[i] = np.exp(c, out=c)
+            dev = dr.dev_u
+            dev -= _K0_5
+            dev *= self._rank_noise2
+            dev += self.rank_static
+            dev += _K1
+            comp = np.multiply(common[:, rj], self.rank_base, out=ranks[:, 0])
+            comp *= dev
+            if self._seq_imbalance:
+                N = self.fleet.n_nodes
+                sig = self.job_sigma[rj]
+                half = 0.5 * sig * sig
+                for i in range(n):
+                    comp[i] *= np.exp(sig * dr.tail_z[i, :N][self.node_of_rank] - half)
+                off = N
+            step_max = np.maximum.reduceat(comp, self.job_rank_start, axis=1)
+            jitter = np.multiply(dr.tail_z[:, off:off + J], _K0_02)
+            jitter += _K1
+            jitter *= self.job_comm
+            step = np.add(step_max, jitter, out=jitter)
+            ranks[:, 1] = step[:, rj]
+            off += J
+
+        # serving: gauges, then the increments of the counters and histograms in buffer order
+        rep_gauges = np.empty((n, 3, R))
+        rep_inc = np.empty((n, self._fast_views[4].size))
+        if R:
+            z = dr.tail_z[:, off:off + 4 * R].reshape(n, 4, R)
+            u = dr.rep_u.reshape(n, 2, R)
+            small = dr.small.reshape(n, 4, R)
+            big = np.multiply(plan.sqrt_lam2[rows], z[:, :2])
+            big += plan.lam2[rows]
+            np.rint(big, out=big)
+            np.maximum(big, _K0, out=big)
+            counts = np.where(plan.lam2_big[rows], big, small[:, ::3])
+            n_req = counts[:, 0]
+            rep_gauges[:, 0] = counts[:, 1]
+            rep_gauges[:, 1] = small[:, 2]
+            ctr = rep_inc[:, :7 * R].reshape(n, 7, R)
+            errs = np.minimum(n_req, small[:, 1], out=ctr[:, 4])
+            lam_tok = n_req * self.rep_out
+            n_tok = np.sqrt(lam_tok)
+            n_tok *= z[:, 2]
+            n_tok += lam_tok
+            np.rint(n_tok, out=n_tok)
+            np.maximum(n_tok, _K0, out=n_tok)
+            med = plan.med[rows]
+            o = 7 * R
+            for cdf, cnt, u_h, m, mean in ((plan.ttft_cdf[rows], n_req, u[:, 0], med[:, 0], _TTFT_MEAN),
+                                           (plan.itl_cdf[rows], n_tok, u[:, 1], med[:, 1], _ITL_MEAN)):
+                nb = cdf.shape[-1]
+                hist = np.multiply(cdf, cnt[:, :, None], out=rep_inc[:, o:o + R * nb].reshape(n, R, nb))
+                hist += u_h[:, :, None]
+                np.floor(hist, out=hist)
+                hist[:, :, -1] = cnt
+                o += R * nb
+                total = np.multiply(cnt, m, out=rep_inc[:, o:o + R])
+                total *= mean
+                rep_inc[:, o + R:o + 2 * R] = cnt  # the count: the +Inf bucket's increment
+                o += 2 * R
+            ok = n_req - errs
+            stop = np.multiply(ok, _K0_85, out=ctr[:, 5])
+            stop += u[:, 0]
+            np.floor(stop, out=stop)
+            np.subtract(ok, stop, out=ctr[:, 6])
+            ctr[:, 3] = n_req
+            np.add(n_tok, n_req, out=ctr[:, 1])
+            prompt = np.multiply(n_req, self.rep_prompt, out=ctr[:, 2])
+            np.rint(prompt, out=prompt)
+            noise_kv = np.multiply(z[:, 3], _K0_02)
+            level = np.add(kv, noise_kv, out=rep_gauges[:, 2])
+            np.maximum(level, _K0, out=level)
+            np.minimum(level, _K1, out=level)
+            ctr[:, 0] = dr.preempt
+        return _Drawn(k, n, state0, kv, lam, gpu, energy, state, ranks, rep_gauges, rep_inc, dr.sprinkles)
 
     def _full_ids(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
         """Row arrays of the whole layout (static blocks, dynamic Xid counters, then one `up` per node),
