@@ -170,3 +170,15 @@ def test_plain_and_drawn_paths_agree_on_a_default_field_fleet_with_imbalance(
                                   "fleet": {"pools": [pool, {"name": "s", "nodes": 1, "workload": "serving"}],
                                             "dcgm_fields": "default"}})
     lockstep(sc, sc.n_steps)
+
+
+@settings(max_examples=40, deadline=None)
+@given(x=st.lists(st.floats(-30.0, 30.0), min_size=1, max_size=200), i=st.integers(0, 199))
+def test_exp_gives_each_element_the_same_bits_in_any_array(x: list[float], i: int) -> None:
+    """The draw-ahead takes the exponentials of many steps (and the plan the sines and logs of many steps)
+    in one call; the plain step takes one step's."""
+    arr = np.asarray(x)
+    i = min(i, len(x) - 1)
+    batch = np.exp(arr)
+    assert batch[i:i + 1].tobytes() == np.exp(arr[i:i + 1].copy()).tobytes()
+    assert np.exp(arr.reshape(1, -1))[0].tobytes() == batch.tobytes()

@@ -251,8 +251,8 @@ _KV_SAFE = 0.6
 class _Drawn:
     """Steps ``k0 .. k0 + n - 1`` drawn ahead in the quiet regime (no fault effect, nothing out of
     service), and everything the step computes from the draws and the plan alone, row i for step k0 + i:
-    the GPU gauges (temperature, memory temperature, SM clock, unused, power, utilisation, copy utilisation,
-    framebuffer used and free), the energy increments, the slow-drift and rack-ambient states (one row:
+    the GPU gauges (temperature, memory temperature, SM clock, memory clock (state, as it was), power,
+    utilisation, copy utilisation, framebuffer used and free), the energy increments, the slow-drift and rack-ambient states (one row:
     GPUs, then racks), the rank
     gauges (compute, step), the replica gauges (running, waiting, KV-cache use) and the increments of the
     replica counters and histograms (one contiguous region of the value buffer), plus the rare sprinkled
@@ -590,6 +590,11 @@ class Simulation:
         self._load_offset = np.array([30.0, 0.0, 120.0, 0.0, 0.0])[:, None]
         zero = np.zeros(G)
         self._gpu_static = np.stack([self.temp_static, zero, self.power_static, zero, self.fb_base])
+        # the same for every GPU at its base load (a plan's rows of the GPUs that serve nothing)
+        self._w_base = np.multiply(self.base_load[None, :], self._load_gain)
+        self._w_base += self._load_offset
+        self._w_base += self._gpu_static
+        self._serve_static = self._gpu_static[:, self.serve_gpus]
         self._ms_per_step = np.array(self.step_s * 1000.0)
         self._rank_noise2 = 2.0 * self.rank_noise
         self._seq_imbalance = bool(np.count_nonzero(self.job_sigma))  # job_sigma is constant
@@ -639,12 +644,12 @@ class Simulation:
             assert all(pos[k].stop == pos[n].start for k, n in zip(keys, keys[1:], strict=False))
             return buf[first.start:last.stop]
 
-        # what a drawn-ahead step writes (_step_drawn): two runs of GPU gauges (the memory clock between
-        # them is state), the rank gauges, the replica gauges, and the replica counters with the
-        # histograms (sums and counts included) as one run
+        # what a drawn-ahead step writes (_step_drawn): the first nine GPU gauges (the memory clock among
+        # them is constant state, written back as it is), the rank gauges, the replica gauges, and the
+        # replica counters with the histograms (sums and counts included) as one run
         G, nr = self._G, self._nr
         self._fast_views = (
-            span(*GPU_GAUGES[:3]).reshape(3, G), span(*GPU_GAUGES[4:9]).reshape(5, G),
+            span(*GPU_GAUGES[:9]).reshape(9, G),
             span(RANK_COMPUTE, RANK_STEP).reshape(2, nr), span(*REPLICA_GAUGES).reshape(3, R),
             span(*REPLICA_COUNTERS, SUCCESS + "|stop", SUCCESS + "|length", *(
                 h + suf for h in (TTFT, ITL) for suf in ("_bucket", "_sum", "_count"))),
@@ -923,10 +928,8 @@ class Simulation:
         if d is None or k >= d.k0 + d.n:
             d = self._drawn = self._draw_ahead(k)
         i = k - d.k0
-        gpu_a, gpu_b, ranks, rep_gauges, rep_counters = self._fast_views
-        g = d.gpu[i]
-        np.copyto(gpu_a, g[:3])
-        np.copyto(gpu_b, g[4:])
+        gpu, ranks, rep_gauges, rep_counters = self._fast_views
+        np.copyto(gpu, d.gpu[i])
         self.energy += d.energy[i]
         if d.sprinkles and (hits := d.sprinkles.get(i)):
             counters = (self.pcie, self.sbe, self.nvl[0])
@@ -993,9 +996,9 @@ class Simulation:
     def _draw_ahead(self, k: int) -> _Drawn:
         """Draw the quiet steps from ``k`` on (to the end of the shared plan, at most ``_ahead``) and
         compute what follows from the draws and the plan for all of them at once: ``_step_plain``'s
-        arithmetic, operation for operation, along a leading axis of steps. Only the recurrences (slow
-        drift, rack ambient) go step by step, and the exponentials run on fresh arrays of the step's own
-        shape, as the plain step's do."""
+        arithmetic, operation for operation, along a leading axis of steps (numpy's element-wise
+        functions, exp included, give each element the same bits whatever the array: tested). Only the
+        recurrences (slow drift, rack ambient) go step by step."""
         plan = self._plan_cache
         if plan is None or not plan.k0 <= k < plan.k0 + len(plan.w):
             plan = self._plan_cache = self._plan(k, _PLAN_STEPS)
@@ -1043,6 +1046,7 @@ class Simulation:
         clock *= _K38
         clock += _K1935
         np.rint(clock, out=gpu[:, 2])
+        gpu[:, 3] = self.mem_clock  # nothing changes it (no fault, no action): copied back as it is
         power = np.add(w[:, 2], n01[:, 2], out=gpu[:, 4])
         util = np.add(w[:, 3], n01[:, 3], out=gpu[:, 5])
         np.rint(util, out=util)
@@ -1062,10 +1066,9 @@ class Simulation:
         off = 0
         if nr:
             rj = self._rank_job
-            common = np.empty((n, J))
-            for i in range(n):
-                c = np.multiply(dr.common_z[i], _K0_01)
-                common[i] = np.exp(c, out=c)
+            common = dr.common_z
+            common *= _K0_01
+            np.exp(common, out=common)
             dev = dr.dev_u
             dev -= _K0_5
             dev *= self._rank_noise2
@@ -1076,9 +1079,7 @@ class Simulation:
             if self._seq_imbalance:
                 N = self.fleet.n_nodes
                 sig = self.job_sigma[rj]
-                half = 0.5 * sig * sig
-                for i in range(n):
-                    comp[i] *= np.exp(sig * dr.tail_z[i, :N][self.node_of_rank] - half)
+                comp *= np.exp(sig * dr.tail_z[:, :N][:, self.node_of_rank] - 0.5 * sig * sig)
                 off = N
             step_max = np.maximum.reduceat(comp, self.job_rank_start, axis=1)
             jitter = np.multiply(dr.tail_z[:, off:off + J], _K0_02)
@@ -1090,7 +1091,7 @@ class Simulation:
 
         # serving: gauges, then the increments of the counters and histograms in buffer order
         rep_gauges = np.empty((n, 3, R))
-        rep_inc = np.empty((n, self._fast_views[4].size))
+        rep_inc = np.empty((n, self._fast_views[3].size))
         if R:
             z = dr.tail_z[:, off:off + 4 * R].reshape(n, 4, R)
             u = dr.rep_u.reshape(n, 2, R)
@@ -1316,9 +1317,6 @@ class Simulation:
         t = self.start + np.arange(k0, k0 + n, dtype=np.float64) * dt
         day = (t - self.start) / 86400.0
         # serving load per replica (diurnal), mapped onto its GPUs
-        load = np.repeat(self.base_load[None, :], n, axis=0)
-        if any_out:
-            load[:, self.node_out[self.gpu_node]] = 0.0  # drained: the workload went elsewhere
         rate = self.rep_rate * (1.0 + self.rep_diurnal * np.sin(2 * math.pi * (day[:, None] + self.rep_phase - 0.35)))
         rep_load = rate / (self.rep_rate * _K1_6)
         if eff is not None:
@@ -1331,15 +1329,25 @@ class Simulation:
             # out of service: the router sends nothing, the engine idles with its weights loaded
             rate = np.where(idle, 0.0, rate)
             rep_load = np.where(idle, 0.0, rep_load)
-        if R:
-            gl = rep_load[:, self.serve_rep]
-            gl *= _K0_6
-            gl += _K0_35
-            np.minimum(_K1, gl, out=gl)
+        gl = rep_load[:, self.serve_rep]
+        gl *= _K0_6
+        gl += _K0_35
+        np.minimum(_K1, gl, out=gl)
+        if any_out:
+            load = np.repeat(self.base_load[None, :], n, axis=0)
+            load[:, self.node_out[self.gpu_node]] = 0.0  # drained: the workload went elsewhere
             load[:, self.serve_gpus] = gl
-        w = np.multiply(load[:, None, :], self._load_gain)
-        w += self._load_offset
-        w += self._gpu_static
+            w = np.multiply(load[:, None, :], self._load_gain)
+            w += self._load_offset
+            w += self._gpu_static
+        else:
+            # only the serving GPUs' load moves; the others' rows were computed once (the same operations)
+            w = np.empty((n, 5, self._G))
+            w[...] = self._w_base
+            ws = np.multiply(gl[:, None, :], self._load_gain)
+            ws += self._load_offset
+            ws += self._serve_static
+            w[:, :, self.serve_gpus] = ws
         # latency medians: TTFT grows with the square of the load, ITL linearly
         med = np.empty((n, 2, R))
         ttft = np.multiply(rep_load, _K0_8, out=med[:, 0])
