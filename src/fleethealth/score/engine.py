@@ -438,8 +438,9 @@ class _Ctx:
         key = (mat.group, starts)
         hit = self._stacks.get(key)
         if hit is None:
-            wins = [self.window(mat, st) for st in starts]
-            hit = self._stacks[key] = (np.stack([w[0] for w in wins]), np.stack([w[5] for w in wins]), wins[0][4])
+            assert self.index is not None
+            g = self.index.groups[mat.group]
+            hit = self._stacks[key] = _windows(g.t, g.v, g.last, np.asarray(starts, np.float64), g.dense)
         return hit
 
     def gauge_rows(self, metric: str, match: Mapping[str, str] | None, kind: str,
@@ -497,24 +498,62 @@ def _window(t: np.ndarray, v: np.ndarray, last: np.ndarray, start: float, dense:
     latest value and timestamp, and how many samples are in the window. The values are cumulative and
     times sorted down each column, so the window is a suffix and its increase a difference of two
     entries."""
-    cols = np.arange(last.size)
-    k = t.shape[0]
+    k, c = t.shape
+    # counts down the columns in a small integer type (the sum of a bool matrix is faster so), and
+    # one entry per column picked by a flat index where the matrices are contiguous
+    small = np.uint8 if k < 255 else np.uint16 if k < 65535 else np.int64
+    cols = np.arange(c)
+    flat = t.flags.c_contiguous and v.flags.c_contiguous
+    flat_t, flat_v = (t.reshape(-1), v.reshape(-1)) if flat else (t, v)
+
+    def pick(a: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        """Per column, the entry at ``rows`` (-1: the last row)."""
+        return a[rows * c + cols] if flat else a[rows, cols]
+
     if dense:  # every series a sample in every row: the first in the window is the count before it
-        n_out = (t <= start).sum(axis=0)
+        n_out = (t <= start).sum(axis=0, dtype=small).astype(np.int64)
         n_in = k - n_out
         first = np.minimum(n_out, k - 1)
         lt, lv = t[k - 1], v[k - 1]
     else:
         inw = t > start
-        n_in = inw.sum(axis=0)
+        n_in = inw.sum(axis=0, dtype=small).astype(np.int64)
         first = inw.argmax(axis=0)
-        lt = t[last, cols]
-        lv = v[last, cols]
+        lt = pick(flat_t, last)
+        lv = pick(flat_v, last)
     has = n_in > 0
-    t0 = np.where(has, t[first, cols], np.nan)
+    t0 = np.where(has, pick(flat_t, first), np.nan)
     t1 = np.where(has, lt, np.nan)
-    inc = np.where(n_in >= 2, lv - v[first, cols], np.nan)
+    inc = np.where(n_in >= 2, lv - pick(flat_v, first), np.nan)
     return inc, t0, t1, lv, lt, n_in
+
+
+def _windows(t: np.ndarray, v: np.ndarray, last: np.ndarray, starts: np.ndarray,
+             dense: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``_window`` for several starts at once: the increase (NaN with fewer than two samples) and the
+    sample count in each window (rows: ``starts``), and the latest timestamp, per column."""
+    k, c = t.shape
+    small = np.uint8 if k < 255 else np.uint16 if k < 65535 else np.int64
+    cols = np.arange(c)
+    flat = t.flags.c_contiguous and v.flags.c_contiguous
+    flat_t, flat_v = (t.reshape(-1), v.reshape(-1)) if flat else (t, v)
+
+    def pick(a: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        return a[rows * c + cols] if flat else a[rows, np.broadcast_to(cols, rows.shape)]
+
+    if dense:
+        n_out = (t[None, :, :] <= starts[:, None, None]).sum(axis=1, dtype=small).astype(np.int64)
+        n_in = k - n_out
+        first = np.minimum(n_out, k - 1)
+        lt, lv = t[k - 1], v[k - 1]
+    else:
+        inw = t[None, :, :] > starts[:, None, None]
+        n_in = inw.sum(axis=1, dtype=small).astype(np.int64)
+        first = inw.argmax(axis=1)
+        lt = pick(flat_t, last)
+        lv = pick(flat_v, last)
+    inc = np.where(n_in >= 2, lv[None, :] - pick(flat_v, first), np.nan)
+    return inc, n_in, lt
 
 
 @dataclass
@@ -773,6 +812,7 @@ class _Plan:
         self.gbounds: dict[int, tuple[int, int]] = {}
         self.cmats: dict[int, tuple[int, int, int]] = {}  # counter metric -> (group, c0, c1)
         self.rest: list[tuple[EntityKind, int]] = []
+        self.slos: list[tuple[EntityKind, int]] = []
         self.peers: list[tuple[EntityKind, int, np.ndarray, np.ndarray, np.ndarray]] = []
         g_src: list[np.ndarray] = []
         g_dest: list[np.ndarray] = []
@@ -788,7 +828,10 @@ class _Plan:
             for j, spec in enumerate(specs[kind]):
                 self.order.append((kind, j))
                 code = int(plan.code[j])
-                if spec.shape in ("slo", "xid") or code == 0:
+                if spec.shape == "slo":
+                    self.slos.append((kind, j))
+                    continue
+                if spec.shape == "xid" or code == 0:
                     self.rest.append((kind, j))
                     continue
                 mid = ctx.metric_ix.get(spec.metric)
@@ -950,6 +993,21 @@ class _Plan:
             res.sub[:] = _shape(ctx, specs[kind][j], kind, res.raw, ser, ent_, lp, res, res.sub.size)
         for kind, j in self.rest:
             _evaluate(ctx, specs[kind][j], kind, self.tables[kind], results[kind][j])
+        slo_jobs: dict[str, list[tuple[SignalSpec, _Columns, _Columns, _SignalResult]]] = {}
+        for kind, j in self.slos:
+            spec, table, res = specs[kind][j], self.tables[kind], results[kind][j]
+            assert spec.requests_metric is not None
+            req = ctx.columns(spec.requests_metric, None, kind, table)
+            good_c = ctx.columns(spec.metric + "_bucket" if spec.threshold_s is not None else spec.metric,
+                                 spec.match, kind, table)
+            if req is None or good_c is None:
+                _evaluate(ctx, spec, kind, table, res)  # rows
+                continue
+            inputs = _slo_inputs(ctx, spec, kind, req, good_c)
+            if inputs is not None:
+                slo_jobs.setdefault(kind, []).append((spec, inputs[0], inputs[1], res))
+        for jobs in slo_jobs.values():
+            _slo_batch(ctx, jobs)
         return results, mats
 
 
@@ -1334,34 +1392,10 @@ def _slo_bucket(ctx: _Ctx, spec: SignalSpec, kind: str, mat: CounterMatrix, pres
     return sel
 
 
-def _per_entity(cols: _Columns, starts: list[float], n: int, now: float) -> tuple[np.ndarray, np.ndarray]:
-    """``_Windows.per_entity`` off a counter matrix for several window starts at once: the increase per
-    entity over each (start, now] (its series added up; rows: starts), and the age of its latest sample
-    among series with one in the first window."""
-    inc_e = np.full((len(starts), n), np.nan)
-    age_e = np.full(n, np.nan)
-    if cols.series.size == 0:
-        return inc_e, age_e
-    inc_g, n_in_g, lt_g = cols.ctx.windows(cols.mat, tuple(starts))
-    inc, n_in, lt = inc_g[:, cols.cols], n_in_g[:, cols.cols], lt_g[cols.cols]
-    good = n_in >= 2
-    # one bincount per quantity for every window: bins (window, entity); sums in series order as add.at
-    bins = (np.arange(len(starts))[:, None] * n + cols.ent[None, :])[good]
-    acc = np.bincount(bins, weights=inc[good], minlength=len(starts) * n).reshape(len(starts), n)
-    cnt = np.bincount(bins, minlength=len(starts) * n).reshape(len(starts), n)
-    inc_e = np.where(cnt > 0, acc, np.nan)
-    has = n_in[0] > 0
-    np.fmin.at(age_e, cols.ent[has], now - lt[has])
-    return inc_e, age_e
-
-
-def _evaluate_slo_columns(ctx: _Ctx, spec: SignalSpec, kind: str, req: _Columns, good_c: _Columns,
-                          res: _SignalResult) -> _SignalResult:
-    """``_evaluate_slo`` read off the view's counter matrices, every window at once."""
-    pol, now = ctx.policy, ctx.now
-    n = res.sub.size
-    objective = spec.objective or pol.slo.objective
-    max_age = spec.max_age_s or pol.freshness.max_age_s
+def _slo_inputs(ctx: _Ctx, spec: SignalSpec, kind: str, req: _Columns,
+                good_c: _Columns) -> tuple[_Columns, _Columns] | None:
+    """The request and good (bucket at the threshold, or error) columns an SLO reads off the view's
+    matrices; None when it has nothing to score (no bucket low enough, no request series)."""
     if spec.threshold_s is not None:
         # the bucket is chosen among all of the histogram's series, as on rows, then read per entity
         mat = ctx.matrix(spec.metric + "_bucket")
@@ -1371,23 +1405,114 @@ def _evaluate_slo_columns(ctx: _Ctx, spec: SignalSpec, kind: str, req: _Columns,
             present &= ctx.resolver.label_match(spec.match)[mat.series]
         sel = _slo_bucket(ctx, spec, kind, mat, present, good_c)
         if sel is None:
-            return res
+            return None
         good_c = good_c.only(sel)
     if req.series.size == 0:
-        return res
-    res.seen[req.ent] = True
-    starts = [now - win for w in pol.slo.windows for win in (w.long_s, w.short_s)]
-    total, age = _per_entity(req, starts, n, now)
-    good, _ = _per_entity(good_c, starts, n, now)
-    if spec.threshold_s is not None:
-        bad = np.where(np.isnan(good), np.where(total > 0, np.nan, 0.0), total - good)
-        bad = np.clip(bad, 0.0, None)
+        return None
+    return req, good_c
+
+
+def _cols_ix(c: _Columns) -> np.ndarray:
+    return np.arange(c.cols.start, c.cols.stop) if isinstance(c.cols, slice) else c.cols
+
+
+def _evaluate_slo_columns(ctx: _Ctx, spec: SignalSpec, kind: str, req: _Columns, good_c: _Columns,
+                          res: _SignalResult) -> _SignalResult:
+    """``_evaluate_slo`` read off the view's counter matrices, every window at once."""
+    inputs = _slo_inputs(ctx, spec, kind, req, good_c)
+    if inputs is not None:
+        _slo_batch(ctx, [(spec, inputs[0], inputs[1], res)])
+    return res
+
+
+def _slo_batch(ctx: _Ctx, jobs: list[tuple[SignalSpec, _Columns, _Columns, _SignalResult]]) -> None:
+    """Several SLOs of one kind off the view's counter matrices at once: each SLO's request and good
+    counts per entity over every window (one bincount for all of them, bins (SLO, counter, window,
+    entity): each bin sums its series in the same order as one SLO alone would), then the burn rates
+    and the multi-window score as arrays of SLOs x windows x entities, element by element the
+    arithmetic of ``shapes.burn_rate`` / ``shapes.slo_score`` for one SLO."""
+    by_group: dict[int, list[tuple[SignalSpec, _Columns, _Columns, _SignalResult]]] = {}
+    for job in jobs:
+        if job[1].mat.group == job[2].mat.group:
+            by_group.setdefault(job[1].mat.group, []).append(job)
+        else:  # request and good counters kept apart: each its own batch, two groups
+            by_group.setdefault(-1 - len(by_group), []).append(job)
+    for group_jobs in by_group.values():
+        if group_jobs[0][1].mat.group != group_jobs[0][2].mat.group:
+            for job in group_jobs:
+                _slo_batch_one_group(ctx, [job], split=True)
+        else:
+            _slo_batch_one_group(ctx, group_jobs, split=False)
+
+
+def _slo_counts(ctx: _Ctx, cols: list[_Columns], slots: list[int], n_slots: int, starts: tuple[float, ...],
+                n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per slot (each ``cols[i]`` is slot ``slots[i]``) x window x entity: the increase over each
+    (start, now] (the entity's series added up; NaN without one with two samples in the window), and per
+    slot x entity the age of its latest sample among series with one in the first window. All columns
+    of one matrix group."""
+    w = len(starts)
+    inc_g, n_in_g, lt_g = ctx.windows(cols[0].mat, starts)
+    ix = np.concatenate([_cols_ix(c) for c in cols])
+    ent = np.concatenate([c.ent for c in cols])
+    slot = np.repeat(np.asarray(slots, np.int64), [c.ent.size for c in cols])
+    inc, n_in, lt = inc_g[:, ix], n_in_g[:, ix], lt_g[ix]
+    good = n_in >= 2
+    bins = ((slot[None, :] * w + np.arange(w)[:, None]) * n + ent[None, :])[good]
+    size = n_slots * w * n
+    acc = np.bincount(bins, weights=inc[good], minlength=size).reshape(n_slots, w, n)
+    cnt = np.bincount(bins, minlength=size).reshape(n_slots, w, n)
+    age = np.full(n_slots * n, np.nan)
+    has = n_in[0] > 0
+    np.fmin.at(age, (slot * n + ent)[has], ctx.now - lt[has])
+    return np.where(cnt > 0, acc, np.nan), age.reshape(n_slots, n)
+
+
+def _slo_batch_one_group(ctx: _Ctx, jobs: list[tuple[SignalSpec, _Columns, _Columns, _SignalResult]],
+                         split: bool) -> None:
+    pol, now = ctx.policy, ctx.now
+    k = len(jobs)
+    n = jobs[0][3].sub.size
+    starts = tuple(now - win for w in pol.slo.windows for win in (w.long_s, w.short_s))
+    for _, req, _, res in jobs:
+        res.seen[req.ent] = True
+    if split:  # request counters in one group, good counters in another
+        counts, age = _slo_counts(ctx, [jobs[0][1]], [0], 2, starts, n)
+        good_counts, _ = _slo_counts(ctx, [jobs[0][2]], [1], 2, starts, n)
+        counts[1] = good_counts[1]
     else:
-        bad = np.where(np.isnan(good), 0.0, good)  # no error samples in window: no errors
-    burn = shapes.burn_rate(bad, total, objective)
-    res.age[:] = age
-    burns = [(burn[2 * i], burn[2 * i + 1], w.factor) for i, w in enumerate(pol.slo.windows)]
-    return _slo_result(res, burns, max_age)
+        cols = [c for _, req, good_c, _ in jobs for c in (req, good_c)]
+        counts, age = _slo_counts(ctx, cols, list(range(2 * k)), 2 * k, starts, n)
+    total, good = counts[0::2], counts[1::2]  # SLO x window x entity
+    latency = np.array([spec.threshold_s is not None for spec, *_ in jobs], bool)[:, None, None]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        bad_lat = np.where(np.isnan(good), np.where(total > 0, np.nan, 0.0), total - good)
+        bad_lat = np.clip(bad_lat, 0.0, None)
+        bad = np.where(latency, bad_lat, np.where(np.isnan(good), 0.0, good))  # no error samples: no errors
+        # shapes.burn_rate, per SLO objective
+        frac = np.where(total > 0, bad / np.where(total > 0, total, 1.0), 0.0)
+        frac = np.clip(frac, 0.0, 1.0)
+        budget = np.array([1.0 - (spec.objective or pol.slo.objective) for spec, *_ in jobs])
+        burn = frac / budget[:, None, None]
+        burn[np.isnan(bad) | np.isnan(total)] = np.nan
+        # shapes.slo_score: the worst window pair
+        sub: np.ndarray | None = None
+        for i, w in enumerate(pol.slo.windows):
+            long_b, short_b = burn[:, 2 * i], burn[:, 2 * i + 1]
+            eff = np.fmin(long_b, short_b)
+            eff = np.where(np.isnan(long_b) | np.isnan(short_b), np.nan, eff)
+            s = shapes.ramp(eff, 1.0, w.factor)
+            sub = s if sub is None else np.fmin(sub, s)
+    assert sub is not None
+    max_age = np.array([spec.max_age_s or pol.freshness.max_age_s for spec, *_ in jobs])
+    req_age = age[0::2]
+    sub = np.where(req_age <= max_age[:, None], sub, np.nan)
+    for i, (_, _, _, res) in enumerate(jobs):
+        res.age[:] = req_age[i]
+        res.sub[:] = sub[i]
+        # explanation: burn rate of the fastest pair's short window
+        res.rate[:] = burn[i, 1]
+        res.raw[:] = burn[i, 0]
 
 
 @dataclass
