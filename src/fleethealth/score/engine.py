@@ -813,7 +813,7 @@ class _Plan:
         self.cmats: dict[int, tuple[int, int, int]] = {}  # counter metric -> (group, c0, c1)
         self.rest: list[tuple[EntityKind, int]] = []
         self.slos: list[tuple[EntityKind, int]] = []
-        self.peers: list[tuple[EntityKind, int, np.ndarray, np.ndarray, np.ndarray]] = []
+        self.peers: list[tuple[EntityKind, int, np.ndarray, np.ndarray]] = []  # (kind, signal, source series, has one)
         g_src: list[np.ndarray] = []
         g_dest: list[np.ndarray] = []
         g_age: list[np.ndarray] = []
@@ -863,7 +863,9 @@ class _Plan:
                     g_dest.append(dest)
                     g_age.append(np.full(rows.ent.size, plan.max_age[j]))
                     if code == 4:
-                        self.peers.append((kind, j, rows.ser, rows.ent, np.arange(rows.ent.size)))
+                        src_series = np.full(n, -1, np.int64)
+                        src_series[rows.ent] = rows.ser
+                        self.peers.append((kind, j, src_series, src_series >= 0))
                 seen[dest] = True
                 if code in shaped:
                     shaped[code].append((kind, j, off, n, bool(plan.counter[j])))
@@ -988,9 +990,9 @@ class _Plan:
                     if spec.value_flags:
                         res = results[kind][j]
                         res.flags.extend(_value_flags(res.rate if counter else res.raw, spec.value_flags))
-        for kind, j, ser, ent_, lp in self.peers:
+        for kind, j, src_series, has_src in self.peers:
             res = results[kind][j]
-            res.sub[:] = _shape(ctx, specs[kind][j], kind, res.raw, ser, ent_, lp, res, res.sub.size)
+            res.sub[:] = _shape_peer(ctx, specs[kind][j], kind, res.raw, src_series, has_src, res)
         for kind, j in self.rest:
             _evaluate(ctx, specs[kind][j], kind, self.tables[kind], results[kind][j])
         slo_jobs: dict[str, list[tuple[SignalSpec, _Columns, _Columns, _SignalResult]]] = {}
@@ -1105,7 +1107,6 @@ def _shape(
     ctx: _Ctx, spec: SignalSpec, kind: EntityKind, x: np.ndarray, ser: np.ndarray, ent: np.ndarray,
     lp: np.ndarray | None, res: _SignalResult, n: int,
 ) -> np.ndarray:
-    pol = ctx.policy
     if spec.shape == "ramp":
         assert spec.warn is not None and spec.crit is not None
         return shapes.ramp(x, spec.warn, spec.crit)
@@ -1134,53 +1135,62 @@ def _shape(
         assert lp is not None
         src_series = np.full(n, -1, np.int64)
         src_series[ent[lp]] = ser[lp]
-        have = (~np.isnan(x)) & (src_series >= 0)
-        peers = _peer_groups(ctx, spec, kind, src_series, have)
-        if peers is None:
-            return np.full(n, np.nan)
-        ents, groups, n_groups, layout = peers
-        k_warn = spec.k_warn if spec.k_warn is not None else pol.peer.k_warn
-        k_crit = spec.k_crit if spec.k_crit is not None else pol.peer.k_crit
-        min_peers = spec.min_peers if spec.min_peers is not None else pol.peer.min_peers
-        xv = x[ents]
-        if layout is not None and bool(np.isfinite(xv).all()):
-            z, _med, _mad, counts = shapes.peer_robust_z_laid_out(
-                xv, layout, worse_if=spec.worse_if, min_rel_dev=spec.min_rel_dev, mad_floor_rel=spec.mad_floor_rel)
-        else:
-            z, _med, _mad, counts = shapes.peer_robust_z(
-                xv, groups, n_groups, worse_if=spec.worse_if, min_rel_dev=spec.min_rel_dev,
-                mad_floor_rel=spec.mad_floor_rel,
-            )
-        small = counts[groups] < min_peers
-        z = np.where(small, np.nan, z)
-        zz = np.full(n, np.nan)
-        zz[ents] = z
-        res.z[:] = zz
-        for e in ents[small].tolist():
-            res.notes[e] = f"too few peers (< {min_peers}) in its group: not scored"
-            res.flags.append((e, f"too_few_peers:{spec.name}"))
-        return shapes.ramp(zz, k_warn, k_crit)
+        return _shape_peer(ctx, spec, kind, x, src_series, src_series >= 0, res)
     raise AssertionError(f"unhandled shape {spec.shape}")
 
 
+def _shape_peer(ctx: _Ctx, spec: SignalSpec, kind: EntityKind, x: np.ndarray, src_series: np.ndarray,
+                has_src: np.ndarray, res: _SignalResult) -> np.ndarray:
+    """The peer shape: robust z of each entity's value (``x``) against its peer group, the group
+    chosen by the labels of the series its value came from (``src_series``, -1: none); writes ``res.z``
+    (NaN on entry) and the notes of groups too small to score."""
+    pol = ctx.policy
+    have = ~np.isnan(x) & has_src
+    peers = _peer_groups(ctx, spec, kind, src_series, have)
+    if peers is None:
+        return np.full(x.size, np.nan)
+    ents, groups, n_groups, layout, small = peers
+    k_warn = spec.k_warn if spec.k_warn is not None else pol.peer.k_warn
+    k_crit = spec.k_crit if spec.k_crit is not None else pol.peer.k_crit
+    xv = x[ents]
+    if layout is not None and bool(np.isfinite(xv).all()):
+        z, _med, _mad, _ = shapes.peer_robust_z_laid_out(
+            xv, layout, worse_if=spec.worse_if, min_rel_dev=spec.min_rel_dev, mad_floor_rel=spec.mad_floor_rel)
+    else:
+        z, _med, _mad, _ = shapes.peer_robust_z(
+            xv, groups, n_groups, worse_if=spec.worse_if, min_rel_dev=spec.min_rel_dev,
+            mad_floor_rel=spec.mad_floor_rel,
+        )
+    if small is not None:
+        min_peers = spec.min_peers if spec.min_peers is not None else pol.peer.min_peers
+        z = np.where(small, np.nan, z)
+        for e in ents[small].tolist():
+            res.notes[e] = f"too few peers (< {min_peers}) in its group: not scored"
+            res.flags.append((e, f"too_few_peers:{spec.name}"))
+    res.z[ents] = z
+    return shapes.ramp(res.z, k_warn, k_crit)
+
+
+_PeerGroups = tuple[np.ndarray, np.ndarray, int, "shapes.PeerLayout | None", "np.ndarray | None"]
 # (spec, kind, entity count) -> (spec, group ids per label set, source series, usable, _peer_groups' result)
-_PEERS: dict[tuple[int, str, int], tuple[SignalSpec, np.ndarray, np.ndarray, np.ndarray,
-                                    tuple[np.ndarray, np.ndarray, int, shapes.PeerLayout | None] | None]] = {}
+_PEERS: dict[tuple[int, str, int], tuple[SignalSpec, np.ndarray, np.ndarray, np.ndarray, _PeerGroups | None]] = {}
 
 
-def _peer_groups(ctx: _Ctx, spec: SignalSpec, kind: str, src_series: np.ndarray, have: np.ndarray,
-                 ) -> tuple[np.ndarray, np.ndarray, int, shapes.PeerLayout | None] | None:
+def _peer_groups(ctx: _Ctx, spec: SignalSpec, kind: str, src_series: np.ndarray,
+                 have: np.ndarray) -> _PeerGroups | None:
     """The entities a peer signal scores (``have``), their peer group ids (0..n_groups-1, in order of
-    first label-set group id) and, when the groups suit it, a ``PeerLayout``; None when none is scored.
-    Depends only on which series each entity's sample came from: kept while that is unchanged."""
+    first label-set group id), a ``PeerLayout`` when the groups suit it, and which entities are in
+    groups below the minimum size (None: none); None when no entity is scored. Depends only on which
+    series each entity's sample came from: kept while that is unchanged (``src_series`` is not changed
+    by its owner once passed)."""
     label_groups = ctx.resolver.group_ids(tuple(spec.peer_by))
     key = (id(spec), kind, src_series.size)
     hit = _PEERS.get(key)
-    if (hit is not None and hit[0] is spec and hit[1] is label_groups and np.array_equal(hit[2], src_series)
-            and np.array_equal(hit[3], have)):
+    if (hit is not None and hit[0] is spec and hit[1] is label_groups
+            and (hit[2] is src_series or np.array_equal(hit[2], src_series)) and np.array_equal(hit[3], have)):
         return hit[4]
     ents = np.flatnonzero(have)
-    out: tuple[np.ndarray, np.ndarray, int, shapes.PeerLayout | None] | None = None
+    out: _PeerGroups | None = None
     if ents.size:
         raw_groups = label_groups[src_series[ents]]
         present = _uniq(raw_groups)
@@ -1189,10 +1199,12 @@ def _peer_groups(ctx: _Ctx, spec: SignalSpec, kind: str, src_series: np.ndarray,
         groups = remap[raw_groups]
         n_groups = int(present.size)
         layout = shapes.PeerLayout(groups, n_groups) if shapes.PeerLayout.fits(groups, n_groups) else None
-        out = (ents, groups, n_groups, layout)
+        min_peers = spec.min_peers if spec.min_peers is not None else ctx.policy.peer.min_peers
+        small = np.bincount(groups, minlength=n_groups)[groups] < min_peers
+        out = (ents, groups, n_groups, layout, small if small.any() else None)
     if len(_PEERS) > 64:
         _PEERS.clear()
-    _PEERS[key] = (spec, label_groups, src_series.copy(), have.copy(), out)
+    _PEERS[key] = (spec, label_groups, src_series, have.copy(), out)
     return out
 
 
@@ -1933,6 +1945,49 @@ def _roll_up_nodes(gpu: KindScores, node: KindScores, gpu_node: np.ndarray,
 # --------------------------------------------------------------------------------------------------
 # Public API
 # --------------------------------------------------------------------------------------------------
+class _Kinds(Mapping[str, KindScores]):
+    """``FleetHealth.kinds``: each kind's scores aggregated on first access, from the evaluation every
+    consumer shares (a serving consumer's reader, the router, asks for replicas only). GPUs and nodes
+    come together, the roll-up right after the GPUs' scores are made, so that it reads them as made,
+    before any caller changes them in place. The same scores as made eagerly."""
+
+    def __init__(self, ev: _Evaluation, how: str) -> None:
+        self._ev, self._how = ev, how
+        self._done: dict[str, KindScores] = {}
+
+    def _make(self, kind: str) -> KindScores:
+        ev = self._ev
+        specs, table, results = ev.specs[kind], ev.tables[kind], ev.results[kind]
+        kind_cats = ev.kind_cats.get(kind)
+        if kind_cats is None:
+            kind_cats = ev.kind_cats[kind] = [c for c in ev.categories if any(s.category == c for s in specs)]
+        return _aggregate(
+            table.kind, table.names, specs if table.names else [], results, self._how, kind_cats,
+            ev.policy.critical_zeroes_category, ev.bases, ev.mats.get(kind),
+        )
+
+    def __getitem__(self, kind: str) -> KindScores:
+        ks = self._done.get(kind)
+        if ks is not None:
+            return ks
+        if kind not in KINDS:
+            raise KeyError(kind)
+        if kind in ("gpu", "node"):
+            gpu, node = self._make("gpu"), self._make("node")
+            gpu.member_of = self._ev.gpu_node
+            _roll_up_nodes(gpu, node, self._ev.gpu_node, self._ev.roll_up)
+            self._done.update(gpu=gpu, node=node)
+            return gpu if kind == "gpu" else node
+        ks = self._done[kind] = self._make(kind)
+        return ks
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(KINDS)
+
+    def __len__(self) -> int:
+        return len(KINDS)
+
+
 class _LazyTuples(Mapping[str, HealthTuple]):
     def __init__(self, fh: FleetHealth) -> None:
         self._fh = fh
@@ -1962,7 +2017,7 @@ class FleetHealth:
     """
 
     def __init__(
-        self, now: float, consumer: str, policy_version: str, kinds: dict[str, KindScores],
+        self, now: float, consumer: str, policy_version: str, kinds: Mapping[str, KindScores],
         meta: _MetaIndex, issues: list[InputIssue],
     ) -> None:
         self.now = now
@@ -2182,18 +2237,7 @@ def score_snapshot(
         raise ValueError(f"unknown consumer {consumer!r}: expected one of {', '.join(CONSUMERS)}")
     how = aggregation or policy.aggregation.get(consumer, "min")  # type: ignore[call-overload]
     ev = _evaluation(snapshot, policy, now, inventory)
-    kinds: dict[str, KindScores] = {}
-    for kind in KINDS:
-        specs, table, results = ev.specs[kind], ev.tables[kind], ev.results[kind]
-        kind_cats = ev.kind_cats.get(kind)
-        if kind_cats is None:
-            kind_cats = ev.kind_cats[kind] = [c for c in ev.categories if any(s.category == c for s in specs)]
-        kinds[kind] = _aggregate(
-            kind, table.names, specs if table.names else [], results, how, kind_cats, policy.critical_zeroes_category,
-            ev.bases, ev.mats.get(kind),
-        )
-    kinds["gpu"].member_of = ev.gpu_node
-    _roll_up_nodes(kinds["gpu"], kinds["node"], ev.gpu_node, ev.roll_up)
+    kinds = _Kinds(ev, how)
     return FleetHealth(now, consumer, policy.version_tag, kinds, ev.meta, list(snapshot.issues) + ev.issues)
 
 
