@@ -401,9 +401,8 @@ class StructuralTracker:
                 newest[lay.na_nodes] = np.maximum(
                     newest[lay.na_nodes], np.maximum.reduceat(ta[lay.na_order], lay.na_starts))
             newest[current == 0] = -np.inf
-            up = _latest_fresh(lay.up_rows, bs, bt, bv, lo)
-            dur = _latest_fresh(lay.dur_rows, bs, bt, bv, lo)
-            return _Fresh(present, current, gpus, newest, lay.retained, up, dur)
+            return _Fresh(present, current, gpus, newest, lay.retained, lay.target_rows(0, bs, bt, bv, lo),
+                          lay.target_rows(1, bs, bt, bv, lo))
         # a layout seen once: the fresh entries' distinct pairs
         nb = bt.size
         fresh_b = np.flatnonzero(bt > lo)
@@ -662,9 +661,23 @@ class _Layout:
 
         self.nb_order, self.nb_starts, self.nb_nodes = by_node(self.bs, bm)
         self.na_order, self.na_starts, self.na_nodes = by_node(as_, am)
-        self.up_rows = np.flatnonzero(is_up[bm])
-        self.dur_rows = np.flatnonzero(is_dur[bm])
+        # per target metric (up, scrape duration): its block rows, their series, whether one row each and
+        # in series order (then the latest fresh value of each is its row's when every row is fresh)
+        self.targets: list[tuple[np.ndarray, np.ndarray, bool]] = []
+        for mask in (is_up, is_dur):
+            rows = np.flatnonzero(mask[bm])
+            sids = self.bs[rows].astype(np.int64)
+            self.targets.append((rows, sids, sids.size < 2 or bool((sids[1:] > sids[:-1]).all())))
         self.built = True
+
+    def target_rows(self, which: int, bs: np.ndarray, bt: np.ndarray, bv: np.ndarray,
+                    lo: float) -> tuple[np.ndarray, np.ndarray]:
+        """``_latest_arrays`` of the fresh rows of ``up`` (0) or the scrape duration (1)."""
+        rows, sids, one_each = self.targets[which]
+        if one_each and bool((bt[rows] > lo).all()):
+            return sids, bv[rows]
+        rows = rows[bt[rows] > lo]
+        return _latest_arrays(rows, bs[rows], bt[rows], bv, np.ones(rows.size, bool))
 
 
 def _padded(a: np.ndarray, n: int, fill: float) -> np.ndarray:
@@ -708,13 +721,6 @@ def _column_metrics(ranges: tuple[tuple[int, int, int], ...], n: int) -> np.ndar
     for c0, c1, m in ranges:
         out[c0:c1] = m
     return out
-
-
-def _latest_fresh(rows: np.ndarray, sids: np.ndarray, ts: np.ndarray, values: np.ndarray,
-                  lo: float) -> tuple[np.ndarray, np.ndarray]:
-    """``_latest_arrays`` of the ``rows`` (in order) newer than ``lo``."""
-    rows = rows[ts[rows] > lo]
-    return _latest_arrays(rows, sids[rows], ts[rows], values, np.ones(rows.size, bool))
 
 
 def _newest(newest: np.ndarray, node_of: np.ndarray, fm: np.ndarray, fs: np.ndarray, ft: np.ndarray,
