@@ -645,8 +645,18 @@ class _Layout:
         am, as_ = _columns(cgroups, self.g_series, self.g_valid)
         sids = np.concatenate((self.bs, as_)).astype(np.int64)
         mids = np.concatenate((bm, am)).astype(np.int64)
-        keys, pair, npe = np.unique(sids * n_metrics + mids, return_inverse=True, return_counts=True)
-        self.pair_b, self.pair_a, self.npe = pair[:nb], pair[nb:], npe
+        # distinct pairs by a stable sort: the entries are runs already in key order (a block's series
+        # ascending, a group's columns by (metric, series)), which it merges
+        keys = sids * n_metrics + mids
+        order = np.argsort(keys, kind="stable")
+        sk = keys[order]
+        first = np.ones(sk.size, bool)
+        np.not_equal(sk[1:], sk[:-1], out=first[1:])
+        keys = sk[first]
+        pair = np.empty(sk.size, np.int64)
+        pair[order] = np.cumsum(first) - 1
+        self.pair_b, self.pair_a = pair[:nb], pair[nb:]
+        self.npe = np.diff(np.append(np.flatnonzero(first), sk.size))  # entries per pair
         self.p_sid, self.p_mid = np.divmod(keys, n_metrics)
         self.present, self.retained, self.gpus = tr._pair_facts(st, masks, n_series, self.p_sid, self.p_mid)
         node_of = st.node_of()
