@@ -193,18 +193,41 @@ def _resolver_for(snap: Snapshot, policy: Policy) -> _Resolver:
 # --------------------------------------------------------------------------------------------------
 # Per-signal evaluation
 # --------------------------------------------------------------------------------------------------
-@dataclass
 class _SignalResult:
-    """Per entity of one kind: sub-score (NaN = missing), raw, rate, z, age, seen (any sample)."""
+    """Per entity of one kind, one signal: sub-score (NaN = missing), raw, rate, z, age, seen (any
+    sample), as row ``j`` of its kind's matrices (``_Mats``): each attribute is a view of that row, made
+    on access (written in place, never rebound), plus the signal's flags and notes."""
 
-    sub: np.ndarray
-    raw: np.ndarray
-    rate: np.ndarray
-    z: np.ndarray
-    age: np.ndarray
-    seen: np.ndarray
-    flags: list[tuple[int, str]] = field(default_factory=list)
-    notes: dict[int, str] = field(default_factory=dict)
+    __slots__ = ("_m", "_j", "flags", "notes")
+
+    def __init__(self, mats: _Mats, j: int) -> None:
+        self._m, self._j = mats, j
+        self.flags: list[tuple[int, str]] = []
+        self.notes: dict[int, str] = {}
+
+    @property
+    def sub(self) -> np.ndarray:
+        return self._m.sub[self._j]
+
+    @property
+    def raw(self) -> np.ndarray:
+        return self._m.raw[self._j]
+
+    @property
+    def rate(self) -> np.ndarray:
+        return self._m.rate[self._j]
+
+    @property
+    def z(self) -> np.ndarray:
+        return self._m.z[self._j]
+
+    @property
+    def age(self) -> np.ndarray:
+        return self._m.age[self._j]
+
+    @property
+    def seen(self) -> np.ndarray:
+        return self._m.seen[self._j]
 
 
 class _Mats:
@@ -221,7 +244,7 @@ class _Mats:
         self.seen = np.zeros((m, n), bool)
 
     def result(self, j: int) -> _SignalResult:
-        return _SignalResult(self.sub[j], self.raw[j], self.rate[j], self.z[j], self.age[j], self.seen[j])
+        return _SignalResult(self, j)
 
 
 def _uniq(a: np.ndarray) -> np.ndarray:
@@ -772,6 +795,10 @@ def _evaluate_kind(ctx: _Ctx, kind: EntityKind, table: _KindTable,
     return results, mats
 
 
+# an SLO's (request, good) columns: (metric, series, entity, column in the matrix group) each
+_SloColumns = tuple[tuple[str, np.ndarray, np.ndarray, np.ndarray], tuple[str, np.ndarray, np.ndarray, np.ndarray]]
+
+
 def _rows_of(off: int, n: int, js: list[int]) -> np.ndarray:
     """Flat positions of whole signal rows ``js`` of a kind's m x n block starting at ``off``."""
     if not js:
@@ -809,10 +836,14 @@ class _Plan:
         self.size = off
         self.mids: dict[str, int | None] = {}  # every metric the checks read: its id (None: absent)
         self.absent: list[str] = []  # gauges without a sample: nothing to read (unseen, NaN)
+        self.absent_any: list[str] = []  # metrics without a sample or a matrix (likewise)
         self.gbounds: dict[int, tuple[int, int]] = {}
         self.cmats: dict[int, tuple[int, int, int]] = {}  # counter metric -> (group, c0, c1)
         self.rest: list[tuple[EntityKind, int]] = []
-        self.slos: list[tuple[EntityKind, int]] = []
+        self.slos: list[tuple[EntityKind, int]] = []  # SLOs whose columns are looked up every cycle
+        # SLOs read off dense matrices: their request and good columns (metric, series, entity, column
+        # in the group; None: nothing to score), as long as the plan holds
+        self.fixed_slos: list[tuple[EntityKind, int, _SloColumns | None]] = []
         self.peers: list[tuple[EntityKind, int, np.ndarray, np.ndarray]] = []  # (kind, signal, source series, has one)
         g_src: list[np.ndarray] = []
         g_dest: list[np.ndarray] = []
@@ -829,15 +860,27 @@ class _Plan:
                 self.order.append((kind, j))
                 code = int(plan.code[j])
                 if spec.shape == "slo":
-                    self.slos.append((kind, j))
+                    fixed = self._fixed_slo(ctx, spec, kind, table)
+                    if isinstance(fixed, bool):
+                        self.slos.append((kind, j))
+                    else:
+                        self.fixed_slos.append((kind, j, fixed))
                     continue
                 if spec.shape == "xid" or code == 0:
-                    self.rest.append((kind, j))
+                    mid = ctx.metric_ix.get(spec.metric)
+                    self.mids[spec.metric] = mid
+                    if mid is None or (mid not in ctx.bounds and mid not in ctx.index.counters):
+                        self.absent_any.append(spec.metric)  # no sample, no matrix: unseen, NaN
+                    else:
+                        self.rest.append((kind, j))
                     continue
                 mid = ctx.metric_ix.get(spec.metric)
                 self.mids[spec.metric] = mid
                 if _is_counter(spec):
                     cols = ctx.columns(spec.metric, spec.match, kind, table)
+                    if cols is None and (mid is None or mid not in ctx.bounds):
+                        self.absent_any.append(spec.metric)  # no sample, no matrix: unseen, NaN
+                        continue
                     if (cols is None or not cols.single or not isinstance(cols.cols, slice) or not cols.series.size
                             or code == 4):
                         self.rest.append((kind, j))
@@ -879,7 +922,7 @@ class _Plan:
                          if self.gbounds else z)
         self.g_block_series = ctx.snap.series_ids[self.g_blocks].copy()
         self.c_sets = [(g, w, a, np.concatenate(src), np.concatenate(dst)) for (g, w, a), (src, dst) in c_sets.items()]
-        self.c_series = {g: ctx.index.groups[g].series.copy() for g, *_ in self.c_sets}
+        self.c_series = {g: ctx.index.groups[g].series.copy() for g in sorted({g for g, _, _ in self.cmats.values()})}
         self.c_cols = {g: np.concatenate([np.arange(c0, c1) for gg, c0, c1 in self.cmats.values() if gg == g])
                        for g in self.c_series}
         index_of = {kj: i for i, kj in enumerate(self.order)}
@@ -896,6 +939,32 @@ class _Plan:
             p1 = np.repeat([self._param(specs[k][j], code, 0) for k, j, *_ in rows_], per)
             p2 = np.repeat([self._param(specs[k][j], code, 1) for k, j, *_ in rows_], per)
             self.shapes[code] = (idx, np.flatnonzero(rate), res, ent, p1, p2)
+
+    def _fixed_slo(self, ctx: _Ctx, spec: SignalSpec, kind: EntityKind,
+                   table: _KindTable) -> _SloColumns | None | bool:
+        """An SLO's request and good columns when both counters are dense matrices read whole (every
+        series has samples: what they are follows from the layout ``holds`` checks); False otherwise."""
+        assert spec.requests_metric is not None and ctx.index is not None
+        good_name = spec.metric + "_bucket" if spec.threshold_s is not None else spec.metric
+        req = ctx.columns(spec.requests_metric, None, kind, table)
+        good_c = ctx.columns(good_name, spec.match, kind, table)
+        if req is None or good_c is None:
+            return False
+        groups = ctx.index.groups
+        for c in (req, good_c):
+            if not (isinstance(c.cols, slice) and groups[c.mat.group].dense and groups[c.mat.group].t.shape[0]):
+                return False
+        for name, c in ((spec.requests_metric, req), (good_name, good_c)):
+            self.mids[name] = ctx.metric_ix.get(name)
+            mid = self.mids[name]
+            assert mid is not None
+            self.cmats[mid] = (c.mat.group, c.mat.c0, c.mat.c1)
+        inputs = _slo_inputs(ctx, spec, kind, req, good_c)
+        if inputs is None:
+            return None
+        # what the columns are, without the view they came from (the plan outlives it)
+        return tuple((name, c.series, c.ent, _cols_ix(c))  # type: ignore[return-value]
+                     for name, c in ((spec.requests_metric, inputs[0]), (good_name, inputs[1])))
 
     @staticmethod
     def _param(spec: SignalSpec, code: int, which: int) -> float:
@@ -919,6 +988,10 @@ class _Plan:
             mid = metric_ix.get(name)
             if mid is not None and mid in bounds:
                 return False
+        for name in self.absent_any:
+            mid = metric_ix.get(name)
+            if mid is not None and (mid in bounds or mid in ix.counters):
+                return False
         for mid, ab in self.gbounds.items():
             if bounds.get(mid) != ab:
                 return False
@@ -928,7 +1001,10 @@ class _Plan:
                 return False
         for g, ser in self.c_series.items():
             grp = ix.groups[g] if g < len(ix.groups) else None
-            if grp is None or not np.array_equal(grp.series, ser) or not bool((grp.last[self.c_cols[g]] >= 0).all()):
+            if grp is None or not np.array_equal(grp.series, ser):
+                return False
+            # every column read has a sample (always so in a dense matrix)
+            if not (grp.dense and grp.t.shape[0]) and not bool((grp.last[self.c_cols[g]] >= 0).all()):
                 return False
         return bool(np.array_equal(ctx.snap.series_ids[self.g_blocks], self.g_block_series))
 
@@ -970,8 +1046,8 @@ class _Plan:
                     at = 0
                     for kind, j, _, n, _ in self.shaped[2]:
                         spec = specs[kind][j]
-                        if spec.values:
-                            bad[at:at + n] |= np.isin(x[at:at + n], np.asarray(spec.values, np.float64))
+                        for val in spec.values or ():  # np.isin's answer for a few floats: equality
+                            bad[at:at + n] |= x[at:at + n] == float(val)
                         at += n
                     sub = np.where(bad, 0.0, 1.0)
                     sub[np.isnan(x)] = np.nan
@@ -996,6 +1072,11 @@ class _Plan:
         for kind, j in self.rest:
             _evaluate(ctx, specs[kind][j], kind, self.tables[kind], results[kind][j])
         slo_jobs: dict[str, list[tuple[SignalSpec, _Columns, _Columns, _SignalResult]]] = {}
+        for kind, j, fixed in self.fixed_slos:
+            if fixed is not None:
+                fixed_req, fixed_good = (_Columns(ctx, ctx.matrix(name), ser, ent, cols)  # type: ignore[arg-type]
+                                         for name, ser, ent, cols in fixed)
+                slo_jobs.setdefault(kind, []).append((specs[kind][j], fixed_req, fixed_good, results[kind][j]))
         for kind, j in self.slos:
             spec, table, res = specs[kind][j], self.tables[kind], results[kind][j]
             assert spec.requests_metric is not None
@@ -1093,7 +1174,13 @@ def _evaluate_counter_columns(ctx: _Ctx, spec: SignalSpec, kind: EntityKind, col
 
 def _value_flags(x: np.ndarray, value_flags: Mapping[int, str]) -> list[tuple[int, str]]:
     """(entity, flag) for every entity whose value (truncated to an int) names a flag, in entity order."""
+    named = [v for v, f in value_flags.items() if f]
+    if not named:
+        return []
+    # trunc(x) == v only for x in (v - 1, v + 1): usually no value is near any named one
     with np.errstate(invalid="ignore"):
+        if not bool(((x > min(named) - 1) & (x < max(named) + 1)).any()):
+            return []
         xi = np.where(np.isnan(x), np.nan, np.trunc(x))
     pairs: list[tuple[int, str]] = []
     for v, f in value_flags.items():
