@@ -10,6 +10,8 @@ targets shared between nodes."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -153,3 +155,29 @@ def test_index_path_with_a_sample_from_the_future_and_on_an_empty_view() -> None
     empty = SignalHistory(POL)
     v = empty.view(5.0)
     _same(StructuralTracker().observe(v, 5.0), ref.StructuralTracker().observe(v, 5.0))
+
+
+def test_an_index_the_tracker_cannot_read_off_falls_back_to_the_rows() -> None:
+    """A counter group with a column outside every metric's range, or ``up`` as a counter matrix: the
+    tracker reads every row instead, with the same answers."""
+    h = SignalHistory(POL, memory_s=600.0)
+    full = {n: {0, 1} for n in NODES}
+    t = 1_000.0
+    for _ in range(4):
+        t += 15.0
+        h.add(_scrape(t, full, {"a": 1.0, "b": 0.0}, {}, 0.02, False, 0))
+    for bend in ("gap", "up"):
+        v = h.view(t)
+        ix = v.index
+        assert ix is not None and ix.counters
+        m, cm = next(iter(ix.counters.items()))
+        counters = dict(ix.counters)
+        if bend == "gap":
+            counters[m] = dataclasses.replace(cm, c0=cm.c0 + 1) if cm.c0 == 0 else dataclasses.replace(cm, c1=cm.c1 - 1)
+        else:
+            counters[v.metrics.index("up")] = cm
+        v.index = dataclasses.replace(ix, counters=counters)
+        tr = StructuralTracker(max_age_s=90)
+        st_ = tr._series(v.labelsets)
+        assert tr._fresh_indexed(v, t, st_, tr._metric_masks(v.metrics)) is None
+        _same(tr.observe(v, t), ref.StructuralTracker(max_age_s=90).observe(v, t))

@@ -35,9 +35,9 @@ GPU_METRIC_PREFIX = "DCGM_FI_DEV_"
 # per metric: up, scrape duration, GPU metric, target (not a sample of the node itself)
 _Masks = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 # a view's blocks read row by row: (first row, end row, metric), by first row; the counter groups:
-# (group, its metrics' (first column, end column, metric) ranges), by group
+# (group, its metrics' (first column, end column, metric) ranges, its columns), by group
 _Blocks = tuple[tuple[int, int, int], ...]
-_CGroups = tuple[tuple[int, tuple[tuple[int, int, int], ...]], ...]
+_CGroups = tuple[tuple[int, tuple[tuple[int, int, int], ...], int], ...]
 
 
 @dataclass(slots=True)
@@ -357,7 +357,7 @@ class StructuralTracker:
             cols: dict[int, list[tuple[int, int, int]]] = {}
             for m, gi, c0, c1 in clay:
                 cols.setdefault(gi, []).append((c0, c1, m))
-            cgroups = tuple(sorted((gi, tuple(sorted(r))) for gi, r in cols.items()))
+            cgroups = tuple(sorted((gi, tuple(sorted(r)), _run_end(sorted(r))) for gi, r in cols.items()))
             self._blocks_cache = (rows_at, clay, (blocks, spans, cgroups))
         parts = [ix.rows(view, a, b) for a, b in spans]
         if len(parts) == 1:
@@ -371,10 +371,14 @@ class StructuralTracker:
         g_series: list[np.ndarray] = []
         g_valid: list[np.ndarray | None] = []  # columns with a sample (None: all)
         g_t: list[np.ndarray] = []
-        for gi, _ in cgroups:
+        for gi, _, ncol in cgroups:
             g = ix.groups[gi]
-            ncol = g.last.size
-            if g.dense and g.t.shape[0]:
+            if g.last.size != ncol:
+                return None  # a column of no counter metric (a history's groups are their metrics' columns)
+            if not g.t.shape[0]:
+                g_valid.append(np.zeros(ncol, bool))
+                g_t.append(np.full(ncol, -np.inf))
+            elif g.dense:
                 g_valid.append(None)
                 g_t.append(g.t[-1])
             else:
@@ -720,9 +724,19 @@ def _cat(parts: list[np.ndarray], empty: np.ndarray) -> np.ndarray:
 def _columns(cgroups: _CGroups, g_series: list[np.ndarray], g_valid: list[np.ndarray | None]
              ) -> tuple[np.ndarray, np.ndarray]:
     """Metric and series ids of the counter groups' columns with a sample, laid end to end."""
-    mids = [_column_metrics(r, s.size) for (_, r), s in zip(cgroups, g_series, strict=True)]
+    mids = [_column_metrics(r, s.size) for (_, r, _), s in zip(cgroups, g_series, strict=True)]
     return (_cat([m if v is None else m[v] for m, v in zip(mids, g_valid, strict=True)], _NO_IDS32),
             _cat([s if v is None else s[v] for s, v in zip(g_series, g_valid, strict=True)], _NO_IDS32))
+
+
+def _run_end(ranges: list[tuple[int, int, int]]) -> int:
+    """The end of the (c0, c1, metric) ranges when they tile columns 0.. one after another, else -1."""
+    at = 0
+    for c0, c1, _ in ranges:
+        if c0 != at:
+            return -1
+        at = c1
+    return at
 
 
 def _column_metrics(ranges: tuple[tuple[int, int, int], ...], n: int) -> np.ndarray:
