@@ -110,7 +110,7 @@ def test_plan_rows_do_not_depend_on_the_batch(k0: int, n: int, i: int) -> None:
     sim = _small_sim()
     i = min(i, n - 1)
     batch, single = sim._plan(k0, n), sim._plan(k0 + i, 1)
-    for name in ("w", "med", "lam2", "sqrt_lam2", "lam2_big", "lam", "ttft_cdf", "itl_cdf", "kv"):
+    for name in ("w_serve", "med", "lam2", "sqrt_lam2", "lam2_big", "lam", "cdf_rows", "kv"):
         assert getattr(batch, name)[i].tobytes() == getattr(single, name)[0].tobytes(), name
 
 

@@ -215,22 +215,24 @@ class _Entities:
 
 @dataclass(slots=True)
 class _Plan:
-    """What no random draw enters, for consecutive steps (row i: step k0 + i): each GPU's gain * load +
-    offset + static for temperature, (unused), power, utilisation and framebuffer (steps, 5, GPUs); per
-    replica the TTFT and ITL medians, the uncapped means of requests arriving and running with their
-    square roots and whether they take the normal approximation (steps, 2, replicas), the capped Poisson
-    means of requests, errors, waiting, running (steps, 4, replicas), the latency CDF rows (steps,
-    replicas, buckets + a placeholder for +Inf) and the KV-cache use before noise. A step writes its own rows in place."""
+    """What no random draw enters, for consecutive steps (row i: step k0 + i): gain * load + offset +
+    static for temperature, (unused), power, utilisation and framebuffer of the serving GPUs (steps, 5,
+    serving GPUs), and of every GPU only where some node is drained (steps, 5, GPUs; otherwise None: the
+    others are at their base load, ``Simulation._w_base``); per replica the TTFT and ITL medians, the
+    uncapped means of requests arriving and running with their square roots and whether they take the
+    normal approximation (steps, 2, replicas), the capped Poisson means of requests, errors, waiting,
+    running (steps, 4, replicas), the rows of the TTFT and ITL latency CDF tables (steps, 2, replicas)
+    and the KV-cache use before noise. A plain step writes its own row of ``w`` in place."""
 
     k0: int
-    w: np.ndarray
+    w: np.ndarray | None
+    w_serve: np.ndarray
     med: np.ndarray
     lam2: np.ndarray
     sqrt_lam2: np.ndarray
     lam2_big: np.ndarray
     lam: np.ndarray
-    ttft_cdf: np.ndarray
-    itl_cdf: np.ndarray
+    cdf_rows: np.ndarray
     kv: np.ndarray
 
 
@@ -290,6 +292,23 @@ class _Draws:
     rep_u: np.ndarray
     small: np.ndarray
     preempt: np.ndarray
+
+
+class _Scratch:
+    """Named arrays the draw-ahead writes its blocks into, kept from one block to the next: memory fresh
+    from the allocator costs several times more to write than memory just used (and on a busy machine
+    the block's arrays would not stay in cache). A block's ``_Drawn`` holds views into them until the
+    next block overwrites them; a copy of the simulator gets its own (``__getstate__`` leaves them out,
+    so the views of a block in progress travel as arrays of their own)."""
+
+    def __init__(self) -> None:
+        self._arrays: dict[str, np.ndarray] = {}
+
+    def __call__(self, name: str, n: int, *shape: int) -> np.ndarray:
+        a = self._arrays.get(name)
+        if a is None or a.shape[1:] != shape or len(a) < n:
+            a = self._arrays[name] = np.empty((max(n, _DRAW_AHEAD), *shape))
+        return a[:n]
 
 
 class _Interner:
@@ -607,6 +626,7 @@ class Simulation:
         self._sprinkle_means = (2e-6 * dt * G, 1e-6 * dt * G, 1e-6 * dt * G)
         self._drawn: _Drawn | None = None
         self._ahead = _DRAW_FIRST
+        self._scratch = _Scratch()
         # drawn ahead: the scale of each normal of a step's first run (7 GPU rows, then the racks), and
         # the AR(1) coefficients of slow drift and rack ambient as one state (GPUs, then racks)
         nrk = len(self.rack_amb)
@@ -657,12 +677,13 @@ class Simulation:
 
     def __getstate__(self) -> dict[str, Any]:
         # the bound state is in the buffer; views would come back as detached copies (deepcopy, pickle)
-        drop = {"_v", "_plan_cache", "_fast_views", "success", *_REP_CTR[:5], *(name for name, _ in _STATE)}
+        drop = {"_v", "_plan_cache", "_fast_views", "_scratch", "success", *_REP_CTR[:5], *(name for name, _ in _STATE)}
         return {k: v for k, v in self.__dict__.items() if k not in drop}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._plan_cache = None  # a pure function of the step: made again when needed
+        self._scratch = _Scratch()  # a drawn block in progress comes along as copies of its rows
         self._bind(fill=False)
 
     # ---- callbacks used by faults --------------------------------------------------------------
@@ -814,7 +835,11 @@ class Simulation:
         plan, i = self._plan_for(self.k, eff, any_out)
         # temperature, (unused), power, utilisation, framebuffer as rows of one array, each
         # gain * load + offset + static (planned) + (drift + ambient for the temperature) + noise
-        w = plan.w[i]
+        if plan.w is not None:
+            w = plan.w[i]
+        else:
+            w = self._w_base.copy()
+            w[:, self.serve_gpus] = plan.w_serve[i]
         temp = w[0]
         temp += drift
         temp += ambient
@@ -963,9 +988,11 @@ class Simulation:
         rng = self.rng
         G, R, J, nr = self._G, self._R, self._J, self._nr
         tail = (self.fleet.n_nodes if nr and self._seq_imbalance else 0) + (J if nr else 0) + 4 * R
-        dr = _Draws(np.empty((n, 7 * G + len(self.rack_amb))), np.empty((n, G)), {}, np.empty((n, J if nr else 0)),
-                    np.empty((n, nr)), np.empty((n, tail)), np.empty((n, 2 * R)), np.empty((n, 4 * R)),
-                    np.zeros((n, R)))
+        ws = self._scratch
+        dr = _Draws(ws("gpu_z", n, 7 * G + len(self.rack_amb)), ws("clock_u", n, G), {}, ws("common_z", n, J if nr else 0),
+                    ws("dev_u", n, nr), ws("tail_z", n, tail), ws("rep_u", n, 2 * R), ws("small", n, 4 * R),
+                    ws("preempt", n, R))
+        dr.preempt.fill(0.0)
         means = self._sprinkle_means
         hot = (kv.max(axis=1) > _KV_SAFE).tolist() if R else []
         dt = self.step_s
@@ -1000,10 +1027,10 @@ class Simulation:
         functions, exp included, give each element the same bits whatever the array: tested). Only the
         recurrences (slow drift, rack ambient) go step by step."""
         plan = self._plan_cache
-        if plan is None or not plan.k0 <= k < plan.k0 + len(plan.w):
+        if plan is None or not plan.k0 <= k < plan.k0 + len(plan.med):
             plan = self._plan_cache = self._plan(k, _PLAN_STEPS)
         i0 = k - plan.k0
-        n = min(self._ahead, _DRAW_AHEAD, len(plan.w) - i0)
+        n = min(self._ahead, _DRAW_AHEAD, len(plan.med) - i0)
         self._ahead = min(2 * self._ahead, _DRAW_AHEAD)
         rows = slice(i0, i0 + n)
         kv, lam = plan.kv[rows], plan.lam[rows].reshape(n, -1)
@@ -1022,19 +1049,23 @@ class Simulation:
         gz = dr.gpu_z
         gz *= self._gpu_z_scale
         n01 = gz[:, :7 * G].reshape(n, 7, G)
-        state = np.empty((n, G + len(self.rack_amb)))
-        prev = np.concatenate((self.temp_drift, self.rack_amb))
+        ws = self._scratch
+        state = ws("state", n, G + len(self.rack_amb))
+        prev = np.concatenate((self.temp_drift, self.rack_amb))  # (they may be views of the state rows)
         coef = self._ar_coef
         for i in range(n):
             cur = np.multiply(prev, coef, out=state[i])
             cur += gz[i, 6 * G:]
             prev = cur
-        ambient = state[:, G:][:, self.gpu_rack]
+        ambient = np.take(state[:, G:], self.gpu_rack, axis=1, out=ws("ambient", n, G))
         days = [(self.start + kk * self.step_s - self.start) / 86400.0 for kk in range(k, k + n)]
         ambient += np.array([1.0 * math.sin(2 * math.pi * (day - 0.6)) for day in days])[:, None]
-        w = plan.w[rows]  # read only: a step that leaves the regime may still use the plan's later rows
-        gpu = np.empty((n, 9, G))
-        temp = np.add(w[:, 0], state[:, :G])
+        # gain * load + offset + static: the base rows for every GPU, then the serving GPUs' own
+        # (the plan is read only: a step that leaves the regime may still use its later rows)
+        w_base, serve, w = self._w_base, self.serve_gpus, plan.w_serve[rows]
+        gpu = ws("gpu", n, 9, G)
+        temp = np.add(w_base[0], state[:, :G], out=ws("temp", n, G))
+        temp[:, serve] = w[:, 0] + state[:, serve]
         temp += ambient
         temp += n01[:, 0]
         np.rint(temp, out=gpu[:, 0])
@@ -1047,22 +1078,25 @@ class Simulation:
         clock += _K1935
         np.rint(clock, out=gpu[:, 2])
         gpu[:, 3] = self.mem_clock  # nothing changes it (no fault, no action): copied back as it is
-        power = np.add(w[:, 2], n01[:, 2], out=gpu[:, 4])
-        util = np.add(w[:, 3], n01[:, 3], out=gpu[:, 5])
+        for r, out in ((2, 4), (3, 5), (4, 7)):
+            np.add(w_base[r], n01[:, r], out=gpu[:, out])
+            gpu[:, out, serve] = w[:, r] + n01[:, r][:, serve]
+        power = gpu[:, 4]
+        util = gpu[:, 5]
         np.rint(util, out=util)
         np.maximum(util, _K0, out=util)
         np.minimum(util, _K100, out=util)
         copy_util = np.multiply(util, _K0_4, out=gpu[:, 6])
         np.rint(copy_util, out=copy_util)
-        fb = np.add(w[:, 4], n01[:, 4], out=gpu[:, 7])
+        fb = gpu[:, 7]
         np.rint(fb, out=fb)
         np.minimum(_FB_USABLE, fb, out=fb)
         np.subtract(_FB_USABLE, fb, out=gpu[:, 8])
-        energy = np.multiply(power, self._ms_per_step)
+        energy = np.multiply(power, self._ms_per_step, out=ws("energy", n, G))
         np.rint(energy, out=energy)
 
         # training: rank compute times and whole-step times
-        ranks = np.empty((n, 2, nr))
+        ranks = ws("ranks", n, 2, nr)
         off = 0
         if nr:
             rj = self._rank_job
@@ -1074,7 +1108,8 @@ class Simulation:
             dev *= self._rank_noise2
             dev += self.rank_static
             dev += _K1
-            comp = np.multiply(common[:, rj], self.rank_base, out=ranks[:, 0])
+            comp = np.take(common, rj, axis=1, out=ranks[:, 0])
+            comp *= self.rank_base
             comp *= dev
             if self._seq_imbalance:
                 N = self.fleet.n_nodes
@@ -1086,12 +1121,12 @@ class Simulation:
             jitter += _K1
             jitter *= self.job_comm
             step = np.add(step_max, jitter, out=jitter)
-            ranks[:, 1] = step[:, rj]
+            np.take(step, rj, axis=1, out=ranks[:, 1])
             off += J
 
         # serving: gauges, then the increments of the counters and histograms in buffer order
-        rep_gauges = np.empty((n, 3, R))
-        rep_inc = np.empty((n, self._fast_views[3].size))
+        rep_gauges = ws("rep_gauges", n, 3, R)
+        rep_inc = ws("rep_inc", n, self._fast_views[3].size)
         if R:
             z = dr.tail_z[:, off:off + 4 * R].reshape(n, 4, R)
             u = dr.rep_u.reshape(n, 2, R)
@@ -1113,16 +1148,19 @@ class Simulation:
             np.rint(n_tok, out=n_tok)
             np.maximum(n_tok, _K0, out=n_tok)
             med = plan.med[rows]
+            cdf_rows = plan.cdf_rows[rows]
+            assert self._cdf_tab is not None
             o = 7 * R
-            for cdf, cnt, u_h, m, mean in ((plan.ttft_cdf[rows], n_req, u[:, 0], med[:, 0], _TTFT_MEAN),
-                                           (plan.itl_cdf[rows], n_tok, u[:, 1], med[:, 1], _ITL_MEAN)):
-                nb = cdf.shape[-1]
-                hist = np.multiply(cdf, cnt[:, :, None], out=rep_inc[:, o:o + R * nb].reshape(n, R, nb))
+            for j, cnt, u_h, mean in ((0, n_req, u[:, 0], _TTFT_MEAN), (1, n_tok, u[:, 1], _ITL_MEAN)):
+                tab = self._cdf_tab[j]
+                nb = tab.shape[1]
+                hist = tab.take(cdf_rows[:, j], axis=0, out=rep_inc[:, o:o + R * nb].reshape(n, R, nb), mode="clip")
+                hist *= cnt[:, :, None]
                 hist += u_h[:, :, None]
                 np.floor(hist, out=hist)
                 hist[:, :, -1] = cnt
                 o += R * nb
-                total = np.multiply(cnt, m, out=rep_inc[:, o:o + R])
+                total = np.multiply(cnt, med[:, j], out=rep_inc[:, o:o + R])
                 total *= mean
                 rep_inc[:, o + R:o + 2 * R] = cnt  # the count: the +Inf bucket's increment
                 o += 2 * R
@@ -1256,7 +1294,9 @@ class Simulation:
         # cumulative counts floor(N * CDF(le) + u) are monotone, have exactly the right means, and a rare
         # slow request still lands in the tail with the right probability; a multinomial per replica per
         # step would cost ten times more. The planned CDF rows are this step's own: used up in place.
-        for hist, cdf, n, u_h in ((self.ttft_b, plan.ttft_cdf[i], n_req, u[0]), (self.itl_b, plan.itl_cdf[i], n_tok, u[1])):
+        assert self._cdf_tab is not None
+        for hist, cdf, n, u_h in ((self.ttft_b, self._cdf_tab[0][plan.cdf_rows[i, 0]], n_req, u[0]),
+                                  (self.itl_b, self._cdf_tab[1][plan.cdf_rows[i, 1]], n_tok, u[1])):
             # the table's last column (+Inf) is a placeholder: the count itself goes there, so that the
             # whole (contiguous) histogram block takes one addition
             cdf *= n[:, None]
@@ -1304,7 +1344,7 @@ class Simulation:
         if eff is not None or any_out or idle is not None:
             return self._plan(k, 1, eff, idle, any_out), 0
         plan = self._plan_cache
-        if plan is None or not plan.k0 <= k < plan.k0 + len(plan.w):
+        if plan is None or not plan.k0 <= k < plan.k0 + len(plan.med):
             plan = self._plan_cache = self._plan(k, _PLAN_STEPS)
         return plan, k - plan.k0
 
@@ -1333,6 +1373,12 @@ class Simulation:
         gl *= _K0_6
         gl += _K0_35
         np.minimum(_K1, gl, out=gl)
+        # only the serving GPUs' load moves (the others' rows are computed once, the same operations),
+        # unless nodes are drained
+        w_serve = np.multiply(gl[:, None, :], self._load_gain)
+        w_serve += self._load_offset
+        w_serve += self._serve_static
+        w = None
         if any_out:
             load = np.repeat(self.base_load[None, :], n, axis=0)
             load[:, self.node_out[self.gpu_node]] = 0.0  # drained: the workload went elsewhere
@@ -1340,14 +1386,6 @@ class Simulation:
             w = np.multiply(load[:, None, :], self._load_gain)
             w += self._load_offset
             w += self._gpu_static
-        else:
-            # only the serving GPUs' load moves; the others' rows were computed once (the same operations)
-            w = np.empty((n, 5, self._G))
-            w[...] = self._w_base
-            ws = np.multiply(gl[:, None, :], self._load_gain)
-            ws += self._load_offset
-            ws += self._serve_static
-            w[:, :, self.serve_gpus] = ws
         # latency medians: TTFT grows with the square of the load, ITL linearly
         med = np.empty((n, 2, R))
         ttft = np.multiply(rep_load, _K0_8, out=med[:, 0])
@@ -1377,14 +1415,14 @@ class Simulation:
         np.maximum(_K0, waiting, out=waiting)
         waiting *= _K40
         waiting += _K0_1
-        ttft_cdf, itl_cdf = self._latency_cdf(med)
+        cdf_rows = self._latency_cdf(med)
         kv = np.multiply(rep_load, _K0_5)
         kv += _K0_15
-        return _Plan(k0, w, med, lam2, np.sqrt(lam2), lam2 >= _K30, lam, ttft_cdf, itl_cdf, kv)
+        return _Plan(k0, w, w_serve, med, lam2, np.sqrt(lam2), lam2 >= _K30, lam, cdf_rows, kv)
 
-    def _latency_cdf(self, med: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """P(latency <= le) per step, replica and bucket for the TTFT and the ITL histograms (``med``:
-        (steps, 2, replicas) medians): fresh arrays.
+    def _latency_cdf(self, med: np.ndarray) -> np.ndarray:
+        """The rows of the tables of P(latency <= le) per bucket for the TTFT and the ITL histograms, per
+        step and replica (``med``: (steps, 2, replicas) medians; the rows have the same shape).
 
         Looked up in a table over log(median) at 0.5 % resolution, built once: the erf per bucket per
         replica per step was the most expensive line of the serving model."""
@@ -1399,8 +1437,7 @@ class Simulation:
         np.rint(ix, out=ix)
         np.maximum(ix, _K0, out=ix)
         np.minimum(ix, _CDF_LAST, out=ix)
-        rows = ix.astype(np.intp)
-        return self._cdf_tab[0][rows[:, 0]], self._cdf_tab[1][rows[:, 1]]
+        return ix.astype(np.intp)
 
     # ---- public API ---------------------------------------------------------------------------
     def steps(self, n: int | None = None) -> Iterator[tuple[float, Snapshot]]:
