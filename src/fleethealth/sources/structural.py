@@ -16,6 +16,11 @@ looked at values, that GPU would be "unknown" and the node would look fine. So t
 
 The tracker is pure apart from its own memory (the most GPUs each node has shown): it takes the history
 view and ``now`` as arguments and returns a snapshot of derived samples.
+
+It runs every decision cycle, so a history view is read through its index (``_fresh_indexed``): the
+gauge rows and each counter series' latest sample, never the hours of counter samples, and while the
+layout of those is unchanged (a steady fleet) only their times. Any other snapshot is read row by row;
+both give the same answers (tests/test_structural_index_equiv.py).
 """
 
 from __future__ import annotations
