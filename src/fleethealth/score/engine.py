@@ -704,6 +704,14 @@ def _evaluate(ctx: _Ctx, spec: SignalSpec, kind: EntityKind, table: _KindTable,
         rows = ctx.gauge_rows(spec.metric, spec.match, kind, table)
         if rows is not None:
             return _evaluate_gauge_rows(ctx, spec, kind, rows, res)
+    if spec.shape == "xid" and spec.kind == "gauge" and ctx.index is not None:
+        xid_rows = _xid_rows(ctx, spec, kind, table)
+        if xid_rows is not None:
+            idx, ser, ent, layout = xid_rows
+            if idx.size:
+                res.seen[ent] = True
+                _evaluate_xid(ctx, spec, idx, ser, ent, res, layout)
+            return res
     idx = ctx.samples(spec.metric, spec.match)
     if idx.size == 0:
         return res
@@ -1295,39 +1303,112 @@ def _peer_groups(ctx: _Ctx, spec: SignalSpec, kind: str, src_series: np.ndarray,
     return out
 
 
+@dataclass
+class _XidLayout:
+    """Rows of a last-Xid gauge in a history's view, one block in series order: where each series'
+    rows end (``lp``, ``last``), where a new series starts (``change``, between rows), the entity of
+    each series' latest row and whether those are one per entity. Valid while the rows are in time
+    order within each series (checked per call)."""
+
+    lp: np.ndarray
+    last: np.ndarray
+    change: np.ndarray
+    ent_lp: np.ndarray
+    single: bool
+    steps: np.ndarray  # 0..size-1
+
+
+# (spec, kind) -> (table, the block's series, rows kept (relative), series, entity, layout or None)
+_XIDS: dict[tuple[int, str], tuple[_KindTable, np.ndarray, np.ndarray | None, np.ndarray, np.ndarray,
+                                   _XidLayout | None]] = {}
+
+
+def _xid_rows(ctx: _Ctx, spec: SignalSpec, kind: str, table: _KindTable,
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray, _XidLayout | None] | None:
+    """A last-Xid gauge's rows of a history's view that belong to an entity of ``kind`` (positions,
+    series, entities) and their ``_XidLayout``; kept while the block holds the same series. None when
+    the metric has no rows."""
+    mid = ctx.metric_ix.get(spec.metric)
+    if mid is None or mid not in ctx.bounds:
+        return None
+    a, b = ctx.bounds[mid]
+    block = ctx.snap.series_ids[a:b]
+    key = (id(spec), kind)
+    hit = _XIDS.get(key)
+    if hit is None or hit[0] is not table or not np.array_equal(hit[1], block):
+        ent = table.entities(ctx.resolver.arr[kind][block])
+        keep = ent >= 0
+        if spec.match:
+            keep &= ctx.resolver.label_match(spec.match)[block]
+        sel = None if bool(keep.all()) else np.flatnonzero(keep)
+        ser, ent = (block.copy(), ent) if sel is None else (block[sel], ent[sel])
+        layout = None
+        if ser.size and bool((np.diff(ser) >= 0).all()):
+            change = ser[1:] != ser[:-1]
+            last = np.append(change, True)
+            lp = np.flatnonzero(last)
+            ent_lp = ent[lp]
+            layout = _XidLayout(lp, last, change, ent_lp, int(np.bincount(ent_lp).max()) <= 1, np.arange(ser.size))
+        hit = (table, block.copy(), sel, ser, ent, layout)
+        if len(_XIDS) > 64:
+            _XIDS.clear()
+        _XIDS[key] = hit
+    _, _, sel, ser, ent, layout = hit
+    idx = np.arange(a, b) if sel is None else a + sel
+    return idx, ser, ent, layout
+
+
 def _evaluate_xid(
-    ctx: _Ctx, spec: SignalSpec, idx: np.ndarray, ser: np.ndarray, ent: np.ndarray, res: _SignalResult
+    ctx: _Ctx, spec: SignalSpec, idx: np.ndarray, ser: np.ndarray, ent: np.ndarray, res: _SignalResult,
+    layout: _XidLayout | None = None,
 ) -> _SignalResult:
-    """Xids from DCGM's last-Xid gauge (value = the Xid) or a per-xid counter (label ``xid``)."""
+    """Xids from DCGM's last-Xid gauge (value = the Xid) or a per-xid counter (label ``xid``).
+    ``layout``: how a history view's rows of the gauge lie (``_xid_rows``)."""
     pol, snap, now = ctx.policy, ctx.snap, ctx.now
     xp = pol.xid
     window = spec.xid_window_s or xp.window_s
     max_age = spec.max_age_s or pol.freshness.max_age_s
     n = res.sub.size
     vals, ts = snap.values[idx], snap.ts[idx]
-    # Fresh evidence that the source is alive: sub-score 1 unless an Xid gates it.
     presorted = ctx.index is not None
-    lp = _latest_per_series(ser, ts, presorted)
+    if layout is not None and not bool((layout.change | (np.diff(ts) >= 0)).all()):
+        layout = None  # not in time order within a series: sort, as without a layout
+    # Fresh evidence that the source is alive: sub-score 1 unless an Xid gates it.
+    lp = layout.lp if layout is not None else _latest_per_series(ser, ts, presorted)
+    ent_lp = layout.ent_lp if layout is not None else ent[lp]
     age_s = now - ts[lp]
-    res.age[:] = _reduce_worst(ent[lp], np.maximum(age_s, 0.0), n, False)
+    fresh_lp = age_s <= max_age
+    if layout is not None and layout.single:
+        res.age[ent_lp] = np.maximum(age_s, 0.0)
+    else:
+        res.age[:] = _reduce_worst(ent_lp, np.maximum(age_s, 0.0), n, False)
     fresh_e = np.zeros(n, bool)
-    fresh_e[ent[lp][age_s <= max_age]] = True
+    fresh_e[ent_lp[fresh_lp]] = True
     codes: list[tuple[int, int]] = []  # (entity, xid)
     if spec.kind == "gauge":
         # DCGM's last-Xid field keeps its value until the exporter restarts, so a value is an occurrence
         # only when it *started* within the Xid window: the start of the series' final run of equal
         # values (the history keeps that start). With no earlier evidence the first sample is the start.
-        order = _in_order(ser, ts, presorted)
-        s_o, v_o, t_o, e_o = ser[order], vals[order], ts[order], ent[order]
+        if layout is not None:  # rows already in (series, time) order
+            s_o, v_o, t_o, e_o = ser, vals, ts, ent
+            change, last, steps = layout.change, layout.last, layout.steps
+        else:
+            order = _in_order(ser, ts, presorted)
+            s_o, v_o, t_o, e_o = ser[order], vals[order], ts[order], ent[order]
+            change = s_o[1:] != s_o[:-1]
+            last = np.append(change, True)
+            steps = np.arange(s_o.size)
         new_run = np.ones(s_o.size, bool)
-        new_run[1:] = (s_o[1:] != s_o[:-1]) | (v_o[1:] != v_o[:-1])
-        run_start_ts = t_o[np.maximum.accumulate(np.where(new_run, np.arange(s_o.size), 0))]
-        last = np.ones(s_o.size, bool)
-        last[:-1] = s_o[1:] != s_o[:-1]
+        new_run[1:] = change | (v_o[1:] != v_o[:-1])
+        run_start_ts = t_o[np.maximum.accumulate(np.where(new_run, steps, 0))]
         w = last & (v_o > 0) & (run_start_ts > now - window) & (now - t_o <= max_age)
-        for e, v in set(zip(e_o[w].tolist(), v_o[w].astype(np.int64).tolist(), strict=True)):
-            codes.append((e, v))
-        res.raw[:] = _reduce_worst(ent[lp][age_s <= max_age], vals[lp][age_s <= max_age], n, True)
+        if w.any():
+            for e, v in set(zip(e_o[w].tolist(), v_o[w].astype(np.int64).tolist(), strict=True)):
+                codes.append((e, v))
+        if layout is not None and layout.single:
+            res.raw[ent_lp[fresh_lp]] = vals[lp][fresh_lp]
+        else:
+            res.raw[:] = _reduce_worst(ent_lp[fresh_lp], vals[lp][fresh_lp], n, True)
     else:
         inw = ts > now - window
         s_ids, inc, _t0, _t1, _ = _increase_per_series(ser[inw], vals[inw], ts[inw])
