@@ -662,7 +662,8 @@ class _Layout:
         first = np.ones(sk.size, bool)
         np.not_equal(sk[1:], sk[:-1], out=first[1:])
         keys = sk[first]
-        pair = np.empty(sk.size, np.int64)
+        idx = np.int32 if sk.size < 2**31 else np.int64  # (the layout is kept: half the memory)
+        pair = np.empty(sk.size, idx)
         pair[order] = np.cumsum(first) - 1
         self.pair_b, self.pair_a = pair[:nb], pair[nb:]
         self.npe = np.diff(np.append(np.flatnonzero(first), sk.size))  # entries per pair
@@ -673,7 +674,7 @@ class _Layout:
         def by_node(s: np.ndarray, m: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
             nodes = node_of[s]
             rows = np.flatnonzero((nodes >= 0) & ~is_target[m])
-            rows = rows[np.argsort(nodes[rows], kind="stable")]
+            rows = rows[np.argsort(nodes[rows], kind="stable")].astype(idx)
             nodes = nodes[rows]
             starts = np.flatnonzero(np.concatenate(([True], nodes[1:] != nodes[:-1]))) if rows.size else _NO_IDS
             return rows, starts, nodes[starts]
