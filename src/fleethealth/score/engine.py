@@ -1880,7 +1880,22 @@ class _SpecPlan:
 _SPEC_PLANS: dict[tuple[tuple[int, ...], tuple[str, ...]], tuple[list[SignalSpec], _SpecPlan]] = {}
 
 
+# (specs list, categories list) identities -> their plan: the lists of ``_policy_kinds``, kept per policy
+_SPEC_PLAN_OF_LISTS: dict[tuple[int, int], tuple[list[SignalSpec], list[str], _SpecPlan]] = {}
+
+
 def _spec_plan(specs: list[SignalSpec], categories: list[str]) -> _SpecPlan:
+    hit_lists = _SPEC_PLAN_OF_LISTS.get((id(specs), id(categories)))
+    if hit_lists is not None and hit_lists[0] is specs and hit_lists[1] is categories:
+        return hit_lists[2]
+    plan = _spec_plan_of(specs, categories)
+    if len(_SPEC_PLAN_OF_LISTS) > 64:
+        _SPEC_PLAN_OF_LISTS.clear()
+    _SPEC_PLAN_OF_LISTS[(id(specs), id(categories))] = (specs, categories, plan)
+    return plan
+
+
+def _spec_plan_of(specs: list[SignalSpec], categories: list[str]) -> _SpecPlan:
     key = (tuple(id(s) for s in specs), tuple(categories))
     hit = _SPEC_PLANS.get(key)
     if hit is not None and all(a is b for a, b in zip(hit[0], specs, strict=True)):
@@ -2126,9 +2141,7 @@ class _Kinds(Mapping[str, KindScores]):
     def _make(self, kind: str) -> KindScores:
         ev = self._ev
         specs, table, results = ev.specs[kind], ev.tables[kind], ev.results[kind]
-        kind_cats = ev.kind_cats.get(kind)
-        if kind_cats is None:
-            kind_cats = ev.kind_cats[kind] = [c for c in ev.categories if any(s.category == c for s in specs)]
+        kind_cats = ev.kind_cats[kind]
         return _aggregate(
             table.kind, table.names, specs if table.names else [], results, self._how, kind_cats,
             ev.policy.critical_zeroes_category, ev.bases, ev.mats.get(kind),
@@ -2438,6 +2451,26 @@ _LAST_EVALUATION: list[_Evaluation] = []
 _LAST_TABLES: list[tuple[Hashable, Policy, Any, _Resolver, int, dict[str, _KindTable], np.ndarray]] = []
 
 
+# policy id -> (policy, signals per kind, categories, categories per kind)
+_POLICY_KINDS: dict[int, tuple[Policy, dict[str, list[SignalSpec]], list[str], dict[str, list[str]]]] = {}
+
+
+def _policy_kinds(policy: Policy) -> tuple[dict[str, list[SignalSpec]], list[str], dict[str, list[str]]]:
+    """A policy's signals per entity kind, its categories and each kind's categories, in policy order:
+    the same lists every cycle (so that what is kept per list is found by identity)."""
+    hit = _POLICY_KINDS.get(id(policy))
+    if hit is None or hit[0] is not policy:
+        specs: dict[str, list[SignalSpec]] = {kind: [s for s in policy.signals if kind in s.entities] for kind in KINDS}
+        categories = list(dict.fromkeys(s.category for s in policy.signals))
+        kind_cats: dict[str, list[str]] = {
+            kind: [c for c in categories if any(s.category == c for s in specs[kind])] for kind in KINDS}
+        if len(_POLICY_KINDS) > 16:
+            _POLICY_KINDS.clear()
+        made = _POLICY_KINDS[id(policy)] = (policy, specs, categories, kind_cats)
+        return made[1], made[2], made[3]
+    return hit[1], hit[2], hit[3]
+
+
 # (the tables it was built with, the plan): how the last history view was evaluated
 _LAST_PLAN: list[tuple[dict[str, _KindTable], _Plan]] = []
 
@@ -2482,7 +2515,7 @@ def _evaluation(
             raise AssertionError("gpu without node")
         if token is not None:
             _LAST_TABLES[:] = [(token, policy, inventory, r, len(r.key_names), tables, gpu_node)]
-    specs: dict[str, list[SignalSpec]] = {kind: [s for s in policy.signals if kind in s.entities] for kind in KINDS}
+    specs, categories, kind_cats = _policy_kinds(policy)
     results: dict[str, list[_SignalResult]] = {kind: [] for kind in KINDS}
     mats: dict[str, _Mats] = {}
     if ctx.index is not None:
@@ -2501,8 +2534,8 @@ def _evaluation(
                 results[kind], mats[kind] = _evaluate_kind(ctx, kind, tables[kind], specs[kind])
     meta = _MetaIndex(ctx, policy, tables, gpu_node)
     ev = _Evaluation(
-        snapshot, policy, now, inventory, specs, tables, results,
-        list(dict.fromkeys(s.category for s in policy.signals)), gpu_node, meta, ctx.issues, mats=mats,
+        snapshot, policy, now, inventory, specs, tables, results, categories, gpu_node, meta, ctx.issues,
+        kind_cats=kind_cats, mats=mats,
     )
     _LAST_EVALUATION[:] = [ev]
     return ev
