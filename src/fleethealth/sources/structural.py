@@ -662,8 +662,7 @@ class _Layout:
         first = np.ones(sk.size, bool)
         np.not_equal(sk[1:], sk[:-1], out=first[1:])
         keys = sk[first]
-        idx = np.int32 if sk.size < 2**31 else np.int64  # (the layout is kept: half the memory)
-        pair = np.empty(sk.size, idx)
+        pair = np.empty(sk.size, np.int32 if sk.size < 2**31 else np.int64)  # (kept: half the memory)
         pair[order] = np.cumsum(first) - 1
         self.pair_b, self.pair_a = pair[:nb], pair[nb:]
         self.npe = np.diff(np.append(np.flatnonzero(first), sk.size))  # entries per pair
@@ -671,10 +670,12 @@ class _Layout:
         self.present, self.retained, self.gpus = tr._pair_facts(st, masks, n_series, self.p_sid, self.p_mid)
         node_of = st.node_of()
 
+
         def by_node(s: np.ndarray, m: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+            # entries of a node (not of a target metric), by node; as intp: the fastest gather
             nodes = node_of[s]
             rows = np.flatnonzero((nodes >= 0) & ~is_target[m])
-            rows = rows[np.argsort(nodes[rows], kind="stable")].astype(idx)
+            rows = rows[np.argsort(nodes[rows], kind="stable")]
             nodes = nodes[rows]
             starts = np.flatnonzero(np.concatenate(([True], nodes[1:] != nodes[:-1]))) if rows.size else _NO_IDS
             return rows, starts, nodes[starts]
