@@ -162,6 +162,19 @@ def _with_inf(cdf: np.ndarray) -> np.ndarray:
     return np.concatenate([cdf, np.ones((len(cdf), 1))], axis=1)
 
 
+def _runs(idx: np.ndarray, tag: np.ndarray, limit: int, same: bool = False) -> list[tuple[int, int, int]] | None:
+    """Maximal runs (lo, hi, t) of consecutive values lo..hi-1 in the sorted ``idx`` over which ``tag``
+    goes up by one (``same``: stays equal), with ``t`` the tag at lo; None beyond ``limit`` runs."""
+    out: list[tuple[int, int, int]] = []
+    step = 0 if same else 1
+    for g, t in zip(idx.tolist(), tag.tolist(), strict=True):
+        if out and g == out[-1][1] and t == out[-1][2] + step * (g - out[-1][0]):
+            out[-1] = (out[-1][0], g + 1, out[-1][2])
+        else:
+            out.append((g, g + 1, t))
+    return out if len(out) <= limit else None
+
+
 def _counts(rng: np.random.Generator, lam: np.ndarray) -> np.ndarray:
     """Poisson counts: exact for small means (the latency tail matters for SLOs), normal approximation
     for large ones, where Poisson sampling is the most expensive call of a step."""
@@ -304,11 +317,14 @@ class _Scratch:
     def __init__(self) -> None:
         self._arrays: dict[str, np.ndarray] = {}
 
-    def __call__(self, name: str, n: int, *shape: int) -> np.ndarray:
+    def __call__(self, name: str, n: int, *shape: int, axis: int = 0) -> np.ndarray:
+        """``n`` steps of array ``name``: steps along ``axis``, ``shape`` the other axes in order."""
         a = self._arrays.get(name)
-        if a is None or a.shape[1:] != shape or len(a) < n:
-            a = self._arrays[name] = np.empty((max(n, _DRAW_AHEAD), *shape))
-        return a[:n]
+        rest = a.shape[:axis] + a.shape[axis + 1:] if a is not None else None
+        if a is None or rest != shape or a.shape[axis] < n:
+            full = (*shape[:axis], max(n, _DRAW_AHEAD), *shape[axis:])
+            a = self._arrays[name] = np.empty(full)
+        return a[(slice(None),) * axis + (slice(0, n),)]
 
 
 class _Interner:
@@ -626,6 +642,14 @@ class Simulation:
         self._sprinkle_means = (2e-6 * dt * G, 1e-6 * dt * G, 1e-6 * dt * G)
         self._drawn: _Drawn | None = None
         self._ahead = _DRAW_FIRST
+        # runs of consecutive GPUs (serving ones; of one rack) and each job's ranks, for sliced arithmetic
+        self._serve_runs = _runs(self.serve_gpus, np.arange(len(self.serve_gpus)), 16)
+        self._rack_runs = _runs(np.arange(G), self.gpu_rack, 64, same=True)
+        self._racks_uniform = self._rack_runs is not None and self._rack_runs == [
+            (i * (G // len(self._rack_runs)), (i + 1) * (G // len(self._rack_runs)), i)
+            for i in range(len(self._rack_runs))] and len(self._rack_runs) == len(self.rack_amb)
+        bounds = [*self.job_rank_start.tolist(), len(f.rank_gpu)]
+        self._job_spans = list(zip(bounds[:-1], bounds[1:], strict=True))
         self._scratch = _Scratch()
         # drawn ahead: the scale of each normal of a step's first run (7 GPU rows, then the racks), and
         # the AR(1) coefficients of slow drift and rack ambient as one state (GPUs, then racks)
@@ -954,7 +978,7 @@ class Simulation:
             d = self._drawn = self._draw_ahead(k)
         i = k - d.k0
         gpu, ranks, rep_gauges, rep_counters = self._fast_views
-        np.copyto(gpu, d.gpu[i])
+        np.copyto(gpu, d.gpu[:, i])
         self.energy += d.energy[i]
         if d.sprinkles and (hits := d.sprinkles.get(i)):
             counters = (self.pcie, self.sbe, self.nvl[0])
@@ -963,7 +987,7 @@ class Simulation:
         drift = d.drift[i]
         self.temp_drift = drift[:self._G]
         self.rack_amb = drift[self._G:]
-        np.copyto(ranks, d.ranks[i])
+        np.copyto(ranks, d.ranks[:, i])
         np.copyto(rep_gauges, d.rep_gauges[i])
         rep_counters += d.rep_inc[i]
 
@@ -1020,6 +1044,29 @@ class Simulation:
                         dr.preempt[i] = rng.poisson(np.maximum(0.0, level - 0.9) * 5.0 * dt)
         return dr
 
+    def _serving_cols(self, out: np.ndarray, w: np.ndarray, x: np.ndarray) -> None:
+        """``out[:, g] = w[:, j] + x[:, g]`` for the serving GPUs g = serve_gpus[j] (steps on axis 0): by
+        slices over runs of consecutive GPUs (a replica's GPUs are consecutive), or gathered."""
+        runs = self._serve_runs
+        if runs is None:
+            out[:, self.serve_gpus] = w + x[:, self.serve_gpus]
+            return
+        for lo, hi, j in runs:
+            np.add(w[:, j:j + hi - lo], x[:, lo:hi], out=out[:, lo:hi])
+
+    def _add_rack_ambient(self, temp: np.ndarray, ambient: np.ndarray) -> None:
+        """``temp[:, g] += ambient[:, rack of g]`` (steps on axis 0): one broadcast when the GPUs come in
+        equal runs, rack after rack; else by slices over runs of one rack, or gathered."""
+        runs = self._rack_runs
+        if runs is None:
+            temp += ambient[:, self.gpu_rack]
+        elif self._racks_uniform:
+            by_rack = temp.reshape(len(temp), len(runs), -1)
+            by_rack += ambient[:, :, None]
+        else:
+            for lo, hi, rack in runs:
+                temp[:, lo:hi] += ambient[:, rack:rack + 1]
+
     def _draw_ahead(self, k: int) -> _Drawn:
         """Draw the quiet steps from ``k`` on (to the end of the shared plan, at most ``_ahead``) and
         compute what follows from the draws and the plan for all of them at once: ``_step_plain``'s
@@ -1044,59 +1091,60 @@ class Simulation:
         for h, hist in ((TTFT, self.ttft_b), (ITL, self.itl_b)):
             v[h + "_count"][...] = hist[:, -1]  # from here on advanced with the +Inf bucket
 
-        # GPUs: noise (every normal of the run scaled by its row's factor in one operation), slow drift
-        # and rack ambient (one AR(1) state: GPUs, then racks, each step from the last), gauges
-        gz = dr.gpu_z
-        gz *= self._gpu_z_scale
-        n01 = gz[:, :7 * G].reshape(n, 7, G)
+        # GPUs. The first six rows of unit normals scaled, each into a contiguous (steps, GPUs) array (numpy
+        # is several times slower on strided views of large arrays); slow drift and rack ambient as one
+        # AR(1) state (GPUs, then racks), each step from the last; the gauges, each a contiguous
+        # (steps, GPUs) row of ``gpu``.
         ws = self._scratch
+        gz = dr.gpu_z
+        n01 = np.multiply(gz[:, :6 * G].reshape(n, 6, G).transpose(1, 0, 2), self._noise_scale[:6, :, None],
+                          out=ws("n01", n, 6, G, axis=1))
+        innov = gz[:, 6 * G:]
+        innov *= self._gpu_z_scale[6 * G:]
         state = ws("state", n, G + len(self.rack_amb))
         prev = np.concatenate((self.temp_drift, self.rack_amb))  # (they may be views of the state rows)
         coef = self._ar_coef
         for i in range(n):
             cur = np.multiply(prev, coef, out=state[i])
-            cur += gz[i, 6 * G:]
+            cur += innov[i]
             prev = cur
-        ambient = np.take(state[:, G:], self.gpu_rack, axis=1, out=ws("ambient", n, G))
         days = [(self.start + kk * self.step_s - self.start) / 86400.0 for kk in range(k, k + n)]
-        ambient += np.array([1.0 * math.sin(2 * math.pi * (day - 0.6)) for day in days])[:, None]
+        ambient = state[:, G:] + np.array([1.0 * math.sin(2 * math.pi * (day - 0.6)) for day in days])[:, None]
         # gain * load + offset + static: the base rows for every GPU, then the serving GPUs' own
         # (the plan is read only: a step that leaves the regime may still use its later rows)
-        w_base, serve, w = self._w_base, self.serve_gpus, plan.w_serve[rows]
-        gpu = ws("gpu", n, 9, G)
+        w_base, w = self._w_base, plan.w_serve[rows]
+        gpu = ws("gpu", n, 9, G, axis=1)
         temp = np.add(w_base[0], state[:, :G], out=ws("temp", n, G))
-        temp[:, serve] = w[:, 0] + state[:, serve]
-        temp += ambient
-        temp += n01[:, 0]
-        np.rint(temp, out=gpu[:, 0])
-        mem_temp = np.add(temp, _K6, out=gpu[:, 1])
-        mem_temp += n01[:, 5]
-        np.rint(mem_temp, out=mem_temp)
+        self._serving_cols(temp, w[:, 0], state[:, :G])
+        self._add_rack_ambient(temp, ambient)
+        temp += n01[0]
+        np.rint(temp, out=gpu[0])
+        mem_temp = np.add(temp, _K6, out=ws("mem_temp", n, G))
+        mem_temp += n01[5]
+        np.rint(mem_temp, out=gpu[1])
         clock = dr.clock_u
         clock -= _K0_5
         clock *= _K38
         clock += _K1935
-        np.rint(clock, out=gpu[:, 2])
-        gpu[:, 3] = self.mem_clock  # nothing changes it (no fault, no action): copied back as it is
+        np.rint(clock, out=gpu[2])
+        gpu[3] = self.mem_clock  # nothing changes it (no fault, no action): copied back as it is
         for r, out in ((2, 4), (3, 5), (4, 7)):
-            np.add(w_base[r], n01[:, r], out=gpu[:, out])
-            gpu[:, out, serve] = w[:, r] + n01[:, r][:, serve]
-        power = gpu[:, 4]
-        util = gpu[:, 5]
+            np.add(w_base[r], n01[r], out=gpu[out])
+            self._serving_cols(gpu[out], w[:, r], n01[r])
+        power, util, fb = gpu[4], gpu[5], gpu[7]
         np.rint(util, out=util)
         np.maximum(util, _K0, out=util)
         np.minimum(util, _K100, out=util)
-        copy_util = np.multiply(util, _K0_4, out=gpu[:, 6])
+        copy_util = np.multiply(util, _K0_4, out=gpu[6])
         np.rint(copy_util, out=copy_util)
-        fb = gpu[:, 7]
         np.rint(fb, out=fb)
         np.minimum(_FB_USABLE, fb, out=fb)
-        np.subtract(_FB_USABLE, fb, out=gpu[:, 8])
+        np.subtract(_FB_USABLE, fb, out=gpu[8])
         energy = np.multiply(power, self._ms_per_step, out=ws("energy", n, G))
         np.rint(energy, out=energy)
 
         # training: rank compute times and whole-step times
-        ranks = ws("ranks", n, 2, nr)
+        ranks = ws("ranks", n, 2, nr, axis=1)
         off = 0
         if nr:
             rj = self._rank_job
@@ -1108,8 +1156,9 @@ class Simulation:
             dev *= self._rank_noise2
             dev += self.rank_static
             dev += _K1
-            comp = np.take(common, rj, axis=1, out=ranks[:, 0])
-            comp *= self.rank_base
+            comp = ranks[0]
+            for j, (lo, hi) in enumerate(self._job_spans):  # ranks are contiguous per job
+                np.multiply(common[:, j:j + 1], self.rank_base[lo:hi], out=comp[:, lo:hi])
             comp *= dev
             if self._seq_imbalance:
                 N = self.fleet.n_nodes
@@ -1121,7 +1170,8 @@ class Simulation:
             jitter += _K1
             jitter *= self.job_comm
             step = np.add(step_max, jitter, out=jitter)
-            np.take(step, rj, axis=1, out=ranks[:, 1])
+            for j, (lo, hi) in enumerate(self._job_spans):
+                ranks[1][:, lo:hi] = step[:, j:j + 1]
             off += J
 
         # serving: gauges, then the increments of the counters and histograms in buffer order
@@ -1154,10 +1204,10 @@ class Simulation:
             for j, cnt, u_h, mean in ((0, n_req, u[:, 0], _TTFT_MEAN), (1, n_tok, u[:, 1], _ITL_MEAN)):
                 tab = self._cdf_tab[j]
                 nb = tab.shape[1]
-                hist = tab.take(cdf_rows[:, j], axis=0, out=rep_inc[:, o:o + R * nb].reshape(n, R, nb), mode="clip")
-                hist *= cnt[:, :, None]
-                hist += u_h[:, :, None]
-                np.floor(hist, out=hist)
+                cdf = tab.take(cdf_rows[:, j], axis=0, out=ws(f"cdf{j}", n, R, nb), mode="clip")
+                cdf *= cnt[:, :, None]
+                cdf += u_h[:, :, None]
+                hist = np.floor(cdf, out=rep_inc[:, o:o + R * nb].reshape(n, R, nb))
                 hist[:, :, -1] = cnt
                 o += R * nb
                 total = np.multiply(cnt, med[:, j], out=rep_inc[:, o:o + R])
