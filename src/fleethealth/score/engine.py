@@ -1019,7 +1019,7 @@ class _Plan:
     def run(self, ctx: _Ctx, specs: dict[str, list[SignalSpec]],
             ) -> tuple[dict[str, list[_SignalResult]], dict[str, _Mats]]:
         L = self.size
-        sub_f, raw_f, rate_f, z_f, age_f = (np.full(L, np.nan) for _ in range(5))
+        sub_f, raw_f, rate_f, z_f, age_f = np.full((5, L), np.nan)  # one allocation
         seen_f = self.seen.copy()
         mats: dict[str, _Mats] = {}
         results: dict[str, list[_SignalResult]] = {}
@@ -1625,6 +1625,14 @@ def _slo_batch(ctx: _Ctx, jobs: list[tuple[SignalSpec, _Columns, _Columns, _Sign
             _slo_batch_one_group(ctx, group_jobs, split=False)
 
 
+def _slice_key(c: slice | np.ndarray) -> Hashable:
+    return (c.start, c.stop) if isinstance(c, slice) else id(c)
+
+
+# (entity count, windows, slots, columns) -> (arrays held, column index, bins, counts, age bins, one per bin)
+_SLO_BINS: dict[Hashable, tuple[list[Any], np.ndarray, np.ndarray, np.ndarray, np.ndarray, bool]] = {}
+
+
 def _slo_counts(ctx: _Ctx, cols: list[_Columns], slots: list[int], n_slots: int, starts: tuple[float, ...],
                 n: int) -> tuple[np.ndarray, np.ndarray]:
     """Per slot (each ``cols[i]`` is slot ``slots[i]``) x window x entity: the increase over each
@@ -1632,19 +1640,40 @@ def _slo_counts(ctx: _Ctx, cols: list[_Columns], slots: list[int], n_slots: int,
     slot x entity the age of its latest sample among series with one in the first window. All columns
     of one matrix group."""
     w = len(starts)
+    size = n_slots * w * n
     inc_g, n_in_g, lt_g = ctx.windows(cols[0].mat, starts)
-    ix = np.concatenate([_cols_ix(c) for c in cols])
-    ent = np.concatenate([c.ent for c in cols])
-    slot = np.repeat(np.asarray(slots, np.int64), [c.ent.size for c in cols])
+    # which columns, bins and counts: the same while the columns are (kept by their arrays' identity)
+    refs: list[Any] = [x for c in cols for x in (c.ent, c.cols if not isinstance(c.cols, slice) else None)]
+    key = ("slo", n, w, tuple(slots), tuple((id(c.ent), _slice_key(c.cols)) for c in cols))
+    hit = _SLO_BINS.get(key)
+    if hit is None or len(hit[0]) != len(refs) or not all(a is b for a, b in zip(hit[0], refs, strict=True)):
+        ix = np.concatenate([_cols_ix(c) for c in cols])
+        ent = np.concatenate([c.ent for c in cols])
+        slot = np.repeat(np.asarray(slots, np.int64), [c.ent.size for c in cols])
+        bins_all = (slot[None, :] * w + np.arange(w)[:, None]) * n + ent[None, :]
+        age_bins = slot * n + ent
+        unique = age_bins.size == 0 or int(np.bincount(age_bins).max()) <= 1
+        hit = (refs, ix, bins_all, np.bincount(bins_all.reshape(-1), minlength=size).reshape(n_slots, w, n),
+               age_bins, unique)
+        if len(_SLO_BINS) > 64:
+            _SLO_BINS.clear()
+        _SLO_BINS[key] = hit
+    _, ix, bins_all, cnt_all, age_bins, unique = hit
     inc, n_in, lt = inc_g[:, ix], n_in_g[:, ix], lt_g[ix]
     good = n_in >= 2
-    bins = ((slot[None, :] * w + np.arange(w)[:, None]) * n + ent[None, :])[good]
-    size = n_slots * w * n
-    acc = np.bincount(bins, weights=inc[good], minlength=size).reshape(n_slots, w, n)
-    cnt = np.bincount(bins, minlength=size).reshape(n_slots, w, n)
+    if bool(good.all()):  # the usual case: every bin's counts as kept; sums in the same order
+        acc = np.bincount(bins_all.reshape(-1), weights=inc.reshape(-1), minlength=size).reshape(n_slots, w, n)
+        cnt = cnt_all
+    else:
+        bins = bins_all[good]
+        acc = np.bincount(bins, weights=inc[good], minlength=size).reshape(n_slots, w, n)
+        cnt = np.bincount(bins, minlength=size).reshape(n_slots, w, n)
     age = np.full(n_slots * n, np.nan)
     has = n_in[0] > 0
-    np.fmin.at(age, (slot * n + ent)[has], ctx.now - lt[has])
+    if unique:  # one column per bin: its value (fmin with NaN is the other operand)
+        age[age_bins[has]] = ctx.now - lt[has]
+    else:
+        np.fmin.at(age, age_bins[has], ctx.now - lt[has])
     return np.where(cnt > 0, acc, np.nan), age.reshape(n_slots, n)
 
 
@@ -1804,6 +1833,8 @@ class _Base:
     low: np.ndarray  # lowest known category score (inf: none)
     worst: np.ndarray  # its index (-1: none); a gated entity's is its first gate's category
     any_gated: bool
+    n_exp_f: np.ndarray = field(default_factory=lambda: np.zeros(0))  # n_exp, n_fresh as floats (read-only)
+    n_fresh_f: np.ndarray = field(default_factory=lambda: np.zeros(0))
     # per cross-category function: (reasons, worst category, value)
     by_how: dict[str, tuple[list[str], np.ndarray, np.ndarray]] = field(default_factory=dict)
 
@@ -1838,8 +1869,8 @@ def _aggregate(
     ks = KindScores(
         kind, names, specs, base.sub_t.T, list(results), base.expected_t.T, list(categories), base.cat_t.T,
         value.copy(), base.confidence.copy(), worst.copy(), list(reason),
-        {e: list(f) for e, f in base.flags.items()}, dict(base.notes), gated=base.gated.copy(),
-        n_expected=base.n_exp.astype(np.float64), n_fresh=base.n_fresh.astype(np.float64),
+        {e: list(f) for e, f in base.flags.items()}, dict(base.notes), gated=base.gated,
+        n_expected=base.n_exp_f, n_fresh=base.n_fresh_f,
     )
     if mats is not None and m:  # the results are rows of these: nothing to stack
         ks._stacked.update(raw=mats.raw.T, rate=mats.rate.T, z=mats.z.T, age=mats.age.T)
@@ -2002,8 +2033,11 @@ def _aggregate_base(
     if any_gated:
         confidence = np.where(gated, 1.0, confidence)
         worst = np.where(gated, cat_ix[first_gate] if m else -1, worst)
+    n_exp_f, n_fresh_f = n_exp.astype(np.float64), n_fresh.astype(np.float64)
+    for a in (gated, n_exp_f, n_fresh_f):
+        a.setflags(write=False)  # handed to every consumer's scores as they are
     return _Base(sub_t, expected_t, n_exp, n_fresh, confidence, cat_t, cat_ix, gated, first_gate, flags, notes,
-                 low, worst, any_gated)
+                 low, worst, any_gated, n_exp_f, n_fresh_f)
 
 
 class _WorstMembers(Mapping[int, str]):
