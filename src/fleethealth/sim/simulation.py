@@ -640,6 +640,9 @@ class Simulation:
         # the sprinkles' mean counts per step, written as the step writes them (same floats)
         dt = self.step_s
         self._sprinkle_means = (2e-6 * dt * G, 1e-6 * dt * G, 1e-6 * dt * G)
+        # numpy draws a Poisson count with a mean under 10 by multiplying uniforms until the product is
+        # at most exp(-mean) (libm's exp, as math.exp): the count is 0 exactly when the first uniform is
+        self._sprinkle_zero = tuple(math.exp(-m) for m in self._sprinkle_means)
         self._drawn: _Drawn | None = None
         self._ahead = _DRAW_FIRST
         # runs of consecutive GPUs (serving ones; of one rack) and each job's ranks, for sliced arithmetic
@@ -1001,32 +1004,48 @@ class Simulation:
         if used < d.n:
             self.rng.bit_generator.state = d.state0
             if used:
-                self._draws(used, d.kv[:used], d.lam[:used])
+                self._draws(used, d.kv[:used], d.lam[:used], d.state0)
             self._ahead = _DRAW_FIRST
 
-    def _draws(self, n: int, kv: np.ndarray, lam: np.ndarray) -> _Draws:
+    def _draws(self, n: int, kv: np.ndarray, lam: np.ndarray, state0: Mapping[str, Any]) -> _Draws:
         """The draws of ``n`` quiet steps (planned KV-cache use ``kv`` and capped Poisson means ``lam``,
-        one row per step): the calls ``_step_plain`` makes, in its order, except that consecutive normal
-        draws are one call (numpy's Generator gives the same numbers for one call of n + m as for n then
-        m: each value takes the next raw outputs, nothing is buffered between calls)."""
+        one row per step; ``state0``: the generator's state now): the calls ``_step_plain`` makes, in
+        its order, except that consecutive normal draws are one call (numpy's Generator gives the same
+        numbers for one call of n + m as for n then m: each value takes the next raw outputs, nothing is
+        buffered between calls), and the three sprinkles' Poisson draws ride on the clocks' uniforms:
+        three more uniforms, each at most its sprinkle's ``_sprinkle_zero``, are three zero counts, the
+        same raw outputs consumed. Otherwise (a sprinkle hits, 1 step in 20 on 512 GPUs) the generator
+        steps back over the three and draws the sprinkles as the plain step does; stepping back empties
+        the generator's buffered half output (32-bit draws, the sprinkles' GPU picks), which is put back."""
         rng = self.rng
+        bg = rng.bit_generator
+        assert isinstance(bg, np.random.PCG64)  # default_rng's: it can step back
+        half = (state0["has_uint32"], state0["uinteger"])
         G, R, J, nr = self._G, self._R, self._J, self._nr
         tail = (self.fleet.n_nodes if nr and self._seq_imbalance else 0) + (J if nr else 0) + 4 * R
         ws = self._scratch
-        dr = _Draws(ws("gpu_z", n, 7 * G + len(self.rack_amb)), ws("clock_u", n, G), {}, ws("common_z", n, J if nr else 0),
+        dr = _Draws(ws("gpu_z", n, 7 * G + len(self.rack_amb)), ws("clock_u", n, G + 3), {}, ws("common_z", n, J if nr else 0),
                     ws("dev_u", n, nr), ws("tail_z", n, tail), ws("rep_u", n, 2 * R), ws("small", n, 4 * R),
                     ws("preempt", n, R))
         dr.preempt.fill(0.0)
         means = self._sprinkle_means
+        z0, z1, z2 = self._sprinkle_zero
         hot = (kv.max(axis=1) > _KV_SAFE).tolist() if R else []
         dt = self.step_s
         for i in range(n):
             rng.standard_normal(out=dr.gpu_z[i])
             rng.random(out=dr.clock_u[i])
-            for c, mean in enumerate(means):
-                hits = int(rng.poisson(mean))
-                if hits:
-                    dr.sprinkles.setdefault(i, []).append((c, rng.integers(0, G, hits)))
+            u0, u1, u2 = dr.clock_u[i, G:].tolist()
+            if u0 > z0 or u1 > z1 or u2 > z2:
+                bg.advance(-3)
+                if half[0]:
+                    bg.state = {**bg.state, "has_uint32": half[0], "uinteger": half[1]}
+                for c, mean in enumerate(means):
+                    hits = int(rng.poisson(mean))
+                    if hits:
+                        dr.sprinkles.setdefault(i, []).append((c, rng.integers(0, G, hits)))
+                        now = bg.state
+                        half = (now["has_uint32"], now["uinteger"])
             if nr:
                 rng.standard_normal(out=dr.common_z[i])
                 rng.random(out=dr.dev_u[i])
@@ -1082,7 +1101,7 @@ class Simulation:
         rows = slice(i0, i0 + n)
         kv, lam = plan.kv[rows], plan.lam[rows].reshape(n, -1)
         state0 = self.rng.bit_generator.state
-        dr = self._draws(n, kv, lam)
+        dr = self._draws(n, kv, lam, state0)
         G, R, J, nr = self._G, self._R, self._J, self._nr
         v = self._v
         # what the plain step rewrites every step and nothing else writes: the same for all these steps
@@ -1122,11 +1141,10 @@ class Simulation:
         mem_temp = np.add(temp, _K6, out=ws("mem_temp", n, G))
         mem_temp += n01[5]
         np.rint(mem_temp, out=gpu[1])
-        clock = dr.clock_u
-        clock -= _K0_5
+        clock = np.subtract(dr.clock_u[:, :G], _K0_5, out=gpu[2])
         clock *= _K38
         clock += _K1935
-        np.rint(clock, out=gpu[2])
+        np.rint(clock, out=clock)
         gpu[3] = self.mem_clock  # nothing changes it (no fault, no action): copied back as it is
         for r, out in ((2, 4), (3, 5), (4, 7)):
             np.add(w_base[r], n01[r], out=gpu[out])
