@@ -365,11 +365,16 @@ class _Ctx:
         self.index = snap.index_upto(now + skew)
         self.order = np.zeros(0, np.int64)
         self.bounds: dict[int, tuple[int, int]] = {}
+        self.n_head = 0
         self._windows: dict[tuple[int, float], tuple[np.ndarray, ...]] = {}
         self._rates: dict[tuple[int, float, float], tuple[np.ndarray, ...]] = {}
         self._stacks: dict[tuple[int, tuple[float, ...]], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         if self.index is not None:
             self.bounds = self.index.bounds
+            # its gauge rows: a history view writes its other rows (counters, read off the matrices
+            # here) only when something reads them
+            self.n_head = int(self.index.head[0].size)
+            _, self.head_s, self.head_v, self.head_t = self.index.head
             return
         ok = snap.ts <= now + skew
         n_future = int((~ok).sum())
@@ -401,6 +406,13 @@ class _Ctx:
             for u, a, b in zip(uniq.tolist(), first.tolist(), last.tolist(), strict=True):
                 self.bounds[u] = (a, b)
 
+    def row_arrays(self, end: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Series ids, values and times to read rows below ``end`` from: a history view's head when it
+        holds them, else the snapshot's arrays."""
+        if end <= self.n_head and self.index is not None:
+            return self.head_s, self.head_v, self.head_t
+        return self.snap.series_ids, self.snap.values, self.snap.ts
+
     def samples(self, metric: str, match: Mapping[str, str] | None = None) -> np.ndarray:
         mid = self.metric_ix.get(metric)
         if mid is None or mid not in self.bounds:
@@ -408,7 +420,7 @@ class _Ctx:
         a, b = self.bounds[mid]
         idx = np.arange(a, b) if self.index is not None else self.order[a:b]
         if match:
-            idx = idx[self.resolver.label_match(match)[self.snap.series_ids[idx]]]
+            idx = idx[self.resolver.label_match(match)[self.row_arrays(b)[0][idx]]]
         return idx
 
     def series_of(self, metric: str) -> np.ndarray:
@@ -419,8 +431,9 @@ class _Ctx:
         mid = self.metric_ix.get(metric)
         if self.index is not None and mid is not None and mid in self.bounds:
             a, b = self.bounds[mid]
-            return self.snap.series_ids[a:b]
-        return self.snap.series_ids[self.samples(metric)]
+            return self.row_arrays(b)[0][a:b]
+        idx = self.samples(metric)
+        return self.row_arrays(int(idx.max()) + 1 if idx.size else 0)[0][idx]
 
     def matrix(self, metric: str) -> CounterMatrix | None:
         if self.index is None:
@@ -474,7 +487,7 @@ class _Ctx:
         if mid is None or mid not in self.bounds:
             return None
         a, b = self.bounds[mid]
-        block = self.snap.series_ids[a:b]
+        block = self.row_arrays(b)[0][a:b]
         key = ("g", metric, tuple(sorted(match.items())) if match else (), kind, id(table))
         hit = _GAUGES.get(key)
         if hit is not None and hit[0] is table and np.array_equal(hit[1], block):
@@ -928,7 +941,8 @@ class _Plan:
         # the gauges' whole blocks, to check that their rows still hold the same series
         self.g_blocks = (np.concatenate([np.arange(a, b) for a, b in self.gbounds.values()])
                          if self.gbounds else z)
-        self.g_block_series = ctx.snap.series_ids[self.g_blocks].copy()
+        self.g_end = max((b for _, b in self.gbounds.values()), default=0)
+        self.g_block_series = ctx.row_arrays(self.g_end)[0][self.g_blocks].copy()
         self.c_sets = [(g, w, a, np.concatenate(src), np.concatenate(dst)) for (g, w, a), (src, dst) in c_sets.items()]
         self.c_series = {g: ctx.index.groups[g].series.copy() for g in sorted({g for g, _, _ in self.cmats.values()})}
         self.c_cols = {g: np.concatenate([np.arange(c0, c1) for gg, c0, c1 in self.cmats.values() if gg == g])
@@ -1014,7 +1028,7 @@ class _Plan:
             # every column read has a sample (always so in a dense matrix)
             if not (grp.dense and grp.t.shape[0]) and not bool((grp.last[self.c_cols[g]] >= 0).all()):
                 return False
-        return bool(np.array_equal(ctx.snap.series_ids[self.g_blocks], self.g_block_series))
+        return bool(np.array_equal(ctx.row_arrays(self.g_end)[0][self.g_blocks], self.g_block_series))
 
     def run(self, ctx: _Ctx, specs: dict[str, list[SignalSpec]],
             ) -> tuple[dict[str, list[_SignalResult]], dict[str, _Mats]]:
@@ -1030,12 +1044,13 @@ class _Plan:
                 a[off:off + m * n].reshape(m, n) for a in (sub_f, raw_f, rate_f, z_f, age_f, seen_f))
             results[kind] = [mt.result(j) for j in range(m)]
             flat.extend(results[kind])
-        now, snap = ctx.now, ctx.snap
+        now = ctx.now
         if self.g_src.size:
-            age_s = now - snap.ts[self.g_src]
+            _, values, ts = ctx.row_arrays(self.g_end)
+            age_s = now - ts[self.g_src]
             fresh = age_s <= self.g_age
             age_f[self.g_dest] = np.maximum(age_s, 0.0)
-            raw_f[self.g_dest[fresh]] = snap.values[self.g_src[fresh]]
+            raw_f[self.g_dest[fresh]] = values[self.g_src[fresh]]
         for g, window, max_age, src, dest in self.c_sets:
             rate, last_v, age = ctx.rates(ctx.index.groups[g], window, max_age)  # type: ignore[union-attr]
             rate_f[dest] = rate[src]
@@ -1109,10 +1124,11 @@ def _evaluate_gauge_rows(ctx: _Ctx, spec: SignalSpec, kind: EntityKind, rows: _G
     n = res.sub.size
     if rows.ent.size == 0:
         return res
-    snap, now = ctx.snap, ctx.now
+    now = ctx.now
     res.seen[rows.ent] = True
     max_age = spec.max_age_s or ctx.policy.freshness.max_age_s
-    vals, ts = snap.values[rows.a:rows.b], snap.ts[rows.a:rows.b]
+    _, values, times = ctx.row_arrays(rows.b)
+    vals, ts = values[rows.a:rows.b], times[rows.a:rows.b]
     if rows.sel is not None:
         vals, ts = vals[rows.sel], ts[rows.sel]
     age_s = now - ts
@@ -1332,7 +1348,7 @@ def _xid_rows(ctx: _Ctx, spec: SignalSpec, kind: str, table: _KindTable,
     if mid is None or mid not in ctx.bounds:
         return None
     a, b = ctx.bounds[mid]
-    block = ctx.snap.series_ids[a:b]
+    block = ctx.row_arrays(b)[0][a:b]
     key = (id(spec), kind)
     hit = _XIDS.get(key)
     if hit is None or hit[0] is not table or not np.array_equal(hit[1], block):
@@ -1369,7 +1385,8 @@ def _evaluate_xid(
     window = spec.xid_window_s or xp.window_s
     max_age = spec.max_age_s or pol.freshness.max_age_s
     n = res.sub.size
-    vals, ts = snap.values[idx], snap.ts[idx]
+    _, values, times = ctx.row_arrays(int(idx.max()) + 1 if idx.size else 0)
+    vals, ts = values[idx], times[idx]
     presorted = ctx.index is not None
     if layout is not None and not bool((layout.change | (np.diff(ts) >= 0)).all()):
         layout = None  # not in time order within a series: sort, as without a layout
@@ -2366,7 +2383,8 @@ class _MetaIndex:
             info: dict[tuple[str, int], dict[str, str]] = {}
             for metric, kind in ((NODE_INFO_METRIC, "node"), (REPLICA_INFO_METRIC, "replica")):
                 idx = ctx.samples(metric)
-                for sid in _uniq(self.snap.series_ids[idx].astype(np.int64)).tolist():
+                series = ctx.row_arrays(int(idx.max()) + 1 if idx.size else 0)[0]
+                for sid in _uniq(series[idx].astype(np.int64)).tolist():
                     kid = int(r.arr[kind][sid])
                     if kid < 0 or kid >= tables[kind].lut.size:
                         continue
