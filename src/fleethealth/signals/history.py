@@ -255,6 +255,14 @@ class _Plan:
     c_run: slice | None  # c_slot as a slice when it is a run of slots
     c_parts: list[tuple[int, np.ndarray]]  # (group, positions in c_rows) per group the rows land in
     c_cols: dict[int, tuple[int, np.ndarray | None]]  # group -> (its version, the parts' columns; None: all)
+    # the id arrays last found equal to the layout, when nothing can write to them (see ``_frozen``)
+    seen_ids: tuple[np.ndarray, np.ndarray] | None = None
+
+
+def _frozen(a: np.ndarray) -> bool:
+    """Whether ``a``'s contents can no longer change: read-only and owning its memory (a read-only
+    view of a writable array could change under it)."""
+    return not a.flags.writeable and a.base is None
 
 
 def _run(a: np.ndarray) -> np.ndarray | slice:
@@ -466,11 +474,17 @@ class SignalHistory:
         key = (id(snap.metrics), id(snap.labelsets))
         p = self._plans.pop(key, None)
         mmap, smap = self._maps(snap)  # interns label sets the rows do not use yet, as the plain path does
-        if p is not None and p.metrics is snap.metrics and p.labelsets is snap.labelsets and (
-                p.metric_ids.shape == snap.metric_ids.shape and np.array_equal(p.metric_ids, snap.metric_ids)
-                and np.array_equal(p.series_ids, snap.series_ids)):
-            self._plans[key] = p  # most recent last
-            return p
+        if p is not None and p.metrics is snap.metrics and p.labelsets is snap.labelsets:
+            ids = p.seen_ids
+            if ids is not None and ids[0] is snap.metric_ids and ids[1] is snap.series_ids:
+                self._plans[key] = p  # most recent last; the very arrays, unchanged since (read-only)
+                return p
+            if (p.metric_ids.shape == snap.metric_ids.shape and np.array_equal(p.metric_ids, snap.metric_ids)
+                    and np.array_equal(p.series_ids, snap.series_ids)):
+                self._plans[key] = p
+                if _frozen(snap.metric_ids) and _frozen(snap.series_ids):
+                    p.seen_ids = (snap.metric_ids, snap.series_ids)
+                return p
         if len(self._plans) >= 8:
             self._plans.pop(next(iter(self._plans)))
         m = mmap[snap.metric_ids]
@@ -614,9 +628,9 @@ class SignalHistory:
                         cols: dict[int, tuple[int, np.ndarray | None]] | None) -> None:
         """Samples in (slot, time) order become one chunk of reset-corrected values: rows of the groups
         (``parts``: which of the samples go to which group; ``run``: ``slot`` as a slice, if it is one)."""
-        same = slot[1:] == slot[:-1]
+        same = None if run is not None else slot[1:] == slot[:-1]
         rank = None
-        if run is not None or not same.any():  # one sample per slot (a scrape)
+        if same is None or not same.any():  # one sample per slot (a scrape)
             sl = run if run is not None else slot
             prev = self._c_last[sl]
             reset = v < prev  # (never with NaN: a slot's first sample)
