@@ -1914,6 +1914,8 @@ class _SpecPlan:
     # (seen, fresh, expected, n expected, n fresh, confidence, per multi category (weight > 0, weight
     # sum or 1)): the last masks' consequences (see _aggregate_base)
     fixed: tuple[Any, ...] | None = None
+    # (that ``fixed``, critical zeroes, sub-scores, what _derive made of them): the last cycle's
+    memo: tuple[Any, ...] | None = None
 
     def reasons(self, how: str) -> tuple[np.ndarray, np.ndarray]:
         """Reason strings (object arrays): per signal when it gates, per category when it is the worst."""
@@ -2012,11 +2014,39 @@ def _aggregate_base(
         fixed = plan.fixed = (seen_t.copy(), fresh_t.copy(), expected_t, n_exp, n_fresh, confidence, weights)
     _, _, expected_t, n_exp, n_fresh, confidence, weights = fixed
 
+    flags: dict[int, list[str]] = {}
+    notes: dict[tuple[int, int], str] = {}
+    for j, r in enumerate(results):
+        for e, f in r.flags:
+            lst = flags.setdefault(e, [])
+            if f not in lst:
+                lst.append(f)
+        for e, note in r.notes.items():
+            notes[(e, j)] = note
+    # Everything else follows from the sub-scores alone (with the masks above): as last cycle's when they
+    # are equal, bit for bit (a healthy fleet's sub-scores mostly sit at exactly 1).
+    memo = plan.memo
+    if (memo is not None and memo[0] is fixed and memo[1] == critical_zeroes
+            and np.array_equal(memo[2], sub_t, equal_nan=True)):
+        derived = memo[3]
+    else:
+        derived = _derive(plan, sub_t, fresh_t, weights, confidence, n_exp, n_fresh, critical_zeroes)
+        plan.memo = (fixed, critical_zeroes, sub_t.copy(), derived)
+    cat_t, gated, first_gate, low, worst, any_gated, conf, n_exp_f, n_fresh_f, by_how = derived
+    return _Base(sub_t, expected_t, n_exp, n_fresh, conf, cat_t, plan.cat_ix, gated, first_gate, flags, notes,
+                 low, worst, any_gated, n_exp_f, n_fresh_f, by_how)
+
+
+def _derive(plan: _SpecPlan, sub_t: np.ndarray, fresh_t: np.ndarray, weights: list[tuple[np.ndarray, np.ndarray]],
+            confidence: np.ndarray, n_exp: np.ndarray, n_fresh: np.ndarray, critical_zeroes: bool,
+            ) -> tuple[Any, ...]:
+    """Category scores, gates, the lowest category and confidence from one kind's sub-scores: read-only
+    arrays (shared by every consumer, and by later cycles with equal sub-scores)."""
+    m, n = sub_t.shape
     cat_ix = plan.cat_ix
     # Weighted mean per category. A sum over axis 0 adds the rows one after the other, in signal order
     # (the same numbers as a loop of row additions). A one-signal category is that signal.
-    n_cat = len(categories)
-    cat_t = np.full((n_cat, n), np.nan)
+    cat_t = np.full((len(plan.categories), n), np.nan)
     if plan.direct:
         cat_t[plan.direct_cats] = sub_t[plan.direct_rows]
     if plan.multi:
@@ -2035,15 +2065,6 @@ def _aggregate_base(
     else:
         gated = np.zeros(n, bool)
         first_gate = np.zeros(n, np.int64)
-    flags: dict[int, list[str]] = {}
-    notes: dict[tuple[int, int], str] = {}
-    for j, r in enumerate(results):
-        for e, f in r.flags:
-            lst = flags.setdefault(e, [])
-            if f not in lst:
-                lst.append(f)
-        for e, note in r.notes.items():
-            notes[(e, j)] = note
     gated = np.asarray(gated, bool)
     low, worst = _lowest_category(cat_t)
     any_gated = bool(gated.any())
@@ -2051,10 +2072,10 @@ def _aggregate_base(
         confidence = np.where(gated, 1.0, confidence)
         worst = np.where(gated, cat_ix[first_gate] if m else -1, worst)
     n_exp_f, n_fresh_f = n_exp.astype(np.float64), n_fresh.astype(np.float64)
-    for a in (gated, n_exp_f, n_fresh_f):
+    for a in (cat_t, gated, first_gate, low, worst, confidence, n_exp_f, n_fresh_f):
         a.setflags(write=False)  # handed to every consumer's scores as they are
-    return _Base(sub_t, expected_t, n_exp, n_fresh, confidence, cat_t, cat_ix, gated, first_gate, flags, notes,
-                 low, worst, any_gated, n_exp_f, n_fresh_f)
+    by_how: dict[str, tuple[list[str], np.ndarray, np.ndarray]] = {}
+    return cat_t, gated, first_gate, low, worst, any_gated, confidence, n_exp_f, n_fresh_f, by_how
 
 
 class _WorstMembers(Mapping[int, str]):
