@@ -127,3 +127,27 @@ def test_a_copied_history_has_its_own_tokens() -> None:
         c.add(b2.build(12.0))
         assert shape_token(c.view(12.0)) not in (tc, t0)
     assert shape_token(h.view(12.0)) == t0
+
+
+def test_id_arrays_reused_across_scrapes_are_trusted_only_when_read_only() -> None:
+    # A producer may hand the same id arrays every scrape (the simulator does). Read-only arrays that own
+    # their memory cannot change, so the plan takes them without a comparison; writable ones are compared
+    # every time, so one rewritten in place between scrapes is noticed.
+    b = _layout(4)
+    mids = np.array([0] * 4 + [1] * 4, np.int32)
+    sids = np.array(list(range(4)) * 2, np.int32)
+    for read_only in (True, False):
+        fast = SignalHistory(POLICY)
+        plain = PlainHistory(POLICY)
+        m, s = mids.copy(), sids.copy()
+        m.flags.writeable = s.flags.writeable = not read_only
+        for k in range(6):
+            t = 100.0 + 15 * k
+            if k == 3 and not read_only:
+                s[[0, 1]] = s[[1, 0]]  # the layout rewritten in place: another plan
+            snap = Snapshot(t, b.metrics, b.labelsets, m, s, np.arange(8, dtype=np.float64) + k, np.full(8, t), [], [])
+            fast.add(snap)
+            plain.add(snap)
+            _same(fast.view(t), plain.view(t))
+        plan = next(iter(fast._plans.values()))
+        assert (plan.seen_ids is not None) == read_only
