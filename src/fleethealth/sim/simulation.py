@@ -8,6 +8,12 @@ histograms drawn as Poisson bucket counts), applies the active faults through an
 the rows whose exporter, GPU or replica is gone, and wraps the arrays in a ``Snapshot`` that shares the
 interned names and label sets. Nothing loops per GPU in Python; faults are few and loop over themselves.
 
+While no fault has an effect and nothing is out of service (the quiet regime: a healthy fleet's days), a
+step's random draws are known in advance: up to 64 steps are drawn at once, in the same order and from the
+same generator as step by step, and what follows from the draws is computed for all of them together
+(``_draw_ahead``); each step then copies its rows into the buffer and adds its counter increments. The
+telemetry is the same, bit for bit, as the step-by-step path's (``_step_plain``).
+
 The same state renders as per-node exposition text (``render_node``) for the HTTP exporter.
 """
 
@@ -265,14 +271,15 @@ _KV_SAFE = 0.6
 @dataclass(slots=True)
 class _Drawn:
     """Steps ``k0 .. k0 + n - 1`` drawn ahead in the quiet regime (no fault effect, nothing out of
-    service), and everything the step computes from the draws and the plan alone, row i for step k0 + i:
-    the GPU gauges (temperature, memory temperature, SM clock, memory clock (state, as it was), power,
-    utilisation, copy utilisation, framebuffer used and free), the energy increments, the slow-drift and rack-ambient states (one row:
-    GPUs, then racks), the rank
-    gauges (compute, step), the replica gauges (running, waiting, KV-cache use) and the increments of the
+    service), and everything the step computes from the draws and the plan alone, for step k0 + i: the
+    GPU gauges ``gpu[:, i]`` (temperature, memory temperature, SM clock, memory clock (state, as it was),
+    power, utilisation, copy utilisation, framebuffer used and free), the energy increments, the
+    slow-drift and rack-ambient states (one row: GPUs, then racks), the rank gauges ``ranks[:, i]``
+    (compute, step), the replica gauges (running, waiting, KV-cache use) and the increments of the
     replica counters and histograms (one contiguous region of the value buffer), plus the rare sprinkled
-    counter increments {row: [(counter, GPUs)]}. ``state0``: the generator before the first row's draws
-    (a world leaving the regime mid-way replays the draws it consumed from there)."""
+    counter increments {i: [(counter, GPUs)]}. ``kv`` and ``lam`` are the plan's rows the draws depend
+    on; ``state0`` the generator before the first step's draws (a world leaving the regime mid-way
+    replays the draws it consumed from there)."""
 
     k0: int
     n: int
@@ -1110,14 +1117,19 @@ class Simulation:
         for h, hist in ((TTFT, self.ttft_b), (ITL, self.itl_b)):
             v[h + "_count"][...] = hist[:, -1]  # from here on advanced with the +Inf bucket
 
-        # GPUs. The first six rows of unit normals scaled, each into a contiguous (steps, GPUs) array (numpy
-        # is several times slower on strided views of large arrays); slow drift and rack ambient as one
-        # AR(1) state (GPUs, then racks), each step from the last; the gauges, each a contiguous
-        # (steps, GPUs) row of ``gpu``.
+        # GPUs. Each row of unit normals is scaled into one contiguous (steps, GPUs) scratch just before
+        # its use (numpy is several times slower on strided views of large arrays, and the scratch stays
+        # in cache); slow drift and rack ambient are one AR(1) state (GPUs, then racks), each step from the
+        # last; the gauges are contiguous (steps, GPUs) rows of ``gpu``.
         ws = self._scratch
         gz = dr.gpu_z
-        n01 = np.multiply(gz[:, :6 * G].reshape(n, 6, G).transpose(1, 0, 2), self._noise_scale[:6, :, None],
-                          out=ws("n01", n, 6, G, axis=1))
+        rows_z = gz[:, :7 * G].reshape(n, 7, G)
+        scale = self._noise_scale[:, 0].tolist()
+        noise = ws("noise", n, G)
+
+        def scaled(r: int) -> np.ndarray:
+            return np.multiply(rows_z[:, r], scale[r], out=noise)
+
         innov = gz[:, 6 * G:]
         innov *= self._gpu_z_scale[6 * G:]
         state = ws("state", n, G + len(self.rack_amb))
@@ -1136,10 +1148,10 @@ class Simulation:
         temp = np.add(w_base[0], state[:, :G], out=ws("temp", n, G))
         self._serving_cols(temp, w[:, 0], state[:, :G])
         self._add_rack_ambient(temp, ambient)
-        temp += n01[0]
+        temp += scaled(0)
         np.rint(temp, out=gpu[0])
         mem_temp = np.add(temp, _K6, out=ws("mem_temp", n, G))
-        mem_temp += n01[5]
+        mem_temp += scaled(5)
         np.rint(mem_temp, out=gpu[1])
         clock = np.subtract(dr.clock_u[:, :G], _K0_5, out=gpu[2])
         clock *= _K38
@@ -1147,8 +1159,9 @@ class Simulation:
         np.rint(clock, out=clock)
         gpu[3] = self.mem_clock  # nothing changes it (no fault, no action): copied back as it is
         for r, out in ((2, 4), (3, 5), (4, 7)):
-            np.add(w_base[r], n01[r], out=gpu[out])
-            self._serving_cols(gpu[out], w[:, r], n01[r])
+            x = scaled(r)
+            np.add(w_base[r], x, out=gpu[out])
+            self._serving_cols(gpu[out], w[:, r], x)
         power, util, fb = gpu[4], gpu[5], gpu[7]
         np.rint(util, out=util)
         np.maximum(util, _K0, out=util)
@@ -1269,6 +1282,9 @@ class Simulation:
             np.concatenate([self.row_rep, np.full(nd + f.n_nodes, -1)]),
             f.n_nodes,
         )
+        # read-only: the history then knows these very arrays still hold the layout it planned for
+        out[0].flags.writeable = False
+        out[1].flags.writeable = False
         self._full_cache = (self._layout_version, out)
         return out
 
