@@ -1766,6 +1766,9 @@ class KindScores:
     n_expected: np.ndarray = field(default_factory=lambda: np.zeros(0))  # per entity: expected signals
     n_fresh: np.ndarray = field(default_factory=lambda: np.zeros(0))  # per entity: fresh ones
     _stacked: dict[str, np.ndarray] = field(default_factory=dict)
+    # what its scores were made from (the kind's derived scores, this consumer's entry of them): equal
+    # tokens, equal scores (the node roll-up keeps its results by them)
+    _made_from: tuple[Any, Any] | None = None
 
     def _stack(self, attr: str) -> np.ndarray:
         m = self._stacked.get(attr)
@@ -1891,6 +1894,7 @@ def _aggregate(
     )
     if mats is not None and m:  # the results are rows of these: nothing to stack
         ks._stacked.update(raw=mats.raw.T, rate=mats.rate.T, z=mats.z.T, age=mats.age.T)
+    ks._made_from = (base.by_how, hit)
     return ks
 
 
@@ -2121,7 +2125,16 @@ def _roll_up_nodes(gpu: KindScores, node: KindScores, gpu_node: np.ndarray,
         present = gn[starts]  # node index of each GPU group
         _ROLL_UP[:] = [(gpu_node, go, starts, present)]
     gated_gpu = gpu.gated if gpu.gated is not None else np.zeros(len(gpu.names), bool)
+    g_from, n_from = gpu._made_from, node._made_from
     fixed = shared.get("fixed") if shared is not None else None
+    last_a = _ROLL_UP_A[0] if _ROLL_UP_A else None
+    if fixed is None and g_from is not None and n_from is not None and last_a is not None and (
+            last_a[0] is g_from[0] and last_a[1] is n_from[0] and last_a[2] is gpu_node):
+        # categories, confidence and gates from the same derived scores as last cycle's: as then
+        cat_names, cmap, cat, conf, node_gated, gate_any = last_a[3]
+        fixed = (cat_names, cmap, cat, conf, node_gated, gate_any, _node_flags(gpu, node, gpu_node))
+        if shared is not None:
+            shared["fixed"] = fixed
     if fixed is None:
         # per category: min over GPUs and the node's own
         cat_names = list(node.categories)
@@ -2148,23 +2161,32 @@ def _roll_up_nodes(gpu: KindScores, node: KindScores, gpu_node: np.ndarray,
         node_gated = node.gated if node.gated is not None else np.zeros(nn, bool)
         any_gpu_gate = np.zeros(nn, bool)
         any_gpu_gate[present] = np.logical_or.reduceat(gated_gpu[go], starts)
-        # node flags: union of its GPUs' flags
-        flags = {e: list(f) for e, f in node.flags.items()}
-        for g, fl in gpu.flags.items():
-            i = int(gpu_node[g])
-            lst = flags.setdefault(i, [])
-            for f in fl:
-                if f not in lst:
-                    lst.append(f)
         gate_any = node_gated | any_gpu_gate
-        fixed = (cat_names, cmap, cat, np.where(gate_any, 1.0, conf), node_gated.copy(), gate_any, flags)
+        part_a = (cat_names, cmap, cat, np.where(gate_any, 1.0, conf), node_gated.copy(), gate_any)
+        for a in part_a[1:]:
+            a.setflags(write=False)  # shared by consumers (and cycles, below)
+        fixed = (*part_a, _node_flags(gpu, node, gpu_node))
         if shared is not None:
             shared["fixed"] = fixed
+        if g_from is not None and n_from is not None:
+            _ROLL_UP_A[:] = [(g_from[0], n_from[0], gpu_node, part_a)]
     cat_names, cmap, cat, conf, node_gated, gate_any, flags = fixed
     node.categories[:] = cat_names
     node.cat = cat
     node.confidence = conf.copy()
     node.flags = {e: list(f) for e, f in flags.items()}
+    # the per-consumer part: as last cycle's when made from the same scores
+    key_c = (g_from[1] if g_from is not None else None, n_from[1] if n_from is not None else None)
+    last_c = _ROLL_UP_C.get(id(key_c[0]))
+    if (key_c[0] is not None and key_c[1] is not None and last_c is not None and last_c[0] is key_c[0]
+            and last_c[1] is key_c[1] and last_c[2] is cat and last_c[3] is gpu_node):
+        value, reason, worst, members_ix = last_c[4]
+        node.value, node.reason, node.worst = value.copy(), list(reason), worst.copy()
+        if members_ix is not None:
+            members = _WorstMembers(nn, gpu.names)
+            members.ix[:] = members_ix
+            node.worst_member = members
+        return
     # value: min over known GPU values and the node's own value
     own = node.value.copy()
     v = node.value.copy()
@@ -2195,6 +2217,32 @@ def _roll_up_nodes(gpu: KindScores, node: KindScores, gpu_node: np.ndarray,
     for i in np.flatnonzero(np.isnan(node.value)).tolist():
         node.reason[i] = REASON_NO_FRESH_DATA
         node.worst[i] = -1
+    if key_c[0] is not None and key_c[1] is not None:
+        wm = node.worst_member
+        made = (node.value.copy(), list(node.reason), node.worst.copy(),
+                wm.ix.copy() if isinstance(wm, _WorstMembers) else None)
+        if len(_ROLL_UP_C) > 8:
+            _ROLL_UP_C.clear()
+        _ROLL_UP_C[id(key_c[0])] = (key_c[0], key_c[1], cat, gpu_node, made)
+
+
+def _node_flags(gpu: KindScores, node: KindScores, gpu_node: np.ndarray) -> dict[int, list[str]]:
+    """Node flags: its own and the union of its GPUs' flags."""
+    flags = {e: list(f) for e, f in node.flags.items()}
+    for g, fl in gpu.flags.items():
+        i = int(gpu_node[g])
+        lst = flags.setdefault(i, [])
+        for f in fl:
+            if f not in lst:
+                lst.append(f)
+    return flags
+
+
+# (GPU derived scores, node derived scores, gpu -> node, the roll-up's consumer-independent arrays)
+_ROLL_UP_A: list[tuple[Any, Any, np.ndarray, tuple[Any, ...]]] = []
+# per GPU consumer entry: (that entry, the node's, categories array, gpu -> node, (value, reasons, worst,
+# worst member per node))
+_ROLL_UP_C: dict[int, tuple[Any, Any, np.ndarray, np.ndarray, tuple[Any, ...]]] = {}
 
 
 # --------------------------------------------------------------------------------------------------
