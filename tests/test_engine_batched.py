@@ -82,7 +82,7 @@ step = st.fixed_dictionaries({
 
 
 class _Fleet:
-    def __init__(self) -> None:
+    def __init__(self, seed: int = 0) -> None:
         self.t = T0
         n = NODES * GPUS
         self.ecc_sbe = np.zeros(n)
@@ -93,7 +93,7 @@ class _Fleet:
         self.req = np.zeros(REPLICAS)
         self.err = np.zeros(REPLICAS)
         self.fast = np.zeros(REPLICAS)
-        self.rng = np.random.default_rng(0)
+        self.rng = np.random.default_rng(seed)
 
     def scrape(self, s: dict[str, Any]) -> Any:
         self.t += s["dt"]
@@ -242,3 +242,26 @@ def test_the_fleet_exercises_gates_flags_peers_and_slos() -> None:
     burning = fh.tuples["r0"]
     assert burning.worst == "errors" and burning.value is not None and burning.value < 1.0
     assert fh.kinds["rank"].names and not np.isnan(fh.kinds["rank"].z).all()
+
+
+@settings(max_examples=12, deadline=None)
+@given(st.lists(st.tuples(step, step), min_size=2, max_size=8))
+def test_two_fleets_scored_alternately_keep_nothing_of_each_other(steps: list[tuple[dict[str, Any], ...]]) -> None:
+    """What the engine keeps between calls (plans, peer groups, derived scores, the roll-up) is found by
+    identity and checked by equality: two histories of one policy scored turn about (as a backtest's
+    lanes are) each still equal the row path."""
+    fleets, hists = [_Fleet(1), _Fleet(2)], [SignalHistory(POLICY), SignalHistory(POLICY)]
+    inventory = {"node": [f"n{i}" for i in range(NODES)]}
+    forget_evaluations()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        for k, pair in enumerate(steps):
+            for fleet, h, s in zip(fleets, hists, pair, strict=True):
+                h.add(fleet.scrape(s))
+                now = fleet.t + 1.0
+                view = h.view(now)
+                fast = _score_all(view, now, inventory)
+                plain = _score_all(dataclasses.replace(view, index=None), now, inventory)
+                for c, (f, p) in enumerate(zip(fast, plain, strict=True)):
+                    _same(f, p, f"step {k} consumer {c}")
+    forget_evaluations()
