@@ -116,12 +116,15 @@ class _Group:
         """New arrays with ``n`` columns (old column j at ``cols_at[j]``) holding the rows ``keep_rows``."""
         k = keep_rows.size
         # room for half the live rows again: a copy every k/2 ingests, and at 100k GPUs (900k counter
-        # columns) the matrices stay under the chunk lists' footprint (1.5x the live samples at most)
-        cap = max(16, k + room + max(8, k // 2))
-        # (memory traffic is most of an ingest's cost: the kept rows are copied once, straight from a
-        # slice, and only the spare rows are filled)
+        # columns) the matrices stay under the chunk lists' footprint (1.5x the live samples at most);
+        # a small matrix (up to 32 MiB of spare rows) gets 64 spare rows, a copy every 64 ingests
+        spare = max(8, k // 2)
+        if n * 64 * 16 <= 32 * 2**20:
+            spare = max(spare, 64)
+        cap = max(16, k + room + spare)
+        # Memory traffic is most of an ingest's cost: the kept rows are copied once, straight from a
+        # slice, and a spare row is written only when it is appended (``append`` fills what it leaves).
         T, V = np.empty((cap, n)), np.empty((cap, n))
-        T[k:], V[k:] = np.nan, np.nan
         rows = _run(keep_rows)
         if cols_at is None:
             T[:k], V[:k] = self.T[rows], self.V[rows]
@@ -169,6 +172,7 @@ class _Group:
             self.cnt += 1
             self.last_t[:] = t
         elif rank is None:
+            self.T[r], self.V[r] = np.nan, np.nan  # (spare rows hold garbage: see ``_realloc``)
             self.T[r, col] = t
             self.V[r, col] = v
             if (t < self.last_t[col]).any():
@@ -177,6 +181,7 @@ class _Group:
             self.cnt[col] += 1
             self.last_t[col] = t
         else:
+            self.T[r:r + rows], self.V[r:r + rows] = np.nan, np.nan
             self.T[r + rank, col] = t
             self.V[r + rank, col] = v
             first = rank == 0
