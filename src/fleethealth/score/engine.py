@@ -20,8 +20,17 @@ every counter kept alike), and what depends only on which series exist (entity t
 maps) is kept from the last cycle while the history's shape token says that set is unchanged. Any other
 snapshot takes the row path, which stays the reference: both give the same numbers (tests).
 
+On a history's view the steady-state cycle is a fixed sequence of numpy operations over every kind at
+once (``_Plan``, kept while the view's layout is the one it was built on): each quantity (sub, raw, rate,
+z, age) is one flat buffer of which a kind's signals x entities matrix is a block; all gauges are one
+gather, each counter group's rates one window; ramps, gates and flags one element-wise pass; the SLOs of
+a kind one batch; peer medians a row sort of a padded groups x width matrix. What follows from inputs
+equal to last cycle's is kept by equality, never assumed: the seen/fresh masks' consequences, a kind's
+category scores when its sub-scores are bit for bit last cycle's, the node roll-up made from those.
+
 The result (``FleetHealth``) is columnar; ``HealthTuple`` objects are built lazily on access so that a
-100k-GPU fleet scores in a fraction of a second. Pure: no I/O, no clock; ``now`` is an argument.
+100k-GPU fleet scores in a fraction of a second; the serving consumer's kinds are aggregated when first
+read (its router reads replicas only). Pure: no I/O, no clock; ``now`` is an argument.
 """
 
 from __future__ import annotations
@@ -1827,13 +1836,6 @@ def _cross_value(cat_t: np.ndarray, low: np.ndarray, any_: np.ndarray, how: str)
         return np.where(any_, np.nanmean(cat_t, axis=0), np.nan) if n else np.zeros(0)
 
 
-def _cross_category(cat_t: np.ndarray, how: str) -> tuple[np.ndarray, np.ndarray]:
-    """Across categories (rows of ``cat_t``, categories x entities): value and worst category index
-    (-1 when no category is known)."""
-    low, worst = _lowest_category(cat_t)
-    return _cross_value(cat_t, low, worst >= 0, how), worst
-
-
 @dataclass
 class _Base:
     """One kind's aggregation up to the cross-category step: the same for every consumer, computed once
@@ -2540,6 +2542,12 @@ def score_snapshot(
     how = aggregation or policy.aggregation.get(consumer, "min")  # type: ignore[call-overload]
     ev = _evaluation(snapshot, policy, now, inventory)
     kinds = _Kinds(ev, how)
+    if consumer != "serving":
+        # Scores are made here, not on first access: a remediation or training reader takes every
+        # kind, and a caller timing this call times the scoring. The serving consumer's one reader,
+        # the router, takes replicas alone: its other kinds are made when asked for.
+        for kind in KINDS:
+            kinds[kind]
     return FleetHealth(now, consumer, policy.version_tag, kinds, ev.meta, list(snapshot.issues) + ev.issues)
 
 
@@ -2597,10 +2605,16 @@ _LAST_PLAN: list[tuple[dict[str, _KindTable], _Plan]] = []
 
 
 def forget_evaluations() -> None:
-    """Drop the cached evaluation (benchmarks: time a full scoring, not a re-aggregation)."""
+    """Drop the cached evaluation and every score kept because the inputs were equal last time
+    (benchmarks: time a full scoring, not a re-aggregation). What depends only on which series exist
+    (entity maps per label set, series -> entity) stays."""
     _LAST_EVALUATION.clear()
     _LAST_TABLES.clear()
     _LAST_PLAN.clear()
+    _SPEC_PLANS.clear()  # their seen/fresh consequences and derived scores
+    _SPEC_PLAN_OF_LISTS.clear()
+    _ROLL_UP_A.clear()
+    _ROLL_UP_C.clear()
 
 
 def _evaluation(
