@@ -151,3 +151,21 @@ def test_id_arrays_reused_across_scrapes_are_trusted_only_when_read_only() -> No
             _same(fast.view(t), plain.view(t))
         plan = next(iter(fast._plans.values()))
         assert (plan.seen_ids is not None) == read_only
+
+
+def test_a_layout_rebuilt_in_new_lists_reuses_its_plan() -> None:
+    # The structural signals (and any source that builds every snapshot afresh) hand the same layout in
+    # new lists each cycle: the plan is found by content, and the ingest equals the plain path's.
+    fast, plain = SignalHistory(POLICY), PlainHistory(POLICY)
+    for k in range(5):
+        b = _layout(4)  # new lists, same names and label sets
+        t = 100.0 + 15 * k
+        snap = Snapshot(t, b.metrics, b.labelsets, np.array([0] * 4 + [1] * 4, np.int32),
+                        np.array(list(range(4)) * 2, np.int32), np.arange(8, dtype=np.float64) * k, np.full(8, t),
+                        [], [])
+        fast.add(snap)
+        plain.add(snap)
+        _same(fast.view(t), plain.view(t))
+        assert all(p.metrics is b.metrics or p.metrics == b.metrics for p in fast._plans.values())
+    # one plan built, the others found by content
+    assert len({id(p.g_rows) for p in fast._plans.values()}) == 1

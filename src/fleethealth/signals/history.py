@@ -18,6 +18,7 @@ Pure data structure: no clock, no I/O; ``now`` is an argument.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import weakref
 from collections.abc import Hashable, Iterable
@@ -492,6 +493,16 @@ class SignalHistory:
                 return p
         if len(self._plans) >= 8:
             self._plans.pop(next(iter(self._plans)))
+        # the same layout in new lists (a producer that builds each snapshot afresh, like the structural
+        # signals every cycle): equal names and ids give equal slots, so the plan holds
+        for q in reversed(self._plans.values()):
+            if (len(q.labelsets) == len(snap.labelsets) and len(q.metrics) == len(snap.metrics)
+                    and q.metric_ids.shape == snap.metric_ids.shape and np.array_equal(q.metric_ids, snap.metric_ids)
+                    and np.array_equal(q.series_ids, snap.series_ids) and q.metrics == snap.metrics
+                    and q.labelsets == snap.labelsets):
+                p = self._plans[key] = dataclasses.replace(q, metrics=snap.metrics, labelsets=snap.labelsets,
+                                                           seen_ids=None)
+                return p
         m = mmap[snap.metric_ids]
         s = smap[snap.series_ids]
         is_c = self._keep_of_metric[m] > 0
