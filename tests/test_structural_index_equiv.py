@@ -181,3 +181,32 @@ def test_an_index_the_tracker_cannot_read_off_falls_back_to_the_rows() -> None:
         st_ = tr._series(v.labelsets)
         assert tr._fresh_indexed(v, t, st_, tr._metric_masks(v.metrics)) is None
         _same(tr.observe(v, t), ref.StructuralTracker(max_age_s=90).observe(v, t))
+
+
+def test_memory_and_capacity_changes_between_identical_cycles() -> None:
+    """The node-level answer is reused only while the counts, the capacity and the tracker's memory are
+    the same: an operator's ``forget`` or a new capacity between two identical scrapes changes it."""
+    run = _Run(capacity=False)
+    t = 1_000.0
+    full = {n: {0, 1, 2, 3} for n in NODES}
+    less = dict(full, a={0, 1, 2})
+    up = {n: 1.0 for n in NODES}
+    for gpus in (full, full, less, less, less, less, less, less, less):
+        t += 15.0
+        r = run.cycle(t, _scrape(t, gpus, up, {}, 0.02, False, 0))
+    assert r.gpus_expected["a"] == 4 and r.gpus_now["a"] == 3
+    run.fast.forget("a")  # the GPU was really removed
+    run.rows.forget("a")
+    run.ref.forget("a")
+    t += 15.0
+    r = run.cycle(t, _scrape(t, less, up, {}, 0.02, False, 0))
+    assert r.gpus_expected["a"] == 3
+    run.cap = {"a": 4, "b": 8}
+    for _ in range(2):
+        t += 15.0
+        r = run.cycle(t, _scrape(t, less, up, {}, 0.02, False, 0))
+        assert r.gpus_expected == {"a": 4, "b": 8, "c": 4}
+    run.cap = None
+    t += 15.0
+    r = run.cycle(t, _scrape(t, less, up, {}, 0.02, False, 0))
+    assert r.gpus_expected["b"] == 4

@@ -89,6 +89,9 @@ class StructuralTracker:
         self._blocks_cache: tuple[list[tuple[int, tuple[int, int]]], list[tuple[int, int, int, int]],
                                   tuple[_Blocks, list[tuple[int, int]], _CGroups]] | None = None
         self._rm_cache: tuple[_Masks, list[int]] | None = None
+        # the last node-level answer, the counts it came from and the memory it left (see ``observe``)
+        self._out_cache: tuple[tuple[object, ...], dict[str, int],
+                               tuple[np.ndarray, list[str], dict[str, int], dict[str, int], np.ndarray]] | None = None
         # what the `up` series said last cycle, and the tracker's learning counter it was read with
         self._targets_version = 0
         self._up_cache: tuple[_SeriesTable, tuple[int, bytes, bytes, int],
@@ -207,14 +210,43 @@ class StructuralTracker:
         # together with the data (never fresher than what they were computed from).
         newest = _padded(fr.newest, n_nodes, -np.inf)
 
-        # Two samples per node, (missing, vanished), in node order: the layout SnapshotBuilder.add gives.
-        # Nodes whose exporter is gone emit nothing (missing data: the scorer marks them stale).
-        idx = np.flatnonzero(alive[:n_nodes])
+        # All but the times follows from the nodes' counts, which a steady fleet repeats cycle after cycle:
+        # then the last answer is this one, and the tracker's memory is already what this one makes it.
+        cap = dict(gpu_capacity or {})
+        okey = (node_names, alive.tobytes(), gpu_now.tobytes(), retained.tobytes(), current.tobytes(), cap)
+        oc = self._out_cache
+        if oc is not None and oc[0] == okey and oc[1] == self.max_gpus:
+            out = oc[2]
+        else:
+            out = self._node_answer(node_names, alive, gpu_now, retained, current, cap)
+            self._out_cache = (okey, dict(self.max_gpus), out)
+        kept, out_names, gpus_now, gpus_expected, vals = out
+        report.gpus_now.update(gpus_now)
+        report.gpus_expected.update(gpus_expected)
+        at = newest[kept]
+        at = np.where(np.isfinite(at), at, now)  # alive by `up` alone: now
+        k = len(out_names)
+        report.snapshot = Snapshot(
+            at=now, metrics=[GPUS_MISSING, SERIES_VANISHED] if k else [],
+            labelsets=[(("node", nm),) for nm in out_names],
+            metric_ids=np.arange(2 * k, dtype=np.int32) & 1, series_ids=np.arange(2 * k, dtype=np.int32) >> 1,
+            values=vals.copy(), ts=np.repeat(at.astype(np.float64), 2),
+            issues=list(b.issues), source_errors=list(b.source_errors),
+        )
+        return report
+
+    def _node_answer(self, node_names: list[str], alive: np.ndarray, gpu_now: np.ndarray, retained: np.ndarray,
+                     current: np.ndarray, cap: Mapping[str, int]
+                     ) -> tuple[np.ndarray, list[str], dict[str, int], dict[str, int], np.ndarray]:
+        """The nodes that get derived samples (their indexes and names), their GPUs now and expected, and
+        the samples' values: two per node, (missing, vanished), in node order (the layout
+        SnapshotBuilder.add gives). Nodes whose exporter is gone get none (missing data: the scorer marks
+        them stale). Learns the most GPUs each node has shown."""
+        idx = np.flatnonzero(alive)
         names_alive = [node_names[i] for i in idx.tolist()]
         g = gpu_now[idx]
         seen_gpus = np.maximum(np.array([self.max_gpus.get(nm, 0) for nm in names_alive], np.int64), g)
         self.max_gpus.update(zip(names_alive, seen_gpus.tolist(), strict=True))
-        cap = gpu_capacity or {}
         expected = seen_gpus
         if cap:
             expected = np.maximum(seen_gpus, np.array([int(cap.get(nm, 0)) for nm in names_alive], np.int64))
@@ -222,22 +254,11 @@ class StructuralTracker:
         kept = idx[keep]
         out_names = [nm for nm, k in zip(names_alive, keep.tolist(), strict=True) if k]
         g, expected = g[keep], expected[keep]
-        report.gpus_now.update(zip(out_names, g.tolist(), strict=True))
-        report.gpus_expected.update(zip(out_names, expected.tolist(), strict=True))
-        at = newest[kept]
-        at = np.where(np.isfinite(at), at, now)  # alive by `up` alone: now
-        k = len(out_names)
-        vals = np.empty((k, 2), np.float64)
+        vals = np.empty((len(out_names), 2), np.float64)
         vals[:, 0] = expected - g
         vals[:, 1] = np.maximum(0, retained[kept] - current[kept])
-        report.snapshot = Snapshot(
-            at=now, metrics=[GPUS_MISSING, SERIES_VANISHED] if k else [],
-            labelsets=[(("node", nm),) for nm in out_names],
-            metric_ids=np.arange(2 * k, dtype=np.int32) & 1, series_ids=np.arange(2 * k, dtype=np.int32) >> 1,
-            values=vals.reshape(-1), ts=np.repeat(at.astype(np.float64), 2),
-            issues=list(b.issues), source_errors=list(b.source_errors),
-        )
-        return report
+        return (kept, out_names, dict(zip(out_names, g.tolist(), strict=True)),
+                dict(zip(out_names, expected.tolist(), strict=True)), vals.reshape(-1))
 
     # -- what the fresh samples say ----------------------------------------------------------------
 
@@ -702,9 +723,10 @@ class _Layout:
 
 
 def _padded(a: np.ndarray, n: int, fill: float) -> np.ndarray:
-    """``a`` (per node of the series table) followed by ``fill`` up to ``n`` nodes."""
+    """``a`` (per node of the series table) followed by ``fill`` up to ``n`` nodes (``a`` itself when no
+    node is missing: read only, it may be a kept layout's)."""
     if a.size == n:
-        return a.copy()
+        return a
     out = np.full(n, fill, a.dtype)
     out[: a.size] = a
     return out
