@@ -200,3 +200,16 @@ def test_sprinkles_that_hit_match_the_reference() -> None:
     fast.apply_action("node-00", "drain", fast.t)
     same(ref.step(), fast.step())
     assert fast._drawn is None and fast.rng.bit_generator.state == ref.rng.bit_generator.state
+
+
+def test_drawn_steps_after_an_xid_keep_its_counter_rows() -> None:
+    """An Xid fault that ended leaves its DCGM_EXP_XID_ERRORS_COUNT rows: the quiet steps after it (drawn
+    ahead again) emit them too."""
+    sc = small_scenario([{"kind": "xid79_off_bus", "target": "node-02/gpu3", "onset": 30, "end": 90,
+                          "params": {"vanish_after_s": 30}}], duration="20m")
+    ref, fast = Reference(sc), Simulation(sc)
+    drawn = 0
+    for _ in range(sc.n_steps):
+        same(ref.step(), fast.step())
+        drawn += fast._drawn is not None and bool(fast.xid_counts)
+    assert drawn > 40

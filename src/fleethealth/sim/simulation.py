@@ -652,6 +652,7 @@ class Simulation:
         self._sprinkle_zero = tuple(math.exp(-m) for m in self._sprinkle_means)
         self._drawn: _Drawn | None = None
         self._ahead = _DRAW_FIRST
+        self._gpu_rows: np.ndarray | None = None  # a drawn step's GPU gauges, for _emit
         # runs of consecutive GPUs (serving ones; of one rack) and each job's ranks, for sliced arithmetic
         self._serve_runs = _runs(self.serve_gpus, np.arange(len(self.serve_gpus)), 16)
         self._rack_runs = _runs(np.arange(G), self.gpu_rack, 64, same=True)
@@ -702,6 +703,7 @@ class Simulation:
         # them is constant state, written back as it is), the rank gauges, the replica gauges, and the
         # replica counters with the histograms (sums and counts included) as one run
         G, nr = self._G, self._nr
+        self._gpu_span = (pos[GPU_GAUGES[0]].start, pos[GPU_GAUGES[8]].stop)
         self._fast_views = (
             span(*GPU_GAUGES[:9]).reshape(9, G),
             span(RANK_COMPUTE, RANK_STEP).reshape(2, nr), span(*REPLICA_GAUGES).reshape(3, R),
@@ -959,7 +961,11 @@ class Simulation:
             keep = ~gone if keep is None else keep & ~gone
         # a fresh array per step: snapshots handed out stay as they were
         emitted = self._buf[: self.n_static]
-        if self.xid_counts:
+        if self._gpu_rows is not None:
+            lo, hi = self._gpu_span
+            values = np.concatenate((emitted[:lo], *self._gpu_rows, emitted[hi:], self._all_up_values))
+            self._gpu_rows = None
+        elif self.xid_counts:
             values = np.concatenate((emitted, np.asarray(self.xid_counts), node_up), dtype=np.float64)
         elif node_up is self._all_up:
             values = np.concatenate((emitted, self._all_up_values))
@@ -988,7 +994,12 @@ class Simulation:
             d = self._drawn = self._draw_ahead(k)
         i = k - d.k0
         gpu, ranks, rep_gauges, rep_counters = self._fast_views
-        np.copyto(gpu, d.gpu[:, i])
+        if self.xid_counts:
+            np.copyto(gpu, d.gpu[:, i])
+        else:
+            # the GPU gauges go straight into the snapshot (_emit): the buffer's rows of them are only
+            # ever written (each step, plain or drawn, writes them all), never read
+            self._gpu_rows = d.gpu[:, i]
         self.energy += d.energy[i]
         if d.sprinkles and (hits := d.sprinkles.get(i)):
             counters = (self.pcie, self.sbe, self.nvl[0])
