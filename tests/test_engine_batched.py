@@ -265,3 +265,37 @@ def test_two_fleets_scored_alternately_keep_nothing_of_each_other(steps: list[tu
                 for c, (f, p) in enumerate(zip(fast, plain, strict=True)):
                     _same(f, p, f"step {k} consumer {c}")
     forget_evaluations()
+
+
+def test_serving_kinds_made_on_first_access_equal_made_at_once() -> None:
+    """The serving consumer's kinds are aggregated when first read: in any order, the same scores as
+    all read at once; GPUs and nodes come together, so changing a GPU score afterwards (as the
+    no-confidence baseline does) never reaches its node."""
+    fleet = _Fleet(3)
+    h = SignalHistory(POLICY)
+    base = {"dt": 15.0, "dead": [], "hot": [(5, 93.0)], "slow": [], "gate": [(9, "xid79")],
+            "errors": [0.2, 0.0, 0.0], "slow_share": [1.0] * REPLICAS, "ranks": True, "view": False}
+    for _ in range(6):
+        h.add(fleet.scrape(base))
+    now = fleet.t + 1.0
+    view = h.view(now)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        ref = score_snapshot(view, POLICY, now, "serving")
+        list(ref.kinds.values())
+        for order in (["replica", "node", "gpu", "rank"], ["node", "rank", "replica", "gpu"], ["gpu"]):
+            fh = score_snapshot(view, POLICY, now, "serving")
+            for kind in order:
+                fh.kinds[kind]
+            fh.kinds["gpu"].value[:] = 1.0  # a caller's change after the fact
+            assert np.array_equal(fh.kinds["node"].value, ref.kinds["node"].value, equal_nan=True)
+            assert fh.kinds["node"].reason == ref.kinds["node"].reason
+            for kind in ("replica", "rank"):
+                assert np.array_equal(fh.kinds[kind].value, ref.kinds[kind].value, equal_nan=True)
+            assert [t.entity for t in fh] == [t.entity for t in ref]
+        # the remediation consumer's scores are made inside the call, whatever is read later
+        rem = score_snapshot(view, POLICY, now, "remediation")
+        assert all(kind in rem.kinds._done for kind in KINDS)  # type: ignore[attr-defined]
+        forget_evaluations()
+        again = score_snapshot(view, POLICY, now, "serving")
+        _same(again, ref, "after forget_evaluations")
