@@ -1050,35 +1050,40 @@ class Simulation:
         z0, z1, z2 = self._sprinkle_zero
         hot = (kv.max(axis=1) > _KV_SAFE).tolist() if R else []
         dt = self.step_s
+        normal, uniform, poisson = rng.standard_normal, rng.random, rng.poisson
+        gpu_z, clock_u, common_z, dev_u, tail_z, rep_u = dr.gpu_z, dr.clock_u, dr.common_z, dr.dev_u, dr.tail_z, dr.rep_u
+        counts: list[np.ndarray] = []
         for i in range(n):
-            rng.standard_normal(out=dr.gpu_z[i])
-            rng.random(out=dr.clock_u[i])
-            u0, u1, u2 = dr.clock_u[i, G:].tolist()
-            if u0 > z0 or u1 > z1 or u2 > z2:
+            normal(out=gpu_z[i])
+            u = clock_u[i]
+            uniform(out=u)
+            if u.item(G) > z0 or u.item(G + 1) > z1 or u.item(G + 2) > z2:
                 bg.advance(-3)
                 if half[0]:
                     bg.state = {**bg.state, "has_uint32": half[0], "uinteger": half[1]}
                 for c, mean in enumerate(means):
-                    hits = int(rng.poisson(mean))
+                    hits = int(poisson(mean))
                     if hits:
                         dr.sprinkles.setdefault(i, []).append((c, rng.integers(0, G, hits)))
                         now = bg.state
                         half = (now["has_uint32"], now["uinteger"])
             if nr:
-                rng.standard_normal(out=dr.common_z[i])
-                rng.random(out=dr.dev_u[i])
+                normal(out=common_z[i])
+                uniform(out=dev_u[i])
             if tail:
-                rng.standard_normal(out=dr.tail_z[i])
+                normal(out=tail_z[i])
             if R:
-                rng.random(out=dr.rep_u[i])
-                dr.small[i] = rng.poisson(lam[i])
+                uniform(out=rep_u[i])
+                counts.append(poisson(lam[i]))
                 if hot[i]:
-                    level = np.multiply(dr.tail_z[i, tail - R:], _K0_02)
+                    level = np.multiply(tail_z[i, tail - R:], _K0_02)
                     level = np.add(kv[i], level)
                     np.maximum(level, _K0, out=level)
                     np.minimum(level, _K1, out=level)
                     if np.count_nonzero(np.greater(level, _K0_9)):
-                        dr.preempt[i] = rng.poisson(np.maximum(0.0, level - 0.9) * 5.0 * dt)
+                        dr.preempt[i] = poisson(np.maximum(0.0, level - 0.9) * 5.0 * dt)
+        if counts:
+            dr.small[...] = counts
         return dr
 
     def _serving_cols(self, out: np.ndarray, w: np.ndarray, x: np.ndarray) -> None:
