@@ -911,8 +911,11 @@ class _Plan:
                     if cols is None and (mid is None or mid not in ctx.bounds):
                         self.absent_any.append(spec.metric)  # no sample, no matrix: unseen, NaN
                         continue
-                    if (cols is None or not cols.single or not isinstance(cols.cols, slice) or not cols.series.size
-                            or code == 4):
+                    # one column per entity: every column of the metric's (cols.single), or those with
+                    # samples when some have none (a vanished exporter's, while remembered)
+                    if (cols is None or not cols.series.size or code == 4 or not (
+                            cols.single or (not isinstance(cols.cols, slice)
+                                            and int(np.bincount(cols.ent).max()) <= 1))):
                         self.rest.append((kind, j))
                         continue
                     assert mid is not None
@@ -920,7 +923,7 @@ class _Plan:
                     dest = off + j * n + cols.ent
                     src, dst = c_sets.setdefault((cols.mat.group, float(plan.window[j]), float(plan.max_age[j])),
                                                  ([], []))
-                    src.append(np.arange(cols.cols.start, cols.cols.stop))
+                    src.append(_cols_ix(cols))
                     dst.append(dest)
                 else:
                     if mid is None or mid not in ctx.bounds:
@@ -956,6 +959,9 @@ class _Plan:
         self.c_series = {g: ctx.index.groups[g].series.copy() for g in sorted({g for g, _, _ in self.cmats.values()})}
         self.c_cols = {g: np.concatenate([np.arange(c0, c1) for gg, c0, c1 in self.cmats.values() if gg == g])
                        for g in self.c_series}
+        # which of those columns have samples (the columns read are those: they must stay so)
+        self.c_keep = {g: ctx.index.groups[g].last[c] >= 0 for g, c in self.c_cols.items()}
+        self.c_keep_all = {g: bool(k.all()) for g, k in self.c_keep.items()}
         index_of = {kj: i for i, kj in enumerate(self.order)}
         self.shapes: dict[int, tuple[np.ndarray, ...]] = {}
         self.shaped = shaped
@@ -1034,8 +1040,9 @@ class _Plan:
             grp = ix.groups[g] if g < len(ix.groups) else None
             if grp is None or not np.array_equal(grp.series, ser):
                 return False
-            # every column read has a sample (always so in a dense matrix)
-            if not (grp.dense and grp.t.shape[0]) and not bool((grp.last[self.c_cols[g]] >= 0).all()):
+            # the same columns have samples (every one in a dense matrix)
+            if not (grp.dense and grp.t.shape[0] and self.c_keep_all[g]) and not np.array_equal(
+                    grp.last[self.c_cols[g]] >= 0, self.c_keep[g]):
                 return False
         return bool(np.array_equal(ctx.row_arrays(self.g_end)[0][self.g_blocks], self.g_block_series))
 
