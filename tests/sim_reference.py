@@ -386,7 +386,7 @@ class Simulation:
         self.rep_rate = np.array([r.spec.rate_rps for r in f.replicas]) * rng.uniform(0.9, 1.1, R)
         self.rep_ttft = np.array([r.spec.ttft_s for r in f.replicas])
         self.rep_itl = np.array([r.spec.itl_s for r in f.replicas])
-        self.rep_out = np.array([r.spec.output_tokens for r in f.replicas])
+        self.rep_tokens = np.array([r.spec.output_tokens for r in f.replicas])  # output tokens per request
         self.rep_prompt = np.array([r.spec.prompt_tokens for r in f.replicas])
         self.rep_err = np.array([r.spec.error_rate for r in f.replicas])
         self.rep_diurnal = np.array([r.spec.diurnal for r in f.replicas])
@@ -396,7 +396,7 @@ class Simulation:
         self.success = np.stack([np.floor((self.replica_requests - self.replica_errors) * 0.85),
                                  np.floor((self.replica_requests - self.replica_errors) * 0.15)])
         self.preempt = np.floor(rng.uniform(0, 50, R))
-        self.gen_tokens = np.floor(self.replica_requests * self.rep_out)
+        self.gen_tokens = np.floor(self.replica_requests * self.rep_tokens)
         self.prompt_tokens = np.floor(self.replica_requests * self.rep_prompt)
         nb1, nb2 = len(TTFT_BUCKETS) + 1, len(ITL_BUCKETS) + 1
         p1 = _lognormal_bucket_probs(self.rep_ttft * 1.3, TTFT_SIGMA, self._les[TTFT]) if R else np.zeros((0, nb1))
@@ -736,7 +736,7 @@ class Simulation:
         z = rng.standard_normal((4, R))
         u = rng.random((2, R))
         lam_req = rate * dt
-        e2e = ttft_med + self.rep_out * itl_med
+        e2e = ttft_med + self.rep_tokens * itl_med
         lam_run = np.minimum(rate * e2e, 256.0)
         small = rng.poisson(np.concatenate([
             np.minimum(lam_req, 30.0), lam_req * err, np.maximum(0.0, load - 0.75) * 40.0 + 0.1,
@@ -748,7 +748,7 @@ class Simulation:
                            small[3 * R:])
         waiting = small[2 * R:3 * R]
         errs = np.minimum(n_req, small[R:2 * R])
-        lam_tok = n_req * self.rep_out
+        lam_tok = n_req * self.rep_tokens
         n_tok = np.maximum(np.rint(lam_tok + np.sqrt(lam_tok) * z[2]), 0.0)
         # Requests and tokens are spread over the buckets by systematic sampling (one uniform per replica):
         # cumulative counts floor(N * CDF(le) + u) are monotone, have exactly the right means, and a rare

@@ -363,3 +363,22 @@ def test_training_only_serving_only_and_idle_fleets_run() -> None:
         snaps = [s for _, s in sim.steps()]
         assert len(snaps) == 8 and all(np.isfinite(s.values).all() for s in snaps)
         assert "DCGM_FI_DEV_GPU_TEMP" in sim.render_node(sim.fleet.nodes[0])
+
+
+def test_replicas_generate_tokens_and_inter_token_latencies() -> None:
+    # Every request generates its replica's output tokens, and each token adds an inter-token latency
+    # sample (a bug once left both counters standing still while requests kept coming).
+    sim = Simulation(small_scenario())
+    first, last = run(sim, 2)[-1], run(sim, 40)[-1]
+    r = {"replica": "llama3-8b-001"}
+
+    def grew(metric: str, **match: str) -> float:
+        return values(last, metric, **r, **match)[0] - values(first, metric, **r, **match)[0]
+
+    requests = grew("vllm:request_success_total", finished_reason="stop") + grew(
+        "vllm:request_success_total", finished_reason="length")
+    tokens = grew("vllm:generation_tokens_total")
+    spec = next(x for x in sim.fleet.replicas if x.name == "llama3-8b-001").spec
+    assert requests > 100 and 0.5 * spec.output_tokens < tokens / requests < 2.0 * spec.output_tokens
+    itl = grew("vllm:inter_token_latency_seconds_count")
+    assert 0.9 * tokens < itl < 1.1 * tokens

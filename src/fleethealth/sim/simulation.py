@@ -587,7 +587,7 @@ class Simulation:
         self.rep_rate = np.array([r.spec.rate_rps for r in f.replicas]) * rng.uniform(0.9, 1.1, R)
         self.rep_ttft = np.array([r.spec.ttft_s for r in f.replicas])
         self.rep_itl = np.array([r.spec.itl_s for r in f.replicas])
-        self.rep_out = np.array([r.spec.output_tokens for r in f.replicas])
+        self.rep_tokens = np.array([r.spec.output_tokens for r in f.replicas])  # output tokens per request
         self.rep_prompt = np.array([r.spec.prompt_tokens for r in f.replicas])
         self.rep_err = np.array([r.spec.error_rate for r in f.replicas])
         self.rep_diurnal = np.array([r.spec.diurnal for r in f.replicas])
@@ -597,7 +597,7 @@ class Simulation:
         self.success = np.stack([np.floor((self.replica_requests - self.replica_errors) * 0.85),
                                  np.floor((self.replica_requests - self.replica_errors) * 0.15)])
         self.preempt = np.floor(rng.uniform(0, 50, R))
-        self.gen_tokens = np.floor(self.replica_requests * self.rep_out)
+        self.gen_tokens = np.floor(self.replica_requests * self.rep_tokens)
         self.prompt_tokens = np.floor(self.replica_requests * self.rep_prompt)
         nb1, nb2 = len(TTFT_BUCKETS) + 1, len(ITL_BUCKETS) + 1
         p1 = _lognormal_bucket_probs(self.rep_ttft * 1.3, TTFT_SIGMA, self._les[TTFT]) if R else np.zeros((0, nb1))
@@ -1238,7 +1238,7 @@ class Simulation:
             rep_gauges[:, 1] = small[:, 2]
             ctr = rep_inc[:, :7 * R].reshape(n, 7, R)
             errs = np.minimum(n_req, small[:, 1], out=ctr[:, 4])
-            lam_tok = n_req * self.rep_out
+            lam_tok = n_req * self.rep_tokens
             n_tok = np.sqrt(lam_tok)
             n_tok *= z[:, 2]
             n_tok += lam_tok
@@ -1384,7 +1384,7 @@ class Simulation:
         v["vllm:num_requests_waiting"][...] = small[2]
         inc = self._inc  # this step's increments of the replica counters, rows in _REP_CTR order
         errs = np.minimum(n_req, small[1], out=inc[4])
-        lam_tok = n_req * self.rep_out
+        lam_tok = n_req * self.rep_tokens
         n_tok = np.sqrt(lam_tok)
         n_tok *= z[2]
         n_tok += lam_tok
@@ -1504,7 +1504,7 @@ class Simulation:
         # capped means of requests, errors, waiting, running
         lam2 = np.empty((n, 2, R))
         np.multiply(rate, dt, out=lam2[:, 0])
-        e2e = self.rep_out * itl
+        e2e = self.rep_tokens * itl
         e2e += ttft
         e2e *= rate
         np.minimum(e2e, _K256, out=lam2[:, 1])
