@@ -6,6 +6,8 @@ sorting once, never by a Python loop per group.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 MAD_SCALE = 1.4826  # makes MAD a consistent estimator of the standard deviation for normal data
@@ -73,11 +75,25 @@ def peer_robust_z(
     median's magnitude (and 1e-9), so a tiny absolute difference among identical peers is not an
     infinite z. Deviations smaller than ``min_rel_dev`` of the median count as no deviation at all.
     """
-    med, counts = group_median(values, groups, n_groups)
+    sizes: list[np.ndarray] = []
+
+    def median(x: np.ndarray) -> np.ndarray:
+        med, counts = group_median(x, groups, n_groups)
+        sizes.append(counts)  # (the values' first: the group sizes returned)
+        return med
+
+    z, med, mad = _robust_z(values, groups, median, worse_if, min_rel_dev, mad_floor_rel)
+    return z, med, mad, sizes[0]
+
+
+def _robust_z(values: np.ndarray, groups: np.ndarray, median: Callable[[np.ndarray], np.ndarray], worse_if: str,
+              min_rel_dev: float, mad_floor_rel: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The robust z arithmetic of both peer functions, given how a group median is taken."""
+    med = median(values)
     m = med[groups]
     dev = values - m
     absdev = np.abs(dev)
-    mad, _ = group_median(absdev, groups, n_groups)
+    mad = median(absdev)
     mad_eff = np.maximum(np.nan_to_num(mad, nan=0.0), np.maximum(mad_floor_rel * np.abs(med), 1e-9))
     if min_rel_dev > 0:
         with np.errstate(invalid="ignore"):
@@ -85,7 +101,7 @@ def peer_robust_z(
     z = dev / (MAD_SCALE * mad_eff[groups])
     if worse_if == "lower":
         z = -z
-    return z, med, mad, counts
+    return z, med, mad
 
 
 def burn_rate(bad: np.ndarray, total: np.ndarray, objective: float) -> np.ndarray:
@@ -158,16 +174,5 @@ def peer_robust_z_laid_out(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """``peer_robust_z(values, layout.groups, layout.n_groups, ...)`` for finite ``values``: the same
     numbers (the same order statistics, the same arithmetic), the medians read off ``layout``."""
-    groups = layout.groups
-    med = layout.median(values)
-    m = med[groups]
-    dev = values - m
-    absdev = np.abs(dev)
-    mad = layout.median(absdev)
-    mad_eff = np.maximum(mad, np.maximum(mad_floor_rel * np.abs(med), 1e-9))
-    if min_rel_dev > 0:
-        dev = np.where(absdev < min_rel_dev * np.abs(m), 0.0, dev)
-    z = dev / (MAD_SCALE * mad_eff[groups])
-    if worse_if == "lower":
-        z = -z
+    z, med, mad = _robust_z(values, layout.groups, layout.median, worse_if, min_rel_dev, mad_floor_rel)
     return z, med, mad, layout.counts
