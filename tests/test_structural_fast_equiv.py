@@ -7,7 +7,6 @@ targets shared between nodes."""
 
 from __future__ import annotations
 
-import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -16,6 +15,7 @@ from fleethealth.policy import default_policy
 from fleethealth.signals.history import SignalHistory
 from fleethealth.signals.snapshot import Snapshot, SnapshotBuilder
 from fleethealth.sources.structural import StructuralTracker
+from structural_support import same_report
 
 POL = default_policy()
 NODES = ("a", "b", "c")
@@ -52,16 +52,7 @@ step = st.tuples(
 )
 
 
-def _same(a: object, b: object) -> None:
-    sa, sb = a.snapshot, b.snapshot  # type: ignore[attr-defined]
-    assert sa.at == sb.at and sa.metrics == sb.metrics and sa.labelsets == sb.labelsets
-    for f in ("metric_ids", "series_ids", "values", "ts"):
-        x, y = getattr(sa, f), getattr(sb, f)
-        assert x.dtype == y.dtype and np.array_equal(x, y), f
-    assert sa.issues == sb.issues and sa.source_errors == sb.source_errors
-    for f in ("gpus_now", "gpus_expected", "targets_down", "scrape_seconds"):
-        assert getattr(a, f) == getattr(b, f), f
-        assert list(getattr(a, f)) == list(getattr(b, f)), f  # same order too
+_same = same_report
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

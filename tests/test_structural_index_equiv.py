@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 
-import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -21,6 +20,7 @@ from fleethealth.policy import default_policy
 from fleethealth.signals.history import SignalHistory
 from fleethealth.signals.snapshot import Snapshot, SnapshotBuilder
 from fleethealth.sources.structural import StructuralReport, StructuralTracker
+from structural_support import same_report
 
 POL = default_policy()
 NODES = ("a", "b", "c")
@@ -56,16 +56,7 @@ def _plain(v: Snapshot) -> Snapshot:
                     list(v.issues), list(v.source_errors))
 
 
-def _same(a: StructuralReport, b: object) -> None:
-    sa, sb = a.snapshot, b.snapshot  # type: ignore[attr-defined]
-    assert sa.at == sb.at and sa.metrics == sb.metrics and sa.labelsets == sb.labelsets
-    for f in ("metric_ids", "series_ids", "values", "ts"):
-        x, y = getattr(sa, f), getattr(sb, f)
-        assert x.dtype == y.dtype and np.array_equal(x, y), f
-    assert sa.issues == sb.issues and sa.source_errors == sb.source_errors
-    for f in ("gpus_now", "gpus_expected", "targets_down", "scrape_seconds"):
-        assert getattr(a, f) == getattr(b, f), f
-        assert list(getattr(a, f)) == list(getattr(b, f)), f  # same order too
+_same = same_report
 
 
 step = st.tuples(
