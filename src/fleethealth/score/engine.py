@@ -374,16 +374,11 @@ class _Ctx:
         self.index = snap.index_upto(now + skew)
         self.order = np.zeros(0, np.int64)
         self.bounds: dict[int, tuple[int, int]] = {}
-        self.n_head = 0
         self._windows: dict[tuple[int, float], tuple[np.ndarray, ...]] = {}
         self._rates: dict[tuple[int, float, float], tuple[np.ndarray, ...]] = {}
         self._stacks: dict[tuple[int, tuple[float, ...]], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         if self.index is not None:
             self.bounds = self.index.bounds
-            # its gauge rows: a history view writes its other rows (counters, read off the matrices
-            # here) only when something reads them
-            self.n_head = int(self.index.head[0].size)
-            _, self.head_s, self.head_v, self.head_t = self.index.head
             return
         ok = snap.ts <= now + skew
         n_future = int((~ok).sum())
@@ -418,8 +413,8 @@ class _Ctx:
     def row_arrays(self, end: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Series ids, values and times to read rows below ``end`` from: a history view's head when it
         holds them, else the snapshot's arrays."""
-        if end <= self.n_head and self.index is not None:
-            return self.head_s, self.head_v, self.head_t
+        if self.index is not None:  # a history view writes its counter rows only when they are read
+            return self.index.arrays(self.snap, end)
         return self.snap.series_ids, self.snap.values, self.snap.ts
 
     def samples(self, metric: str, match: Mapping[str, str] | None = None) -> np.ndarray:

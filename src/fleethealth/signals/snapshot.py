@@ -98,34 +98,17 @@ class ViewIndex:
     def valid_for(self, snap: Snapshot) -> bool:
         return self.owner() is snap
 
-    def _view(self) -> Snapshot:
-        snap = self.owner()
-        if not isinstance(snap, Snapshot):
-            raise ValueError("the view this index was made for is gone")
-        return snap
-
-    # The view's arrays (all its rows: reading them writes a HistoryView's lazy rows).
-    @property
-    def metric_ids(self) -> np.ndarray:
-        return self._view().metric_ids
-
-    @property
-    def series_ids(self) -> np.ndarray:
-        return self._view().series_ids
-
-    @property
-    def values(self) -> np.ndarray:
-        return self._view().values
-
-    @property
-    def ts(self) -> np.ndarray:
-        return self._view().ts
+    def arrays(self, snap: Snapshot, end: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Series ids, values and times to read ``snap``'s rows below ``end`` from: ``head`` when it holds
+        them (a HistoryView's other rows are then not written), else the snapshot's arrays."""
+        if end <= self.head[0].size:
+            return self.head[1], self.head[2], self.head[3]
+        return snap.series_ids, snap.values, snap.ts
 
     def rows(self, snap: Snapshot, a: int, b: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Series ids, values and times of ``snap``'s rows a..b, off ``head`` when it holds them."""
-        if b <= self.head[0].size:
-            return self.head[1][a:b], self.head[2][a:b], self.head[3][a:b]
-        return snap.series_ids[a:b], snap.values[a:b], snap.ts[a:b]
+        """Series ids, values and times of ``snap``'s rows a..b (see ``arrays``)."""
+        s, v, t = self.arrays(snap, b)
+        return s[a:b], v[a:b], t[a:b]
 
 
 @dataclass(slots=True)
@@ -217,7 +200,7 @@ class HistoryView(Snapshot):
             _ROW_SLOTS[name].__set__(self, arr)
 
     def __len__(self) -> int:
-        return self._n if self._fill is not None else int(_ROW_SLOTS["values"].__get__(self, Snapshot).shape[0])
+        return self._n if self._fill is not None else Snapshot.__len__(self)
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (Snapshot, (self.at, self.metrics, self.labelsets, self.metric_ids, self.series_ids, self.values,
