@@ -235,11 +235,17 @@ class _Group:
     def ranges(self) -> list[tuple[int, int, int]]:
         """(metric, first column, end column) of each metric's block of columns."""
         if self._ranges is None or self._ranges[0] != self.version:
-            cm = self.cm
-            heads = np.flatnonzero(np.concatenate(([True], cm[1:] != cm[:-1]))) if cm.size else np.zeros(0, np.int64)
-            ends = np.concatenate((heads[1:], [cm.size]))
-            self._ranges = (self.version, [(int(cm[a]), int(a), int(b)) for a, b in zip(heads, ends, strict=True)])
+            self._ranges = (self.version, _id_runs(self.cm))
         return self._ranges[1]
+
+
+def _id_runs(ids: np.ndarray) -> list[tuple[int, int, int]]:
+    """(id, start, end) of each run of equal ids, in order."""
+    if ids.size == 0:
+        return []
+    heads = np.flatnonzero(np.concatenate(([True], ids[1:] != ids[:-1])))
+    ends = np.concatenate((heads[1:], [ids.size]))
+    return [(int(ids[a]), int(a), int(b)) for a, b in zip(heads, ends, strict=True)]
 
 
 @dataclass(slots=True)
@@ -863,11 +869,7 @@ class SignalHistory:
         latest = np.flatnonzero(~is_since)
         pos[src[latest]] = latest
         gm = self._g_m[src]
-        bounds: dict[int, tuple[int, int]] = {}
-        if gm.size:
-            heads = np.flatnonzero(np.concatenate(([True], gm[1:] != gm[:-1])))
-            ends = np.concatenate((heads[1:], [gm.size]))
-            bounds = {int(gm[a]): (int(a), int(b)) for a, b in zip(heads, ends, strict=True)}
+        bounds = {m: (a, b) for m, a, b in _id_runs(gm)}
         gs = self._g_s[src]
         self._g_base = (base[0], n, rows, track, (er, src, since_rows, pos, bounds, gm, gs))
         return src, since_rows, pos, bounds, gm, gs
