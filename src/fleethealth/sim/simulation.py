@@ -149,12 +149,6 @@ def _erf(x: np.ndarray) -> np.ndarray:
     return s * y
 
 
-def _lognormal_cdf(median: np.ndarray, sigma: float, log_les: np.ndarray) -> np.ndarray:
-    """P(X <= le) per row for lognormal latencies: shape (len(median), len(les))."""
-    z = (log_les[None, :] - np.log(median)[:, None]) * (1.0 / (sigma * _SQRT2))
-    return 0.5 * (1.0 + _erf(z))
-
-
 def _lognormal_bucket_probs(median: np.ndarray, sigma: float, les: np.ndarray) -> np.ndarray:
     """P(bucket) per row for lognormal latencies: shape (len(median), len(les) + 1), last = above the top."""
     z = (np.log(les)[None, :] - np.log(median)[:, None]) / (sigma * _SQRT2)
@@ -186,11 +180,6 @@ def _counts(rng: np.random.Generator, lam: np.ndarray) -> np.ndarray:
     for large ones, where Poisson sampling is the most expensive call of a step."""
     big = np.rint(lam + np.sqrt(lam) * rng.standard_normal(lam.shape))
     return np.where(lam >= 30.0, np.maximum(big, 0.0), rng.poisson(np.minimum(lam, 30.0)))
-
-
-def _big_counts(rng: np.random.Generator, lam: np.ndarray) -> np.ndarray:
-    """Poisson counts with large means (thousands of tokens): the normal approximation is exact enough."""
-    return np.maximum(np.rint(lam + np.sqrt(lam) * rng.standard_normal(lam.shape)), 0.0)
 
 
 def _sprinkle(rng: np.random.Generator, counter: np.ndarray, mean_total: float) -> None:
