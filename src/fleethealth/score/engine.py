@@ -875,6 +875,7 @@ class _Plan:
         g_age: list[np.ndarray] = []
         c_sets: dict[tuple[int, float, float], tuple[list[np.ndarray], list[np.ndarray]]] = {}
         shaped: dict[int, list[tuple[EntityKind, int, int, int, bool]]] = {1: [], 2: [], 3: []}
+        params: dict[int, list[tuple[float, float]]] = {1: [], 2: [], 3: []}  # per shaped entry: see shapes
         self.order: list[tuple[EntityKind, int]] = []  # flat result index -> (kind, signal)
         seen = np.zeros(self.size, bool)
         assert ctx.index is not None
@@ -940,6 +941,9 @@ class _Plan:
                 seen[dest] = True
                 if code in shaped:
                     shaped[code].append((kind, j, off, n, bool(plan.counter[j])))
+                    # ramp: warn, crit - warn; gate / flag: the threshold (NaN: none), the flag's score
+                    params[code].append((plan.warn[j], plan.span[j]) if code == 1 else
+                                        (plan.above[j], plan.flag_score[j]))
         self.seen = seen
         z = np.zeros(0, np.int64)
         self.g_src = np.concatenate(g_src) if g_src else z
@@ -968,8 +972,8 @@ class _Plan:
             rate = np.repeat([c for *_, c in rows_], per)
             res = np.repeat([index_of[(k, j)] for k, j, *_ in rows_], per)
             ent = np.concatenate([np.arange(n) for *_, n, _ in rows_])
-            p1 = np.repeat([self._param(specs[k][j], code, 0) for k, j, *_ in rows_], per)
-            p2 = np.repeat([self._param(specs[k][j], code, 1) for k, j, *_ in rows_], per)
+            p1 = np.repeat([a for a, _ in params[code]], per)
+            p2 = np.repeat([b for _, b in params[code]], per)
             self.shapes[code] = (idx, np.flatnonzero(rate), res, ent, p1, p2)
 
     def _fixed_slo(self, ctx: _Ctx, spec: SignalSpec, kind: EntityKind,
@@ -997,15 +1001,6 @@ class _Plan:
         # what the columns are, without the view they came from (the plan outlives it)
         return tuple((name, c.series, c.ent, _cols_ix(c))  # type: ignore[return-value]
                      for name, c in ((spec.requests_metric, inputs[0]), (good_name, inputs[1])))
-
-    @staticmethod
-    def _param(spec: SignalSpec, code: int, which: int) -> float:
-        if code == 1:  # ramp: warn, then crit - warn (the subtraction shapes.ramp does)
-            assert spec.warn is not None and spec.crit is not None
-            return spec.warn if which == 0 else spec.crit - spec.warn
-        if which == 0:  # gate / flag: the threshold (nothing is above NaN)
-            return spec.above if spec.above is not None else np.nan
-        return spec.flag_score if code == 3 else np.nan
 
     def holds(self, ctx: _Ctx) -> bool:
         """Whether this view is laid out as the one the plan was built on, where the plan reads it."""
