@@ -50,6 +50,9 @@ CREATE TABLE IF NOT EXISTS evidence (
     location TEXT
 );
 CREATE TABLE IF NOT EXISTS cycles (ts REAL PRIMARY KEY, transitions INTEGER NOT NULL, intents INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS incident_labels (
+    key TEXT PRIMARY KEY, label TEXT NOT NULL, cause TEXT NOT NULL, by TEXT NOT NULL, ts REAL NOT NULL, onset REAL
+);
 """
 
 
@@ -199,6 +202,16 @@ class SqliteStore:
         q = "SELECT key, ts, entity, reason, params, location FROM evidence" + (" WHERE entity=?" if entity else "")
         return [{"key": k, "ts": ts, "entity": e, "reason": r, "params": json.loads(p), "location": loc}
                 for k, ts, e, r, p, loc in self.db.execute(q + " ORDER BY ts", (entity,) if entity else ())]
+
+    def label_incident(self, key: str, label: str, cause: str = "", by: str = "", ts: float = 0.0,
+                       onset: float | None = None) -> None:
+        """An operator's verdict on an incident (``review``): kept, the latest one wins."""
+        self.db.execute("INSERT OR REPLACE INTO incident_labels VALUES (?,?,?,?,?,?)",
+                        (key, label, cause, by, ts, onset))
+
+    def incident_labels(self) -> list[dict[str, Any]]:
+        return [{"key": k, "label": lb, "cause": c, "by": b, "ts": ts, "onset": o} for k, lb, c, b, ts, o in
+                self.db.execute("SELECT key, label, cause, by, ts, onset FROM incident_labels ORDER BY ts")]
 
     def cycles(self) -> int:
         return int(self.db.execute("SELECT COUNT(*) FROM cycles").fetchone()[0])
