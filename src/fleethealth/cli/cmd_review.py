@@ -1,0 +1,136 @@
+"""`fleethealth review` and `fleethealth review-label`: the monthly review of what the controller did,
+read from its state store (SQLite path or database URL), and an operator's verdict on one incident."""
+
+from __future__ import annotations
+
+import calendar
+import json
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from fleethealth.cli.common import fail
+
+_OFFSET = re.compile(r"^-(\d+(?:\.\d+)?)([smhdw])$")
+_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
+
+
+def parse_when(text: str | None, latest: float | None) -> float | None:
+    """Unix seconds, an ISO date or time (UTC), or an offset back from the store's latest cycle (``-30d``)."""
+    if text is None or text == "":
+        return None
+    t = text.strip()
+    m = _OFFSET.match(t)
+    if m:
+        if latest is None:
+            fail(f"{text!r}: an offset needs a store with at least one cycle")
+        return latest - float(m.group(1)) * _UNITS[m.group(2)]
+    try:
+        return float(t)
+    except ValueError:
+        pass
+    for fmt in ("%Y-%m-%d", "%Y-%m-%dT%H:%M", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M"):
+        try:
+            return float(calendar.timegm(time.strptime(t.rstrip("Z"), fmt)))
+        except ValueError:
+            continue
+    fail(f"{text!r}: expected unix seconds, a date like 2026-11-01, or an offset like -30d")
+
+
+def _open(db: str) -> Any:
+    from fleethealth.store import StoreError, open_store
+
+    if "://" not in db and db != ":memory:" and not Path(db).is_file():
+        fail(f"{db}: no such state database")
+    try:
+        return open_store(db)
+    except StoreError as e:
+        fail(str(e))
+
+
+def _duration(text: str) -> float:
+    from fleethealth.sim.scenario import parse_duration
+
+    try:
+        return parse_duration(text)
+    except ValueError as e:
+        fail(f"--flap-window: {e}")
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("review")
+    def review_cmd(
+        db: str = typer.Option(..., "--db", help="State store: a SQLite path or a database URL."),
+        since: str | None = typer.Option(None, "--since", help="Start: unix seconds, a date, or -30d (back from the"
+                                                                 " store's latest cycle)."),
+        until: str | None = typer.Option(None, "--until", help="End, as --since (default: the latest cycle)."),
+        fmt: str = typer.Option("text", "--format", "-f", help="text, json or html."),
+        out: Path | None = typer.Option(None, "--out", "-o", help="Write here instead of standard output."),
+        flap_window: str = typer.Option("1h", "--flap-window", help="A return to the state just left inside this"
+                                                                    " window is a flap."),
+    ) -> None:
+        """The period's incidents and each quarantine's outcome, live quarantine precision, detection and repair
+        times, flaps, pages and budget exhaustions, per pool and per reason."""
+        from fleethealth.review.incidents import IncidentLabel, review
+        from fleethealth.review.render import to_html, to_text
+
+        if fmt not in ("text", "json", "html"):
+            fail(f"--format {fmt!r}: expected text, json or html")
+        window = _duration(flap_window)
+        store = _open(db)
+        try:
+            state = store.load()
+            latest = None if state is None else state.last_ts
+            t0, t1 = parse_when(since, latest), parse_when(until, latest)
+            if t0 is not None and t1 is not None and t1 < t0:
+                fail("--until is before --since")
+            pools = {} if state is None else {e: es.labels.get("pool", "default") for e, es in state.entities.items()}
+            labels_fn = getattr(store, "incident_labels", None)
+            labels = [IncidentLabel.from_dict(d) for d in (labels_fn() if labels_fn else [])]
+            rv = review(store.transitions(), store.intents(), since=t0, until=t1 if t1 is not None else latest,
+                        pools=pools, labels=labels, flap_window_s=window)
+        finally:
+            store.close()
+        text = (json.dumps(rv.to_dict(), indent=2, sort_keys=True) + "\n" if fmt == "json"
+                else to_html(rv) if fmt == "html" else to_text(rv))
+        if out is not None:
+            out.write_text(text)
+            typer.echo(f"review of {rv.overall.incidents} incidents -> {out}")
+        else:
+            typer.echo(text, nl=False)
+
+    @app.command("review-label")
+    def review_label(
+        key: str = typer.Argument(..., help="The incident's key as `review` prints it (entity@start)."),
+        db: str = typer.Option(..., "--db", help="State store: a SQLite path or a database URL."),
+        label: str = typer.Option(..., "--label", help="confirmed (a real fault) or false (a false alarm)."),
+        cause: str = typer.Option("", "--cause", help="What it was (free text: 'NVLink cable', 'bad rollout')."),
+        by: str = typer.Option("", "--by", help="Who says so (default: $USER)."),
+        onset: str | None = typer.Option(None, "--onset", help="When the fault really began (unix seconds or a"
+                                                                " date): detection time is measured from it."),
+    ) -> None:
+        """Label one incident; `review` and `tune` then count it as you say."""
+        import os
+
+        from fleethealth.review.incidents import LABELS
+
+        if label not in LABELS:
+            fail(f"--label {label!r}: expected one of {', '.join(LABELS)}")
+        if not re.fullmatch(r"[^\x00-\x1f@]+@\d+", key):
+            fail(f"{key!r}: expected an incident key like node-37@1764000000")
+        store = _open(db)
+        try:
+            if not hasattr(store, "label_incident"):
+                fail(f"{db}: this store cannot keep labels")
+            known = {t["entity"] for t in store.transitions(key.rsplit("@", 1)[0])}
+            if not known:
+                fail(f"{key}: no transitions of {key.rsplit('@', 1)[0]} in this store")
+            state = store.load()
+            t_onset = parse_when(onset, None if state is None else state.last_ts)
+            store.label_incident(key, label, cause, by or os.environ.get("USER", ""), time.time(), t_onset)
+        finally:
+            store.close()
+        typer.echo(f"{key}: labelled {label}" + (f" ({cause})" if cause else ""))
