@@ -105,7 +105,7 @@ def test_unusable_database_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(StoreError, match="not-a-db"):
         SqliteStore(bad)
     with pytest.raises(StoreError, match="unsupported"):
-        open_store("postgres://db/fleet")
+        open_store("mysql://db/fleet")
 
 
 def _dump(db: Path) -> tuple[list[tuple[object, ...]], list[tuple[object, ...]], list[tuple[object, ...]]]:

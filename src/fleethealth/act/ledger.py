@@ -1,8 +1,12 @@
-"""The actuation ledger: every intent seen, every attempt made, in SQLite.
+"""The actuation ledger: every intent seen, every attempt made, in SQLite or PostgreSQL.
 
 Keyed by (intent.key, actuator): an intent applied once is never applied again, across restarts and
-across controller replicas that share the database. Attempts are appended, never overwritten, so a
-failed call is always on record.
+across controller replicas that share the database (PostgreSQL for two replicas: the same database as the
+state store, ``postgresql://...``). Attempts are appended, never overwritten, so a failed call is always
+on record. A ``started`` attempt is written before each actuator call: a process killed between the call
+and its record leaves it there, so a re-apply after a restart or failover is visible (the actuators are
+idempotent: a re-apply changes nothing that the first did). Database errors are ``StoreError`` (one line),
+a locked database ``StoreBusy`` after a short wait.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from typing import Any
 
 from fleethealth.act.outcome import Outcome
 from fleethealth.decide.model import Intent
+from fleethealth.store.db import Conn, connect
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS actions (
@@ -90,12 +95,13 @@ def open_autocommit(path: str) -> sqlite3.Connection:
 
 
 class Ledger:
-    def __init__(self, path: str | Path) -> None:
-        self.path = str(path)
+    """``path``: a SQLite file, ``:memory:``, or a ``postgresql://`` URL (the state store's database)."""
+
+    def __init__(self, path: str | Path, *, busy_timeout_s: float = 1.0) -> None:
         self._lock = threading.Lock()
-        self._db = open_autocommit(self.path)
-        self._db.row_factory = sqlite3.Row
-        if self.path != ":memory:":
+        self._db: Conn = connect(path, busy_timeout_s=busy_timeout_s, dict_rows=True)
+        self.path = self._db.path
+        if self._db.dialect == "sqlite" and self.path != ":memory:":
             self._db.execute("PRAGMA journal_mode=WAL")
         self._db.executescript(SCHEMA)
 
@@ -165,7 +171,7 @@ class Ledger:
         return [_record(r) for r in rows]
 
     def actions(self, entity: str | None = None, status: str | None = None, limit: int = 1000) -> list[ActionRecord]:
-        q, args = "SELECT * FROM actions WHERE 1=1", []
+        q, args = "SELECT * FROM actions WHERE 1=1", list[Any]()
         if entity is not None:
             q += " AND entity=?"
             args.append(entity)
@@ -173,7 +179,7 @@ class Ledger:
             q += " AND status=?"
             args.append(status)
         q += " ORDER BY last_ts DESC LIMIT ?"
-        args.append(str(limit))
+        args.append(int(limit))
         with self._lock:
             rows = self._db.execute(q, args).fetchall()
         return [_record(r) for r in rows]
@@ -236,7 +242,7 @@ class Ledger:
                                  "ON CONFLICT(name) DO UPDATE SET value=excluded.value", (name, value))
 
 
-def _record(row: sqlite3.Row) -> ActionRecord:
+def _record(row: Any) -> ActionRecord:
     return ActionRecord(
         key=row["key"], actuator=row["actuator"], kind=row["kind"], entity=row["entity"],
         intent=json.loads(row["intent"]), status=row["status"], attempts=row["attempts"],

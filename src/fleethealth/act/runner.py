@@ -12,6 +12,15 @@ Theory of operation
 - Leadership: with is_leader given, a replica that is not the leader records nothing and does nothing.
 - Order: an intent kind may route to several actuators (e.g. evidence before quarantine); they run in
   the order given, each with its own ledger entry, and one's failure does not block the next.
+- The outbox: ``drain(store)`` takes every intent the state store holds as ``pending`` (committed with
+  the cycle's state, in commit order), submits it, and marks it in the store once every actuator on its
+  route has settled: ``applied``, ``failed`` (a terminal failure or retries used up; logged as an error
+  with the reason and counted in ``status()``), ``advised`` or ``unrouted``. Anything still under way
+  (retrying, waiting on backoff, held by the breaker, killed, not the leader) stays pending and is drained
+  again next cycle, so a crash between commit and act, or a failover, loses nothing. A key the ledger has
+  settled is never attempted again (``duplicate``); the only re-apply is after a process died between an
+  actuator's call and its ledger record (the ledger says ``started``), and the actuators are idempotent
+  (they write the difference from what is there, name Jobs and bundles by the key), so it changes nothing.
 """
 
 from __future__ import annotations
@@ -21,17 +30,29 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from fleethealth.act.config import ActuationConfig
+from fleethealth.act.failpoint import Failpoints
 from fleethealth.act.ledger import FINAL_STATUSES, Ledger, intent_from_dict
 from fleethealth.act.outcome import Actuator, Outcome
 from fleethealth.decide.model import Intent, IntentKind, Tier
+from fleethealth.store.base import StoreError
 
 log = logging.getLogger("fleethealth.act")
 
 KILL_SETTING = "kill_switch"
 ISOLATING = (IntentKind.QUARANTINE, IntentKind.DRAIN)
+# What an intent's actuator results settle it as in the outbox (anything else: still pending).
+SETTLED = {"applied": "applied", "failed": "failed", "advised": "advised", "unrouted": "unrouted"}
+
+
+class Outbox(Protocol):
+    """The state store's side of the outbox (fleethealth.store.sqlite.SqliteStore and PostgresStore)."""
+
+    def intents(self, since: float | None = None, status: str | None = None) -> list[dict[str, Any]]: ...
+
+    def mark_intent(self, key: str, status: str, outcome: str | None = None) -> bool: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +83,7 @@ class ActuationRunner:
         sleep: Callable[[float], None] = time.sleep,
         is_leader: Callable[[], bool] | None = None,
         on_result: Callable[[ActionResult], None] | None = None,
+        failpoints: Failpoints | None = None,
     ) -> None:
         if config is None:
             config = ActuationConfig()
@@ -83,6 +105,9 @@ class ActuationRunner:
         self.sleep = sleep
         self.is_leader = is_leader or (lambda: True)
         self.on_result = on_result
+        self.failpoints = failpoints or Failpoints()
+        self.outbox_failed_total = 0
+        self.outbox_settled_total = 0
         self._bind()
 
     def _bind(self) -> None:
@@ -137,6 +162,60 @@ class ActuationRunner:
             out.extend(self.submit(it))
         return out
 
+    def drain(self, outbox: Outbox) -> list[ActionResult]:
+        """Carry out every pending intent of the outbox (the store), oldest first; mark each one that
+        settled. Call at start-up and once per cycle, after the cycle's commit."""
+        if not self.is_leader():
+            return []
+        try:
+            rows = outbox.intents(status="pending")
+        except StoreError as e:
+            log.error("outbox not drained this cycle: %s", e)
+            return []
+        out: list[ActionResult] = []
+        for row in rows:
+            try:
+                intent = intent_from_dict(row)
+            except (KeyError, ValueError, TypeError) as e:
+                self._settle(outbox, row["key"], "failed", {"-": f"unreadable intent: {type(e).__name__}: {e}"})
+                continue
+            if intent.key != row["key"]:
+                self._settle(outbox, row["key"], "failed", {"-": f"stored intent rebuilds to key {intent.key}"})
+                continue
+            results = self.submit(intent)
+            out.extend(results)
+            status = self._outcome(results)
+            if status is not None:
+                self._settle(outbox, intent.key, status,
+                             {r.actuator: r.error or r.detail.get("previous") or r.status for r in results},
+                             intent)
+        return out
+
+    @staticmethod
+    def _outcome(results: Sequence[ActionResult]) -> str | None:
+        """What the intent settles as, or None while any actuator is still under way."""
+        got = [r.detail.get("previous", "") if r.status == "duplicate" else r.status for r in results]
+        if any(g not in SETTLED for g in got):
+            return None
+        for st in ("failed", "applied", "advised"):
+            if st in got:
+                return st
+        return "unrouted"
+
+    def _settle(self, outbox: Outbox, key: str, status: str, why: dict[str, Any],
+                intent: Intent | None = None) -> None:
+        try:
+            outbox.mark_intent(key, status, json.dumps(why, sort_keys=True, default=str))
+        except StoreError as e:  # stays pending: drained (as a duplicate) and marked next cycle
+            log.error("intent %s not marked %s in the outbox: %s", key, status, e)
+            return
+        self.outbox_settled_total += 1
+        if status == "failed":
+            self.outbox_failed_total += 1
+            what = f"{intent.kind} {intent.entity}" if intent is not None else key
+            log.error("intent %s (key %s) FAILED for good, needs a human: %s", what, key,
+                      "; ".join(f"{a}: {e}" for a, e in why.items()))
+
     def retry_due(self) -> list[ActionResult]:
         """Try again every action whose backoff has elapsed (call once per controller cycle)."""
         if not self.is_leader():
@@ -167,6 +246,7 @@ class ActuationRunner:
             "mode": self.config.mode, "enforce": sorted(str(k) for k in self.config.enforce),
             "killed": self.killed, "kill": json.loads(kill) if kill else None,
             "kill_switch_config": self.config.kill_switch, "leader": self.is_leader(), "actions": counts,
+            "outbox": {"settled_total": self.outbox_settled_total, "failed_total": self.outbox_failed_total},
         }
 
     # -- internals -----------------------------------------------------------------------------------
@@ -218,11 +298,20 @@ class ActuationRunner:
                 return self._emit(intent, act.name, "killed", attempts=done, record=done == 0)
             if not self.is_leader():
                 return self._emit(intent, act.name, "not_leader", attempts=done, record=False)
+            prev = self.ledger.get(intent.key, act.name)
+            if prev is not None and prev.status == "started":
+                # the process (or the leader before a failover) died between this call and its record
+                log.warning("re-applying %s %s on %s: the last call's result was never recorded",
+                            intent.kind, intent.entity, act.name)
+            self.ledger.record_status(intent, act.name, "started", self.clock(),
+                                      detail={"attempt": done + tries + 1})
             try:
                 outcome = act.apply(intent)
             except Exception as e:  # an actuator bug must not lose the intent: record it, retry later
                 log.exception("actuator %s raised on %s", act.name, intent.key)
                 outcome = Outcome.failure(f"{type(e).__name__}: {e}", retry=True)
+            if outcome.ok:
+                self.failpoints.hit("after-apply")
             tries += 1
             now = self.clock()
             n = done + tries

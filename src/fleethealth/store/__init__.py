@@ -1,5 +1,5 @@
-"""Persistent state of the decision loop (SQLite by default, behind ``StateStore``)."""
+"""Persistent state of the decision loop (SQLite by default, PostgreSQL for HA, behind ``StateStore``)."""
 
-from fleethealth.store.base import StateStore, StoreError, open_store
+from fleethealth.store.base import StateStore, StoreBusy, StoreError, StoreUnavailable, open_store
 
-__all__ = ["StateStore", "StoreError", "open_store"]
+__all__ = ["StateStore", "StoreBusy", "StoreError", "StoreUnavailable", "open_store"]

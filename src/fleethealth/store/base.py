@@ -1,7 +1,7 @@
 """The state store interface: what the decision loop needs from a database.
 
-SQLite (``store.sqlite.SqliteStore``) is the default; a server database implements the same few methods.
-``open_store`` picks one by URL-ish path.
+SQLite (``store.sqlite.SqliteStore``) is the default for one replica; PostgreSQL (``store.postgres``) runs
+the very same SQL through ``store.db.PgConn`` for two or more replicas. ``open_store`` picks one by URL.
 """
 
 from __future__ import annotations
@@ -14,6 +14,14 @@ from fleethealth.decide.state import Decision, DecisionState
 
 class StoreError(Exception):
     """The store cannot be used (unreadable file, wrong schema); the message is one clear line."""
+
+
+class StoreBusy(StoreError):
+    """Another writer holds the database locked past the short busy timeout: skip this cycle, try the next."""
+
+
+class StoreUnavailable(StoreError):
+    """The database server cannot be reached (or the connection broke): skip this cycle, try the next."""
 
 
 @runtime_checkable
@@ -34,12 +42,18 @@ class StateStore(Protocol):
 
 
 def open_store(path: str | Path) -> StateStore:
-    """``sqlite:///path``, a plain path, or ``:memory:``."""
+    """``postgresql://...`` (several controller replicas), ``sqlite:///path``, a plain path, or ``:memory:``
+    (one replica)."""
+    from fleethealth.store.db import is_postgres_url, safe_url
     from fleethealth.store.sqlite import SqliteStore
 
     p = str(path)
+    if is_postgres_url(p):
+        from fleethealth.store.postgres import PostgresStore
+
+        return PostgresStore(p)
     if p.startswith("sqlite:///"):
         p = p.removeprefix("sqlite:///")
     elif "://" in p:
-        raise StoreError(f"{p}: unsupported state store (only SQLite paths here)")
+        raise StoreError(f"{safe_url(p)}: unsupported state store (a path, sqlite:///path or postgresql://...)")
     return SqliteStore(p)

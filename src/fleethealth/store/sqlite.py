@@ -4,13 +4,21 @@ the last committed cycle: no timer restarts (timers are stored), no action repea
 their idempotency key and a re-run cycle yields the same keys), no quarantine forgotten.
 
 WAL journal: a reader (the HTTP API, ``sqlite3`` by hand) never blocks the loop, and a killed process
-loses at most the cycle it was writing.
+loses at most the cycle it was writing. A database another process holds locked is ``StoreBusy`` after
+a short wait (1 s): the controller reports it in one line and skips the cycle.
+
+The outbox: the intents a cycle commits are ``pending`` until the actuation runner has carried each out
+and marks it (``mark_intent``: applied, failed, advised); the runner drains every ``pending`` intent at
+start-up and each cycle, so a crash between commit and act loses none.
+
+The SQL here is SQLite's; ``store.postgres.PostgresStore`` runs the same methods on PostgreSQL through
+``store.db.PgConn``, which translates it (keep to ``?`` placeholders, ``INSERT OR REPLACE/IGNORE``, and
+column names that are not SQL keywords).
 """
 
 from __future__ import annotations
 
 import json
-import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -19,6 +27,7 @@ from typing import Any
 from fleethealth.decide.model import IntentKind
 from fleethealth.decide.state import Decision, DecisionState, EntityLifecycle
 from fleethealth.store.base import StoreError
+from fleethealth.store.db import DEFAULT_BUSY_TIMEOUT_S, Conn, SqliteConn
 
 SCHEMA_VERSION = 1
 
@@ -51,7 +60,7 @@ CREATE TABLE IF NOT EXISTS evidence (
 );
 CREATE TABLE IF NOT EXISTS cycles (ts REAL PRIMARY KEY, transitions INTEGER NOT NULL, intents INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS incident_labels (
-    key TEXT PRIMARY KEY, label TEXT NOT NULL, cause TEXT NOT NULL, by TEXT NOT NULL, ts REAL NOT NULL, onset REAL
+    key TEXT PRIMARY KEY, label TEXT NOT NULL, cause TEXT NOT NULL, labeled_by TEXT NOT NULL, ts REAL NOT NULL, onset REAL
 );
 """
 
@@ -59,27 +68,38 @@ CREATE TABLE IF NOT EXISTS incident_labels (
 class SqliteStore:
     """The default ``StateStore``. ``path`` ``:memory:`` works for tests."""
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, *, busy_timeout_s: float = DEFAULT_BUSY_TIMEOUT_S) -> None:
         self.path = str(path)
+        self.db: Conn = self._connect(busy_timeout_s)
         try:
-            self.db = sqlite3.connect(self.path, isolation_level=None, timeout=30.0)
-            self.db.execute("PRAGMA journal_mode=WAL")
-            self.db.execute("PRAGMA synchronous=NORMAL")
             self.db.executescript(SCHEMA)
-        except sqlite3.Error as e:
-            raise StoreError(f"{self.path}: cannot open state database: {e}") from None
-        row = self.db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
-        if row is None:
-            self.db.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
-        elif int(row[0]) != SCHEMA_VERSION:
+            row = self.db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+            if row is None:
+                self.db.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+        except StoreError as e:
+            self.db.close()
+            raise StoreError(f"cannot open state database: {e}") from None
+        if row is not None and int(row[0]) != SCHEMA_VERSION:
             raise StoreError(f"{self.path}: state database schema {row[0]}, this version reads {SCHEMA_VERSION}")
         self._saved: dict[str, str] = {}  # entity -> JSON last written (write only what changed)
+
+    def _connect(self, busy_timeout_s: float) -> Conn:
+        """A short busy timeout: a database locked by another writer skips a cycle (StoreBusy), it does
+        not block it for long."""
+        db = SqliteConn(self.path, busy_timeout_s=busy_timeout_s)
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=NORMAL")
+        except StoreError as e:
+            db.close()
+            raise StoreError(f"cannot open state database: {e}") from None
+        return db
 
     def close(self) -> None:
         self.db.close()
 
     @contextmanager
-    def _tx(self) -> Iterator[sqlite3.Connection]:
+    def _tx(self) -> Iterator[Conn]:
         self.db.execute("BEGIN IMMEDIATE")
         try:
             yield self.db
@@ -99,6 +119,7 @@ class SqliteStore:
             frozen_since=None if meta.get("frozen_since") in (None, "") else float(meta["frozen_since"]),
             seq=int(meta.get("seq", "0")), last_ts=float(meta["last_ts"]),
         )
+        self._saved = {}  # a reload (a standby taking over) starts from what the database holds
         for entity, data in self.db.execute("SELECT entity, data FROM lifecycles"):
             st.entities[entity] = EntityLifecycle.from_dict(json.loads(data))
             self._saved[entity] = data
@@ -211,7 +232,7 @@ class SqliteStore:
 
     def incident_labels(self) -> list[dict[str, Any]]:
         return [{"key": k, "label": lb, "cause": c, "by": b, "ts": ts, "onset": o} for k, lb, c, b, ts, o in
-                self.db.execute("SELECT key, label, cause, by, ts, onset FROM incident_labels ORDER BY ts")]
+                self.db.execute("SELECT key, label, cause, labeled_by, ts, onset FROM incident_labels ORDER BY ts")]
 
     def cycles(self) -> int:
         return int(self.db.execute("SELECT COUNT(*) FROM cycles").fetchone()[0])
