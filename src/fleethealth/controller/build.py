@@ -66,9 +66,15 @@ class FileSource:
 
 
 def ledger_path(state_db: str | None) -> str:
+    """The actuation ledger's database: on PostgreSQL the state store's own (every replica shares it);
+    with SQLite a file beside the state file."""
+    from fleethealth.store.db import is_postgres_url
+
     if state_db is None or state_db == ":memory:":
         return ":memory:"
-    p = Path(state_db)
+    if is_postgres_url(state_db):
+        return state_db
+    p = Path(state_db.removeprefix("sqlite:///"))
     return str(p.with_name(p.stem + ".actions.db"))
 
 
@@ -142,7 +148,10 @@ def _active_test_events(tests: Any) -> Callable[[float], list[Event]]:
 
 def build(cfg: ControllerConfig, *, clock: Clock | None = None, policy: Policy | None = None) -> Assembly:
     """Everything but the HTTP endpoint and the run loop. Raises PolicyError / StoreError with one line."""
+    from fleethealth.act.failpoint import Failpoints
+
     policy = policy or load_policy(cfg.policy)
+    failpoints = Failpoints.from_env()
     closers: list[Callable[[], None]] = []
     sources, src_closers = build_sources(cfg, policy)
     closers += src_closers
@@ -178,7 +187,7 @@ def build(cfg: ControllerConfig, *, clock: Clock | None = None, policy: Policy |
         tests = ActiveTests(kube, cfg.actuation)
         if k.leader_election:
             elector = LeaseElector(kube, k.identity or f"{socket.gethostname()}-{os.getpid()}", k.lease_name,
-                                   k.lease_namespace)
+                                   k.lease_namespace, lease_duration_s=k.lease_duration_s)
             is_leader = elector.is_leader
             pre.append(lambda now: None if elector.step() else None)
             closers.append(elector.release)
@@ -221,7 +230,7 @@ def build(cfg: ControllerConfig, *, clock: Clock | None = None, policy: Policy |
     for a in actuators:
         for kind in getattr(a, "kinds", ()):
             routes.setdefault(kind, []).append(a)
-    runner = ActuationRunner(routes, ledger, cfg.actuation, is_leader=is_leader)
+    runner = ActuationRunner(routes, ledger, cfg.actuation, is_leader=is_leader, failpoints=failpoints)
 
     static_cap = dict(cfg.sources.gpu_capacity)
     if gpu_capacity is not None and static_cap:
@@ -237,7 +246,7 @@ def build(cfg: ControllerConfig, *, clock: Clock | None = None, policy: Policy |
     ctl = Controller(
         policy, sources, interval_s=cfg.interval_s, clock=clock, store=store, runner=runner,
         history_s=cfg.history_s, gpu_capacity=cap_fn, events=events, inventory=inventory,
-        weights=lambda now: weights_document(board.weights, now),
+        weights=lambda now: weights_document(board.weights, now), is_leader=is_leader, failpoints=failpoints,
     )
     ctl.pre_cycle.extend(pre)
     return Assembly(cfg, policy, ctl, runner, board, store, closers)

@@ -129,6 +129,8 @@ class KubernetesConfig(_Strict):
     leader_election: bool = True
     lease_name: str = "fleethealth-controller"
     lease_namespace: str = "fleethealth-system"
+    # A standby takes over at most this long (plus one interval) after the leader last renewed.
+    lease_duration_s: float = Field(default=15.0, ge=1)
     identity: str | None = None  # default: hostname and pid
 
 
@@ -199,7 +201,7 @@ def _resolve_paths(cfg: ControllerConfig, base: Path) -> ControllerConfig:
     """Relative paths in a config file are relative to the file, not to wherever the controller starts."""
 
     def rel(p: str | None) -> str | None:
-        if p is None or Path(p).is_absolute():
+        if p is None or Path(p).is_absolute() or "://" in p or p == ":memory:":
             return p
         return str((base / p).resolve())
 

@@ -12,6 +12,16 @@ Theory of operation
   decisions layer then refuses to remediate on them, and a fleet-wide drop freezes remediation.
 - After each cycle the controller publishes an immutable ``Published`` record (a single reference swap),
   which the HTTP endpoint reads without locks.
+- Commit, then act: the cycle's state, transitions and intents are committed in one transaction (the
+  intents ``pending``: the outbox), and only then does the runner drain the store's pending intents
+  (``ActuationRunner.drain``), once at start-up and after every commit. A process killed in between
+  (``FLEETHEALTH_FAILPOINT=after-commit`` does it on purpose) finds them pending when it, or the replica
+  that takes over, starts again.
+- Leadership (``is_leader``): only the Lease holder decides, commits and acts. A standby reads its sources
+  and keeps its history warm, so its first cycle as leader scores on a full window; on taking over it
+  reloads the state from the store (the last leader's last commit) and drains the outbox.
+- A locked, busy or unreachable store (``StoreError``) is one line in the log and a skipped cycle: the
+  state stays at the last commit, nothing acts on a decision that was not saved, the next tick tries again.
 """
 
 from __future__ import annotations
@@ -27,6 +37,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from fleethealth.act.failpoint import Failpoints
 from fleethealth.decide.loop import DecisionLoop
 from fleethealth.decide.model import Intent, Transition
 from fleethealth.decide.state import DecisionState, Event
@@ -36,6 +47,7 @@ from fleethealth.signals.history import SignalHistory
 from fleethealth.signals.snapshot import InputIssue, Snapshot
 from fleethealth.sources.base import Source
 from fleethealth.sources.structural import StructuralTracker
+from fleethealth.store.base import StoreError
 
 log = logging.getLogger("fleethealth.controller")
 
@@ -65,6 +77,8 @@ class IntentSink(Protocol):
     def submit_all(self, intents: Sequence[Intent]) -> Sequence[Any]: ...
 
     def retry_due(self) -> Sequence[Any]: ...
+
+    def drain(self, outbox: Any) -> Sequence[Any]: ...
 
 
 @dataclass(slots=True)
@@ -113,6 +127,7 @@ class CycleReport:
     overran: bool = False
     stage_cpu_s: dict[str, float] = field(default_factory=dict)
     cpu_s: float = 0.0
+    skipped: str = ""  # why decide/commit/act did not run (standby, store busy); "" when they did
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -121,6 +136,7 @@ class CycleReport:
             "cpu_s": round(self.cpu_s, 6), "stage_cpu_s": {k: round(v, 6) for k, v in self.stage_cpu_s.items()},
             "source_errors": [str(e) for e in self.source_errors],
             "transitions": len(self.transitions), "intents": len(self.intents), "overran": self.overran,
+            "skipped": self.skipped,
         }
 
 
@@ -162,6 +178,8 @@ class Controller:
         events: Callable[[float], Sequence[Event]] | None = None,
         weights: Callable[[float], Mapping[str, Any]] | None = None,
         keep_recent: int = 2000,
+        is_leader: Callable[[], bool] | None = None,
+        failpoints: Failpoints | None = None,
     ) -> None:
         self.policy = policy
         self.sources = list(sources)
@@ -207,6 +225,12 @@ class Controller:
             recent_transitions=(),
         )
         self.on_cycle: Callable[[CycleReport], None] | None = None
+        self.is_leader = is_leader or (lambda: True)
+        self.failpoints = failpoints or Failpoints()
+        self._leading: bool | None = None  # as of the last cycle; None before the first
+        self.store_errors_total = 0
+        self.takeovers_total = 0
+        self.last_takeover_ts: float | None = None
         # Edge work due before each cycle (leader-election renewals, inventory refresh); failures are logged.
         self.pre_cycle: list[Callable[[float], None]] = []
 
@@ -338,33 +362,100 @@ class Controller:
 
         t0, c0 = time.perf_counter(), time.thread_time()
         self._score_s = self._score_cpu_s = 0.0
-        result = self.loop.cycle(derived, now, self._take_events(now))
-        decision = result.decision
+        leading = self.is_leader()
+        skipped = "" if leading else "standby: another replica holds the Lease"
+        if leading and self._leading is not True:
+            skipped = self._take_over(now)
+        self._leading = leading and not skipped
+        decision = None
+        health = self.published.health
+        if skipped:
+            self.history.add(derived)  # a standby keeps its history warm for the day it takes over
+        else:
+            events = self._take_events(now)
+            try:
+                result = self.loop.cycle(derived, now, events)
+            except StoreError as e:
+                # Not saved, so not acted on: the state stays at the last commit and the next tick retries.
+                with self._events_lock:
+                    self._pending_events[:0] = events
+                self.store_errors_total += 1
+                skipped = f"state store: {e}"
+                log.error("cycle at %.3f skipped, its decisions not saved: %s", now, e)
+            else:
+                decision, health = result.decision, result.health
         core, core_cpu = time.perf_counter() - t0, time.thread_time() - c0
         stage["score"], cpu["score"] = self._score_s, self._score_cpu_s
         stage["decide_persist"], cpu["decide_persist"] = core - self._score_s, core_cpu - self._score_cpu_s
 
         t0, c0 = time.perf_counter(), time.thread_time()
         actions: list[Any] = []
-        for tr in decision.transitions:
+        transitions = decision.transitions if decision is not None else []
+        intents = decision.intents if decision is not None else []
+        for tr in transitions:
             log.info("transition %s %s -> %s (%s)", tr.entity, tr.from_state, tr.to_state, tr.reason)
-        for it in decision.intents:
+        for it in intents:
             log.info("intent %s %s (%s) key=%s", it.kind, it.entity, it.reason, it.key)
-        if self.runner is not None:
-            try:
-                actions = list(self.runner.submit_all(decision.intents)) + list(self.runner.retry_due())
-            except Exception:  # an actuator bug must not stop the loop; the ledger has the details
-                log.exception("actuation failed")
+        if intents:
+            self.failpoints.hit("after-commit")  # committed, not yet acted on: the outbox's test point
+        if decision is not None:
+            actions = self._act(intents)
         stage["act"], cpu["act"] = time.perf_counter() - t0, time.thread_time() - c0
 
         duration = time.perf_counter() - t_start
-        report = CycleReport(now, duration, stage, samples, list(derived.source_errors), decision.transitions,
-                             decision.intents, actions, overran=duration > self.interval_s,
-                             stage_cpu_s=cpu, cpu_s=time.thread_time() - c_start)
-        self._account(report, result.health)
+        report = CycleReport(now, duration, stage, samples, list(derived.source_errors), transitions,
+                             intents, actions, overran=duration > self.interval_s,
+                             stage_cpu_s=cpu, cpu_s=time.thread_time() - c_start, skipped=skipped)
+        self._account(report, health)
         return report
 
-    def _account(self, report: CycleReport, health: FleetHealth) -> None:
+    def _take_over(self, now: float) -> str:
+        """Becoming the leader (or starting as one): resume from the store, the last leader's last commit.
+        Returns why the cycle must be skipped, or ""."""
+        store = self.loop.store
+        if store is None:
+            return ""
+        try:
+            loaded = store.load()
+        except StoreError as e:
+            self.store_errors_total += 1
+            log.error("cannot take over, state store: %s", e)
+            return f"state store: {e}"
+        self.loop.state = loaded if loaded is not None else DecisionState()
+        if self._leading is not None:  # a standby taking over (not the first cycle of a lone replica)
+            self.takeovers_total += 1
+            self.last_takeover_ts = now
+            last = self.loop.state.last_ts
+            log.warning("took over as leader; resuming from the state committed at %s",
+                        "nothing (fresh store)" if last is None else f"{last:.3f}")
+        return ""
+
+    def _act(self, intents: Sequence[Intent]) -> list[Any]:
+        """Hand the committed intents to the runner: the store's whole outbox when there is a store,
+        else (no store: nothing survives a restart anyway) this cycle's intents."""
+        if self.runner is None:
+            return []
+        store = self.loop.store
+        try:
+            if store is not None and hasattr(store, "mark_intent"):
+                out = list(self.runner.drain(store))
+            else:
+                out = list(self.runner.submit_all(intents))
+            return out + list(self.runner.retry_due())
+        except StoreError as e:  # the ledger's database is locked or gone: pending, drained next cycle
+            log.error("actuation skipped this cycle: %s", e)
+        except Exception:  # an actuator bug must not stop the loop; the ledger has the details
+            log.exception("actuation failed")
+        return []
+
+    def drain_outbox(self) -> list[Any]:
+        """What start-up does before the first cycle: carry out what a previous run committed and never
+        acted on (only as leader; a standby drains when it takes over)."""
+        if self.loop.store is None or not self.is_leader():
+            return []
+        return self._act([])
+
+    def _account(self, report: CycleReport, health: FleetHealth | None) -> None:
         self.cycles_total += 1
         self.last_cycle_s = report.duration_s
         self.cycle_seconds_sum += report.duration_s
@@ -394,6 +485,8 @@ class Controller:
                 "last_cycle_s": self.last_cycle_s, "intents_total": dict(self.intents_total),
                 "transitions_total": dict(self.transitions_total), "interval_s": self.interval_s,
                 "targets_down": self.targets_down, "slowest_scrape_s": self.slowest_scrape_s,
+                "store_errors_total": self.store_errors_total, "takeovers_total": self.takeovers_total,
+                "leader": bool(self._leading),
             },
             recent_intents=tuple(self.recent_intents), recent_transitions=tuple(self.recent_transitions),
             weights=weights,
@@ -405,6 +498,15 @@ class Controller:
     def run(self, max_cycles: int | None = None) -> None:
         """Run cycles on the clock until ``stop()`` (or ``max_cycles``)."""
         start = self.clock.now()
+        for hook in self.pre_cycle:  # leader election first: only the leader drains
+            try:
+                hook(start)
+            except Exception as e:
+                log.error("pre-cycle hook failed: %s", e)
+        try:
+            self.drain_outbox()
+        except Exception:
+            log.exception("start-up drain of the outbox failed")
         tick = 0
         done = 0
         while not self.stop_event.is_set():
