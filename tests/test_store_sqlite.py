@@ -167,3 +167,18 @@ def test_sigkill_mid_replay_then_resume_equals_an_uninterrupted_run(tmp_path: Pa
     # still hot after the passed test: relapses to quarantine
     assert [t[3] for t in tw if t[1] == "node-03"] == ["DEGRADED", "QUARANTINED", "RECOVERING", "QUARANTINED"]
     assert any(i[3] == "page" and "budget" in i[5] for i in iw)
+
+
+def test_audit_log_keeps_who_did_what_from_where_across_a_reopen(tmp_path: Path) -> None:
+    s = SqliteStore(tmp_path / "state.db")
+    s.audit(100.0, "system:serviceaccount:ops:sre", "ready", "node/n1", "10.0.0.7", True, {"to": "READY"})
+    s.audit(101.0, "mallory", "kill", "fleet", "10.0.0.9", False, {"reason": "no RBAC permission"})
+    s.close()
+    s = SqliteStore(tmp_path / "state.db")
+    rows = s.audit_log()
+    assert [(r["actor"], r["verb"], r["target"], r["remote"], r["allowed"]) for r in rows] == [
+        ("system:serviceaccount:ops:sre", "ready", "node/n1", "10.0.0.7", True),
+        ("mallory", "kill", "fleet", "10.0.0.9", False)]
+    assert rows[0]["detail"] == {"to": "READY"} and rows[1]["ts"] == 101.0
+    assert [r["verb"] for r in s.audit_log(since=100.5)] == ["kill"]
+    assert [r["verb"] for r in s.audit_log(limit=1)] == ["kill"]  # the latest ones

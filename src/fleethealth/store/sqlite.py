@@ -62,6 +62,11 @@ CREATE TABLE IF NOT EXISTS cycles (ts REAL PRIMARY KEY, transitions INTEGER NOT 
 CREATE TABLE IF NOT EXISTS incident_labels (
     key TEXT PRIMARY KEY, label TEXT NOT NULL, cause TEXT NOT NULL, labeled_by TEXT NOT NULL, ts REAL NOT NULL, onset REAL
 );
+CREATE TABLE IF NOT EXISTS audit (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, ts REAL NOT NULL, actor TEXT NOT NULL, verb TEXT NOT NULL,
+    target TEXT NOT NULL, remote TEXT NOT NULL, allowed INTEGER NOT NULL, detail TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS audit_ts ON audit (ts);
 """
 
 
@@ -233,6 +238,20 @@ class SqliteStore:
     def incident_labels(self) -> list[dict[str, Any]]:
         return [{"key": k, "label": lb, "cause": c, "by": b, "ts": ts, "onset": o} for k, lb, c, b, ts, o in
                 self.db.execute("SELECT key, label, cause, labeled_by, ts, onset FROM incident_labels ORDER BY ts")]
+
+    def audit(self, ts: float, actor: str, verb: str, target: str, remote: str, allowed: bool,
+              detail: dict[str, Any] | None = None) -> None:
+        """One operator action on the API (who, what, on what, from where, allowed or refused), kept."""
+        self.db.execute("INSERT INTO audit (ts, actor, verb, target, remote, allowed, detail) VALUES (?,?,?,?,?,?,?)",
+                        (ts, actor, verb, target, remote, int(allowed),
+                         json.dumps(detail or {}, sort_keys=True, default=str)))
+
+    def audit_log(self, since: float | None = None, limit: int = 1000) -> list[dict[str, Any]]:
+        q = ("SELECT ts, actor, verb, target, remote, allowed, detail FROM audit"
+             + (" WHERE ts >= ?" if since is not None else "") + " ORDER BY id DESC LIMIT ?")
+        rows = self.db.execute(q, ((since,) if since is not None else ()) + (int(limit),)).fetchall()
+        return [{"ts": ts, "actor": a, "verb": v, "target": t, "remote": r, "allowed": bool(ok),
+                 "detail": json.loads(d)} for ts, a, v, t, r, ok, d in reversed(rows)]
 
     def cycles(self) -> int:
         return int(self.db.execute("SELECT COUNT(*) FROM cycles").fetchone()[0])
