@@ -2,19 +2,29 @@
 
 Expiry is judged on the local clock from when this replica last *observed* the record change, so clock
 skew between replicas does not matter. A leader that fails to renew for renew_deadline_s (shorter than
-the lease duration) stops acting before anyone else can take over; with step() called once per
-controller interval, a replica that loses the lease stops within one interval.
+the lease duration) stops acting before anyone else can take over.
+
+``start()`` runs step() on its own thread every ``retry_period_s`` (client-go's RetryPeriod), apart from
+the reconcile loop, so a long cycle never costs the leader its Lease and a standby sees the Lease expire
+within one retry period; ``on_acquired`` (the controller's ``wake``) lets the new leader's first cycle
+start at once instead of at its next tick. Take-over after a leader dies: at most the lease duration plus
+two retry periods after its last renewal, plus the new leader's first cycle. Without start(), step() is
+called by the caller (once per controller interval: a replica that loses the lease stops within one).
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
+import threading
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
 from fleethealth.act.kube_api import Kube, KubeError
+
+log = logging.getLogger("fleethealth.lease")
 
 
 def micro_time(ts: float) -> str:
@@ -25,7 +35,8 @@ class LeaseElector:
     def __init__(self, kube: Kube, identity: str, name: str = "fleethealth-controller",
                  namespace: str = "fleethealth-system", lease_duration_s: float = 15.0,
                  renew_deadline_s: float | None = None, clock: Callable[[], float] = time.monotonic,
-                 wall: Callable[[], float] = time.time) -> None:
+                 wall: Callable[[], float] = time.time, retry_period_s: float | None = None,
+                 on_acquired: Callable[[], None] | None = None) -> None:
         self.kube = kube
         self.identity = identity
         self.name = name
@@ -38,6 +49,41 @@ class LeaseElector:
         self._observed_at = 0.0
         self._last_renew: float | None = None
         self.transitions = 0
+        self.retry_period_s = retry_period_s if retry_period_s is not None else max(0.05, lease_duration_s / 7.5)
+        self.on_acquired = on_acquired
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._leading = False
+
+    def start(self) -> LeaseElector:
+        """Step on a daemon thread every retry period until stop()."""
+        if self._thread is None:
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._loop, name="lease-elector", daemon=True)
+            self._thread.start()
+        return self
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                leading = self.step()
+            except Exception as e:  # a bug here must not end leader election silently
+                log.error("lease step failed: %s: %s", type(e).__name__, e)
+                leading = self.is_leader()
+            if leading and not self._leading:
+                log.warning("%s holds the Lease %s/%s now", self.identity, self.namespace, self.name)
+                if self.on_acquired is not None:
+                    self.on_acquired()
+            elif self._leading and not leading:
+                log.warning("%s lost the Lease %s/%s", self.identity, self.namespace, self.name)
+            self._leading = leading
+            self._stop.wait(self.retry_period_s)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(10)
+            self._thread = None
 
     def is_leader(self) -> bool:
         return self._last_renew is not None and self.clock() - self._last_renew < self.renew_deadline_s

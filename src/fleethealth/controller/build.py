@@ -169,6 +169,7 @@ def build(cfg: ControllerConfig, *, clock: Clock | None = None, policy: Policy |
     kube = None
     actuators: list[Actuator] = []
     is_leader: Callable[[], bool] | None = None
+    elector: Any = None
     events: Callable[[float], list[Event]] | None = None
     gpu_capacity: Callable[[], Mapping[str, int]] | None = None
     inventory: Callable[[], Mapping[str, Sequence[str]] | None] | None = None
@@ -189,8 +190,8 @@ def build(cfg: ControllerConfig, *, clock: Clock | None = None, policy: Policy |
             elector = LeaseElector(kube, k.identity or f"{socket.gethostname()}-{os.getpid()}", k.lease_name,
                                    k.lease_namespace, lease_duration_s=k.lease_duration_s)
             is_leader = elector.is_leader
-            pre.append(lambda now: None if elector.step() else None)
             closers.append(elector.release)
+            closers.append(elector.stop)  # closed in reverse: stop stepping, then give the Lease up
         actuators.append(KubeNodeActuator(kube, cfg.actuation, active_tests=tests))
         actuators.append(tests)
         events = _active_test_events(tests)
@@ -249,4 +250,8 @@ def build(cfg: ControllerConfig, *, clock: Clock | None = None, policy: Policy |
         weights=lambda now: weights_document(board.weights, now), is_leader=is_leader, failpoints=failpoints,
     )
     ctl.pre_cycle.extend(pre)
+    if elector is not None:
+        elector.on_acquired = ctl.wake
+        elector.step()  # the first answer before the first cycle; then its own thread renews
+        elector.start()
     return Assembly(cfg, policy, ctl, runner, board, store, closers)

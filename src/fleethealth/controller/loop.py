@@ -228,6 +228,7 @@ class Controller:
         self.is_leader = is_leader or (lambda: True)
         self.failpoints = failpoints or Failpoints()
         self._leading: bool | None = None  # as of the last cycle; None before the first
+        self._wake = threading.Event()  # set by wake(): run the next cycle now (a standby just took over)
         self.store_errors_total = 0
         self.takeovers_total = 0
         self.last_takeover_ts: float | None = None
@@ -513,9 +514,11 @@ class Controller:
             due = start + tick * self.interval_s
             now = self.clock.now()
             if now < due:
-                self.clock.sleep(due - now)
+                woken = self._sleep(due - now)
                 if self.stop_event.is_set():
                     break
+                if woken:  # leadership just came: the first cycle as leader now, ticks aligned from here
+                    start, tick = self.clock.now(), 0
             try:
                 self.cycle()
             except Exception:
@@ -533,7 +536,21 @@ class Controller:
                 log.warning("skipped %d tick(s) after an overrun", skipped)
             tick = next_tick
 
+    def wake(self) -> None:
+        """Start the next cycle now rather than at its tick (the Lease elector calls it on taking over)."""
+        self._wake.set()
+
+    def _sleep(self, seconds: float) -> bool:
+        """Sleep until the next tick; True when wake() cut it short."""
+        if not isinstance(self.clock, SystemClock):
+            self.clock.sleep(seconds)
+            return False
+        woken = self._wake.wait(max(0.0, seconds)) and not self.stop_event.is_set()
+        self._wake.clear()
+        return woken
+
     def stop(self) -> None:
         self.stop_event.set()
+        self._wake.set()
         if isinstance(self.clock, SystemClock):
             self.clock.stop.set()  # a clock shared with another controller wakes too
