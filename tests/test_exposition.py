@@ -18,6 +18,7 @@ from fleethealth.sources.exposition import (
     DCGM_INT32_BLANK,
     clear_label_cache,
     parse_exposition,
+    value_problem,
 )
 
 DATA = Path(__file__).parent / "data"
@@ -140,7 +141,7 @@ def test_label_syntax_escapes_spaces_trailing_commas() -> None:
         'm{a="x\\"y", b="back\\\\slash",c="line\\nbreak",} 1\n'
         'm{ a = "1" ,b="2" } 2\n'
         "m{} 3\n"
-        "m 4\n"
+        "n 4\n"  # (m 4 would be m{} again at the same instant: a duplicate sample)
         'm{a="}{ \\"} "} 5\n'
         'm{a="café ☕"} 6\n'
     )
@@ -197,18 +198,36 @@ def test_bad_lines_become_numbered_issues_and_never_values() -> None:
     assert all(math.isfinite(v) for v in snap.values.tolist())
 
 
-def test_int32_and_fp64_blanks_spare_foreign_counters() -> None:
-    # A node-exporter byte counter may legitimately pass 2**31 or 2**47; DCGM fields and gauges there are
-    # blanks.
+def test_blank_sentinels_only_on_dcgm_fields_and_only_at_their_exact_values() -> None:
+    # A node-exporter byte counter may pass 2**31 or 2**47 and every Go exporter prints
+    # process_virtual_memory_max_bytes 1.8446744073709552e+19: plain samples. DCGM fields at DCGM's blank
+    # values are blanks; a DCGM field next to a blank value (2**47 + 0.5, 2**47 + 16) is a value.
     text = (
         f"node_network_receive_bytes_total {DCGM_FP64_BLANK!r}\n"
         f"node_rx_bytes_total {DCGM_INT32_BLANK + 3}\n"
         f"some_gauge {DCGM_INT32_BLANK}\n"
         f"# TYPE DCGM_FI_DEV_PCIE_REPLAY_COUNTER counter\nDCGM_FI_DEV_PCIE_REPLAY_COUNTER {DCGM_INT32_BLANK + 1}\n"
+        "process_virtual_memory_max_bytes 1.8446744073709552e+19\n"
+        "go_big 9223372036854775807\n"
+        "DCGM_FI_DEV_MEMORY_TEMP 9223372036854775794\n"
+        f"DCGM_FI_DEV_POWER_USAGE {DCGM_FP64_BLANK + 15!r}\n"
+        f"DCGM_FI_DEV_ENERGY {DCGM_FP64_BLANK + 0.5!r}\n"
+        f"DCGM_FI_DEV_FB_USED {DCGM_INT32_BLANK + 16}\n"
+        "DCGM_FI_DEV_BIG 1.8446744073709552e+19\n"
     )
     snap = parse_exposition(text, default_ts=NOW)
-    assert sorted(m for m, *_ in snap.rows()) == ["node_network_receive_bytes_total", "node_rx_bytes_total"]
-    assert sorted(i.line for i in snap.issues) == [3, 5]
+    assert sorted(m for m, *_ in snap.rows()) == [
+        "DCGM_FI_DEV_BIG", "DCGM_FI_DEV_ENERGY", "DCGM_FI_DEV_FB_USED", "go_big",
+        "node_network_receive_bytes_total", "node_rx_bytes_total", "process_virtual_memory_max_bytes",
+        "some_gauge",
+    ]
+    assert sorted(i.line for i in snap.issues) == [5, 8, 9]
+    assert all("sentinel" in i.reason for i in snap.issues)
+    # the same rule for a single value and for a block on the fast path
+    assert value_problem("process_virtual_memory_max_bytes", 2.0**64, False) is None
+    assert value_problem("DCGM_FI_DEV_GPU_TEMP", 2.0**63, False) is not None
+    fast = "".join(f'process_virtual_memory_max_bytes{{pod="p{i}"}} 1.8446744073709552e+19\n' for i in range(50))
+    assert len(parse_exposition(fast, default_ts=NOW)) == 50
 
 
 def test_garbage_never_raises() -> None:
@@ -433,10 +452,15 @@ def test_empty_label_values_mean_absent_in_both_label_paths() -> None:
 
 
 def test_comments_without_space_and_bare_hash_lines() -> None:
+    # The classic format ignores any other '#' line; OpenMetrics (this text ends with # EOF) allows none,
+    # so there they are reported, and the samples around them are still read.
     text = "# TYPE a gauge\na{x=\"1\"} 1\n#no space comment\na{x=\"2\"} 2\n#\n#\tTYPE odd\n# EOF\n"
-    snap = parse_exposition(text, default_ts=NOW)
+    snap = parse_exposition(text.removesuffix("# EOF\n"), default_ts=NOW)
     assert sorted(v for *_, v, _ in snap.rows()) == [1.0, 2.0]
     assert snap.issues == []
+    snap = parse_exposition(text, default_ts=NOW)
+    assert sorted(v for *_, v, _ in snap.rows()) == [1.0, 2.0]
+    assert [(i.line, i.reason.split(" (")[0]) for i in snap.issues] == [(n, "invalid comment line") for n in (3, 5, 6)]
 
 
 def _careful_rows(text: str) -> tuple[list[tuple[str, tuple[tuple[str, str], ...], float, float]], list[tuple[int, str]]]:

@@ -166,7 +166,9 @@ def test_repeated_label_strings_in_a_first_block_share_one_series() -> None:
     text = "".join(f"# TYPE m{f} gauge\n" + "".join(f"m{f}{x} {i}\n" for i, x in enumerate(lab)) for f in range(2))
     clear_label_cache()
     snap = parse_exposition(text, default_ts=NOW)
-    assert len(snap.labelsets) == 3 and snap.series_ids.tolist() == [g % 3 for g in range(12)] * 2
+    assert len(snap.labelsets) == 3 and snap.series_ids.tolist() == [0, 1, 2] * 2
+    # (each series is listed 4 times at one instant: the first is kept, the 3 others reported)
+    assert len(snap.issues) == 18 and all(i.reason.startswith("duplicate sample") for i in snap.issues)
     fast = _rows(text.encode())
     with _careful_only():
         assert _rows(text.encode()) == fast

@@ -131,7 +131,8 @@ def our_rows(snap: Snapshot) -> list[Row]:
 
 def compare_rows(ours: Iterable[Row], theirs: Iterable[Row], default_ts: float) -> list[str]:
     """Differences between our samples and prometheus-client's valid ones (NaN, Inf, blank sentinels and
-    negative counters are dropped by us on purpose). Empty when equal."""
+    negative counters are dropped by us on purpose, and so are repeats of a series at one instant). Empty
+    when equal."""
     from fleethealth.sources.exposition import counter_like, value_problem
 
     valid = [
@@ -139,6 +140,12 @@ def compare_rows(ours: Iterable[Row], theirs: Iterable[Row], default_ts: float) 
         for n, lab, v, t in theirs
         if value_problem(n, v, counter_like(n, {})) is None
     ]
+    # A series repeated at one instant is one sample, the first (Prometheus: "duplicate sample for
+    # timestamp"); prometheus-client's 0.0.4 parser keeps every line.
+    first: dict[tuple[Any, ...], tuple[str, tuple[tuple[str, str], ...], float, float]] = {}
+    for r in valid:
+        first.setdefault((r[0], r[1], round(r[3], 9)), r)
+    valid = list(first.values())
     a = sorted((n, lab, v, t) for n, lab, v, t in ours)
     b = sorted(valid)
     if a == b:

@@ -46,14 +46,17 @@ from typing import Any
 import numpy as np
 
 from fleethealth.signals.snapshot import InputIssue, LabelSet, Snapshot, SnapshotBuilder
+from fleethealth.sources.exposition_rules import SeenSamples, check_openmetrics, sample_text
 
 __all__ = [
+    "DCGM_FIELD_PREFIX",
     "DCGM_FP64_BLANK",
     "DCGM_INT32_BLANK",
     "DCGM_INT64_BLANK",
     "blank_sentinel_mask",
     "clear_label_cache",
     "counter_like",
+    "is_dcgm_field",
     "is_openmetrics",
     "parse_exposition",
     "parse_many",
@@ -67,8 +70,17 @@ __all__ = [
 DCGM_INT32_BLANK = 0x7FFFFFF0  # 2147483632
 DCGM_INT64_BLANK = 0x7FFFFFFFFFFFFFF0  # 9223372036854775792
 DCGM_FP64_BLANK = 140737488355328.0  # 2**47
-# No real metric gets near int64 max, so anything from 9.2e18 up is the INT64 blank (whatever the name).
-_INT64_BLANK_MIN = 9.2e18
+# The exact blank values as the text reads them (float64): INT32 and FP64 blank + 0..15; every INT64 blank
+# + 0..15 reads as 2**63. Only DCGM fields (DCGM_FI_*) carry them: any other metric may legitimately hold
+# such a number (a Go exporter's process_virtual_memory_max_bytes is 2**64 - 1, a byte counter passes
+# 2**47), so on them it is a plain sample.
+_DCGM_BLANKS = np.array(sorted(
+    {float(DCGM_INT32_BLANK + k) for k in range(16)} | {DCGM_FP64_BLANK + k for k in range(16)}
+    | {float(DCGM_INT64_BLANK + k) for k in range(16)}
+))
+_DCGM_BLANK_SET = frozenset(_DCGM_BLANKS.tolist())
+_BLANK_MIN = float(DCGM_INT32_BLANK)
+DCGM_FIELD_PREFIX = "DCGM_FI_"
 
 _NAME_RE = re.compile(rb"[a-zA-Z_:][a-zA-Z0-9_:]*")
 # One sample line, for the careful path: name, optional label block (quote-aware), value, optional
@@ -78,6 +90,13 @@ _LINE_RE = re.compile(
     rb'(\{(?:[^"}]|"[^"\\]*(?:\\.[^"\\]*)*")*\})?'
     rb"[ \t]*([^ \t]+)(?:[ \t]+([^ \t#][^ \t]*))?(?:[ \t]+#.*)?[ \t]*"
 )
+# A line whose metric name is quoted inside the braces (Prometheus 3 / OpenMetrics 2: `{"a.b_total"} 1`,
+# `{"a.b",x="y"} 1`): the label block, value, timestamp; the name is the block's first, bare, quoted item.
+_QLINE_RE = re.compile(
+    rb'[ \t]*(\{(?:[^"}]|"[^"\\]*(?:\\.[^"\\]*)*")*\})'
+    rb"[ \t]*([^ \t]+)(?:[ \t]+([^ \t#][^ \t]*))?(?:[ \t]+#.*)?[ \t]*"
+)
+_QNAME_RE = re.compile(rb'[ \t]*"([^"\\]*(?:\\.[^"\\]*)*)"[ \t]*(?:,|$)')
 _LNAME = r'[a-zA-Z_][a-zA-Z0-9_]*|"[^"\\]*(?:\\.[^"\\]*)*"'
 _LVALUE = r'"([^"\\]*(?:\\.[^"\\]*)*)"'
 _PAIR = rf"[ \t]*({_LNAME})[ \t]*=[ \t]*{_LVALUE}[ \t]*"
@@ -133,7 +152,7 @@ def _split_labels(text: str) -> LabelSet | str:
     inner = text[1:-1] if text[:1] == "{" and text[-1:] == "}" else None
     if inner is None:
         return "invalid label set"
-    if not inner.strip():
+    if not inner.strip() or inner.strip(" \t") == ",":  # `{}`, and `{,}` as Prometheus reads it
         return ()
     pieces = _PAIR_RE.split(inner)
     gaps = pieces[0::3]
@@ -321,16 +340,24 @@ def counter_like(name: str, types: Mapping[str, str]) -> bool:
     return name.endswith(_COUNTER_SUFFIXES) or types.get(name) == "counter"
 
 
-def blank_sentinel_mask(values: np.ndarray, exact: bool | np.ndarray) -> np.ndarray:
-    """True where a value is a DCGM blank sentinel. The INT64 blank (>= 9.2e18) applies everywhere; the
-    INT32 and FP64 blank ranges (2147483632..47, 2**47..+15) where ``exact``: DCGM fields and anything
-    that is not a counter (a gauge pinned there is a blank, whatever exports it), but not a foreign
-    counter, which may pass through those values (bytes received passing 2**47)."""
-    m = values >= _INT64_BLANK_MIN
-    small = ((values >= DCGM_INT32_BLANK) & (values <= DCGM_INT32_BLANK + 15)) | (
-        (values >= DCGM_FP64_BLANK) & (values <= DCGM_FP64_BLANK + 15)
-    )
-    return m | (small & exact)
+def blank_sentinel_mask(values: np.ndarray, dcgm: bool | np.ndarray) -> np.ndarray:
+    """True where a value is a DCGM blank sentinel: exactly one of DCGM's blank values (dcgm_structs.h:
+    INT32, INT64 and FP64 blank + 0..15 for not found, not supported, not permissioned, ...) on a DCGM
+    field (``dcgm``: the metric is DCGM_FI_*, per value or for all). Values below the smallest blank (all
+    of them, nearly always) cost one vectorised compare."""
+    if dcgm is False:
+        return np.zeros(values.shape[0], bool)
+    m = values >= _BLANK_MIN
+    if not m.any():
+        return m
+    idx = np.flatnonzero(m)
+    m[idx] = np.isin(values[idx], _DCGM_BLANKS)
+    return m & dcgm if dcgm is not True else m
+
+
+def is_dcgm_field(name: str) -> bool:
+    """Whether a metric is a DCGM field (the only metrics DCGM blank sentinels are recognised on)."""
+    return name.startswith(DCGM_FIELD_PREFIX)
 
 
 def value_problem(name: str, value: float, counter: bool) -> str | None:
@@ -340,12 +367,7 @@ def value_problem(name: str, value: float, counter: bool) -> str | None:
         return "NaN value"
     if value == _INF or value == -_INF:
         return "infinite value"
-    if value >= _INT64_BLANK_MIN or (
-        (name.startswith("DCGM_") or not counter)
-        and (
-            DCGM_INT32_BLANK <= value <= DCGM_INT32_BLANK + 15 or DCGM_FP64_BLANK <= value <= DCGM_FP64_BLANK + 15
-        )
-    ):
+    if value >= _BLANK_MIN and value in _DCGM_BLANK_SET and name.startswith(DCGM_FIELD_PREFIX):
         return "DCGM blank sentinel (field not supported or not found)"
     if counter and value < 0:
         return "negative counter"
@@ -362,10 +384,10 @@ def is_openmetrics(data: bytes) -> bool:
 
 def _bad_values(is_counter: Callable[[str], bool], bname: bytes, values: np.ndarray) -> tuple[str, bool, np.ndarray]:
     """A block's metric name, whether it is a counter, and which of its values become missing data:
-    NaN/Inf, DCGM blank sentinels (DCGM fields and gauges), negative counters."""
+    NaN/Inf, DCGM blank sentinels (on DCGM fields), negative counters."""
     name = bname.decode("ascii")
     counter = bool(is_counter(name))
-    bad = ~np.isfinite(values) | blank_sentinel_mask(values, name.startswith("DCGM_") or not counter)
+    bad = ~np.isfinite(values) | blank_sentinel_mask(values, name.startswith(DCGM_FIELD_PREFIX))
     if counter:
         bad |= values < 0
     return name, counter, bad
@@ -417,9 +439,27 @@ class _Ctx:
     s: list[int] = field(default_factory=list)
     v: list[float] = field(default_factory=list)
     t: list[float] = field(default_factory=list)
+    ln: list[int] = field(default_factory=list)
     added: int = 0  # samples this context has put into the builder (per-page counts for parse_many)
+    seen: SeenSamples = field(default_factory=SeenSamples)
 
-    def add_arrays(self, mids: np.ndarray, sids: np.ndarray, values: np.ndarray, ts: np.ndarray) -> None:
+    def add_arrays(
+        self, mids: np.ndarray, sids: np.ndarray, values: np.ndarray, ts: np.ndarray,
+        lines: int | np.ndarray = 0, distinct: bool = False,
+    ) -> None:
+        """Add samples (line ``lines[i]``, or ``lines + i`` when an int, of the text); a sample of a series
+        already read at the same instant is dropped and reported, as Prometheus does (the first is kept).
+        ``distinct``: the caller knows the samples' (metric, series) pairs are distinct (a proven block)."""
+        if self.m:
+            _flush_careful(self)  # careful-path samples of earlier lines go first
+        keep = self.seen.first_at_instant(mids, sids, ts, distinct)
+        if keep is not None:
+            for i in np.flatnonzero(~keep).tolist():
+                line = lines + i if isinstance(lines, int) else int(lines[i])
+                self.issue(line, "duplicate sample for timestamp (the first is kept)",
+                           sample_text(self.builder, int(mids[i]), int(sids[i]), float(values[i])))
+            mids, sids, values, ts = mids[keep], sids[keep], values[keep], ts[keep]
+        self.seen.add(mids, sids, ts)
         self.added += int(values.shape[0])
         self.builder.add_arrays(mids, sids, values, ts)
 
@@ -506,9 +546,25 @@ def parse_exposition(
     raw = _normalise(data)
     om = is_openmetrics(raw) if openmetrics is None else openmetrics
     ctx = _Ctx(b, source, float(default_ts), 1.0 if om else 1000.0, _extra_key(extra_labels))
-    _parse_into(ctx, raw, om)
-    _flush(ctx)
+    _parse_page(ctx, raw, om)
     return b.build(float(default_ts))
+
+
+def _parse_page(ctx: _Ctx, raw: bytes, om: bool) -> None:
+    """One page into ``ctx`` and its builder: samples, and every problem as an issue (OpenMetrics text is
+    also checked against the standard's rules across lines, ``exposition_rules.check_openmetrics``)."""
+    _parse_into(ctx, _without_nul_lines(ctx, raw), om)
+    if om:
+        known = {i.line for i in ctx.issues}
+
+        def report(line: int, reason: str, text: str) -> None:
+            if line not in known:
+                known.add(line)
+                ctx.issue(line, reason, text)
+
+        check_openmetrics(raw.decode("utf-8", "replace"), report)
+        ctx.issues.sort(key=lambda i: i.line)
+    _flush(ctx)
 
 
 
@@ -555,7 +611,7 @@ def parse_many_into(
     extras = [_extra_key(extra) for _, extra, _ in pages]
     sources = [str(src) for _, _, src in pages]
     raws = [_normalise(data) for data, _, _ in pages]
-    batch = [i for i, raw in enumerate(raws) if raw[:1] == b"#" and not is_openmetrics(raw)]
+    batch = [i for i, raw in enumerate(raws) if raw[:1] == b"#" and not is_openmetrics(raw) and b"\0" not in raw]
     alone = sorted(set(range(len(pages))).difference(batch))
     if batch:
         st = _Batch(b, ts, [sources[i] for i in batch], [extras[i] for i in batch], np.zeros(len(batch), np.int64))
@@ -565,8 +621,7 @@ def parse_many_into(
         alone = sorted(alone + [batch[k] for k in rejected])
     for i in alone:
         ctx = _Ctx(b, sources[i], ts, 1.0 if is_openmetrics(raws[i]) else 1000.0, extras[i])
-        _parse_into(ctx, raws[i], is_openmetrics(raws[i]))
-        _flush(ctx)
+        _parse_page(ctx, raws[i], is_openmetrics(raws[i]))
         counts[i] = ctx.added
     if sample_counts is not None:
         sample_counts[:] = counts
@@ -580,6 +635,7 @@ class _Batch:
     extras: list[LabelSet]
     counts: np.ndarray  # samples kept per batch page
     ctxs: dict[int, _Ctx] = field(default_factory=dict)  # careful-path contexts of pages, made on demand
+    seen: SeenSamples = field(default_factory=SeenSamples)  # what the batched blocks added (for repeats)
 
     def ctx(self, page: int) -> _Ctx:
         c = self.ctxs.get(page)
@@ -770,8 +826,26 @@ def _batch_block(st: _Batch, gctx: _Ctx, grp: _Group, j: int, tmpl_counts: list[
             st.builder.issues.append(InputIssue(st.sources[grp.pages[k]], line, reason, text.strip()[:200]))
         keep = ~bad
         sids, values, ts, page_k = sids[keep], values[keep], ts[keep], page_k[keep]
+        line_ix = np.flatnonzero(keep)
+    else:
+        line_ix = None
     mid = st.builder.metric_id(name)
-    st.builder.add_arrays(np.full(values.shape[0], mid, np.int32), sids, values, ts)
+    mids = np.full(values.shape[0], mid, np.int32)
+    distinct = gctx.template is not None and gctx.template.distinct  # (the template is this block's)
+    pages = np.asarray(grp.pages, np.int64)[page_k]  # repeats are per page, as parse_exposition reads each
+    first = st.seen.first_at_instant(mids, sids, ts, distinct, pages)
+    if first is not None:  # a series again at one instant (in a page, or a metric met in an earlier block)
+        where = np.flatnonzero(~first)
+        at = where if line_ix is None else line_ix[where]
+        ks = page_k[where]
+        lines = grp.comment_lines(ks, j) + 1 + at - (np.cumsum(cnt) - cnt)[ks]
+        for i, k, line in zip(where.tolist(), ks.tolist(), lines.tolist(), strict=True):
+            st.builder.issues.append(InputIssue(st.sources[grp.pages[k]], line, "duplicate sample for timestamp (the "
+                                                "first is kept)", sample_text(st.builder, mid, int(sids[i]), float(values[i]))))
+        mids, sids, values, ts, page_k = mids[first], sids[first], values[first], ts[first], page_k[first]
+        pages = pages[first]
+    st.seen.add(mids, sids, ts, pages)
+    st.builder.add_arrays(mids, sids, values, ts)
     st.counts[grp.pages] += np.bincount(page_k, minlength=g)
     return True
 
@@ -809,18 +883,38 @@ def _normalise(data: str | bytes) -> bytes:
     return raw
 
 
+def _without_nul_lines(ctx: _Ctx, raw: bytes) -> bytes:
+    """The text with every line holding a NUL byte emptied (its number kept) and reported: NUL is never
+    part of a metric name, a label name or a label value (Prometheus rejects it; C tools downstream would
+    cut the string there). A HELP line may hold one (its text is free; OpenMetrics' null_byte case). The
+    search for the byte runs at memchr speed; text without one is returned as it is."""
+    if b"\0" not in raw:
+        return raw
+    lines = raw.split(b"\n")
+    for i, line in enumerate(lines):
+        if b"\0" in line and not line.startswith(b"# HELP "):
+            ctx.issue(i + 1, "NUL byte in a metric or label name or value", line.replace(b"\0", b"\\0"))
+            lines[i] = b""
+    return b"\n".join(lines)
+
+
 def _extra_key(extra_labels: Mapping[str, str] | None) -> LabelSet:
     return tuple(sorted((str(k), str(v)) for k, v in (extra_labels or {}).items()))
 
 
+def _flush_careful(ctx: _Ctx) -> None:
+    """Add the samples the careful path collected in ``ctx``."""
+    lines = np.asarray(ctx.ln, np.int64)
+    m, s, v, t = ctx.m, ctx.s, ctx.v, ctx.t
+    ctx.m, ctx.s, ctx.v, ctx.t, ctx.ln = [], [], [], [], []
+    ctx.add_arrays(np.asarray(m, np.int32), np.asarray(s, np.int32), np.asarray(v, np.float64),
+                   np.asarray(t, np.float64), lines)
+
+
 def _flush(ctx: _Ctx) -> None:
-    """Move what the careful path collected in ``ctx`` into its builder."""
+    """Move what the careful path collected in ``ctx``, and the issues, into its builder."""
     if ctx.m:
-        ctx.add_arrays(
-            np.asarray(ctx.m, np.int32), np.asarray(ctx.s, np.int32),
-            np.asarray(ctx.v, np.float64), np.asarray(ctx.t, np.float64),
-        )
-        ctx.m, ctx.s, ctx.v, ctx.t = [], [], [], []
+        _flush_careful(ctx)
     ctx.builder.issues.extend(ctx.issues)
     ctx.issues = []
 
@@ -943,13 +1037,16 @@ def _fast_block(ctx: _Ctx, buf: bytes, a: int, e: int, first: int) -> int | None
     values, ts = vt
     name, counter, bad = _bad_values(ctx.is_counter, bname, values)
     mid = ctx.builder.metric_id(name)
+    lines: int | np.ndarray = first
     if bad.any():
         for i in np.flatnonzero(bad).tolist():
             reason = value_problem(name, float(values[i]), counter) or "invalid value"
             ctx.issue(first + i, reason, bname + cut.labs[i] + b" " + cut.val(i))
         keep = ~bad
         sids, values, ts = sids[keep], values[keep], ts[keep]
-    ctx.add_arrays(np.full(values.shape[0], mid, np.int32), sids, values, ts)
+        lines = first + np.flatnonzero(keep)
+    distinct = ctx.template is not None and ctx.template.distinct  # (the template is this block's)
+    ctx.add_arrays(np.full(values.shape[0], mid, np.int32), sids, values, ts, lines, distinct)
     return n
 
 
@@ -1004,6 +1101,16 @@ class _Template:
     sids: np.ndarray
     groups: list[tuple[int, np.ndarray, bytes]] | None
     _labsp: list[bytes] | None = None
+    _distinct: bool | None = None
+
+    @property
+    def distinct(self) -> bool:
+        """Whether no series id repeats (a block that repeats a series may hold duplicate samples). New
+        series get increasing ids, so the first block of a scrape is proved by one vectorised compare."""
+        if self._distinct is None:
+            s = self.sids
+            self._distinct = bool((s[1:] > s[:-1]).all()) or np.unique(s).shape[0] == s.shape[0]
+        return self._distinct
 
     @property
     def labsp(self) -> list[bytes]:
@@ -1384,8 +1491,8 @@ def _mixed_block(ctx: _Ctx, chunk: bytes, first: int) -> int | None:
     mids = np.fromiter(map(mid_of.__getitem__, names), np.int32, n)
     counter_of = {x: ctx.is_counter(nm) for x, nm in name_of.items()}
     counter = np.fromiter(map(counter_of.__getitem__, names), bool, n)
-    exact = np.fromiter((x.startswith(b"DCGM_") or not counter_of[x] for x in names), bool, n) if any(
-        x.startswith(b"DCGM_") for x in uniq) else ~counter
+    exact = np.fromiter((x.startswith(b"DCGM_FI_") for x in names), bool, n) if any(
+        x.startswith(b"DCGM_FI_") for x in uniq) else False
     bad = ~np.isfinite(values) | blank_sentinel_mask(values, exact) | (counter & (values < 0))
     if bad.any():
         for i in np.flatnonzero(bad).tolist():
@@ -1394,8 +1501,30 @@ def _mixed_block(ctx: _Ctx, chunk: bytes, first: int) -> int | None:
             ctx.issue(first + i, reason, names[i] + labs[i] + b" " + vals[i])
         keep = ~bad
         mids, sids, values, ts = mids[keep], sids[keep], values[keep], ts[keep]
-    ctx.add_arrays(mids, sids, values, ts)
+        ctx.add_arrays(mids, sids, values, ts, first + np.flatnonzero(keep))
+    else:
+        ctx.add_arrays(mids, sids, values, ts, first)
     return n
+
+
+def _quoted_name_line(s: bytes) -> tuple[str, bytes, bytes, bytes | None] | str:
+    """(name, label block without the name, value, timestamp) of a line whose metric name is quoted inside
+    its braces (`{"a.b_total",x="y"} 1`), or why the line is malformed."""
+    m = _QLINE_RE.fullmatch(s)
+    if m is None:
+        return "malformed line"
+    blabels, bvalue, bts = m.groups()
+    inner = blabels[1:-1]
+    q = _QNAME_RE.match(inner)
+    if q is None:
+        return "malformed line"
+    try:
+        name = _unescape(q.group(1).decode("utf-8"))
+    except UnicodeDecodeError:
+        return "invalid UTF-8 in the metric name"
+    if not name:
+        return "empty metric name"
+    return name, b"{" + inner[q.end():] + b"}", bvalue, bts
 
 
 def _parse_number(tok: bytes) -> float | None:
@@ -1421,11 +1550,15 @@ def _parse_line(ctx: _Ctx, line: bytes, ln: int) -> None:
     if not s or s.startswith(b"#"):
         return
     m = _LINE_RE.fullmatch(s)
-    if m is None:
-        ctx.issue(ln, "malformed line", s)
-        return
-    bname, blabels, bvalue, bts = m.groups()
-    name = bname.decode("ascii")
+    if m is not None:
+        bname, blabels, bvalue, bts = m.groups()
+        name = bname.decode("ascii")
+    else:
+        q = _quoted_name_line(s)
+        if isinstance(q, str):
+            ctx.issue(ln, q, s)
+            return
+        name, blabels, bvalue, bts = q
     sid = ctx.series(blabels if blabels is not None else b"{}")
     if isinstance(sid, str):
         ctx.issue(ln, sid, s)
@@ -1449,6 +1582,7 @@ def _parse_line(ctx: _Ctx, line: bytes, ln: int) -> None:
     ctx.s.append(sid)
     ctx.v.append(value)
     ctx.t.append(ts)
+    ctx.ln.append(ln)
 
 
 def iter_samples(snap: Snapshot) -> Iterable[tuple[str, tuple[tuple[str, str], ...], float]]:

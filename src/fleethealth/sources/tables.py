@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from fleethealth.signals.snapshot import InputIssue, Snapshot, SnapshotBuilder
-from fleethealth.sources.exposition import blank_sentinel_mask, counter_like
+from fleethealth.sources.exposition import blank_sentinel_mask, counter_like, is_dcgm_field
 
 __all__ = ["TABLE_SUFFIXES", "InputError", "read_table", "table_format", "write_table"]
 
@@ -262,7 +262,7 @@ def _table_to_snapshot(table: pa.Table, lines: np.ndarray, source: str, issues: 
     lcodes = [_codes(table.column(c)) for c in label_cols]
 
     metric_names = [m or "" for m in mdict]
-    is_dcgm = np.array([m.startswith("DCGM_") for m in metric_names] + [False])[mcodes]
+    is_dcgm = np.array([is_dcgm_field(m) for m in metric_names] + [False])[mcodes]
     is_counter = np.array([counter_like(m, {}) for m in metric_names] + [False])[mcodes]
     reasons: list[tuple[np.ndarray, str]] = [
         (mcodes < 0, "missing metric"),
@@ -273,7 +273,7 @@ def _table_to_snapshot(table: pa.Table, lines: np.ndarray, source: str, issues: 
         (v_bad, "non-numeric value"),
         (np.isnan(value) & ~v_missing & ~v_bad, "NaN value"),
         (np.isinf(value), "infinite value"),
-        (blank_sentinel_mask(value, is_dcgm | ~is_counter), "DCGM blank sentinel (field not supported or not found)"),
+        (blank_sentinel_mask(value, is_dcgm), "DCGM blank sentinel (field not supported or not found)"),
         (is_counter & (value < 0), "negative counter"),
     ]
     bad = np.zeros(n, bool)
