@@ -170,8 +170,18 @@ def test_xid154_drain_and_reset_drains_then_recovers_after_the_reset() -> None:
     kinds = r.kinds("n1")
     assert IntentKind.DRAIN in kinds and IntentKind.SCHEDULE_RESET in kinds
     assert kinds.index(IntentKind.CAPTURE_EVIDENCE) < kinds.index(IntentKind.DRAIN)
+    reset = r.of(IntentKind.SCHEDULE_RESET)[-1]
+    assert reset.params["action"] == "GPU_RESET" and reset.params["ladder"] == "reset-class"
+    # the reset ran: the repair is verified by an active test before the node may go back
     r.step(60, [tup("n1", 1.0)], [Event(50, "reset", "n1", passed=True)])
+    assert r.st("n1") == State.DRAINING
+    test = r.of(IntentKind.RUN_ACTIVE_TEST)[-1]
+    assert test.params["verify"] == "reset_gpu" and test.ts == 60
+    r.step(120, [tup("n1", 1.0)], [Event(110, "active_test", "n1", passed=True)])
     assert r.st("n1") == State.RECOVERING
+    release = r.of(IntentKind.RELEASE)[-1]
+    assert [h["result"] for h in release.params["repair"]["history"]] == [
+        "reset_gpu done", "verified: active test passed"]
 
 
 def test_xid154_node_reboot_quarantines_and_asks_for_the_reboot() -> None:

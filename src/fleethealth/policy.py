@@ -26,6 +26,8 @@ from pydantic import (
     model_validator,
 )
 
+from fleethealth.repair_policy import Remediation
+
 Shape = Literal["gate", "ramp", "peer", "slo", "flag", "xid"]
 Direction = Literal["higher", "lower"]
 Aggregation = Literal["min", "gmean", "mean"]
@@ -242,6 +244,7 @@ class Policy(Strict):
     fleet: Fleet = Field(default_factory=Fleet)
     attribution: Attribution = Field(default_factory=Attribution)
     router: Router = Field(default_factory=Router)
+    remediation: Remediation = Field(default_factory=Remediation)  # repair ladders (repair_policy.py)
     # Labels that name the node of a sample, in order of preference.
     # Labels copied from samples onto tuples (what decisions correlate on: pool, version, job ...).
     metadata_labels: list[str] = Field(

@@ -12,7 +12,8 @@ rebuilt worker starts with a clean heap; a reset clears what a reset fixes (a pe
 Answers, from ground truth: an active test requested at ``t`` reports after ``test_s`` (a replica's probe
 after ``probe_s``) and passes unless a real hardware fault is active on that node then
 (``Simulation.active_test``, evaluated when the answer is due, so a reset or repair in between counts); a
-drain-and-reset reports after ``reset_s``.
+drain-and-reset reports after ``reset_s``; a repair ladder's reset after ``reset_s`` and its reboot after
+``reboot_s``, that the action ran (closed loop, the world is reset or rebooted then: ``Simulation.apply_action``).
 """
 
 from __future__ import annotations
@@ -85,6 +86,7 @@ class World:
     test_s: float = 600.0  # DCGM diag r2 (~2 min) and an NCCL bandwidth check, plus scheduling
     probe_s: float = 60.0  # a replica's probe inference
     reset_s: float = 600.0  # drain, GPU reset, back
+    reboot_s: float = 900.0  # drain, node reboot (firmware, driver load), back
     rebuild_s: float = 60.0  # a serving worker torn down and started again
     closed: bool = False
     nodes: frozenset[str] = frozenset()
@@ -99,6 +101,9 @@ class World:
         if self.sim is not None:
             return bool(self.sim.active_test(node, at))
         return bool(self.healthy(node, at))
+
+    def _action_s(self, it: Intent) -> float:
+        return self.reboot_s if it.params.get("action") == "NODE_REBOOT" else self.reset_s
 
     def _known(self, entity: str) -> bool:
         return entity in self.node_of or entity.split("/")[0] in self.nodes
@@ -119,17 +124,22 @@ class World:
                 node = self.node_of.get(it.entity, it.entity)
                 delay = self.probe_s if it.entity in self.node_of else self.test_s
                 self.requests.append((it.ts + delay, "active_test", it.entity, node))
-            elif it.kind == IntentKind.SCHEDULE_RESET and it.entity in draining:
-                # Only a drain-and-reset waits for a result; a reset at the next safe point of a pending
-                # row remap changes no lifecycle state (the flag clears when the remap is done).
+            elif it.kind == IntentKind.SCHEDULE_RESET and ("ladder" in it.params or it.entity in draining):
+                # A repair ladder's step and a drain-and-reset wait for the executor's result; a reset at
+                # the next safe point of a pending row remap changes no lifecycle state (the flag clears
+                # when the remap is done). The executor reports that the action ran; whether it fixed the
+                # fault is the step's verification (an active test, judged from the world then).
                 node = self.node_of.get(it.entity, it.entity)
-                self.requests.append((it.ts + self.reset_s, "reset", it.entity, node))
+                kind = "repair_step" if "ladder" in it.params else "reset"
+                self.requests.append((it.ts + self._action_s(it), kind, it.entity, node))
             if not self.closed or not self._known(it.entity):
                 continue
             if it.kind in IMMEDIATE:
                 self._act(it.ts, it.entity, IMMEDIATE[it.kind])
             elif it.kind == IntentKind.SCHEDULE_RESET:
-                self._act(it.ts + self.reset_s, it.entity, "reset")
+                reboot = it.params.get("action") == "NODE_REBOOT"
+                self._act(it.ts + self._action_s(it), it.entity.split("/")[0] if reboot else it.entity,
+                          "reboot" if reboot else "reset")
             elif it.kind == IntentKind.DRAIN and it.entity not in moved:
                 self._act(it.ts, it.entity, "drain")  # a pod-tier drain before a rebuild, no state change
             elif it.kind == IntentKind.REBUILD_WORKER:
@@ -170,5 +180,8 @@ class World:
         if not ready:
             return []
         self.requests = [r for r in self.requests if r[0] > now]
-        return [Event(at, kind, entity, passed=self._oracle(node, at), actor=f"sim/{kind.replace('_', '-')}")
+        # an active test (and a plain drain-and-reset) passes unless a real fault is present; a repair
+        # ladder's step reports that its action ran, and the step's active test then judges the repair
+        return [Event(at, "reset", entity, passed=True, actor="sim/repair-step") if kind == "repair_step" else
+                Event(at, kind, entity, passed=self._oracle(node, at), actor=f"sim/{kind.replace('_', '-')}")
                 for at, kind, entity, node in ready]

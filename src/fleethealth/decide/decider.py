@@ -45,6 +45,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from fleethealth.decide import ladder
 from fleethealth.decide.lifecycle import (
     ISOLATED_STATES,
     REMEDIATION_TARGETS,
@@ -83,6 +84,7 @@ POD_TIER_HINTS = ("memory", "fragment", "leak", "deadlock", "hang", "stuck", "ga
 EVENT_CONDS = {
     ("active_test", True): Cond.TEST_PASSED, ("active_test", False): Cond.TEST_FAILED,
     ("reset", True): Cond.RESET_PASSED, ("reset", False): Cond.RESET_FAILED,
+    ("repair", False): Cond.REPAIR_EXHAUSTED,
 }
 
 
@@ -354,6 +356,7 @@ class _Cycle:
         self.version = version
         self.pool_sizes: dict[str, int] | None = None  # computed on the first budget check of a cycle
         self.copied: set[str] = set()
+        self.gpu_by_node: Mapping[str, list[HealthTuple]] = {}  # this cycle's flagged GPUs per node
 
     def mut(self, eid: str) -> EntityLifecycle:
         """The entity, copied on first change: the caller's state is never modified, and a steady
@@ -505,6 +508,9 @@ class Decider:
                 if eid in s.entities and o is not None and o.usable(lc):
                     obs[eid] = Observation(o.value, o.confidence, "gate:oom_device_fault", gate=True,
                                            drain_reset=o.drain_reset)
+
+        c.gpu_by_node = gpu_by_node
+        self._repairs(c, obs, node_flags, ev_by_entity)
 
         # Deterministic order that spends budgets on the worst first: gates, then lowest value.
         def order(eid: str) -> tuple[int, float, str]:
@@ -748,6 +754,93 @@ class Decider:
                                  "unhealthy_total": len(bad), "population": pop[v]}, p.budgets.window_s)
         return out
 
+    def _repairs(self, c: _Cycle, obs: Mapping[str, Observation | None], node_flags: Mapping[str, set[str]],
+                 ev_by_entity: dict[str, list[Event]]) -> None:
+        """Advance every repair ladder in progress (``decide.ladder``): executor results (``reset``
+        events) and verification results (``active_test``) go to the ladder, not straight to the
+        lifecycle; timeouts escalate; the ladder's verdicts come back as lifecycle events (verified: an
+        active-test pass; exhausted: a ``repair`` failure, to FAILED). While remediation is frozen or the
+        node's data is unusable, results are still recorded but no timeout fires."""
+        rem = self.policy.remediation
+        lc = self.policy.lifecycle
+        for eid, es in list(c.s.entities.items()):
+            rep = es.repair
+            if rep is None or rep.get("phase") in ("verified", "exhausted"):
+                continue
+            lad = ladder.ladder_of(rem, rep)
+            if lad is None or not rem.enabled:  # the policy no longer has it: the lifecycle decides alone
+                c.mut(eid).repair = None
+                continue
+            evs = ev_by_entity.get(eid, [])
+            keep: list[Event] = []
+            intents: list[ladder.StepIntent] = []
+            verdict: str | None = None
+            for e in evs:
+                r: ladder.LadderStep | None = None
+                if verdict is None and e.kind == "reset" and e.passed is not None:
+                    detail = str(e.payload.get("detail") or e.payload.get("reason") or "")
+                    r = ladder.on_result(lad, rep, bool(e.passed), c.now, detail)
+                elif verdict is None and e.kind == "active_test" and e.passed is not None:
+                    r = ladder.on_test(lad, rep, bool(e.passed), c.now)
+                    if r is None:
+                        if e.passed:
+                            keep.append(e)  # a pass from elsewhere still lets the node out
+                        continue  # a failure outside verification: the ladder goes on
+                elif e.kind == "reset":
+                    continue  # the ladder owns reset results while it runs
+                if r is None:
+                    keep.append(e)
+                    continue
+                rep, verdict = r.repair or rep, r.verdict
+                intents += r.intents
+            o = obs.get(eid)
+            if verdict is None and not c.s.frozen and o is not None and o.usable(lc):
+                # timeouts are read on usable data only, like the drain timeout: nothing escalates on unknown
+                r = ladder.on_tick(lad, rep, c.now, node_flags.get(eid, set()), True)
+                rep, verdict = r.repair or rep, r.verdict
+                intents += r.intents
+            if rep is not es.repair:
+                c.mut(eid).repair = rep
+            for si in intents:
+                c.emit(si.kind, eid, f"repair:{lad.name}", si.params, si.tier)
+            if verdict == ladder.VERIFIED:
+                keep.append(Event(c.now, "active_test", eid, passed=True, actor=f"repair:{lad.name}"))
+            elif verdict == ladder.EXHAUSTED:
+                keep.append(Event(c.now, "repair", eid, passed=False, actor=f"repair:{lad.name}"))
+            if keep != evs:
+                if keep:
+                    ev_by_entity[eid] = keep
+                else:
+                    ev_by_entity.pop(eid, None)
+                    # the entity still needs a step this cycle when its ladder moved
+                    if rep is not es.repair or intents:
+                        ev_by_entity[eid] = []
+
+    def _start_repair(self, c: _Cycle, es: EntityLifecycle, flags: set[str], reason: str) -> bool:
+        """On a fresh isolation of a node, start the first ladder that covers its fault. True: started
+        (its first step replaces the plain reset / entry test)."""
+        from fleethealth.signals.xid import xid_info
+
+        if es.kind != "node" or ladder.running(es.repair):
+            return False
+        def bucket(code: int) -> str | None:
+            info = xid_info(code)
+            return None if info is None else info.immediate
+
+        lad = ladder.match(self.policy.remediation, flags, reason, bucket)
+        if lad is None:
+            return False
+        when = set(lad.when)
+        trig = sorted(f for f in flags if ladder.tokens([f], bucket) & when)
+        gpus = sorted(g.entity for g in c.gpu_by_node.get(es.entity, []) if set(g.flags) & set(trig))
+        r = ladder.begin(lad, c.now, reason, trig, gpus)
+        es.repair = r.repair
+        if r.repair is not None:
+            es.repair = {**r.repair, "tests": list(self.policy.lifecycle.active_test)}
+        for si in r.intents:
+            c.emit(si.kind, es.entity, f"repair:{lad.name}", si.params, si.tier)
+        return True
+
     def _row_remaps(self, c: _Cycle, obs: Mapping[str, Observation | None], node_flags: Mapping[str, set[str]],
                     gpu_by_node: Mapping[str, list[HealthTuple]]) -> None:
         p = self.policy
@@ -889,8 +982,8 @@ class Decider:
         event_of: dict[Cond, Event] = {}
         for e in events:
             cond: Cond | None = None
-            if e.kind in ("active_test", "reset") and e.passed is not None:
-                cond = EVENT_CONDS[(e.kind, bool(e.passed))]
+            if e.kind in ("active_test", "reset", "repair") and e.passed is not None:
+                cond = EVENT_CONDS.get((e.kind, bool(e.passed)))
                 if e.kind == "reset":
                     es.reset_scheduled = False
                 if cond == Cond.TEST_PASSED:
@@ -904,6 +997,8 @@ class Decider:
                 event_of[cond] = e
         chosen: Rule | None = None
         for rule in candidate_rules(es.state, conds, es.timers, now - es.since, lc):
+            if rule.cond == Cond.DRAIN_TIMEOUT and ladder.running(es.repair):
+                continue  # the repair ladder's own timeouts apply while it runs
             why = self._veto(c, es, rule, suspects, approved=Cond.HUMAN_QUARANTINE in conds)
             if why is None:
                 chosen = rule
@@ -957,12 +1052,14 @@ class Decider:
                 c.emit(IntentKind.DRAIN, es.entity, reason, info, tier)
                 if tier == Tier.POD:
                     c.emit(IntentKind.REBUILD_WORKER, es.entity, reason, info, Tier.POD)
-            for f in sorted(flags):
-                action = f.removeprefix(RECOVERY_PREFIX)
-                if f.startswith(RECOVERY_PREFIX) and action in ("GPU_RESET", "NODE_REBOOT"):
-                    c.emit(IntentKind.SCHEDULE_RESET, es.entity, f, {"action": action, "when": "now"}, Tier.NODE)
-            tests = list(p.lifecycle.active_test) if es.kind == "node" else ["probe_inference"]
-            c.emit(IntentKind.RUN_ACTIVE_TEST, es.entity, reason, {"tests": tests}, tier)
+            if not (ladder.running(es.repair) or fresh_isolation and self._start_repair(c, es, flags, reason)):
+                for f in sorted(flags):
+                    action = f.removeprefix(RECOVERY_PREFIX)
+                    if f.startswith(RECOVERY_PREFIX) and action in ("GPU_RESET", "NODE_REBOOT"):
+                        c.emit(IntentKind.SCHEDULE_RESET, es.entity, f, {"action": action, "when": "now"},
+                               Tier.NODE)
+                tests = list(p.lifecycle.active_test) if es.kind == "node" else ["probe_inference"]
+                c.emit(IntentKind.RUN_ACTIVE_TEST, es.entity, reason, {"tests": tests}, tier)
         elif dst == State.DRAINING:
             scope = "p2p" if RECOVERY_PREFIX + "DRAIN_P2P" in flags and \
                 RECOVERY_PREFIX + "DRAIN_AND_RESET" not in flags else "all"
@@ -972,15 +1069,20 @@ class Decider:
             c.emit(IntentKind.CAPTURE_EVIDENCE, es.entity, reason,
                    {"window_s": p.freshness.rate_window_s, "before": "drain", **info}, Tier.NODE)
             c.emit(IntentKind.DRAIN, es.entity, reason, {"scope": scope, **info}, Tier.NODE)
-            c.emit(IntentKind.SCHEDULE_RESET, es.entity, reason,
-                   {"action": "GPU_RESET", "when": "after_drain", "drain": True}, Tier.NODE)
+            if not (ladder.running(es.repair) or fresh_isolation and self._start_repair(c, es, flags, reason)):
+                c.emit(IntentKind.SCHEDULE_RESET, es.entity, reason,
+                       {"action": "GPU_RESET", "when": "after_drain", "drain": True}, Tier.NODE)
         elif dst == State.RECOVERING:
             es.recoveries = [r for r in es.recoveries if now - r < p.lifecycle.recovery_window_s] + [now]
-            c.emit(IntentKind.RELEASE, es.entity, reason, {"canary": True, **info}, tier)
+            repaired = {} if es.repair is None else {"repair": ladder.summary(es.repair)}
+            es.repair = None
+            c.emit(IntentKind.RELEASE, es.entity, reason, {"canary": True, **info, **repaired}, tier)
         elif dst == State.FAILED:
+            tried = {} if es.repair is None else {"repair": ladder.summary(es.repair), "action": "replace"}
             c.emit(IntentKind.PAGE, es.entity, reason,
-                   {"severity": "page", "state": "FAILED", "recoveries": len(es.recoveries), **info})
+                   {"severity": "page", "state": "FAILED", "recoveries": len(es.recoveries), **info, **tried})
         elif dst == State.READY and src in ISOLATED_STATES:
+            es.repair = None
             c.emit(IntentKind.RELEASE, es.entity, reason, {"canary": False, **info}, tier)
 
     def _flag(self, c: _Cycle, es: EntityLifecycle, o: Observation | None) -> None:

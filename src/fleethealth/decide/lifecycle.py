@@ -15,7 +15,7 @@ Conditions come in two kinds:
   before they fire. Each has a timer; ``hard_gate`` (reason ``gate:*``, or a node blamed by attribution)
   and ``drain_reset`` (Xid 154 asks to drain and reset) fire at once.
 * event conditions (``test_passed``, ``test_failed``, ``too_many_recoveries``, ``reset_passed``,
-  ``reset_failed``, ``human_ready``, ``human_quarantine``) and ``drain_timeout`` (time in state, checked
+  ``reset_failed``, ``repair_exhausted``, ``human_ready``, ``human_quarantine``) and ``drain_timeout`` (time in state, checked
   only on usable data like the signal conditions).
 
 Timers, exactly: only the signal conditions that some rule of the current state reads are timed. An
@@ -66,6 +66,7 @@ class Cond(StrEnum):
     TOO_MANY_RECOVERIES = "too_many_recoveries"
     RESET_PASSED = "reset_passed"
     RESET_FAILED = "reset_failed"
+    REPAIR_EXHAUSTED = "repair_exhausted"
     DRAIN_TIMEOUT = "drain_timeout"
     HUMAN_READY = "human_ready"
     HUMAN_QUARANTINE = "human_quarantine"
@@ -108,9 +109,13 @@ RULES: tuple[Rule, ...] = (
     Rule(State.DEGRADED, Cond.BELOW_QUARANTINE, State.QUARANTINED, "quarantine_dwell_s"),
     Rule(State.DEGRADED, Cond.ABOVE_READY, State.READY, "ready_dwell_s"),
     Rule(State.DRAINING, Cond.RESET_PASSED, State.RECOVERING, note="reset done"),
+    Rule(State.DRAINING, Cond.TEST_PASSED, State.RECOVERING, note="repair verified"),
+    Rule(State.DRAINING, Cond.REPAIR_EXHAUSTED, State.FAILED, note="repair ladder exhausted"),
+    Rule(State.DRAINING, Cond.TOO_MANY_RECOVERIES, State.FAILED, note="recovers too often"),
     Rule(State.DRAINING, Cond.RESET_FAILED, State.QUARANTINED),
     Rule(State.DRAINING, Cond.DRAIN_TIMEOUT, State.QUARANTINED, "drain_timeout_s"),
     Rule(State.QUARANTINED, Cond.TOO_MANY_RECOVERIES, State.FAILED, note="recovers too often"),
+    Rule(State.QUARANTINED, Cond.REPAIR_EXHAUSTED, State.FAILED, note="repair ladder exhausted"),
     Rule(State.QUARANTINED, Cond.TEST_PASSED, State.RECOVERING, note="active test passed"),
     Rule(State.QUARANTINED, Cond.TEST_FAILED, State.FAILED, note="active test failed"),
     Rule(State.QUARANTINED, Cond.HUMAN_READY, State.READY, note="human"),

@@ -38,6 +38,8 @@ class EntityLifecycle:
     # replica: an OOM from batch overload limited its concurrency; until then its latency is overload,
     # handled at the instance tier, not a reason to quarantine it
     overload_until: float | None = None
+    # the repair ladder in progress (decide.ladder): which ladder, step, phase, since, history
+    repair: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -48,7 +50,7 @@ class EntityLifecycle:
             "last_reason": self.last_reason, "last_known_ts": self.last_known_ts, "weight": self.weight,
             "no_new_work": self.no_new_work, "flagged": self.flagged, "blocked": self.blocked,
             "reset_scheduled": self.reset_scheduled, "absent_since": self.absent_since,
-            "overload_until": self.overload_until,
+            "overload_until": self.overload_until, "repair": self.repair,
         }
 
     def copy(self) -> EntityLifecycle:
@@ -58,7 +60,7 @@ class EntityLifecycle:
             {k: Timer(t.accum_s, t.last_ts) for k, t in self.timers.items()}, self.transitions,
             list(self.recoveries), dict(self.labels), self.last_value, self.last_confidence, self.last_reason,
             self.last_known_ts, self.weight, self.no_new_work, self.flagged, self.blocked, self.reset_scheduled,
-            self.absent_since, self.overload_until,
+            self.absent_since, self.overload_until, repair=self.repair,
         )
 
     def seen(self, value: float | None, confidence: float, reason: str, ts: float) -> EntityLifecycle:
@@ -68,7 +70,7 @@ class EntityLifecycle:
         return EntityLifecycle(
             self.entity, self.kind, self.state, self.since, self.timers, self.transitions, self.recoveries,
             self.labels, value, confidence, reason, ts, self.weight, self.no_new_work, self.flagged,
-            self.blocked, self.reset_scheduled, self.absent_since, self.overload_until,
+            self.blocked, self.reset_scheduled, self.absent_since, self.overload_until, repair=self.repair,
         )
 
     @staticmethod
@@ -83,6 +85,7 @@ class EntityLifecycle:
             no_new_work=bool(d.get("no_new_work", False)), flagged=bool(d.get("flagged", False)),
             blocked=d.get("blocked"), reset_scheduled=bool(d.get("reset_scheduled", False)),
             absent_since=d.get("absent_since"), overload_until=d.get("overload_until"),
+            repair=d.get("repair"),
         )
 
 
@@ -140,7 +143,7 @@ class DecisionState:
         )
 
 
-EVENT_KINDS = ("active_test", "reset", "ack", "oom")
+EVENT_KINDS = ("active_test", "reset", "ack", "oom", "repair")  # repair: a ladder exhausted
 
 
 @dataclass(frozen=True, slots=True)

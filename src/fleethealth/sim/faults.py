@@ -250,8 +250,18 @@ class Fault:
 
     def fixed_by(self) -> frozenset[str]:
         """The world's actions (``Simulation.apply_action``) that end this fault: a repair ends hardware
-        faults; the rest say what fixes them."""
+        faults; the rest say what fixes them. A scenario can say it per fault (``params: {fixed_by: [reset]}``,
+        ``[reboot]``), e.g. a fault a GPU reset clears, or one that survives a reset but not a reboot."""
+        declared = self._declared_fixes()
+        if declared is not None:
+            return declared
         return frozenset({"repair"}) if self.hardware else frozenset()
+
+    def _declared_fixes(self) -> frozenset[str] | None:
+        d = self.p.get("fixed_by")
+        if d is None:
+            return None
+        return frozenset([str(d)] if isinstance(d, str) else [str(x) for x in d]) | {"repair"}
 
     def covers(self, entity: str) -> bool:
         f = self.fleet
@@ -756,12 +766,52 @@ class ReplicaRestart(Fault):
         return [self.gt(self.fleet.replicas[r].name, "replica", False, "none", "restart") for r in self.t.replicas]
 
 
+RECOVERY_CODES = {"GPU_RESET": 1, "NODE_REBOOT": 2, "DRAIN_P2P": 3, "DRAIN_AND_RESET": 4}
+
+
+class ResetRequired(Fault):
+    """Xid 154: the driver says the GPU needs a recovery action (param ``action``: GPU_RESET, the default,
+    NODE_REBOOT, DRAIN_AND_RESET) before it can be trusted. A GPU reset clears it unless the scenario says
+    otherwise: ``fixed_by: [reboot]`` survives a reset but not a reboot, ``fixed_by: [repair]`` survives
+    both (hardware to replace). While it lasts the recovery action stays set (a reset that did not fix it
+    sees it come back) and an active test fails."""
+
+    kind = "gpu_reset_required"
+    gpu_default = 0
+    expected_action = "quarantine"
+
+    def setup(self) -> None:
+        action = str(self.param("action", "GPU_RESET"))
+        if action not in RECOVERY_CODES:
+            raise ValueError(f"gpu_reset_required: action {action!r}: expected one of {', '.join(RECOVERY_CODES)}")
+        self.code = RECOVERY_CODES[action]
+        # a drain-and-reset asks for exactly that (drain, reset, back), not a quarantine
+        self.expected_action = "schedule_reset" if action.startswith("DRAIN") else "quarantine"
+
+    def fixed_by(self) -> frozenset[str]:
+        declared = self._declared_fixes()
+        return declared if declared is not None else frozenset({"reset", "repair"})
+
+    def start(self, sim: Simulation, t: float) -> None:
+        for g in self.t.gpus:
+            sim.emit_xid(g, 154, t, f"GPU recovery action changed from 0x0 (None) to 0x{self.code:x}")
+            sim.recovery_action[g] = self.code
+
+    def apply(self, sim: Simulation, t: float, eff: Effects) -> None:
+        gone = [g for g in self.t.gpus if sim.recovery_action[g] != self.code]
+        if gone:  # reset, not fixed: the driver asks again
+            sim.recovery_action[gone] = self.code
+
+    def stop(self, sim: Simulation, t: float) -> None:
+        sim.recovery_action[self.t.gpus] = 0
+
+
 FAULT_CLASSES: dict[str, type[Fault]] = {
     c.kind: c
     for c in (
         ThermalDrift, OffBus, DbeRemapFailure, RowRemapPending, NvlinkErrors, PcieReplayStorm, Xid13BadKernel,
         BadDriverRollout, ExporterOutage, NetworkPartition, BuildRegression, ReplicaSloBurn, CudaOom,
-        StageImbalance, SeqImbalance, ReplicaRestart,
+        StageImbalance, SeqImbalance, ReplicaRestart, ResetRequired,
     )
 }
 

@@ -50,6 +50,7 @@ _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
 _DUR = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
 
 FaultKind = Literal[
+    "gpu_reset_required",
     "thermal_drift",
     "xid79_off_bus",
     "ecc_dbe_remap_failure",

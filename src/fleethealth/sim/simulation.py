@@ -1577,14 +1577,15 @@ class Simulation:
         self.faults.append(fault)
         return fault
 
-    ACTIONS = ("repair", "reset", "rollback", "restart", "rebuild", "drain", "release", "limit_concurrency",
-               "reject_oversized")
+    ACTIONS = ("repair", "reset", "reboot", "rollback", "restart", "rebuild", "drain", "release",
+               "limit_concurrency", "reject_oversized")
 
     def apply_action(self, entity: str, action: str, t: float) -> list[str]:
         """Close the loop: the world's side of a decision, at simulated time ``t``.
 
         ``repair`` ends every hardware fault on a node (and clears its error state), ``reset`` (a GPU or
-        node reset) clears pending remaps and Xid state and ends the faults a reset fixes, ``rollback``
+        node reset) clears pending remaps and Xid state and ends the faults a reset fixes, ``reboot`` (the
+        whole node) does what a reset of all its GPUs does and ends the faults a reboot fixes, ``rollback``
         ends a bad driver rollout, ``restart`` resets a replica's counters, ``rebuild`` restarts a serving
         worker (counters reset, a fragmented heap is gone). ``drain`` takes a node or replica out of
         service (its GPUs idle, its ranks leave the job, its replicas get no traffic, so it raises no more
@@ -1607,7 +1608,8 @@ class Simulation:
                 continue
             if not (fault.covers(entity) or fault.covers(node)):
                 continue
-            if action in fault.fixed_by():
+            fixes = fault.fixed_by()
+            if action in fixes or (action == "reboot" and "reset" in fixes):
                 fault.end = t
                 if fault.started:
                     fault.stop(self, t)
@@ -1615,7 +1617,7 @@ class Simulation:
                 ended.append(fault.kind)
         if rep is None:
             n = f.node_index(node)
-            if action in ("repair", "reset"):
+            if action in ("repair", "reset", "reboot"):
                 gpus = f.gpus_of_node(n) if "/" not in entity else [n * f.gpus_per_node + int(entity.split("gpu")[-1])]
                 self.xid_last[gpus] = 0
                 self.recovery_action[gpus] = 0
