@@ -16,6 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from fleethealth.auth.access import Guard, StaticTokens
 from fleethealth.controller.api import ApiServer, render_metrics
 from fleethealth.controller.config import ConfigError, load_config, parse_config
 from fleethealth.controller.loop import Controller
@@ -253,10 +254,18 @@ def test_missing_config_file_is_one_line(tmp_path: Path) -> None:
 # ---- HTTP endpoint -----------------------------------------------------------------------------
 
 
+SRE_TOKEN = "sre-token-0123456789abcdef"
+SRE = {"Authorization": f"Bearer {SRE_TOKEN}"}
+
+
+def sre_guard() -> Guard:
+    return Guard([StaticTokens.parse(f'tokens: [{{user: sre, token: "{SRE_TOKEN}", verbs: ["*"]}}]')])
+
+
 @pytest.fixture()
 def served() -> Iterator[tuple[Controller, FleetSource, FakeClock, str]]:
     ctl, src, clock = make()
-    srv = ApiServer(ctl, "127.0.0.1", free_port()).start()
+    srv = ApiServer(ctl, "127.0.0.1", free_port(), guard=sre_guard()).start()
     try:
         yield ctl, src, clock, srv.url
     finally:
@@ -295,11 +304,12 @@ def test_http_endpoint(served: tuple[Controller, FleetSource, FakeClock, str]) -
     assert st["counters"]["cycles_total"] == 5 and st["sources"][0]["name"] == "fleet"
 
     # a human acknowledgement goes to the loop, not straight into the state
-    r = httpx.post(f"{url}/api/v1/events", json={"kind": "ack", "entity": "n0", "to": "READY", "actor": "sre"})
-    assert r.status_code == 202
-    assert httpx.post(f"{url}/api/v1/events", json={"kind": "bogus", "entity": "n0"}).status_code == 400
+    r = httpx.post(f"{url}/api/v1/events", json={"kind": "ack", "entity": "n0", "to": "READY", "actor": "x"},
+                   headers=SRE)
+    assert r.status_code == 202 and r.json()["accepted"]["actor"] == "sre"  # the token's user, not the body's
+    assert httpx.post(f"{url}/api/v1/events", json={"kind": "bogus", "entity": "n0"}, headers=SRE).status_code == 400
     assert ctl._pending_events and isinstance(ctl._pending_events[0], Event)
-    assert httpx.post(f"{url}/api/v1/kill").status_code == 409  # no runner configured
+    assert httpx.post(f"{url}/api/v1/kill", headers=SRE).status_code == 409  # no runner configured
     assert httpx.get(f"{url}/healthz").status_code == 503  # the last cycle's clock is far in the past
     clock.t = time.time()
     ctl.cycle()
@@ -318,14 +328,14 @@ def test_kill_switch_through_the_api(tmp_path: Path) -> None:
     ctl, src, clock = make()
     runner = ActuationRunner({}, Ledger(tmp_path / "actions.db"))
     ctl.runner = runner
-    srv = ApiServer(ctl, "127.0.0.1", free_port(), runner=runner).start()
+    srv = ApiServer(ctl, "127.0.0.1", free_port(), runner=runner, guard=sre_guard()).start()
     try:
         ctl.cycle()
-        assert httpx.post(f"{srv.url}/api/v1/kill", content=b"bad rollout").json() == {"killed": True}
+        assert httpx.post(f"{srv.url}/api/v1/kill", content=b"bad rollout", headers=SRE).json() == {"killed": True}
         assert runner.killed
         assert "fleethealth_actuation_killed 1.0" in httpx.get(f"{srv.url}/metrics").text
         assert httpx.get(f"{srv.url}/api/v1/status").json()["actuation"]["kill"]["reason"] == "bad rollout"
-        assert httpx.post(f"{srv.url}/api/v1/resume").json() == {"killed": False}
+        assert httpx.post(f"{srv.url}/api/v1/resume", headers=SRE).json() == {"killed": False}
     finally:
         srv.stop()
 

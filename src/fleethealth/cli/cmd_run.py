@@ -39,6 +39,9 @@ def register(app: typer.Typer) -> None:
         # one line per HTTP request (every query, every scrape) would drown the decisions in the log
         for noisy in ("httpx", "httpcore"):
             logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
+        from fleethealth.auth.redact import install_log_redaction
+
+        install_log_redaction()  # credentials in a configured URL never reach the log
         try:
             cfg = load_config(config)
             if listen is not None or kernel_log:
@@ -61,11 +64,23 @@ def register(app: typer.Typer) -> None:
         server = None
         hp = cfg.listen_host_port
         if hp is not None and not once:
+            from fleethealth.auth.access import TokenFileError
+            from fleethealth.controller.security import build_security
+
             try:
-                server = ApiServer(ctl, hp[0], hp[1], runner=asm.runner).start()
-            except RuntimeError as e:
+                sec = build_security(cfg, asm.store)
+                asm.closers.append(sec.close)
+                server = ApiServer(ctl, hp[0], hp[1], runner=asm.runner, guard=sec.guard, auditor=sec.auditor,
+                                   api=cfg.api).start()
+            except (RuntimeError, TokenFileError) as e:
                 asm.close()
                 fail(str(e))
+            except Exception as e:  # the audit store or the Kubernetes client: one line
+                asm.close()
+                fail(f"cannot start the API: {type(e).__name__}: {e}")
+            if not sec.guard.configured:
+                logging.getLogger("fleethealth.controller").warning(
+                    "no API authentication configured (api.token_file or kubernetes): every POST is refused")
             logging.getLogger("fleethealth.controller").info("serving on %s", server.url)
 
         def stop(signum: int, frame: Any) -> None:

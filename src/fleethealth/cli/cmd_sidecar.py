@@ -58,6 +58,8 @@ def register(app: typer.Typer) -> None:
         clip_oversized: bool = typer.Option(False, help="Clip max_tokens of oversized requests instead of 400"),
         degraded_max_tokens: int | None = typer.Option(
             None, help="While DEGRADED, refuse new requests with max_tokens above this (503, retry elsewhere)"),
+        docs: bool = typer.Option(False, "--docs", help="Serve /docs, /redoc and /openapi.json (off by default)"),
+        max_body_bytes: int = typer.Option(16 << 20, min=1024, help="Larger request bodies are refused (413)"),
         log_level: str = typer.Option("info", help="uvicorn log level"),
     ) -> None:
         """Proxy the OpenAI-compatible API and tell Kubernetes the truth: /livez (engine making progress),
@@ -77,7 +79,7 @@ def register(app: typer.Typer) -> None:
             gpu_node=gpu_node or os.environ.get("NODE_NAME"), use_nvml=nvml, engine_log=engine_log,
             evidence_dir=evidence_dir, redact_prompts=not no_redact_prompts, max_batch_tokens=max_batch_tokens,
             kv_capacity_tokens=kv_capacity_tokens, oom_clip_max_tokens=clip_oversized,
-            degraded_max_tokens=degraded_max_tokens,
+            degraded_max_tokens=degraded_max_tokens, docs=docs, max_body_bytes=max_body_bytes,
             gpu_fail_below=pol.lifecycle.quarantine_below, policy=pol,
         )
         if cfg.admin_token is None:

@@ -5,6 +5,15 @@ It only reads ``Controller.published`` (an immutable record swapped once per cyc
 block the loop and always see one consistent cycle. The two write endpoints (events, kill switch) hand
 their input to the loop or to the actuation runner; they never change state directly.
 
+Access (fleethealth.auth.access has the verbs): every POST needs a bearer token, checked by the token
+file or a Kubernetes TokenReview, and a permission (a SubjectAccessReview on group ``fleethealth.io``, or
+the token file's verbs): 401 without a valid token, 403 without the permission, each with a one-line
+reason. Every allowed action, and every refused one of an authenticated caller, is audited (store and
+Kubernetes Event) before it is handed on; the event's ``actor`` is the authenticated user, never the
+body's. Reads follow ``api.read`` (default: open to loopback clients only), /metrics ``api.metrics``,
+/healthz is always open. Bodies over ``api.max_body_bytes`` are 413; entity names with control
+characters are 400; /docs and /openapi.json exist only with ``api.docs``; /api/v1/status is redacted.
+
 JSON API
 - GET  /api/v1/health[?kind=node&entity=X&details=1]  health tuples of the last cycle
 - GET  /api/v1/states[?kind=node]                      lifecycle per node/replica
@@ -12,6 +21,7 @@ JSON API
 - GET  /api/v1/transitions[?since=TS]                  recent transitions
 - GET  /api/v1/weights                                 router weights (the decisions' last SET_WEIGHT)
 - GET  /api/v1/status                                  cycle timing, sources, actuation mode
+- GET  /api/v1/audit[?since=TS]                        operator actions (who, what, when, from where)
 - POST /api/v1/events                                  {"kind": "ack"|"active_test"|"reset", "entity": ..}
 - POST /api/v1/kill, /api/v1/resume                    the actuation kill switch
 """
@@ -28,6 +38,11 @@ from fastapi import FastAPI, HTTPException, Query, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
 from fleethealth.agent.exposition import escape_label_value
+from fleethealth.auth.access import Denied, Guard, Principal, entity_problem, entity_resource, event_verb
+from fleethealth.auth.audit import AuditFailed, Auditor
+from fleethealth.auth.http import BodyLimit
+from fleethealth.auth.redact import redact_value
+from fleethealth.controller.config import ApiConfig
 from fleethealth.controller.loop import Controller, Published
 from fleethealth.decide.state import Event
 
@@ -187,15 +202,68 @@ def _jsonable(d: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def create_app(controller: Controller, runner: Any = None) -> FastAPI:
-    app = FastAPI(title="fleethealth controller", docs_url=None, redoc_url=None, openapi_url=None)
+def _peer(request: Request) -> str:
+    c = request.client
+    return "unknown" if c is None else f"{c.host}:{c.port}"
+
+
+def create_app(controller: Controller, runner: Any = None, *, guard: Guard | None = None,
+               auditor: Auditor | None = None, api: ApiConfig | None = None) -> FastAPI:
+    """``guard`` None: no authority, so every POST is 401 (and reads follow ``api.read``)."""
+    api = api or ApiConfig()
+    guard = guard or Guard(read=api.read)
+    auditor = auditor or Auditor()
+    docs = api.docs
+    app = FastAPI(title="fleethealth controller", docs_url="/docs" if docs else None,
+                  redoc_url="/redoc" if docs else None, openapi_url="/openapi.json" if docs else None)
+
+    def refuse(e: Denied) -> HTTPException:
+        hdr = {"WWW-Authenticate": 'Bearer realm="fleethealth"'} if e.status == 401 else None
+        return HTTPException(e.status, e.reason, headers=hdr)
+
+    def may_read(request: Request) -> None:
+        try:
+            guard.check(request.headers.get("authorization"), request.client.host if request.client else None,
+                        "get")
+        except Denied as e:
+            raise refuse(e) from None
+
+    def permit(request: Request, who: Principal, verb: str, resource: str, name: str,
+               detail: dict[str, Any]) -> None:
+        """Authorise and audit one action (refusals of a known caller are audited too)."""
+        target = f"{resource.rstrip('s')}/{name}" if name else resource
+        try:
+            guard.authorize(who, verb, resource, name)
+        except Denied as e:
+            if e.status == 403:  # a refusal that cannot be stored is still logged (record never raises for it)
+                auditor.record(who, verb, target, _peer(request), False, {**detail, "refused": e.reason})
+            raise refuse(e) from None
+        try:
+            auditor.record(who, verb, target, _peer(request), True, detail)
+        except AuditFailed as e:
+            raise HTTPException(503, f"{e}; nothing was done") from None
+
+    def caller(request: Request) -> Principal:
+        try:
+            return guard.authenticate(request.headers.get("authorization"))
+        except Denied as e:
+            raise refuse(e) from None
+
+    def entity_param(entity: str | None) -> None:
+        if entity is not None and (why := entity_problem(entity)) is not None:
+            raise HTTPException(400, why)
 
     # Rendering every entity of a 100k-GPU fleet costs about a second: do it once per cycle, not per
     # scrape (several Prometheus replicas may scrape the controller). The kill switch state is live.
     cache: dict[str, Any] = {"pub": None, "killed": None, "text": ""}
 
     @app.get("/metrics")
-    def metrics() -> PlainTextResponse:
+    def metrics(request: Request) -> PlainTextResponse:
+        if api.metrics == "authenticated":
+            try:
+                guard.check(request.headers.get("authorization"), None, "get")
+            except Denied as e:
+                raise refuse(e) from None
         pub = controller.published
         killed = None if runner is None else bool(getattr(runner, "killed", False))
         if cache["pub"] is not pub or cache["killed"] != killed:
@@ -215,7 +283,10 @@ def create_app(controller: Controller, runner: Any = None) -> FastAPI:
         return JSONResponse(body, status_code=200 if ok else 503)
 
     @app.get("/api/v1/health")
-    def health(kind: str | None = None, entity: str | None = None, details: bool = False) -> JSONResponse:
+    def health(request: Request, kind: str | None = None, entity: str | None = None,
+               details: bool = False) -> JSONResponse:
+        may_read(request)
+        entity_param(entity)
         h = controller.published.health
         if h is None:
             return JSONResponse({"ts": None, "tuples": []})
@@ -232,26 +303,32 @@ def create_app(controller: Controller, runner: Any = None) -> FastAPI:
                              "tuples": [t.to_dict(with_details=details) for t in tuples]})
 
     @app.get("/api/v1/states")
-    def states(kind: str | None = None) -> JSONResponse:
+    def states(request: Request, kind: str | None = None) -> JSONResponse:
+        may_read(request)
         pub = controller.published
         ents = [e.to_dict() for e in pub.state.entities.values() if kind is None or e.kind == kind]
         return JSONResponse({"ts": pub.ts, "frozen": pub.state.frozen, "entities": ents})
 
     @app.get("/api/v1/intents")
-    def intents(since: float | None = None, entity: str | None = None, limit: int = Query(500, ge=1)) -> JSONResponse:
+    def intents(request: Request, since: float | None = None, entity: str | None = None,
+                limit: int = Query(500, ge=1)) -> JSONResponse:
+        may_read(request)
+        entity_param(entity)
         rows = [i for i in controller.published.recent_intents
                 if (since is None or i["ts"] > since) and (entity is None or i["entity"] == entity)]
         return JSONResponse({"ts": controller.published.ts, "intents": rows[-limit:]})
 
     @app.get("/api/v1/transitions")
-    def transitions(since: float | None = None, limit: int = Query(500, ge=1)) -> JSONResponse:
+    def transitions(request: Request, since: float | None = None, limit: int = Query(500, ge=1)) -> JSONResponse:
+        may_read(request)
         rows = [t for t in controller.published.recent_transitions if since is None or t["ts"] > since]
         return JSONResponse({"ts": controller.published.ts, "transitions": rows[-limit:]})
 
     @app.get("/api/v1/weights")
-    def weights() -> JSONResponse:
+    def weights(request: Request) -> JSONResponse:
         """What the router actuator published (enforce mode), else the weights the decisions hold (advise
         mode: nothing is pushed, but readers can still follow them). Same shape either way."""
+        may_read(request)
         pub = controller.published
         if pub.weights and pub.weights.get("replicas"):
             return JSONResponse({**dict(pub.weights), "source": "router"})
@@ -262,7 +339,8 @@ def create_app(controller: Controller, runner: Any = None) -> FastAPI:
         return JSONResponse({"ts": pub.ts, "replicas": reps, "source": "decisions"})
 
     @app.get("/api/v1/status")
-    def status() -> JSONResponse:
+    def status(request: Request) -> JSONResponse:
+        may_read(request)
         pub = controller.published
         body: dict[str, Any] = {
             "ts": pub.ts, "counters": _jsonable(pub.counters), "sources": list(pub.sources),
@@ -272,45 +350,70 @@ def create_app(controller: Controller, runner: Any = None) -> FastAPI:
         }
         if runner is not None and hasattr(runner, "status"):
             body["actuation"] = runner.status()
-        return JSONResponse(body)
+        return JSONResponse(redact_value(body))  # no credentials of a configured URL are served
+
+    @app.get("/api/v1/audit")
+    def audit(request: Request, since: float | None = None, limit: int = Query(500, ge=1)) -> JSONResponse:
+        may_read(request)
+        store = auditor.store
+        rows = store.audit_log(since=since, limit=limit) if store is not None and hasattr(store, "audit_log") else []
+        return JSONResponse({"audit": rows})
 
     @app.post("/api/v1/events")
     async def post_event(request: Request) -> JSONResponse:
+        who = caller(request)  # 401 before the body is even looked at
         try:
             d = await request.json()
-            ev = Event.from_dict({"ts": controller.clock.now(), **d})
+            if not isinstance(d, dict):
+                raise ValueError("expected a JSON object")
+            if (why := entity_problem(d.get("entity"))) is not None:
+                raise ValueError(why)
+            ev = Event.from_dict({**d, "ts": controller.clock.now(), "actor": who.user})
         except Exception as e:
-            raise HTTPException(400, f"not a valid event: {e}") from None
+            raise HTTPException(400, f"not a valid event: {' '.join(str(e).split())[:300]}") from None
+        es = controller.published.state.entities.get(ev.entity)
+        verb = event_verb(ev.kind, ev.to)
+        detail = {"kind": ev.kind, **({"to": ev.to} if ev.to else {}),
+                  **({"passed": ev.passed} if ev.passed is not None else {})}
+        permit(request, who, verb, entity_resource(None if es is None else es.kind), ev.entity, detail)
         controller.add_event(ev)
         return JSONResponse({"accepted": ev.to_dict()}, status_code=202)
 
     @app.post("/api/v1/kill")
     async def kill(request: Request) -> JSONResponse:
+        who = caller(request)
+        reason = " ".join((await request.body()).decode(errors="replace").split())[:200] or "via API"
+        permit(request, who, "kill", "fleet", "", {"reason": reason})
         if runner is None:
             raise HTTPException(409, "no actuation runner configured")
-        reason = (await request.body()).decode(errors="replace")[:200] or "via API"
-        runner.kill(reason)
+        runner.kill(f"{reason} (by {who.user})" if reason == "via API" else reason)
         return JSONResponse({"killed": True})
 
     @app.post("/api/v1/resume")
-    def resume() -> JSONResponse:
+    def resume(request: Request) -> JSONResponse:
+        who = caller(request)
+        permit(request, who, "resume", "fleet", "", {})
         if runner is None:
             raise HTTPException(409, "no actuation runner configured")
         runner.resume()
         return JSONResponse({"killed": bool(runner.killed)})
 
+    app.add_middleware(BodyLimit, max_bytes=api.max_body_bytes, hint=" (api.max_body_bytes in the controller config)")
     return app
 
 
 class ApiServer:
     """uvicorn in a daemon thread; ``start()`` returns once the socket accepts connections."""
 
-    def __init__(self, controller: Controller, host: str, port: int, runner: Any = None) -> None:
+    def __init__(self, controller: Controller, host: str, port: int, runner: Any = None, *,
+                 guard: Guard | None = None, auditor: Auditor | None = None, api: ApiConfig | None = None) -> None:
         import uvicorn
 
         self.host, self.port = host, port
-        config = uvicorn.Config(create_app(controller, runner), host=host, port=port, log_level="warning",
-                                access_log=False, lifespan="off")
+        app = create_app(controller, runner, guard=guard, auditor=auditor, api=api)
+        # proxy_headers off: the loopback rule for reads must see the TCP peer, not X-Forwarded-For.
+        config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
+                                lifespan="off", proxy_headers=False)
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, name="fleethealth-api", daemon=True)
 

@@ -25,6 +25,12 @@ actuation:                      # fleethealth.act.config.ActuationConfig
 kubernetes: {}                  # optional: node actions, drains, active tests, inventory, leader election
 alertmanager: {url: http://alertmanager:9093}   # optional: pages
 evidence: {dir: /var/lib/fleethealth/evidence}  # optional: bundles before drain/quarantine
+api:                            # who may use the API (verbs: fleethealth.auth.access)
+  token_file: /etc/fleethealth/tokens.yaml   # without Kubernetes; with it, TokenReview + RBAC
+  read: loopback                # loopback (default) | open | authenticated: GET /api/v1/*
+  metrics: open                 # open | authenticated
+  docs: false                   # /docs, /redoc, /openapi.json
+  max_body_bytes: 1048576       # larger request bodies: 413
 ```
 """
 
@@ -148,6 +154,19 @@ class EvidenceConfig(_Strict):
     window_s: float = Field(default=1800.0, gt=0)
 
 
+class ApiConfig(_Strict):
+    """Who may use the HTTP API (fleethealth.auth.access documents the verbs) and its limits."""
+
+    token_file: str | None = None  # static tokens (user, verbs) for setups without Kubernetes
+    kubernetes_auth: bool = True  # with a `kubernetes` section: TokenReview + SubjectAccessReview
+    audiences: list[str] = Field(default_factory=list)  # TokenReview audiences (default: the apiserver's)
+    read: Literal["loopback", "open", "authenticated"] = "loopback"  # GET /api/v1/*: who needs a token
+    metrics: Literal["open", "authenticated"] = "open"  # /metrics (Prometheus); /healthz is always open
+    docs: bool = False  # /docs, /redoc, /openapi.json
+    max_body_bytes: int = Field(default=1 << 20, ge=1024)
+    audit_events: bool = True  # each operator action also as a Kubernetes Event (with `kubernetes`)
+
+
 class ControllerConfig(_Strict):
     interval_s: float = Field(default=15.0, gt=0)
     policy: str | None = None
@@ -159,6 +178,7 @@ class ControllerConfig(_Strict):
     kubernetes: KubernetesConfig | None = None
     alertmanager: AlertmanagerConfig | None = None
     evidence: EvidenceConfig | None = None
+    api: ApiConfig = Field(default_factory=ApiConfig)
 
     @field_validator("listen")
     @classmethod
@@ -212,6 +232,8 @@ def _resolve_paths(cfg: ControllerConfig, base: Path) -> ControllerConfig:
     upd: dict[str, Any] = {"policy": rel(cfg.policy), "state_db": rel(cfg.state_db), "sources": srcs}
     if cfg.evidence is not None:
         upd["evidence"] = cfg.evidence.model_copy(update={"dir": rel(cfg.evidence.dir)})
+    if cfg.api.token_file is not None:
+        upd["api"] = cfg.api.model_copy(update={"token_file": rel(cfg.api.token_file)})
     if cfg.kubernetes is not None and cfg.kubernetes.kubeconfig is not None:
         upd["kubernetes"] = cfg.kubernetes.model_copy(update={"kubeconfig": rel(cfg.kubernetes.kubeconfig)})
     return cfg.model_copy(update=upd)

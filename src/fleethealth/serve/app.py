@@ -1,7 +1,10 @@
 """The sidecar's HTTP surface: probes, admin, metrics and the OpenAI-compatible proxy.
 
-``create_app(config, clock=...)`` builds a FastAPI app (OpenAPI at /openapi.json, docs at /docs); the
-lifespan starts the background loop. Tests run it in-process on a real loopback port.
+``create_app(config, clock=...)`` builds a FastAPI app; the lifespan starts the background loop. Tests
+run it in-process on a real loopback port. /docs, /redoc and /openapi.json are served only with
+``config.docs`` (``--docs``); request bodies over ``config.max_body_bytes`` are 413 before they are read
+(Content-Length) or as soon as a chunked body crosses the limit (fleethealth.auth.http.BodyLimit, outside
+the proxy's own code).
 
 Admin endpoints need ``Authorization: Bearer <token>`` (token from a file or FLEETHEALTH_ADMIN_TOKEN;
 with no token configured they always refuse) and, by default, a loopback client address: the pod's
@@ -14,7 +17,6 @@ network for a controller that holds the token.
 from __future__ import annotations
 
 import hmac
-import ipaddress
 from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -26,6 +28,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from fleethealth.auth.access import is_loopback
+from fleethealth.auth.http import BodyLimit
 from fleethealth.decide.model import State
 from fleethealth.serve.config import Clock, SidecarConfig
 from fleethealth.serve.gpu import ExporterGpuReader, GpuReader, NvmlGpuReader, nvml_present
@@ -34,13 +38,7 @@ from fleethealth.serve.sidecar import Phase, Sidecar
 CONTENT_TYPE_0_0_4 = "text/plain; version=0.0.4; charset=utf-8"
 
 
-def _is_loopback(host: str | None) -> bool:
-    if not host:
-        return False
-    try:
-        return ipaddress.ip_address(host.split("%")[0]).is_loopback
-    except ValueError:
-        return host == "localhost"
+_is_loopback = is_loopback
 
 
 class SidecarCollector(Collector):
@@ -135,6 +133,9 @@ def create_app(config: SidecarConfig, clock: Clock | Callable[[], float] | None 
         description="Health truth for one inference replica: probes, drain, OOM handling, canary recovery, "
         "and a proxy of the OpenAI-compatible API.",
         lifespan=lifespan,
+        docs_url="/docs" if config.docs else None,
+        redoc_url="/redoc" if config.docs else None,
+        openapi_url="/openapi.json" if config.docs else None,
     )
     app.state.sidecar = sc
 
@@ -204,4 +205,5 @@ def create_app(config: SidecarConfig, clock: Clock | Callable[[], float] | None 
     async def models(request: Request) -> Response:
         return await sc.passthrough(request, "v1/models")
 
+    app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes, hint=" (--max-body-bytes of the sidecar)")
     return app

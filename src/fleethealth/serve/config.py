@@ -52,6 +52,8 @@ class SidecarConfig:
     replica: str = field(default_factory=default_replica_name)
     admin_token: str | None = field(default_factory=lambda: os.environ.get("FLEETHEALTH_ADMIN_TOKEN") or None)
     admin_loopback_only: bool = True  # admin endpoints answer only clients on 127.0.0.0/8 or ::1
+    docs: bool = False  # /docs, /redoc and /openapi.json (off: nothing about the API is served)
+    max_body_bytes: int = 16 << 20  # larger request bodies (prompts included) are refused with 413
     max_drain_seconds: float = 30.0
     retry_after_s: int = 5
     max_concurrency: int = 256  # requests forwarded to the engine at once; more wait in the proxy's queue

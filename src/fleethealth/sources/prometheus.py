@@ -31,6 +31,7 @@ from typing import Any, Literal
 import httpx
 import numpy as np
 
+from fleethealth.auth.redact import redact_url
 from fleethealth.policy import Policy
 from fleethealth.signals.snapshot import InputIssue, LabelSet, Snapshot
 from fleethealth.sources.base import describe_http_error
@@ -308,7 +309,7 @@ class PrometheusSource:
         name: str | None = None,
         client: httpx.Client | None = None,
     ) -> None:
-        self.name = name or f"prometheus:{url}"
+        self.name = name or f"prometheus:{redact_url(url)}"  # the name is logged and served
         self.api = PrometheusAPI(url, timeout_s=timeout_s, headers=headers, client=client)
         self.plan = plan_queries(policy, extra_metrics)
         self.matchers = matchers

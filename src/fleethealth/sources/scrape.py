@@ -21,6 +21,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from fleethealth.auth.redact import redact_text, redact_url
 from fleethealth.signals.snapshot import InputIssue, Snapshot, SnapshotBuilder
 from fleethealth.sources.base import describe_http_error
 from fleethealth.sources.exposition import parse_exposition, parse_many_into
@@ -36,8 +37,14 @@ class ScrapeTarget:
 
     @property
     def instance(self) -> str:
+        """host:port, as Prometheus labels a target (never the URL's user:password@)."""
         parts = urlsplit(self.url)
-        return parts.netloc or self.url
+        return parts.netloc.rpartition("@")[2] or redact_url(self.url)
+
+    @property
+    def safe_url(self) -> str:
+        """The URL for messages, logs and served text: credentials and secret query values masked."""
+        return redact_url(self.url)
 
 
 @dataclass(slots=True)
@@ -125,7 +132,7 @@ class ScrapeSource:
         order = sorted(bodies)
         pages = [
             (bodies[i], {"instance": self._instance[results[i].target.url], "job": results[i].target.job,
-                         **results[i].target.labels}, results[i].target.url)
+                         **results[i].target.labels}, results[i].target.safe_url)
             for i in order
         ]
         counts: list[int] = []
@@ -137,7 +144,7 @@ class ScrapeSource:
             merged.add("up", lbl, 1.0 if r.ok else 0.0, now)
             merged.add("scrape_duration_seconds", lbl, r.duration_s, now)
             if not r.ok:
-                merged.source_errors.append(InputIssue(r.target.url, 0, r.error or "scrape failed"))
+                merged.source_errors.append(InputIssue(r.target.safe_url, 0, redact_text(r.error or "scrape failed")))
         self.last_results = list(results)
         return merged.build(now)
 
