@@ -188,7 +188,10 @@ def build(cfg: ControllerConfig, *, clock: Clock | None = None, policy: Policy |
         tests = ActiveTests(kube, cfg.actuation)
         if k.leader_election:
             elector = LeaseElector(kube, k.identity or f"{socket.gethostname()}-{os.getpid()}", k.lease_name,
-                                   k.lease_namespace, lease_duration_s=k.lease_duration_s)
+                                   k.lease_namespace, lease_duration_s=k.lease_duration_s,
+                                   # a standby sees the Lease expire within 2 retry periods: at most half
+                                   # a cycle, so take-over stays within the lease duration plus one cycle
+                                   retry_period_s=min(k.lease_duration_s / 7.5, cfg.interval_s / 4))
             is_leader = elector.is_leader
             closers.append(elector.release)
             closers.append(elector.stop)  # closed in reverse: stop stepping, then give the Lease up
