@@ -207,6 +207,7 @@ class KubeNodeActuator:
                  active_tests: Any = None, event_namespace: str = "default") -> None:
         self.kube = kube
         self.cfg = config or ActuationConfig()
+        self.remediator: Any = None  # act.remediation.NodeRemediator: node reboots through Medik8s or a Job
         self.clock = clock
         self.sleep = sleep
         self._should_stop = should_stop
@@ -282,10 +283,19 @@ class KubeNodeActuator:
                     return Outcome.success(skipped=f"no Kubernetes node {node}")
                 raise
         if k == IntentKind.SCHEDULE_RESET:
+            action = str(intent.params.get("action", "GPU_RESET"))
+            if action == "NODE_REBOOT" and self.remediator is not None:
+                # a reboot is the cluster's remediator's job (Medik8s resource or a Job): it reports back
+                return Outcome.success(**self.remediator.request(node, intent.key, intent.reason))
+            gpus = intent.params.get("gpus") or ([intent.params["gpu"]] if intent.params.get("gpu") else [])
+            pre = self.cfg.label_prefix
+            # the node agent answers the request key once (fleethealth.agent.reset.ResetWatcher)
             return Outcome.success(**self._annotate(node, {
-                f"{self.cfg.label_prefix}/reset-requested": intent.params.get("action", "GPU_RESET"),
-                f"{self.cfg.label_prefix}/reset-reason": intent.reason,
-                f"{self.cfg.label_prefix}/reset-gpu": str(intent.params.get("gpu", intent.entity)),
+                f"{pre}/reset-requested": action,
+                f"{pre}/reset-reason": intent.reason,
+                f"{pre}/reset-request-key": intent.key,
+                f"{pre}/reset-gpus": ",".join(str(g) for g in gpus),
+                f"{pre}/reset-gpu": str(intent.params.get("gpu", intent.entity)),
             }))
         return Outcome.failure(f"intent kind {k} is not a Kubernetes node action", retry=False)
 

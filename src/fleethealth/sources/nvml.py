@@ -60,6 +60,8 @@ class NvmlApi(Protocol):
     def nvmlDeviceGetCurrentClocksEventReasons(self, handle: Any) -> int: ...
     def nvmlDeviceGetViolationStatus(self, handle: Any, policy: int) -> Any: ...
     def nvmlDeviceGetFieldValues(self, handle: Any, field_ids: Sequence[int]) -> Sequence[Any]: ...
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: Any) -> Sequence[Any]: ...
+    def nvmlDeviceGetPersistenceMode(self, handle: Any) -> int: ...
 
 
 class NvmlUnavailable(RuntimeError):
@@ -361,6 +363,8 @@ class FakeGpu:
     # Field ids this fake driver does not know: a batch containing one fails whole (as older drivers may).
     unknown_fields: set[int] = field(default_factory=set)
     lost: bool = False
+    processes: list[int] = field(default_factory=list)  # pids of compute processes holding the GPU
+    persistence: int = 0  # persistence mode (1 = enabled)
 
     def __post_init__(self) -> None:
         self.uuid = self.uuid or f"GPU-{self.index:08x}-fake-0000-0000-{self.index:012x}"
@@ -449,6 +453,13 @@ class FakeNvml:
         g = self._gpu(handle, "nvmlDeviceGetPciInfo")
         # The real struct's busId is a C char array: bytes.
         return SimpleNamespace(busId=g.pci_bus_id.encode(), busIdLegacy=g.pci_bus_id[4:].encode())
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: Any) -> list[Any]:
+        g = self._gpu(handle, "nvmlDeviceGetComputeRunningProcesses")
+        return [SimpleNamespace(pid=pid, usedGpuMemory=1 << 30) for pid in g.processes]
+
+    def nvmlDeviceGetPersistenceMode(self, handle: Any) -> int:
+        return self._gpu(handle, "nvmlDeviceGetPersistenceMode").persistence
 
     def nvmlDeviceGetMinorNumber(self, handle: Any) -> int:
         g = self._gpu(handle, "nvmlDeviceGetMinorNumber")
