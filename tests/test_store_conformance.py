@@ -287,3 +287,21 @@ def test_sqlite_dialect_translation() -> None:
     assert sch.statement("BEGIN IMMEDIATE") == "BEGIN"
     assert sch.statement("SELECT * FROM t WHERE key LIKE 'a%' AND n=?") == (
         "SELECT * FROM t WHERE key LIKE 'a%%' AND n=%s")
+
+
+def test_the_two_replica_manifest_uses_postgresql_not_a_shared_sqlite_file() -> None:
+    import yaml
+
+    from fleethealth.controller.config import ControllerConfig
+
+    docs = list(yaml.safe_load_all((Path(__file__).resolve().parent.parent / "deploy" / "controller.yaml")
+                                   .read_text()))
+    dep = next(d for d in docs if d["kind"] == "Deployment")
+    cm = next(d for d in docs if d["kind"] == "ConfigMap")
+    cfg = ControllerConfig.model_validate(yaml.safe_load(cm["data"]["controller.yaml"]))
+    assert dep["spec"]["replicas"] == 2 and cfg.state_db is not None
+    assert cfg.state_db.startswith("postgresql://") and ":" not in cfg.state_db.split("@")[0].split("//")[1]
+    env = {e["name"]: e for e in dep["spec"]["template"]["spec"]["containers"][0].get("env", [])}
+    assert env["PGPASSWORD"]["valueFrom"]["secretKeyRef"]["name"] == "fleethealth-postgres"
+    assert not [d for d in docs if d["kind"] == "PersistentVolumeClaim"
+                and "ReadWriteMany" in d["spec"].get("accessModes", [])]
