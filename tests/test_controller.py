@@ -99,7 +99,11 @@ def test_fatal_xid_becomes_a_transition_and_intents() -> None:
     rep = ctl.cycle()
     assert [(t.entity, t.to_state) for t in rep.transitions] == [("n0", State.QUARANTINED)]
     kinds = {(i.kind, i.entity) for i in rep.intents}
-    assert (IntentKind.QUARANTINE, "n0") in kinds and (IntentKind.RUN_ACTIVE_TEST, "n0") in kinds
+    # Xid 79 is a reboot-class fault (catalog bucket): the repair ladder asks for the reboot first, its
+    # active test verifies it afterwards
+    assert (IntentKind.QUARANTINE, "n0") in kinds and (IntentKind.SCHEDULE_RESET, "n0") in kinds
+    [reboot] = [i for i in rep.intents if i.kind == IntentKind.SCHEDULE_RESET]
+    assert reboot.params["action"] == "NODE_REBOOT" and reboot.params["ladder"] == "reboot-class"
     assert ctl.published.health is not None and ctl.published.health.tuples["n0"].reason == "gate:xid"
 
 

@@ -44,6 +44,21 @@ def register(app: typer.Typer) -> None:
         fake_nvml: Path | None = typer.Option(
             None, "--fake-nvml", hidden=True,
             help="JSON spec of fake GPUs (fleethealth.sources.nvml.FakeNvml.from_json) for demos and tests."),
+        reset_requests: bool = typer.Option(
+            False, "--reset-requests",
+            help="Answer the controller's GPU reset requests for this node (Node annotations; needs the "
+                 "Kubernetes API: in-cluster config or --kubeconfig)."),
+        controller: str | None = typer.Option(
+            None, "--controller", help="Controller URL to report reset results to (POST /api/v1/events)."),
+        token_file: Path | None = typer.Option(
+            Path("/var/run/secrets/kubernetes.io/serviceaccount/token"), "--token-file",
+            help="Bearer token the reports carry (default: the pod's service account token)."),
+        kubeconfig: str | None = typer.Option(None, "--kubeconfig", help="Kubeconfig (default: in-cluster)."),
+        reset_persistence_off: bool = typer.Option(
+            False, "--reset-persistence-off",
+            help="Let a reset turn persistence mode off for the reset (and back on after)."),
+        bundle_dir: Path = typer.Option(Path("/var/lib/fleethealth/bundles"), "--bundle-dir",
+                                        help="Where a failed reset's bug-report bundle goes."),
     ) -> None:
         """Serve dcgm-exporter-compatible GPU metrics from NVML and Xids from the kernel log.
 
@@ -67,6 +82,9 @@ def register(app: typer.Typer) -> None:
             klog = (KernelLogSource(command=cmd, node=node, from_start=True) if cmd is not None
                     else KernelLogSource(path=kernel_log, node=node))
         runner = Agent(nvml, klog, interval=interval, xid_hold_s=xid_hold)
+        if reset_requests:
+            _start_reset_watcher(node, nvml, interval, controller, token_file, kubeconfig, reset_persistence_off,
+                                 bundle_dir, runner)
         try:
             bound = runner.start(host, port)
         except OSError as e:
@@ -81,3 +99,39 @@ def register(app: typer.Typer) -> None:
             pass
         finally:
             runner.stop()
+
+
+def _start_reset_watcher(node: str, nvml: object, interval: float, controller: str | None, token_file: Path | None,
+                         kubeconfig: str | None, persistence_off: bool, bundle_dir: Path, runner: object) -> None:
+    """Poll this node's reset requests on a thread, once per interval (errors are logged, never fatal)."""
+    import threading
+    import time
+
+    from fleethealth.act.kube_api import Kube, OfficialKubeApi
+    from fleethealth.agent.reset import GpuResetter, ResetWatcher, controller_reporter
+
+    log = logging.getLogger("fleethealth.agent.reset")
+    try:
+        kube = Kube(OfficialKubeApi.from_config(kubeconfig))
+    except Exception as e:  # no in-cluster config and no kubeconfig
+        fail(f"--reset-requests needs the Kubernetes API: {' '.join(str(e).split())[:200]}")
+    token = None
+    if token_file is not None and token_file.is_file():
+        token = token_file.read_text().strip()
+    report = controller_reporter(controller, token) if controller else None
+    api = getattr(nvml, "nvml", None)
+    if api is None:
+        fail("--reset-requests: this NVML source does not expose its NVML handle")
+    watcher = ResetWatcher(node, kube, GpuResetter(api, node=node, allow_persistence_off=persistence_off,
+                                                   bundle_dir=bundle_dir), report)
+
+    def loop() -> None:
+        stop = getattr(runner, "_stop", None)
+        while stop is None or not stop.is_set():
+            try:
+                watcher.poll()
+            except Exception as e:
+                log.warning("reset requests: %s", " ".join(str(e).split())[:300])
+            time.sleep(interval)
+
+    threading.Thread(target=loop, name="reset-requests", daemon=True).start()

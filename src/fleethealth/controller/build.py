@@ -128,6 +128,23 @@ def build_sources(cfg: ControllerConfig, policy: Policy) -> tuple[list[Source], 
     return sources, closers
 
 
+def _with_remediation_results(events: Callable[[float], list[Event]],
+                              remediator: Any) -> Callable[[float], list[Event]]:
+    """Active-test results, then finished node remediations (a reboot's result moves the ladder on). A
+    remediator whose resource kind is not installed in the cluster (404) is skipped quietly."""
+
+    def both(now: float) -> list[Event]:
+        out = list(events(now))
+        try:
+            out.extend(remediator.results(now))
+        except Exception as e:
+            if getattr(e, "status", None) != 404:
+                raise
+        return out
+
+    return both
+
+
 def _active_test_events(tests: Any) -> Callable[[float], list[Event]]:
     """Finished active-test rounds become events for the decisions layer, each exactly once. A round (the
     tests one RUN_ACTIVE_TEST started) passes only when all its Jobs passed: never one Job's verdict alone."""
@@ -195,9 +212,18 @@ def build(cfg: ControllerConfig, *, clock: Clock | None = None, policy: Policy |
             is_leader = elector.is_leader
             closers.append(elector.release)
             closers.append(elector.stop)  # closed in reverse: stop stepping, then give the Lease up
-        actuators.append(KubeNodeActuator(kube, cfg.actuation, active_tests=tests))
+        node_act = KubeNodeActuator(kube, cfg.actuation, active_tests=tests)
+        actuators.append(node_act)
         actuators.append(tests)
         events = _active_test_events(tests)
+        if k.node_remediation is not None:
+            from fleethealth.act.remediation import NodeRemediator, RemediatorConfig
+
+            nr = k.node_remediation
+            node_act.remediator = NodeRemediator(kube, RemediatorConfig(
+                via=nr.via, api_version=nr.api_version, kind=nr.kind, plural=nr.plural, namespace=nr.namespace,
+                spec=dict(nr.spec), job_template=nr.job_template))
+            events = _with_remediation_results(events, node_act.remediator)
         cache: dict[str, Any] = {"at": None, "cap": {}}
 
         def capacity() -> Mapping[str, int]:

@@ -122,6 +122,20 @@ class SourcesConfig(_Strict):
     gpu_capacity: dict[str, int] = Field(default_factory=dict)
 
 
+class NodeRemediationConfig(_Strict):
+    """How a node reboot (a repair ladder's reboot_node step) is carried out: a Medik8s remediation resource
+    named after the node (SelfNodeRemediation by default; FenceAgentsRemediation or Metal3Remediation by
+    their kind and plural), or a Job from a template ("{node}" is replaced by the node's name)."""
+
+    via: Literal["medik8s", "job"] = "medik8s"
+    api_version: str = "self-node-remediation.medik8s.io/v1alpha1"
+    kind: str = "SelfNodeRemediation"
+    plural: str = "selfnoderemediations"
+    namespace: str = "medik8s"
+    spec: dict[str, Any] = Field(default_factory=lambda: {"remediationStrategy": "Automatic"})
+    job_template: dict[str, Any] | None = None
+
+
 class KubernetesConfig(_Strict):
     """Kubernetes actuation and inventory (node GPU capacity, pods, jobs); in-cluster config when running
     in a pod, else the kubeconfig file."""
@@ -138,6 +152,8 @@ class KubernetesConfig(_Strict):
     # A standby takes over at most this long (plus one interval) after the leader last renewed.
     lease_duration_s: float = Field(default=15.0, ge=1)
     identity: str | None = None  # default: hostname and pid
+    # node reboots through the cluster's remediator (None: a reboot is only requested as a Node annotation)
+    node_remediation: NodeRemediationConfig | None = Field(default_factory=NodeRemediationConfig)
 
 
 class AlertmanagerConfig(_Strict):
