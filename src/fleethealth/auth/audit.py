@@ -11,7 +11,6 @@ controller's Lease for fleet-wide actions, so ``kubectl get events`` shows who a
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -60,10 +59,14 @@ class Auditor:
         from fleethealth.act.kube_api import KubeError
 
         kind, _, name = target.partition("/")
+        ns = self.namespace
         if kind in ("node", "replica") and name:
+            # a cluster-scoped object's events live in "default" (the API server's rule), as kubectl shows them
             obj = {"kind": "Node", "name": name.split("/", 1)[0], "apiVersion": "v1"}
+            ns = "default"
             if kind == "replica":
                 obj = {"kind": "Pod", "name": name, "namespace": self.namespace, "apiVersion": "v1"}
+                ns = self.namespace
         else:
             obj = {"kind": "Lease", "name": self.lease_name, "namespace": self.namespace,
                    "apiVersion": "coordination.k8s.io/v1"}
@@ -73,7 +76,7 @@ class Auditor:
         now = _rfc3339(ts)
         ev = {
             "apiVersion": "v1", "kind": "Event",
-            "metadata": {"generateName": "fleethealth-audit.", "namespace": self.namespace,
+            "metadata": {"generateName": "fleethealth-audit.", "namespace": ns,
                          "labels": {"fleethealth.io/audit": "true"}},
             "involvedObject": obj,
             "reason": "FleetHealthOperator" + verb.capitalize() + ("" if allowed else "Refused"),
@@ -81,5 +84,7 @@ class Auditor:
             "source": {"component": "fleethealth-controller"}, "firstTimestamp": now, "lastTimestamp": now,
             "count": 1,
         }
-        with contextlib.suppress(KubeError):
-            self.kube.create_event(self.namespace, ev)
+        try:
+            self.kube.create_event(ns, ev)
+        except KubeError as e:  # best effort: the store has the record
+            log.warning("cannot emit the audit event for %s %s: %s", verb, target, e)
