@@ -145,3 +145,39 @@ def test_cli_errors(tmp_path: Path) -> None:
     assert r.exit_code == 2
     r = CliRunner().invoke(app, ["review", "--db", str(db), "--since", "yesterday"])
     assert r.exit_code == 2 and "expected unix seconds" in r.output
+
+
+def test_labels_through_the_control_plane_are_authorised_audited_and_kept(tmp_path: Path) -> None:
+    """POST /api/v1/incidents/label on a real loopback controller: 401 anonymous, 403 without the
+    ``label`` verb, 202 with it; the label is in the store, with who, and `review` counts it."""
+    import httpx
+
+    from test_api_auth import ACKER, ADMIN, bearer, serve
+
+    s, srv = serve(tmp_path)
+    try:
+        # give the store a history to label
+        st = DecisionState(last_ts=T0 + 3600)
+        for e, pool in POOLS.items():
+            st.entities[e] = EntityLifecycle(e, "node", S.READY, T0, labels={"pool": pool})
+        s.store.commit(Decision(st, sorted(HISTORY, key=lambda t: t.ts), PAGES, T0 + 3600))
+        key = f"node-c@{int(T0 + 300)}"
+        url = s.url + "/api/v1/incidents/label"
+        body = {"key": key, "label": "confirmed", "cause": "NVLink cable"}
+        assert httpx.post(url, json=body).status_code == 401
+        r = httpx.post(url, json=body, headers=bearer(ACKER))
+        assert r.status_code == 403, r.text
+        r = httpx.post(url, json={**body, "label": "maybe"}, headers=bearer(ADMIN))
+        assert r.status_code == 400 and "label" in r.text
+        r = httpx.post(url, json=body, headers=bearer(ADMIN))
+        assert r.status_code == 202, r.text
+        [lab] = s.store.incident_labels()
+        assert lab["key"] == key and lab["label"] == "confirmed" and lab["by"] == "alice"
+        audit = s.store.audit_log() if hasattr(s.store, "audit_log") else []
+        assert any(a.get("verb") == "label" and a.get("allowed") for a in audit), audit
+        rv = review(s.store.transitions(), s.store.intents(),
+                    labels=[IncidentLabel.from_dict(d) for d in s.store.incident_labels()])
+        assert next(i for i in rv.incidents if i.entity == "node-c").outcome == "confirmed"
+    finally:
+        srv.stop()
+        s.store.close()

@@ -16,6 +16,7 @@ Theory of operation
   ``report``            ``nodes``/``replicas``  active-test, reset and OOM results
   ``kill``, ``resume``  ``fleet``               the actuation kill switch
   ``get``               ``fleet``               read endpoints, where the config requires a token
+  ``label``             ``incidents``           an operator's verdict on an incident (``review``)
   ====================  ======================  ==========================================================
 
 - ``Guard.check`` returns the caller (a ``Principal``) or raises ``Denied`` with the HTTP status and one
@@ -42,7 +43,7 @@ from typing import Any, Literal, Protocol
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 GROUP = "fleethealth.io"
-VERBS = ("ack", "ready", "report", "kill", "resume", "get")
+VERBS = ("ack", "ready", "report", "kill", "resume", "get", "label")
 MAX_ENTITY_LEN = 512
 
 

@@ -389,6 +389,36 @@ def create_app(controller: Controller, runner: Any = None, *, guard: Guard | Non
         runner.kill(f"{reason} (by {who.user})" if reason == "via API" else reason)
         return JSONResponse({"killed": True})
 
+    @app.post("/api/v1/incidents/label")
+    async def label_incident(request: Request) -> JSONResponse:
+        """An operator's verdict on an incident of ``fleethealth review`` (confirmed or false), kept in the
+        store and counted by ``review`` and ``tune``."""
+        import re
+
+        from fleethealth.review.incidents import LABELS
+
+        who = caller(request)
+        try:
+            d = await request.json()
+            if not isinstance(d, dict):
+                raise ValueError("expected a JSON object")
+            key, label = str(d.get("key", "")), str(d.get("label", ""))
+            if not re.fullmatch(r"[^\x00-\x1f@]{1,253}@\d{1,12}", key):
+                raise ValueError("key: expected an incident key like node-37@1764000000")
+            if label not in LABELS:
+                raise ValueError(f"label: expected one of {', '.join(LABELS)}")
+            cause = " ".join(str(d.get("cause") or "").split())[:500]
+            onset = None if d.get("onset") is None else float(d["onset"])
+        except Exception as e:
+            raise HTTPException(400, f"not a valid label: {' '.join(str(e).split())[:300]}") from None
+        permit(request, who, "label", "incidents", key, {"label": label, "cause": cause})
+        store = auditor.store
+        if store is None or not hasattr(store, "label_incident"):
+            raise HTTPException(409, "no state store that keeps labels")
+        store.label_incident(key, label, cause, who.user, controller.clock.now(), onset)
+        return JSONResponse({"labelled": {"key": key, "label": label, "cause": cause, "by": who.user}},
+                            status_code=202)
+
     @app.post("/api/v1/resume")
     def resume(request: Request) -> JSONResponse:
         who = caller(request)
