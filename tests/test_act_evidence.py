@@ -106,3 +106,29 @@ def test_bundle_is_still_written_when_prometheus_is_down(tmp_path: Path) -> None
     assert out.ok and out.detail["problems"]
     manifest = json.loads((Path(out.detail["path"]) / "manifest.json").read_text())
     assert any("prometheus" in p for p in manifest["problems"])
+
+
+def test_entity_names_are_escaped_in_promql(prom: tuple[PrometheusServer, FakeFleet], tmp_path: Path) -> None:
+    """Every evidence query parses on a real Prometheus, whatever the node is called: a plain 'node-a' (whose
+    regex escape once made '\\-', no valid PromQL escape), a name with quotes and backslashes from an
+    exporter label (it matches its own series and nothing else), and one shaped as PromQL injection."""
+    import time
+
+    from fleethealth.act.evidence import promql_string
+
+    srv, fleet = prom
+    weird = 'we"ird\\node'
+    with fleet.lock:
+        fleet.gpus[weird] = {0}
+    srv.wait_for("DCGM_FI_DEV_GPU_TEMP{Hostname=\"" + promql_string(weird) + "\"}")
+    col = EvidenceCollector(tmp_path / "ev", EvidenceIndex(tmp_path / "i.db"), prometheus=PrometheusRange(srv.url),
+                            window_s=60)
+    for name in ("node-a", weird, 'x"} or vector(1) or {a="', "n\n0"):
+        path, problems = col.capture(name, "test", time.time())
+        assert problems == [], (name, problems)
+        queries = json.loads((path / "metrics.json").read_text())["queries"]
+        assert len(queries) == 3
+        hosts = {s["metric"].get("Hostname", s["metric"].get("node")) for q in queries.values() for s in q["result"]}
+        assert hosts <= {name}, (name, hosts)  # never another node's series, never vector(1)
+        if name in ("node-a", weird):
+            assert queries["{Hostname=\"" + promql_string(name) + "\"}"]["series"] > 0

@@ -107,7 +107,36 @@ class PrometheusRange:
         return dict(body["data"])
 
 
-# {node} is the node name, regex-escaped where used in a regex match.
+def promql_string(value: str) -> str:
+    """``value`` as the inside of a PromQL double-quoted string: backslash and double quote escaped, control
+    characters as escapes, so a label value from an exporter can never end the string and add PromQL."""
+    out = []
+    for ch in value:
+        if ch in ('"', "\\"):
+            out.append("\\" + ch)
+        elif ch == "\n":
+            out.append("\\n")
+        elif ch == "\r":
+            out.append("\\r")
+        elif ch == "\t":
+            out.append("\\t")
+        elif ord(ch) < 0x20 or ord(ch) == 0x7F:
+            out.append(f"\\x{ord(ch):02x}")
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+_RE2_META = frozenset("\\.+*?()|[]{}^$")
+
+
+def re2_escape(value: str) -> str:
+    """``value`` matched literally by a Prometheus (RE2) regex. Python's ``re.escape`` also escapes ``-``
+    and other characters, which PromQL's string syntax then rejects (``\\-`` is no valid escape)."""
+    return "".join("\\" + ch if ch in _RE2_META else ch for ch in value)
+
+
+# {node} is the node name as a PromQL string's content; {node_re} the same matched literally in a regex.
 DEFAULT_QUERIES: tuple[str, ...] = (
     '{{Hostname="{node}"}}',
     '{{node="{node}"}}',
@@ -182,7 +211,7 @@ class EvidenceCollector:
         metrics: dict[str, Any] = {"start": start, "end": end, "step": step, "queries": {}}
         xids: list[dict[str, Any]] = []
         if self.prometheus is not None:
-            fmt = {"node": node, "node_re": re.escape(node)}
+            fmt = {"node": promql_string(node), "node_re": promql_string(re2_escape(node))}
             for q in self.queries:
                 query = q.format(**fmt)
                 try:
