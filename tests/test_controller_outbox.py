@@ -2,7 +2,8 @@
 
 - intents committed but never acted on (the process died) are drained at the next start, each once;
 - only the leader decides, commits and acts; a standby that takes over resumes from the store (the same
-  state, no transition repeated) and drains what the old leader left pending;
+  state, no transition repeated) and drains what the old leader left pending; an old leader that has not
+  noticed (a zombie) is fenced off: it neither commits nor acts;
 - a database locked by another writer skips the cycle with one log line (no traceback, no 30 s wait),
   keeps the operator events of that cycle, and the next cycle commits.
 """
@@ -131,8 +132,8 @@ def test_only_the_leader_commits_and_a_standby_resumes_from_the_store(url: str) 
     assert eff_b.calls == [] and eff_a.calls
     a_trans = a.loop.store.transitions()  # type: ignore[union-attr]
     assert [t["to"] for t in a_trans if t["entity"] == "n0"] == ["QUARANTINED"]
-    # the leader dies; the standby takes the Lease and resumes from the database
-    a_leads[0], b_leads[0] = False, True
+    # the standby takes the Lease (the old leader, paused or partitioned, has not noticed: a zombie)
+    b_leads[0] = True
     committed = b.loop.store.load()  # type: ignore[union-attr]
     assert committed is not None
     rep = b.cycle()
@@ -140,11 +141,18 @@ def test_only_the_leader_commits_and_a_standby_resumes_from_the_store(url: str) 
     assert rep.skipped == "" and b.takeovers_total == 1
     assert b.state.entities["n0"].state == State.QUARANTINED  # resumed, not rediscovered
     assert rep.transitions == []  # nothing repeated
+    calls_a = len(eff_a.calls)
+    src.xid = 0
+    src.down_nodes = {"n5"}  # something new to decide, that only one of them may write
     both(3)
+    zombie = a.published.report
+    assert zombie is not None and "another controller took over" in zombie.skipped
+    assert len(eff_a.calls) == calls_a  # fenced: the zombie neither commits nor acts
     trans = b.loop.store.transitions()  # type: ignore[union-attr]
     assert [t["to"] for t in trans if t["entity"] == "n0"] == ["QUARANTINED"]
-    assert eff_b.calls == []  # everything was applied by the old leader: nothing to do twice
+    assert eff_b.calls == [] or set(eff_b.calls).isdisjoint(eff_a.calls)  # nothing applied twice
     assert b.state.last_ts is not None and b.state.last_ts > (committed.last_ts or 0)
+    assert b.loop.store.load().last_ts == b.state.last_ts  # type: ignore[union-attr]  # B's writes stand
 
 
 def _lock(url: str) -> tuple[threading.Event, threading.Thread]:

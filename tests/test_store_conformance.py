@@ -194,6 +194,28 @@ def test_outbox_marked_applied_in_the_ledger_but_not_in_the_store_is_not_reappli
     assert {i["status"] for i in store.intents()} == {"applied"}
 
 
+def test_a_writer_fenced_off_by_a_later_claim_cannot_commit(url: str) -> None:
+    from fleethealth.store import StoreFenced
+
+    a: Any = open_store(url)
+    b: Any = open_store(url)
+    d = Decider()
+    st = DecisionState()
+    a.claim("ctl-a:1")
+    dec = d.decide(st, [tup("n1", 0.9)], 0)
+    a.commit(dec)
+    b.claim("ctl-b:2")  # the standby takes over: claim, then load
+    loaded = b.load()
+    assert loaded is not None and loaded.last_ts == 0
+    stale = d.decide(dec.state, [tup("n1", 0.0, reason="gate:xid")], 15)
+    with pytest.raises(StoreFenced, match="another controller took over"):
+        a.commit(stale)
+    b.commit(d.decide(loaded, [tup("n1", 0.9)], 15))
+    after = open_store(url).load()
+    assert after is not None and after.last_ts == 15 and after.entities["n1"].state == State.READY
+    assert not [t for t in b.transitions("n1") if t["to"] == "QUARANTINED"]  # the fenced write left nothing
+
+
 def test_ledger_idempotency_and_settings_on_both_backends(url: str) -> None:
     led = Ledger(url)
     it = Intent(1000.0, IntentKind.QUARANTINE, "n1", "gate:xid", {"n": 1})

@@ -22,12 +22,18 @@ Theory of operation
   reloads the state from the store (the last leader's last commit) and drains the outbox.
 - A locked, busy or unreachable store (``StoreError``) is one line in the log and a skipped cycle: the
   state stays at the last commit, nothing acts on a decision that was not saved, the next tick tries again.
+- Fencing: taking over claims the store (``claim``) before loading it; a deposed leader that still
+  believes it leads gets ``StoreFenced`` on its next commit and skips, so it never overwrites the new
+  leader's state (and, skipping, never acts).
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import os
+import secrets
+import socket
 import threading
 import time
 from collections import deque
@@ -417,6 +423,8 @@ class Controller:
         if store is None:
             return ""
         try:
+            if hasattr(store, "claim"):  # first claim (fences off the old leader's writes), then load
+                store.claim(f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(6)}")
             loaded = store.load()
         except StoreError as e:
             self.store_errors_total += 1

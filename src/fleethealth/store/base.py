@@ -20,6 +20,10 @@ class StoreBusy(StoreError):
     """Another writer holds the database locked past the short busy timeout: skip this cycle, try the next."""
 
 
+class StoreFenced(StoreError):
+    """Another controller claimed the database after this one (it took over): this one must not write."""
+
+
 class StoreUnavailable(StoreError):
     """The database server cannot be reached (or the connection broke): skip this cycle, try the next."""
 

@@ -26,7 +26,7 @@ from typing import Any
 
 from fleethealth.decide.model import IntentKind
 from fleethealth.decide.state import Decision, DecisionState, EntityLifecycle
-from fleethealth.store.base import StoreError
+from fleethealth.store.base import StoreError, StoreFenced
 from fleethealth.store.db import DEFAULT_BUSY_TIMEOUT_S, Conn, SqliteConn
 
 SCHEMA_VERSION = 1
@@ -87,6 +87,7 @@ class SqliteStore:
         if row is not None and int(row[0]) != SCHEMA_VERSION:
             raise StoreError(f"{self.path}: state database schema {row[0]}, this version reads {SCHEMA_VERSION}")
         self._saved: dict[str, str] = {}  # entity -> JSON last written (write only what changed)
+        self.fence: str | None = None  # set by claim(): every commit checks the database still says so
 
     def _connect(self, busy_timeout_s: float) -> Conn:
         """A short busy timeout: a database locked by another writer skips a cycle (StoreBusy), it does
@@ -139,10 +140,23 @@ class SqliteStore:
         row = self.db.execute("SELECT value FROM meta WHERE key='last_ts'").fetchone()
         return None if row is None else float(row[0])
 
+    def claim(self, token: str) -> None:
+        """This writer owns the database from now on (a controller starting, or a standby taking over):
+        a writer that claimed before it gets ``StoreFenced`` on its next commit, so a deposed leader that
+        still thinks it leads (paused, partitioned) cannot overwrite the new leader's state. Claim, then
+        load: the load sees every commit the old writer made."""
+        self.db.execute("INSERT OR REPLACE INTO meta VALUES ('fence', ?)", (token,))
+        self.fence = token
+
     def commit(self, decision: Decision) -> None:
         """Persist one cycle atomically: the new state and what it said."""
         st = decision.state
         with self._tx() as db:
+            if self.fence is not None:
+                held = db.execute("UPDATE meta SET value=value WHERE key='fence' AND value=?", (self.fence,))
+                if held.rowcount != 1:  # the row stays locked to the end of this transaction
+                    raise StoreFenced(f"{self.path}: another controller took over this database; "
+                                      "not writing (this replica is no longer the leader)")
             changed: dict[str, str] = {}
             rows = []
             for eid, es in st.entities.items():
