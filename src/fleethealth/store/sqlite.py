@@ -54,6 +54,7 @@ CREATE TABLE IF NOT EXISTS intents (
     status TEXT NOT NULL DEFAULT 'pending', outcome TEXT
 );
 CREATE INDEX IF NOT EXISTS intents_ts ON intents (ts);
+CREATE INDEX IF NOT EXISTS intents_status ON intents (status);
 CREATE TABLE IF NOT EXISTS evidence (
     key TEXT PRIMARY KEY, ts REAL NOT NULL, entity TEXT NOT NULL, reason TEXT NOT NULL, params TEXT NOT NULL,
     location TEXT
