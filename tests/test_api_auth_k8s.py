@@ -104,19 +104,25 @@ api: {{read: authenticated}}
         assert r.status_code == 202, r.text
         assert ctl._pending_events[-1].actor == "system:serviceaccount:fleethealth-system:sre"
         assert httpx.get(f"{srv.url}/api/v1/states", headers=hdr).status_code == 200
+        # the node agent (shipped ClusterRole fleethealth-agent) reports its GPU resets, nothing more
+        hdr = {"Authorization": f"Bearer {sa_token(admin, NS, 'fleethealth-agent')}"}
+        assert httpx.post(events, json={"kind": "reset", "entity": "n0", "passed": True},
+                          headers=hdr).status_code == 202
+        assert httpx.post(f"{srv.url}/api/v1/kill", headers=hdr).status_code == 403
 
         rows = sec.auditor.store.audit_log()
         assert [(r["actor"].rsplit(":", 1)[1], r["verb"], r["target"], r["allowed"]) for r in rows] == [
             ("nobody", "ready", "node/n0", False), ("ci-reporter", "ready", "node/n0", False),
             ("ci-reporter", "report", "node/n0", True), ("ci-reporter", "resume", "fleet", False),
-            ("sre", "ready", "node/n0", True)]
+            ("sre", "ready", "node/n0", True), ("fleethealth-agent", "report", "node/n0", True),
+            ("fleethealth-agent", "kill", "fleet", False)]
         assert all(r["remote"].startswith("127.0.0.1:") for r in rows)
 
         def audit_events() -> list[dict[str, object]]:
             evs = admin.list_events(NS) + admin.list_events("default")
             return [e for e in evs if (e["metadata"].get("labels") or {}).get("fleethealth.io/audit") == "true"]
 
-        evs = wait_until(lambda: len(audit_events()) == 5 and audit_events(), 10, what="audit events")
+        evs = wait_until(lambda: len(audit_events()) == 7 and audit_events(), 10, what="audit events")
         ok = [e for e in evs if e["reason"] == "FleetHealthOperatorReady"]
         assert len(ok) == 1 and ok[0]["involvedObject"]["name"] == "n0" and ok[0]["involvedObject"]["kind"] == "Node"
         assert ok[0]["message"].startswith("system:serviceaccount:fleethealth-system:sre ready node/n0 from 127.0.0.1:")
