@@ -49,3 +49,19 @@ def test_log_records_never_carry_url_credentials(caplog: object) -> None:
     assert redact_url("https://u:p@h/p?api_key=k&a=b") == "https://***@h/p?api_key=***&a=b"
     assert redact_headers({"Authorization": "Bearer x", "Accept": "*/*"}) == {"Authorization": "***",
                                                                               "Accept": "*/*"}
+
+
+def test_installed_redaction_covers_the_handlers_in_use() -> None:
+    import io
+
+    from fleethealth.auth.redact import install_log_redaction
+
+    buf = io.StringIO()
+    h = logging.StreamHandler(buf)
+    logging.getLogger("uvicorn.error").addHandler(h)
+    try:
+        install_log_redaction()
+        logging.getLogger("uvicorn.error").warning("GET /x?token=abc via http://u:pw@h:1/")
+        assert buf.getvalue().strip() == "GET /x?token=*** via http://***@h:1/"
+    finally:
+        logging.getLogger("uvicorn.error").removeHandler(h)

@@ -84,9 +84,15 @@ class RedactingFilter(logging.Filter):
         return True
 
 
-def install_log_redaction(logger: logging.Logger | None = None) -> None:
-    """Put a RedactingFilter on every handler of ``logger`` (default: the root logger), once."""
-    lg = logger or logging.getLogger()
-    for h in lg.handlers:
+LOGGERS = ("", "uvicorn", "uvicorn.error", "uvicorn.access")
+
+
+def install_log_redaction(names: tuple[str, ...] = LOGGERS) -> None:
+    """Put a RedactingFilter on every handler of these loggers (the root logger and uvicorn's, whose access
+    log shows query strings), and on the last-resort handler, once each. Call after logging is set up."""
+    handlers = [h for n in names for h in logging.getLogger(n or None).handlers]
+    if logging.lastResort is not None:
+        handlers.append(logging.lastResort)
+    for h in handlers:
         if not any(isinstance(f, RedactingFilter) for f in h.filters):
             h.addFilter(RedactingFilter())

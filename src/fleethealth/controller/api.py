@@ -444,6 +444,9 @@ class ApiServer:
         # proxy_headers off: the loopback rule for reads must see the TCP peer, not X-Forwarded-For.
         config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
                                 lifespan="off", proxy_headers=False)
+        from fleethealth.auth.redact import install_log_redaction
+
+        install_log_redaction()
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, name="fleethealth-api", daemon=True)
 

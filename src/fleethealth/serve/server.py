@@ -43,4 +43,7 @@ def run_sidecar(cfg: SidecarConfig, host: str, port: int, log_level: str = "info
     app = create_app(cfg)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, proxy_headers=False,
                             timeout_graceful_shutdown=int(cfg.max_drain_seconds) + 5)
+    from fleethealth.auth.redact import install_log_redaction
+
+    install_log_redaction()  # uvicorn's logging is configured by now: no URL credentials in any line
     DrainingServer(config, app.state.sidecar).run()
