@@ -9,6 +9,7 @@ import glob
 import os
 import secrets
 import shutil
+import signal
 import subprocess
 import tempfile
 from pathlib import Path
@@ -91,7 +92,7 @@ class Postgres:
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()  # SIGTERM: smart shutdown
+            self.proc.send_signal(signal.SIGINT)  # fast shutdown: clients left connected are disconnected
             try:
                 self.proc.wait(15)
             except subprocess.TimeoutExpired:

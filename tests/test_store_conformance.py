@@ -286,6 +286,32 @@ def test_a_database_locked_by_another_writer_is_store_busy_in_one_line(url: str)
     store.close()
 
 
+def test_a_lost_postgresql_connection_skips_one_commit_then_reconnects(
+    postgres: pg_harness.Postgres | None,
+) -> None:
+    if postgres is None:
+        pytest.skip(str(PG_SKIP))
+    import psycopg
+
+    from fleethealth.store.base import StoreUnavailable
+
+    url = postgres.new_database()
+    store: Any = open_store(url)
+    d, st = Decider(), DecisionState()
+    dec = d.decide(st, [tup("n1", 0.9)], 0)
+    store.commit(dec)
+    with psycopg.connect(url, autocommit=True) as admin:  # the server drops the controller's session
+        admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                      "WHERE datname = current_database() AND pid <> pg_backend_pid()")
+    dec2 = d.decide(dec.state, [tup("n1", 0.9)], 15)
+    with pytest.raises(StoreUnavailable) as err:
+        store.commit(dec2)
+    assert "\n" not in str(err.value) and "connection" in str(err.value)
+    store.commit(dec2)  # the next cycle: a new connection, the same commit
+    loaded = open_store(url).load()
+    assert loaded is not None and loaded.last_ts == 15
+
+
 def test_unreachable_or_unsupported_databases_are_one_line_errors(tmp_path: Path) -> None:
     with pytest.raises(StoreError, match="unsupported"):
         open_store("mysql://db/fleet")
