@@ -22,33 +22,48 @@ from fleethealth.policy import Policy
 from fleethealth.signals.snapshot import Snapshot, merge_snapshots
 
 
-def read_recording(paths: list[str]) -> Snapshot:
+def read_recording(paths: list[str], max_bytes: int | None = None) -> Snapshot:
     """Recorded signal tables (``sources.tables``: .csv, .jsonl, .parquet, optionally .gz) and exposition
     files, merged; a directory stands for the files in it. Exposition samples without a timestamp are
-    dated by the file's modification time (a recording has no other clock)."""
+    dated by the file's modification time (a recording has no other clock). Raises ``InputError`` (one
+    line) for a missing or binary file, one past ``max_bytes``, and recordings that hold no sample."""
     from fleethealth.sources.exposition import parse_exposition
-    from fleethealth.sources.tables import InputError, read_table, table_format
+    from fleethealth.sources.inputs import InputRead, binary_reason, no_samples_reason, read_file
+    from fleethealth.sources.tables import InputError, default_max_bytes, read_table, table_format
 
-    files: list[Path] = []
+    limit = default_max_bytes() if max_bytes is None else max_bytes
+    files: list[tuple[Path, bool]] = []  # (file, named on the command line)
     for name in paths:
         p = Path(name)
         if p.is_dir():
-            files += sorted(x for x in p.iterdir() if x.is_file() and not x.name.startswith("."))
+            files += sorted((x, False) for x in p.iterdir() if x.is_file() and not x.name.startswith("."))
         elif p.exists():
-            files.append(p)
+            files.append((p, True))
         else:
             raise InputError(f"{p}: cannot read: No such file or directory")
     snaps = []
-    for f in files:
+    skipped: list[str] = []
+    for f, named in files:
         if table_format(f) is not None:
-            snaps.append(read_table(f))
+            snaps.append(read_table(f, max_bytes=limit))
+            continue
+        text = read_file(str(f), limit)
+        why = binary_reason(text)
+        if why is not None:
+            if named:
+                raise InputError(f"{f}: cannot read: {why}")
+            skipped.append(f"{f}: skipped: {why}")  # a stray binary file in a directory of scrapes
             continue
         try:
-            text = f.read_bytes()
+            mtime = f.stat().st_mtime
         except OSError as e:
             raise InputError(f"{f}: cannot read: {e.strerror or e}") from None
-        snaps.append(parse_exposition(text, default_ts=f.stat().st_mtime, source=str(f)))
-    return merge_snapshots(snaps)
+        snaps.append(parse_exposition(text, default_ts=mtime, source=str(f)))
+    snap = merge_snapshots(snaps)
+    if not len(snap):
+        why = no_samples_reason(InputRead(snap, skipped), [str(p) for p in paths])
+        raise InputError(why or "no input yielded a sample")
+    return snap
 
 
 def read_events(path: Path) -> tuple[list[Event], Counter[str]]:

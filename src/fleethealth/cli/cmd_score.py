@@ -6,7 +6,8 @@ import json
 import math
 import sys
 import time
-from datetime import datetime
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated
 
@@ -16,6 +17,7 @@ from rich.table import Table
 from rich.tree import Tree
 
 from fleethealth.cli.common import fail, load_policy_or_fail
+from fleethealth.policy import Policy
 from fleethealth.score.engine import CONSUMERS, FleetHealth, score_snapshot
 from fleethealth.score.health import HealthTuple
 from fleethealth.signals.snapshot import Snapshot, merge_snapshots
@@ -38,14 +40,42 @@ def parse_at(at: str | None) -> float:
         fail(f"--at {at!r}: expected unix seconds or an ISO 8601 time")
 
 
-def read_all(inputs: list[str], at: float, kernel_logs: list[Path] | None = None, node: str | None = None) -> Snapshot:
-    """Read exposition/table files or URLs (and kernel logs) into one snapshot; unreadable -> exit 2."""
-    from fleethealth.sources.inputs import InputError, read_inputs
+@dataclass
+class Inputs:
+    """What ``read_all`` read: the snapshot, the time scored and the recording's time range (if any)."""
+
+    snapshot: Snapshot
+    at: float
+    recorded: tuple[float, float] | None = None
+
+
+def read_all(
+    inputs: list[str], at: float | None, kernel_logs: list[Path] | None = None, node: str | None = None,
+    max_input_mb: float | None = None, policy: Policy | None = None,
+) -> Inputs:
+    """Read exposition/table files or URLs (and kernel logs) into one snapshot. ``at`` None: the
+    recording's last sample when a recorded table is among the inputs, else now. Unreadable inputs, and
+    inputs that yield no sample at all, exit 2 with one line; notices (a page given an instance, recorded
+    samples after ``at``) go to stderr."""
+    from fleethealth.sources.inputs import (
+        IDENTITY_LABELS,
+        InputError,
+        max_bytes_from_mb,
+        no_samples_reason,
+        read_inputs_report,
+    )
 
     try:
-        snap = read_inputs(inputs, at)
+        identity = (
+            tuple(dict.fromkeys((*policy.node_labels, *policy.replica_labels, "job"))) if policy is not None
+            else IDENTITY_LABELS
+        )
+        got = read_inputs_report(inputs, at, now=time.time(), max_bytes=max_bytes_from_mb(max_input_mb),
+                                 identity_labels=identity)
     except InputError as e:
         fail(str(e))
+    snap = got.snapshot
+    when = snap.at
     if kernel_logs:
         from fleethealth.sources.kernel_log import bus_map_from_snapshot, parse_kernel_log
 
@@ -56,9 +86,28 @@ def read_all(inputs: list[str], at: float, kernel_logs: list[Path] | None = None
                 text = p.read_text(errors="replace")
             except OSError as e:
                 fail(f"{p}: cannot read: {e.strerror or e}")
-            res = parse_kernel_log(text, source=str(p), node=node, bus_to_gpu=bus, now=at)
-            parts.append(res.snapshot)
-        snap = merge_snapshots(parts, at)
+            res = parse_kernel_log(text, source=str(p), node=node, bus_to_gpu=bus, now=when)
+            parts.append(_kernel_only_gpus(res.snapshot))
+        snap = merge_snapshots(parts, when)
+    err = Console(stderr=True, highlight=False)
+    for n in got.notices:
+        err.print(f"[cyan]notice:[/] {n}", soft_wrap=True, markup=True, highlight=False)
+    if not len(snap):
+        why = no_samples_reason(got, inputs) or "no input yielded a sample"
+        fail(why if not kernel_logs else f"{why}; the kernel log(s) held no Xid or SXid line either")
+    return Inputs(snap, when, got.recorded)
+
+
+def _kernel_only_gpus(snap: Snapshot) -> Snapshot:
+    """Kernel-log samples of a GPU no metric names (no exporter maps its PCI bus to a GPU index) get the
+    bus id as their ``gpu`` label, so the node and GPU appear with their events instead of vanishing."""
+    sets = snap.labelsets
+    if not any("pci_bus_id" in dict(ls) and "gpu" not in dict(ls) for ls in sets):
+        return snap
+    snap.labelsets = [
+        tuple(sorted((*ls, ("gpu", d["pci_bus_id"])))) if "pci_bus_id" in (d := dict(ls)) and "gpu" not in d else ls
+        for ls in sets
+    ]
     return snap
 
 
@@ -93,13 +142,16 @@ def register(app: typer.Typer) -> None:
     def score(
         inputs: Annotated[list[str], typer.Argument(help="Exposition files, recorded tables (csv/jsonl/parquet) or URLs")],
         policy: Annotated[Path | None, typer.Option(help="Policy YAML (default: the shipped policy)")] = None,
-        at: Annotated[str | None, typer.Option(help="Score as of this time (unix s or ISO 8601); default now")] = None,
+        at: Annotated[str | None, typer.Option(
+            help="Score as of this time (unix s or ISO 8601); default: a recording's last sample, else now")] = None,
         consumer: Annotated[str, typer.Option(help="training | serving | remediation")] = "remediation",
         fmt: Annotated[str, typer.Option("--format", help="table | json")] = "table",
         kind: Annotated[list[str] | None, typer.Option(help="Only these entity kinds (gpu, node, replica, rank)")] = None,
         kernel_log: Annotated[list[Path] | None, typer.Option("--kernel-log", help="Kernel log with NVRM Xid lines")] = None,
         node: Annotated[str | None, typer.Option(help="Node name for kernel-log lines without a host name")] = None,
         details: Annotated[bool, typer.Option(help="JSON: include per-signal detail")] = False,
+        max_input_mb: Annotated[float | None, typer.Option(
+            help="Most MB one input may hold or decompress to (default 256, or FLEETHEALTH_MAX_INPUT_BYTES)")] = None,
     ) -> None:
         """Score every entity: value, confidence, worst category and reason code."""
         if consumer not in CONSUMERS:
@@ -107,8 +159,8 @@ def register(app: typer.Typer) -> None:
         if fmt not in ("table", "json"):
             fail(f"--format {fmt!r}: expected table or json")
         pol = load_policy_or_fail(policy)
-        now = parse_at(at)
-        snap = read_all(inputs, now, kernel_log, node)
+        got = read_all(inputs, None if at is None else parse_at(at), kernel_log, node, max_input_mb, pol)
+        snap, now = got.snapshot, got.at
         fh = score_snapshot(snap, pol, now, consumer=consumer)
         kinds = kind or ["node", "gpu", "replica", "rank"]
         tuples = [t for k in kinds for t in fh.by_kind(k)]
@@ -126,6 +178,7 @@ def register(app: typer.Typer) -> None:
                     f"[{_style(t)}]{_fmt(t.value)}[/]", _fmt(t.confidence, 2), t.worst or "-", t.reason,
                     ",".join(t.flags[:4]),
                 )
+            console.print(_time_line(now, got.recorded), markup=False)
             console.print(table)
             console.print(f"summary: {json.dumps(fh.summary())}")
         print_issues(snap, fh)
@@ -135,16 +188,20 @@ def register(app: typer.Typer) -> None:
         entity: Annotated[str, typer.Argument(help="Entity id: node, node/gpuN, replica or job/rankN")],
         inputs: Annotated[list[str], typer.Argument(help="Exposition files, recorded tables or URLs")],
         policy: Annotated[Path | None, typer.Option(help="Policy YAML")] = None,
-        at: Annotated[str | None, typer.Option(help="As of (unix s or ISO 8601)")] = None,
+        at: Annotated[str | None, typer.Option(
+            help="As of (unix s or ISO 8601); default: a recording's last sample, else now")] = None,
         consumer: Annotated[str, typer.Option(help="training | serving | remediation")] = "remediation",
         kernel_log: Annotated[list[Path] | None, typer.Option("--kernel-log")] = None,
         node: Annotated[str | None, typer.Option()] = None,
         fmt: Annotated[str, typer.Option("--format", help="tree | json")] = "tree",
+        max_input_mb: Annotated[float | None, typer.Option(help="Most MB one input may hold or decompress to")] = None,
     ) -> None:
         """The tree of categories and signals behind one entity's tuple."""
+        if fmt not in ("tree", "json"):
+            fail(f"--format {fmt!r}: expected tree or json")
         pol = load_policy_or_fail(policy)
-        now = parse_at(at)
-        snap = read_all(inputs, now, kernel_log, node)
+        got = read_all(inputs, None if at is None else parse_at(at), kernel_log, node, max_input_mb, pol)
+        snap, now = got.snapshot, got.at
         fh = score_snapshot(snap, pol, now, consumer=consumer)
         t = fh.get(entity)
         if t is None:
@@ -154,10 +211,27 @@ def register(app: typer.Typer) -> None:
             d = t.to_dict(with_details=True)
             if t.worst_member:
                 d["worst_member_tuple"] = fh.tuples[t.worst_member].to_dict(with_details=True)
+            d["scored_at"] = now
+            if got.recorded is not None:
+                d["recording"] = {"from": got.recorded[0], "to": got.recorded[1]}
             typer.echo(json.dumps(d, indent=2))
             return
+        console.print(_time_line(now, got.recorded), markup=False)
         console.print(explain_tree(t, fh))
         print_issues(snap, fh)
+
+
+def _iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _time_line(at: float, recorded: tuple[float, float] | None) -> str:
+    """When the tuple is for, and the recording's time range when the inputs are a recording."""
+    line = f"as of {_iso(at)} ({at:.0f})"
+    if recorded is not None:
+        a, b = recorded
+        line += f"; recording {_iso(a)} .. {_iso(b)} ({(b - a) / 60:.1f} min)"
+    return line
 
 
 def explain_tree(t: HealthTuple, fh: FleetHealth) -> Tree:

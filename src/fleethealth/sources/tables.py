@@ -13,6 +13,8 @@ import csv
 import gzip
 import io
 import json
+import os
+import zlib
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -23,7 +25,10 @@ import pyarrow.compute as pc
 from fleethealth.signals.snapshot import InputIssue, Snapshot, SnapshotBuilder
 from fleethealth.sources.exposition import blank_sentinel_mask, counter_like, is_dcgm_field
 
-__all__ = ["TABLE_SUFFIXES", "InputError", "read_table", "table_format", "write_table"]
+__all__ = [
+    "TABLE_SUFFIXES", "InputError", "decompress_bounded", "default_max_bytes", "is_gzip", "read_table", "table_format",
+    "write_table",
+]
 
 TABLE_SUFFIXES = {".csv": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet"}
 REQUIRED = ("ts", "metric", "value")
@@ -45,30 +50,78 @@ def table_format(path: str | Path) -> tuple[str, bool] | None:
     return TABLE_SUFFIXES[suffixes[-1]], gz
 
 
-def _read_bytes(path: Path, gz: bool) -> bytes:
+# The most one input may read or inflate to: a scrape of 10,000 GPUs is about 60 MB of text; a 4 MB gzip
+# bomb stops here instead of taking 4 GB of memory. Raise it for bigger files (--max-input-mb).
+DEFAULT_MAX_INPUT_BYTES = 256 << 20
+
+
+def default_max_bytes() -> int:
+    """The most bytes one input may read or decompress to: FLEETHEALTH_MAX_INPUT_BYTES, else 256 MiB."""
+    env = os.environ.get("FLEETHEALTH_MAX_INPUT_BYTES", "").strip()
     try:
+        return max(1, int(float(env))) if env else DEFAULT_MAX_INPUT_BYTES
+    except ValueError:
+        return DEFAULT_MAX_INPUT_BYTES
+
+
+def is_gzip(raw: bytes) -> bool:
+    return raw[:2] == b"\x1f\x8b"
+
+
+def decompress_bounded(raw: bytes, max_bytes: int, name: str | Path) -> bytes:
+    """gzip data (every member) inflated to at most ``max_bytes``: a small file that would inflate past
+    the limit (a gzip bomb: 4 MB to 4 GB) stops there with an ``InputError`` instead of filling memory."""
+    out: list[bytes] = []
+    size = 0
+    data = raw
+    while data:
+        d = zlib.decompressobj(wbits=31)
+        try:
+            while data:
+                chunk = d.decompress(data, max(1, max_bytes + 1 - size))
+                size += len(chunk)
+                out.append(chunk)
+                if size > max_bytes:
+                    raise InputError(f"{name}: cannot read: decompresses to more than the input limit of "
+                                     f"{max_bytes:,} bytes (--max-input-mb, FLEETHEALTH_MAX_INPUT_BYTES)")
+                data = d.unconsumed_tail
+                if d.eof:
+                    break
+                if not data and not d.eof:
+                    raise InputError(f"{name}: cannot read: not valid gzip (the data is cut short)")
+        except zlib.error as e:
+            raise InputError(f"{name}: cannot read: not valid gzip ({e})") from None
+        data = d.unused_data.lstrip(b"\0")  # the next member (gzip files may be concatenated), or padding
+        if data and not is_gzip(data):
+            break  # trailing garbage after the last member, as gzip(1) ignores it
+    return b"".join(out)
+
+
+def _read_bytes(path: Path, gz: bool, max_bytes: int) -> bytes:
+    try:
+        if path.stat().st_size > max_bytes:
+            raise InputError(f"{path}: cannot read: larger than the input limit of {max_bytes:,} bytes "
+                             "(--max-input-mb, FLEETHEALTH_MAX_INPUT_BYTES)")
         raw = path.read_bytes()
     except OSError as e:
         raise InputError(f"{path}: cannot read: {e.strerror or e}") from None
     if gz:
-        try:
-            raw = gzip.decompress(raw)
-        except (OSError, EOFError) as e:
-            raise InputError(f"{path}: cannot read: not valid gzip ({e})") from None
+        raw = decompress_bounded(raw, max_bytes, path)
     return raw
 
 
 # --- reading -------------------------------------------------------------------------------------------
 
 
-def read_table(path: str | Path) -> Snapshot:
-    """Read a recorded table; ``Snapshot.at`` is the latest valid sample time (0 when there is none)."""
+def read_table(path: str | Path, max_bytes: int | None = None) -> Snapshot:
+    """Read a recorded table; ``Snapshot.at`` is the latest valid sample time (0 when there is none).
+    ``max_bytes``: the most the file may hold or decompress to (default ``default_max_bytes()``)."""
     p = Path(path)
     fmt = table_format(p)
     if fmt is None:
         raise InputError(f"{p}: cannot read: not a table (use .csv, .jsonl, .ndjson or .parquet, optionally .gz)")
     kind, gz = fmt
-    raw = _read_bytes(p, gz)
+    raw = _read_bytes(p, gz, default_max_bytes() if max_bytes is None else max_bytes)
     if raw.startswith(b"\xef\xbb\xbf"):  # a UTF-8 byte-order mark (spreadsheet exports)
         raw = raw[3:]
     source = str(p)
