@@ -18,22 +18,27 @@ def register(app: typer.Typer) -> None:
 
     @act_app.command("ledger")
     def ledger(
-        db: Path = typer.Option(..., "--db", help="The actuation ledger (SQLite)."),
+        db: str = typer.Option(..., "--db", help="The actuation ledger: a SQLite file or the postgresql:// URL."),
         entity: str | None = typer.Option(None, help="Only this entity."),
         status: str | None = typer.Option(None, help="advised | applied | retrying | failed | killed"),
         limit: int = typer.Option(100, min=1),
     ) -> None:
         """Print recorded actions, newest first, one JSON object per line."""
         from fleethealth.act.ledger import Ledger
+        from fleethealth.store import StoreError
+        from fleethealth.store.db import is_postgres_url
 
-        if not db.exists():
+        if not is_postgres_url(db) and not Path(db).exists():
             fail(f"no ledger at {db}")
-        led = Ledger(db)
+        try:
+            led = Ledger(db)
+        except StoreError as e:
+            fail(str(e))
         for rec in led.actions(entity=entity, status=status, limit=limit):
             typer.echo(json.dumps(rec.to_dict(), sort_keys=True, default=str))
 
     @act_app.command("kill")
-    def kill(db: Path = typer.Option(..., "--db", help="The actuation ledger (SQLite)."),
+    def kill(db: str = typer.Option(..., "--db", help="The actuation ledger: a SQLite file or postgresql:// URL."),
              reason: str = typer.Option("cli", help="Why (recorded).")) -> None:
         """Engage the kill switch: every runner on this ledger stops acting at its next attempt."""
         from fleethealth.act.ledger import Ledger
@@ -43,7 +48,8 @@ def register(app: typer.Typer) -> None:
         typer.echo("killed")
 
     @act_app.command("resume")
-    def resume(db: Path = typer.Option(..., "--db", help="The actuation ledger (SQLite).")) -> None:
+    def resume(db: str = typer.Option(..., "--db", help="The actuation ledger: a SQLite file or postgresql:// URL.")
+               ) -> None:
         """Lift the run-time kill switch (a kill_switch: true in the config still holds)."""
         from fleethealth.act.ledger import Ledger
         from fleethealth.act.runner import KILL_SETTING
