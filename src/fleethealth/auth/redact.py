@@ -20,8 +20,9 @@ SECRET_PARAMS = frozenset({"token", "access_token", "password", "passwd", "secre
                            "auth", "authorization", "signature", "sig", "x-amz-signature", "x-amz-credential"})
 SECRET_HEADERS = frozenset({"authorization", "proxy-authorization", "cookie", "set-cookie", "x-api-key",
                             "x-auth-token", "api-key"})
-# scheme://userinfo@ : the userinfo is everything up to the first @ before the host part ends
-_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<userinfo>[^/?#@\s\"']+)@")
+# scheme://userinfo@ : the userinfo is everything up to the last @ before the host part ends (quotes and a
+# raw @ included: passwords hold them)
+_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<userinfo>[^/?#\s]+)@")
 _QUERY_SECRET = re.compile(
     r"(?P<sep>[?&;])(?P<name>" + "|".join(re.escape(p) for p in sorted(SECRET_PARAMS, key=len, reverse=True))
     + r")=(?P<value>[^&#\s\"']*)", re.IGNORECASE)
