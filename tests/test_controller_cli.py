@@ -91,3 +91,55 @@ def test_serves_and_stops_on_sigterm(tmp_path: Path) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait(5)
+
+
+def test_a_bad_token_file_exits_2_with_the_line(tmp_path: Path) -> None:
+    (tmp_path / "dcgm.prom").write_text(DCGM)
+    (tmp_path / "tokens.yaml").write_text("tokens:\n  - {user: a, token: short, verbs: [ack]}\n")
+    (tmp_path / "ctl.yaml").write_text(f"state_db: null\nlisten: 127.0.0.1:{free_port()}\n"
+                                       "sources: {files: [dcgm.prom]}\napi: {token_file: tokens.yaml}\n")
+    r = fh("run", "--config", "ctl.yaml", cwd=tmp_path)
+    assert r.returncode == 2, r.stderr
+    assert "tokens.yaml:2: tokens[0].token:" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.slow
+def test_the_running_controller_refuses_anonymous_posts_and_audits_the_rest(tmp_path: Path) -> None:
+    from fleethealth.store.sqlite import SqliteStore
+
+    (tmp_path / "dcgm.prom").write_text(DCGM)
+    token = "cli-sre-token-0123456789"
+    (tmp_path / "tokens.yaml").write_text(f'tokens:\n  - {{user: sre, token: "{token}", verbs: [ack, ready]}}\n')
+    port = free_port()
+    (tmp_path / "ctl.yaml").write_text(
+        f"interval_s: 0.5\nstate_db: state.db\nlisten: 127.0.0.1:{port}\nsources:\n  files: [dcgm.prom]\n"
+        "api: {token_file: tokens.yaml}\n")
+    proc = subprocess.Popen([sys.executable, "-m", "fleethealth.cli.main", "run", "--config", "ctl.yaml"],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 60
+        ok = False
+        while time.time() < deadline and not ok:
+            with contextlib.suppress(httpx.HTTPError):
+                ok = httpx.get(f"{url}/healthz", timeout=1).status_code == 200
+            if proc.poll() is not None:
+                break
+            time.sleep(0.1)
+        assert ok, proc.stderr.read() if proc.poll() is not None else "no healthy endpoint"
+        ack = {"kind": "ack", "entity": "n1", "to": "READY"}
+        assert httpx.post(f"{url}/api/v1/events", json=ack).status_code == 401
+        assert httpx.post(f"{url}/api/v1/kill", headers={"Authorization": f"Bearer {token}"}).status_code == 403
+        r = httpx.post(f"{url}/api/v1/events", json=ack, headers={"Authorization": f"Bearer {token}"})
+        assert r.status_code == 202 and r.json()["accepted"]["actor"] == "sre"
+        assert httpx.get(f"{url}/docs").status_code == 404
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(20) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(5)
+    rows = SqliteStore(tmp_path / "state.db").audit_log()
+    assert [(r["actor"], r["verb"], r["target"], r["allowed"]) for r in rows] == [
+        ("sre", "kill", "fleet", False), ("sre", "ready", "node/n1", True)]
