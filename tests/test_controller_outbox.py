@@ -129,6 +129,20 @@ def test_only_the_leader_commits_and_a_standby_resumes_from_the_store(url: str) 
     both(2)
     assert a.state.entities["n0"].state == State.QUARANTINED
     assert b.published.report is not None and b.published.report.skipped.startswith("standby")
+    # an operator's event posted to the standby (the Service picks either pod) reaches the leader, once
+    seen: list[Event] = []
+    for ctl in (a, b):
+        inner = ctl.loop.cycle
+
+        def spy(snap: Any, now: float, events: Any = (), inner: Any = inner) -> Any:
+            seen.extend(events)
+            return inner(snap, now, events)
+        ctl.loop.cycle = spy  # type: ignore[method-assign]
+    ack = Event(clock.t - 5, "ack", "n3", to="QUARANTINED", actor="oncall")
+    b.add_event(ack)
+    both(2)
+    assert seen == [ack]  # taken by the leader's next cycle, and only by it
+    assert b.loop.store.pending_events() == []  # type: ignore[union-attr]
     assert eff_b.calls == [] and eff_a.calls
     a_trans = a.loop.store.transitions()  # type: ignore[union-attr]
     assert [t["to"] for t in a_trans if t["entity"] == "n0"] == ["QUARANTINED"]
@@ -149,7 +163,8 @@ def test_only_the_leader_commits_and_a_standby_resumes_from_the_store(url: str) 
     assert zombie is not None and "another controller took over" in zombie.skipped
     assert len(eff_a.calls) == calls_a  # fenced: the zombie neither commits nor acts
     trans = b.loop.store.transitions()  # type: ignore[union-attr]
-    assert [t["to"] for t in trans if t["entity"] == "n0"] == ["QUARANTINED"]
+    assert [t["to"] for t in trans if t["entity"] == "n0"] == ["QUARANTINED"]  # none repeated
+    assert seen == [ack]  # the new leader did not take the ack again
     assert eff_b.calls == [] or set(eff_b.calls).isdisjoint(eff_a.calls)  # nothing applied twice
     assert b.state.last_ts is not None and b.state.last_ts > (committed.last_ts or 0)
     assert b.loop.store.load().last_ts == b.state.last_ts  # type: ignore[union-attr]  # B's writes stand
@@ -199,8 +214,9 @@ def test_a_locked_database_skips_the_cycle_in_one_line(url: str, caplog: pytest.
     assert "skipped" in errs[0].getMessage() and ("locked" in errs[0].getMessage() or "busy" in errs[0].getMessage())
     assert rep.skipped.startswith("state store") and rep.intents == [] and eff.calls == []
     assert ctl.state.to_dict() == before and ctl.store_errors_total == 1
-    assert len(ctl._pending_events) == 1  # the operator's ack is kept for the next cycle
+    store: Any = ctl.loop.store
+    assert [e["entity"] for e in store.pending_events()] == ["n3"]  # the operator's ack waits in the inbox
     clock.t += 15.0
     rep2 = ctl.cycle()
     assert rep2.skipped == "" and [t.entity for t in rep2.transitions] == ["n0"]
-    assert eff.calls and ctl._pending_events == []
+    assert eff.calls and store.pending_events() == []  # taken once, by the cycle that committed

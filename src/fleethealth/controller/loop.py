@@ -235,6 +235,7 @@ class Controller:
         self.failpoints = failpoints or Failpoints()
         self._leading: bool | None = None  # as of the last cycle; None before the first
         self._wake = threading.Event()  # set by wake(): run the next cycle now (a standby just took over)
+        self._queued = 0  # how many of the events taken this cycle came from the store's inbox
         self.store_errors_total = 0
         self.takeovers_total = 0
         self.last_takeover_ts: float | None = None
@@ -243,10 +244,28 @@ class Controller:
 
     # -- inputs from outside the loop (HTTP API: human acks, active-test results) --------------------
     def add_event(self, event: Event) -> None:
+        """An operator's event (ack, active-test result): into the store's inbox when it has one, so the
+        leader takes it whichever replica it was posted to; else (or if the store fails) kept here."""
+        store = self.loop.store
+        if store is not None and hasattr(store, "put_event"):
+            try:
+                store.put_event(event.to_dict())
+                return
+            except StoreError as e:
+                log.error("event kept in memory, the store's inbox failed: %s", e)
         with self._events_lock:
             self._pending_events.append(event)
 
     def _take_events(self, now: float) -> list[Event]:
+        store = self.loop.store
+        queued: list[Event] = []
+        if store is not None and hasattr(store, "pending_events"):
+            try:  # removed from the inbox by this cycle's commit, not before
+                queued = [Event.from_dict(d) for d in store.pending_events()]
+            except StoreError as e:
+                log.error("inbox not read this cycle: %s", e)
+            except (KeyError, ValueError, TypeError) as e:
+                log.error("inbox holds an unreadable event, ignored: %s", e)
         with self._events_lock:
             out, self._pending_events = self._pending_events, []
         if self._events is not None:
@@ -254,7 +273,8 @@ class Controller:
                 out.extend(self._events(now))
             except Exception as e:  # an event feed is an edge: its failure must not stop the loop
                 log.error("event source failed: %s", e)
-        return out
+        self._queued = len(queued)
+        return queued + out
 
     # -- one cycle ---------------------------------------------------------------------------------
     def _read_sources(self, now: float) -> tuple[int, list[InputIssue]]:
@@ -384,8 +404,8 @@ class Controller:
                 result = self.loop.cycle(derived, now, events)
             except StoreError as e:
                 # Not saved, so not acted on: the state stays at the last commit and the next tick retries.
-                with self._events_lock:
-                    self._pending_events[:0] = events
+                with self._events_lock:  # the inbox's stay there (the commit that removes them failed)
+                    self._pending_events[:0] = events[self._queued:]
                 self.store_errors_total += 1
                 skipped = f"state store: {e}"
                 log.error("cycle at %.3f skipped, its decisions not saved: %s", now, e)

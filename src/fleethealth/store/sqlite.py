@@ -19,6 +19,7 @@ column names that are not SQL keywords).
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -55,6 +56,7 @@ CREATE TABLE IF NOT EXISTS intents (
 );
 CREATE INDEX IF NOT EXISTS intents_ts ON intents (ts);
 CREATE INDEX IF NOT EXISTS intents_status ON intents (status);
+CREATE TABLE IF NOT EXISTS inbox (id INTEGER PRIMARY KEY AUTOINCREMENT, ts REAL NOT NULL, event TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS evidence (
     key TEXT PRIMARY KEY, ts REAL NOT NULL, entity TEXT NOT NULL, reason TEXT NOT NULL, params TEXT NOT NULL,
     location TEXT
@@ -89,6 +91,8 @@ class SqliteStore:
             raise StoreError(f"{self.path}: state database schema {row[0]}, this version reads {SCHEMA_VERSION}")
         self._saved: dict[str, str] = {}  # entity -> JSON last written (write only what changed)
         self.fence: str | None = None  # set by claim(): every commit checks the database still says so
+        self._inbox_upto: int | None = None  # the last inbox event handed to the cycle being committed
+        self._lock = threading.RLock()
 
     def _connect(self, busy_timeout_s: float) -> Conn:
         """A short busy timeout: a database locked by another writer skips a cycle (StoreBusy), it does
@@ -107,14 +111,32 @@ class SqliteStore:
 
     @contextmanager
     def _tx(self) -> Iterator[Conn]:
-        self.db.execute("BEGIN IMMEDIATE")
-        try:
-            yield self.db
-        except BaseException:
-            self.db.execute("ROLLBACK")
-            raise
-        else:
-            self.db.execute("COMMIT")
+        # One connection, several threads (the loop commits, the HTTP API puts events): a statement from
+        # another thread must not land inside this transaction.
+        with self._lock:
+            self.db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self.db
+            except BaseException:
+                self.db.execute("ROLLBACK")
+                raise
+            else:
+                self.db.execute("COMMIT")
+
+    # -- the inbox: operator events (acks, active-test results) for whichever replica leads -------------
+    def put_event(self, event: dict[str, Any]) -> None:
+        """Queue an event durably; the leader takes it in its next cycle, wherever it was posted."""
+        with self._lock:
+            self.db.execute("INSERT INTO inbox (ts, event) VALUES (?, ?)",
+                            (float(event["ts"]), json.dumps(event, sort_keys=True, default=str)))
+
+    def pending_events(self) -> list[dict[str, Any]]:
+        """The queued events, oldest first. The next commit removes them in its own transaction, so an
+        event is taken exactly once: a cycle that fails to commit leaves them for the next one."""
+        with self._lock:
+            rows = self.db.execute("SELECT id, event FROM inbox ORDER BY id").fetchall()
+        self._inbox_upto = int(rows[-1][0]) if rows else None
+        return [json.loads(e) for _, e in rows]
 
     # -- StateStore ------------------------------------------------------------------------------
     def load(self) -> DecisionState | None:
@@ -158,6 +180,9 @@ class SqliteStore:
                 if held.rowcount != 1:  # the row stays locked to the end of this transaction
                     raise StoreFenced(f"{self.path}: another controller took over this database; "
                                       "not writing (this replica is no longer the leader)")
+            if self._inbox_upto is not None:
+                db.execute("DELETE FROM inbox WHERE id <= ?", (self._inbox_upto,))
+                self._inbox_upto = None
             changed: dict[str, str] = {}
             rows = []
             for eid, es in st.entities.items():
