@@ -65,3 +65,10 @@ def test_installed_redaction_covers_the_handlers_in_use() -> None:
         assert buf.getvalue().strip() == "GET /x?token=*** via http://***@h:1/"
     finally:
         logging.getLogger("uvicorn.error").removeHandler(h)
+
+
+def test_admin_drain_reason_with_control_characters_is_refused() -> None:
+    with running_pair() as p:
+        r = httpx.post(p.url + "/admin/drain", headers=p.auth, params={"reason": "x\nINFO forged"})
+        assert r.status_code == 400 and r.json()["detail"].startswith("reason contains a control character")
+        assert p.sc.state.value == "READY"

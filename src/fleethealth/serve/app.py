@@ -17,6 +17,7 @@ network for a controller that holds the token.
 from __future__ import annotations
 
 import hmac
+import logging
 from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -28,13 +29,14 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from fleethealth.auth.access import is_loopback
+from fleethealth.auth.access import entity_problem, is_loopback
 from fleethealth.auth.http import BodyLimit
 from fleethealth.decide.model import State
 from fleethealth.serve.config import Clock, SidecarConfig
 from fleethealth.serve.gpu import ExporterGpuReader, GpuReader, NvmlGpuReader, nvml_present
 from fleethealth.serve.sidecar import Phase, Sidecar
 
+log = logging.getLogger("fleethealth.sidecar.admin")
 CONTENT_TYPE_0_0_4 = "text/plain; version=0.0.4; charset=utf-8"
 
 
@@ -172,6 +174,9 @@ def create_app(config: SidecarConfig, clock: Clock | Callable[[], float] | None 
     async def admin_drain(request: Request, wait: bool = Query(False, description="block until drained"),
                           reason: str = Query("admin drain")) -> JSONResponse:
         admin(request)
+        if (why := entity_problem(reason)) is not None:
+            raise HTTPException(400, why.replace("entity", "reason", 1))
+        log.info("admin drain from %s: %s", request.client.host if request.client else "?", reason)
         sc.start_drain(reason, fault=False)
         if wait:
             await sc.wait_drained(config.max_drain_seconds + 5)
@@ -180,6 +185,7 @@ def create_app(config: SidecarConfig, clock: Clock | Callable[[], float] | None 
     @app.post("/admin/undrain", tags=["admin"], summary="Admit again (through the canary after a fault)")
     async def admin_undrain(request: Request) -> JSONResponse:
         admin(request)
+        log.info("admin undrain from %s", request.client.host if request.client else "?")
         sc.undrain()
         return JSONResponse(sc.state_dict())
 
