@@ -194,6 +194,23 @@ def test_outbox_marked_applied_in_the_ledger_but_not_in_the_store_is_not_reappli
     assert {i["status"] for i in store.intents()} == {"applied"}
 
 
+def test_audit_and_inbox_on_both_backends(url: str) -> None:
+    store: Any = open_store(url)
+    store.audit(100.0, "alice", "ack", "n1", "10.0.0.7", True, {"to": "READY"})
+    store.audit(101.0, "mallory", "kill", "-", "10.0.0.9", False)
+    log = store.audit_log()
+    assert [(r["actor"], r["allowed"], r["detail"]) for r in log] == [("alice", True, {"to": "READY"}),
+                                                                       ("mallory", False, {})]
+    assert [r["actor"] for r in store.audit_log(since=101.0)] == ["mallory"]
+    ev = Event(99.0, "ack", "n1", to="READY", actor="alice").to_dict()
+    store.put_event(ev)
+    assert store.pending_events() == [ev]
+    dec = Decider().decide(DecisionState(), [tup("n1", 0.9)], 100)
+    store.commit(dec)  # the cycle that took the event removes it
+    assert store.pending_events() == []
+    store.close()
+
+
 def test_a_writer_fenced_off_by_a_later_claim_cannot_commit(url: str) -> None:
     from fleethealth.store import StoreFenced
 

@@ -282,9 +282,10 @@ class SqliteStore:
     def audit(self, ts: float, actor: str, verb: str, target: str, remote: str, allowed: bool,
               detail: dict[str, Any] | None = None) -> None:
         """One operator action on the API (who, what, on what, from where, allowed or refused), kept."""
-        self.db.execute("INSERT INTO audit (ts, actor, verb, target, remote, allowed, detail) VALUES (?,?,?,?,?,?,?)",
-                        (ts, actor, verb, target, remote, int(allowed),
-                         json.dumps(detail or {}, sort_keys=True, default=str)))
+        with self._lock:  # from an API thread: never inside the loop's open transaction
+            self.db.execute("INSERT INTO audit (ts, actor, verb, target, remote, allowed, detail) "
+                            "VALUES (?,?,?,?,?,?,?)", (ts, actor, verb, target, remote, int(allowed),
+                                                       json.dumps(detail or {}, sort_keys=True, default=str)))
 
     def audit_log(self, since: float | None = None, limit: int = 1000) -> list[dict[str, Any]]:
         q = ("SELECT ts, actor, verb, target, remote, allowed, detail FROM audit"
