@@ -22,6 +22,7 @@ from pydantic import (
     Field,
     PrivateAttr,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -49,6 +50,14 @@ class SloWindow(Strict):
     long_s: float = Field(gt=0)
     short_s: float = Field(gt=0)
     factor: float = Field(gt=1)
+
+    @field_validator("short_s")
+    @classmethod
+    def _short_below_long(cls, v: float, info: ValidationInfo) -> float:
+        long_s = info.data.get("long_s")
+        if long_s is not None and not v < long_s:
+            raise ValueError(f"the short window ({v:g} s) must be shorter than the long one ({long_s:g} s)")
+        return v
 
 
 class SignalSpec(Strict):
@@ -79,8 +88,8 @@ class SignalSpec(Strict):
     crit: float | None = None
     # peer
     peer_by: list[str] = Field(default_factory=list)
-    k_warn: float | None = None
-    k_crit: float | None = None
+    k_warn: float | None = Field(default=None, gt=0)  # robust z levels: MADs from the peers' median
+    k_crit: float | None = Field(default=None, gt=0)
     min_peers: int | None = Field(default=None, ge=2)
     min_rel_dev: float = Field(default=0.0, ge=0)  # ignore deviations smaller than this share of the median
     mad_floor_rel: float = Field(default=0.001, ge=0)
@@ -94,6 +103,26 @@ class SignalSpec(Strict):
     objective: float | None = Field(default=None, gt=0, lt=1)
     # xid: application-level Xids are not gated here (decisions attribute them to jobs first)
     xid_window_s: float | None = Field(default=None, gt=0)
+
+    @field_validator("crit")
+    @classmethod
+    def _crit_beyond_warn(cls, v: float | None, info: ValidationInfo) -> float | None:
+        warn, worse = info.data.get("warn"), info.data.get("worse_if")
+        if v is None or warn is None or info.data.get("shape") != "ramp":
+            return v
+        if worse == "higher" and not v > warn:
+            raise ValueError(f"crit ({v:g}) must be above warn ({warn:g}) for a ramp that is worse when higher")
+        if worse == "lower" and not v < warn:
+            raise ValueError(f"crit ({v:g}) must be below warn ({warn:g}) for a ramp that is worse when lower")
+        return v
+
+    @field_validator("k_crit")
+    @classmethod
+    def _k_crit_beyond_k_warn(cls, v: float | None, info: ValidationInfo) -> float | None:
+        k_warn = info.data.get("k_warn")
+        if v is not None and k_warn is not None and not v > k_warn:
+            raise ValueError(f"k_crit ({v:g}) must be greater than k_warn ({k_warn:g})")
+        return v
 
     @field_validator("match")
     @classmethod
@@ -113,13 +142,8 @@ class SignalSpec(Strict):
 
     @model_validator(mode="after")
     def _shape_params(self) -> SignalSpec:
-        if self.shape == "ramp":
-            if self.warn is None or self.crit is None:
-                raise ValueError("a ramp needs both 'warn' and 'crit'")
-            if self.worse_if == "higher" and not self.crit > self.warn:
-                raise ValueError("a ramp that is worse when higher needs crit > warn")
-            if self.worse_if == "lower" and not self.crit < self.warn:
-                raise ValueError("a ramp that is worse when lower needs crit < warn")
+        if self.shape == "ramp" and (self.warn is None or self.crit is None):
+            raise ValueError("a ramp needs both 'warn' and 'crit'")  # (their order: _crit_beyond_warn)
         if self.shape == "gate" and self.above is None and self.values is None:
             raise ValueError("a gate needs 'above' or 'values'")
         if self.shape == "peer" and not self.peer_by:
@@ -128,8 +152,6 @@ class SignalSpec(Strict):
             raise ValueError("a flag signal needs 'flag' or 'value_flags'")
         if self.shape == "slo" and self.requests_metric is None:
             raise ValueError("an slo signal needs 'requests_metric' (the request counter)")
-        if self.k_warn is not None and self.k_crit is not None and not self.k_crit > self.k_warn:
-            raise ValueError("k_crit must be greater than k_warn")
         return self
 
 
@@ -140,9 +162,17 @@ class Freshness(Strict):
 
 
 class PeerDefaults(Strict):
-    k_warn: float = 3.0
-    k_crit: float = 6.0
+    k_warn: float = Field(default=3.0, gt=0)
+    k_crit: float = Field(default=6.0, gt=0)
     min_peers: int = Field(default=4, ge=2)
+
+    @field_validator("k_crit")
+    @classmethod
+    def _k_crit_beyond_k_warn(cls, v: float, info: ValidationInfo) -> float:
+        k_warn = info.data.get("k_warn")
+        if k_warn is not None and not v > k_warn:
+            raise ValueError(f"k_crit ({v:g}) must be greater than k_warn ({k_warn:g})")
+        return v
 
 
 class SloDefaults(Strict):
@@ -336,6 +366,53 @@ def _loc_name(loc: tuple[Any, ...], data: Any) -> str:
 
 M = TypeVar("M", bound=BaseModel)
 
+MAX_YAML_DEPTH = 64  # nesting of mappings and lists; a policy needs 5
+
+
+def load_yaml_strict(text: str, source: str, error: type[Exception]) -> tuple[yaml.Node | None, Any]:
+    """(node tree, data) of a YAML text, refusing what PyYAML would take silently or crash on: nesting
+    deeper than ``MAX_YAML_DEPTH`` (its composer recurses: 1000 levels were a RecursionError), a key
+    given twice in one mapping (PyYAML keeps the last: a silent override), NUL bytes (a binary file).
+    Every refusal raises ``error`` with one line naming the file and the line."""
+    if "\0" in text:
+        raise error(f"{source}: not YAML: binary data (a NUL byte on line {text.count(chr(10), 0, text.index(chr(0))) + 1})")
+    try:
+        depth = 0
+        for ev in yaml.parse(text, Loader=yaml.SafeLoader):  # the parser is iterative: any depth is safe here
+            if isinstance(ev, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+                depth += 1
+                if depth > MAX_YAML_DEPTH:
+                    line = ev.start_mark.line + 1 if ev.start_mark is not None else "?"
+                    raise error(f"{source}:{line}: YAML nested deeper than {MAX_YAML_DEPTH} levels")
+            elif isinstance(ev, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+                depth -= 1
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        _no_duplicate_keys(node, source, error)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"{source}:{mark.line + 1}" if mark else source
+        raise error(f"{where}: not valid YAML: {getattr(e, 'problem', e)}") from None
+    return node, data
+
+
+def _no_duplicate_keys(root: yaml.Node | None, source: str, error: type[Exception]) -> None:
+    stack = [root] if root is not None else []
+    while stack:
+        node = stack.pop()
+        if isinstance(node, yaml.MappingNode):
+            first: dict[str, int] = {}
+            for k, v in node.value:
+                if isinstance(k, yaml.ScalarNode) and k.value != "<<":
+                    line = k.start_mark.line + 1
+                    if k.value in first:
+                        raise error(f"{source}:{line}: key '{k.value}' given twice in one mapping "
+                                    f"(first on line {first[k.value]}); YAML would silently keep only the last")
+                    first[k.value] = line
+                stack.append(v)
+        elif isinstance(node, yaml.SequenceNode):
+            stack.extend(node.value)
+
 
 def validate_yaml(
     text: str, source: str, model: type[M], error: type[Exception], *, what: str, hint: str,
@@ -344,13 +421,7 @@ def validate_yaml(
     """Parse YAML text into a pydantic model. Every failure raises ``error`` with one line per problem,
     naming the file, the line and the key path (``mine.yaml:12: signals[3](gpu_temp).warn: ...``), never
     a traceback. Used for the policy, the controller config and simulator scenarios alike."""
-    try:
-        node = yaml.compose(text)
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"{source}:{mark.line + 1}" if mark else source
-        raise error(f"{where}: not valid YAML: {getattr(e, 'problem', e)}") from None
+    node, data = load_yaml_strict(text, source, error)
     if not isinstance(data, dict):
         raise error(f"{source}: {hint}")
     try:
@@ -375,12 +446,48 @@ def parse_policy(text: str, source: str = "<policy>") -> Policy:
 def load_policy(path: str | Path | None = None) -> Policy:
     if path is None:
         return default_policy()
+    return parse_policy(read_policy_text(path), str(path))
+
+
+def read_policy_text(path: str | Path) -> str:
+    """A policy file's text; ``PolicyError`` (one line) when it cannot be read or is not text."""
     p = Path(path)
     try:
-        text = p.read_text()
+        raw = p.read_bytes()
     except OSError as e:
         raise PolicyError(f"{p}: cannot read policy: {e.strerror or e}") from None
-    return parse_policy(text, str(p))
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise PolicyError(f"{p}: cannot read policy: binary data, not YAML text (not UTF-8)") from None
+    if "\0" in text:
+        raise PolicyError(f"{p}: cannot read policy: binary data, not YAML text (a NUL byte)")
+    return text
+
+
+def policy_warnings(text: str, policy: Policy, source: str = "<policy>") -> list[str]:
+    """Lines naming what a valid policy probably got wrong: a metric no known exporter emits (DCGM
+    fields, dcgm-exporter, vLLM, SGLang, fleethealth's own; ``known_metrics``), with the closest known
+    name. Warnings, not errors: a policy may read an operator's own exporter."""
+    from fleethealth.known_metrics import is_known_metric, suggest_metric
+
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError:
+        node = None
+    out: list[str] = []
+    for i, spec in enumerate(policy.signals):
+        for key in ("metric", "requests_metric"):
+            name = getattr(spec, key)
+            if name is None or is_known_metric(name):
+                continue
+            line = _line_of(node, ("signals", i, key))
+            hint = suggest_metric(name)
+            out.append(f"{source}:{line or '?'}: signals[{i}]({spec.name}).{key}: '{name}' is not a metric any known "
+                       "exporter emits (DCGM, dcgm-exporter, vLLM, SGLang, fleethealth)"
+                       + (f"; did you mean '{hint}'?" if hint else "; the signal will never have data unless your "
+                          "own exporter provides it"))
+    return out
 
 
 def default_policy_text() -> str:
