@@ -21,6 +21,7 @@ import httpx
 from fleethealth.act.kube_api import Kube, KubeError
 from fleethealth.act.ledger import open_autocommit
 from fleethealth.act.outcome import Outcome, node_of
+from fleethealth.auth.redact import redact_text as mask_url_credentials
 from fleethealth.decide.model import Intent, IntentKind
 
 REDACTED = "[REDACTED]"
@@ -219,7 +220,7 @@ class EvidenceCollector:
                     res = data.get("result", [])
                     metrics["queries"][query] = {"series": len(res), "result": res[: self.max_series]}
                 except Exception as e:
-                    problems.append(f"prometheus {query}: {e}")
+                    problems.append(f"prometheus {query}: {mask_url_credentials(str(e))}")
             for q in XID_QUERIES:
                 try:
                     for s in self.prometheus.query_range(q.format(**fmt), start, end, step).get("result", []):
@@ -227,7 +228,7 @@ class EvidenceCollector:
                         if vals:
                             xids.append({"metric": s.get("metric", {}), "last": vals[-1], "points": vals[-20:]})
                 except Exception as e:
-                    problems.append(f"prometheus xid: {e}")
+                    problems.append(f"prometheus xid: {mask_url_credentials(str(e))}")
         else:
             problems.append("no prometheus configured")
         files["metrics.json"] = metrics

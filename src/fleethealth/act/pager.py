@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 
 from fleethealth.act.outcome import Outcome, is_retryable_status
+from fleethealth.auth.redact import redact_text
 from fleethealth.decide.model import Intent, IntentKind
 
 ALERTNAMES = {
@@ -96,7 +97,7 @@ class AlertmanagerPager:
         try:
             r = self.client.post(f"{self.url}/api/v2/alerts", json=[alert])
         except httpx.HTTPError as e:
-            return Outcome.failure(f"alertmanager unreachable: {type(e).__name__}: {e}", retry=True)
+            return Outcome.failure(f"alertmanager unreachable: {type(e).__name__}: {redact_text(str(e))}", retry=True)
         if r.status_code >= 300:
             return Outcome.failure(f"{r.status_code}: {r.text[:200]}", retry=is_retryable_status(r.status_code))
         return Outcome.success(alertname=alert["labels"]["alertname"], labels=alert["labels"])
