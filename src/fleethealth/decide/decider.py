@@ -763,7 +763,9 @@ class Decider:
         node's data is unusable, results are still recorded but no timeout fires."""
         rem = self.policy.remediation
         lc = self.policy.lifecycle
-        for eid, es in list(c.s.entities.items()):
+        # only the few entities with a ladder running do any work (replacing a value while iterating is safe)
+        running = [(eid, es) for eid, es in c.s.entities.items() if es.repair is not None]
+        for eid, es in running:
             rep = es.repair
             if rep is None or rep.get("phase") in ("verified", "exhausted"):
                 continue
