@@ -451,6 +451,9 @@ class Controller:
             log.error("cannot take over, state store: %s", e)
             return f"state store: {e}"
         self.loop.state = loaded if loaded is not None else DecisionState()
+        # whatever the decider kept from states it decided on before (a leader regaining the Lease) is
+        # not about this state: start it afresh
+        self.loop.decider = type(self.loop.decider)(self.policy)
         if self._leading is not None:  # a standby taking over (not the first cycle of a lone replica)
             self.takeovers_total += 1
             self.last_takeover_ts = now
