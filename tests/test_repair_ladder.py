@@ -74,9 +74,12 @@ remediation:
 
 
 def default_policy_text_with(extra: str) -> str:
+    """The shipped policy with its ``remediation`` section replaced by ``extra``."""
     from fleethealth.policy import default_policy_text
 
-    return default_policy_text() + extra
+    text = default_policy_text()
+    cut = text.find("\nremediation:")
+    return (text if cut < 0 else text[:cut + 1]) + extra.lstrip("\n")
 
 
 def test_policy_validation() -> None:
