@@ -4,7 +4,7 @@ are errors, and every error names the key and its line in the file.
 ```yaml
 interval_s: 15                 # one cycle every interval; an overrun is reported, never stacked
 policy: my-policy.yaml         # default: the shipped policy
-state_db: /var/lib/fleethealth/state.db
+state_db: /var/lib/fleethealth/state.db   # SQLite, one replica; postgresql://user@host/db for two or more
 listen: 127.0.0.1:9108         # /metrics, /healthz, /api/v1/...; null disables the endpoint
 sources:
   prometheus: {url: http://prometheus:9090, timeout_s: 10}
@@ -23,6 +23,7 @@ actuation:                      # fleethealth.act.config.ActuationConfig
   enforce: [set_weight, no_new_work]
   kill_switch: false
 kubernetes: {}                  # optional: node actions, drains, active tests, inventory, leader election
+                                # (lease_duration_s: 15: a standby takes over within it plus one cycle)
 alertmanager: {url: http://alertmanager:9093}   # optional: pages
 evidence: {dir: /var/lib/fleethealth/evidence}  # optional: bundles before drain/quarantine
 api:                            # who may use the API (verbs: fleethealth.auth.access)
