@@ -307,3 +307,16 @@ def test_verbs_of_events() -> None:
     assert event_verb("active_test", None) == event_verb("reset", None) == event_verb("oom", None) == "report"
     assert entity_problem("node-1/gpu0") is None and entity_problem(7) == "entity must be a string"
     assert entity_problem("x" * 600) is not None
+
+
+def test_the_node_agents_reset_reports_carry_its_token(served: Served) -> None:
+    from fleethealth.agent.reset import controller_reporter
+
+    event = {"kind": "reset", "entity": "n3", "passed": True, "actor": "agent/n3", "payload": {"status": "done"}}
+    with pytest.raises(httpx.HTTPStatusError) as exc:
+        controller_reporter(served.url, None)(event)
+    assert exc.value.response.status_code == 401
+    controller_reporter(served.url, ACKER)(event)  # bob may report
+    ev = served.ctl._pending_events[-1]
+    assert (ev.kind, ev.entity, ev.passed, ev.actor) == ("reset", "n3", True, "bob")
+    assert served.store.audit_log()[-1]["verb"] == "report"
