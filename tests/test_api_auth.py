@@ -83,7 +83,8 @@ def test_anonymous_and_bad_tokens_are_401_with_one_line_and_nothing_happens(serv
     # even a malformed body is 401 first: nothing about the API is told to an anonymous caller
     assert httpx.post(served.url + "/api/v1/events", content=b"{").status_code == 401
     assert not served.ctl._pending_events and not served.runner.killed
-    assert served.store.audit_log() == []  # anonymous refusals only go to the log
+    assert served.store.audit_log() == []  # anonymous refusals are only counted
+    assert 'fleethealth_api_refused_total{code="401"} 10.0' in httpx.get(served.url + "/metrics").text
 
 
 def test_a_token_without_the_verb_is_403_and_the_refusal_is_audited(served: Served) -> None:

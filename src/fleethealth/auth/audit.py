@@ -3,8 +3,9 @@ detail), on what (``node/n1``, ``fleet``), when and from where (the TCP peer), a
 
 Theory of operation: an allowed action is recorded in the state store *before* it is handed to the loop
 or the runner; if the store cannot take the record, the action is refused (503) rather than done
-unaudited. A refusal of an authenticated caller (403) is recorded too; anonymous refusals (401) only go to
-the log, so a flood of anonymous requests cannot fill the database. Each record is also a Kubernetes Event
+unaudited. A refusal of an authenticated caller (403) is recorded too; refusals without a valid token (401)
+are only counted (``fleethealth_api_refused_total``), so a flood of anonymous requests cannot fill the
+database or the log. Each record is also a Kubernetes Event
 (best effort, like the node actuator's events: the store is the record) on the entity's Node, or on the
 controller's Lease for fleet-wide actions, so ``kubectl get events`` shows who acknowledged a node.
 """

@@ -217,7 +217,10 @@ def create_app(controller: Controller, runner: Any = None, *, guard: Guard | Non
     app = FastAPI(title="fleethealth controller", docs_url="/docs" if docs else None,
                   redoc_url="/redoc" if docs else None, openapi_url="/openapi.json" if docs else None)
 
+    refused: dict[int, int] = {}  # requests refused per status, since start (/metrics)
+
     def refuse(e: Denied) -> HTTPException:
+        refused[e.status] = refused.get(e.status, 0) + 1
         hdr = {"WWW-Authenticate": 'Bearer realm="fleethealth"'} if e.status == 401 else None
         return HTTPException(e.status, e.reason, headers=hdr)
 
@@ -269,7 +272,11 @@ def create_app(controller: Controller, runner: Any = None, *, guard: Guard | Non
         if cache["pub"] is not pub or cache["killed"] != killed:
             cache["text"] = render_metrics(controller, runner)
             cache["pub"], cache["killed"] = pub, killed
-        return PlainTextResponse(cache["text"], media_type=CONTENT_TYPE_TEXT)
+        m = _Metrics()
+        m.family("fleethealth_api_refused_total", "counter",
+                 "API requests refused: 401 no valid token, 403 no permission, 503 could not check.",
+                 [({"code": str(k)}, float(refused.get(k, 0))) for k in (401, 403, 503)])
+        return PlainTextResponse(cache["text"] + m.text(), media_type=CONTENT_TYPE_TEXT)
 
     @app.get("/healthz")
     def healthz() -> JSONResponse:
