@@ -218,9 +218,11 @@ def create_app(controller: Controller, runner: Any = None, *, guard: Guard | Non
                   redoc_url="/redoc" if docs else None, openapi_url="/openapi.json" if docs else None)
 
     refused: dict[int, int] = {}  # requests refused per status, since start (/metrics)
+    refused_lock = threading.Lock()  # sync endpoints run in a thread pool
 
     def refuse(e: Denied) -> HTTPException:
-        refused[e.status] = refused.get(e.status, 0) + 1
+        with refused_lock:
+            refused[e.status] = refused.get(e.status, 0) + 1
         hdr = {"WWW-Authenticate": 'Bearer realm="fleethealth"'} if e.status == 401 else None
         return HTTPException(e.status, e.reason, headers=hdr)
 
