@@ -16,8 +16,8 @@ made only of C-level bytes, regex and numpy operations, no Python per line:
   the value texts are gathered between the labels and the next newlines (``_template_block``, with the
   proof); the series ids are then reused as they are. No regex pass, no copy of the block;
 - values: numpy's integer reader for plain digits, an exact decimal reader, else int(), else float()
-  (same floats as float()); NaN, Inf, DCGM blank sentinels and negative counters are found with numpy
-  and become issues.
+  (same floats as float()); NaN, Inf, DCGM blank sentinels (DCGM's exact blank values, on DCGM_FI_*
+  fields only) and negative counters are found with numpy and become issues.
 
 A block with several names (a histogram's `_bucket`, `_sum`, `_count`) is cut into (name, labels,
 value) the same C-level way. Anything the bulk paths cannot prove (timestamps, exemplars, lines without
@@ -30,7 +30,13 @@ comment lines are parsed together, block j of every page as one big block on the
 12,500 pages cost about what one big text costs instead of ~2 ms of per-block overhead each.
 
 Bad input never raises and never becomes a value: it becomes an ``InputIssue(source, line, reason,
-text)`` on the snapshot. Empty label values mean "label absent", as in Prometheus.
+text)`` on the snapshot. Empty label values mean "label absent", as in Prometheus. A NUL byte is refused
+wherever it could reach a name or label (the label parser, on every path; the careful path for the whole
+line; names and values never take one on the fast paths). Every add goes through
+``exposition_rules.SeenSamples``: a series repeated at one instant keeps its first sample and the rest are
+reported (proven blocks of distinct series, the common case, cost a dict lookup). OpenMetrics texts are
+also checked against the standard's rules across lines (``exposition_rules.check_openmetrics``). Metric
+names quoted inside the braces (`{"a.b_total",x="y"} 1`) and `{,}` are read on the careful path.
 """
 
 from __future__ import annotations
@@ -146,12 +152,17 @@ def _parse_labels(raw: bytes) -> LabelSet | str:
     return result
 
 
+_NUL_REASON = "NUL byte in a metric or label name or value"
+
+
 def _split_labels(text: str) -> LabelSet | str:
     # One regex pass: re.split leaves what lies between well-formed pairs in the gaps, so the text is a
     # valid label list exactly when the gaps are "", ",", ..., "," and a last "" or "," (trailing comma).
     inner = text[1:-1] if text[:1] == "{" and text[-1:] == "}" else None
     if inner is None:
         return "invalid label set"
+    if "\0" in inner:  # (NUL is never part of a label name or value: Prometheus rejects it)
+        return _NUL_REASON
     if not inner.strip() or inner.strip(" \t") == ",":  # `{}`, and `{,}` as Prometheus reads it
         return ()
     pieces = _PAIR_RE.split(inner)
@@ -203,6 +214,10 @@ def _parse_labels_bulk(raws: list[bytes], depth: int = 0) -> None:
             _parse_labels(r)
         return
     joined = b"\n".join(todo)
+    if b"\0" in joined:  # the templates' value groups would take a NUL: each string on its own
+        for r in todo:
+            _parse_labels(r)
+        return
     if b"\\" in joined or joined.count(b"\n") != len(todo) - 1:
         _parse_labels_bulk_str(todo, depth)
         return
@@ -553,7 +568,7 @@ def parse_exposition(
 def _parse_page(ctx: _Ctx, raw: bytes, om: bool) -> None:
     """One page into ``ctx`` and its builder: samples, and every problem as an issue (OpenMetrics text is
     also checked against the standard's rules across lines, ``exposition_rules.check_openmetrics``)."""
-    _parse_into(ctx, _without_nul_lines(ctx, raw), om)
+    _parse_into(ctx, raw, om)
     if om:
         known = {i.line for i in ctx.issues}
 
@@ -611,7 +626,7 @@ def parse_many_into(
     extras = [_extra_key(extra) for _, extra, _ in pages]
     sources = [str(src) for _, _, src in pages]
     raws = [_normalise(data) for data, _, _ in pages]
-    batch = [i for i, raw in enumerate(raws) if raw[:1] == b"#" and not is_openmetrics(raw) and b"\0" not in raw]
+    batch = [i for i, raw in enumerate(raws) if raw[:1] == b"#" and not is_openmetrics(raw)]
     alone = sorted(set(range(len(pages))).difference(batch))
     if batch:
         st = _Batch(b, ts, [sources[i] for i in batch], [extras[i] for i in batch], np.zeros(len(batch), np.int64))
@@ -881,21 +896,6 @@ def _normalise(data: str | bytes) -> bytes:
     if b"\r" in raw:
         raw = raw.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
     return raw
-
-
-def _without_nul_lines(ctx: _Ctx, raw: bytes) -> bytes:
-    """The text with every line holding a NUL byte emptied (its number kept) and reported: NUL is never
-    part of a metric name, a label name or a label value (Prometheus rejects it; C tools downstream would
-    cut the string there). A HELP line may hold one (its text is free; OpenMetrics' null_byte case). The
-    search for the byte runs at memchr speed; text without one is returned as it is."""
-    if b"\0" not in raw:
-        return raw
-    lines = raw.split(b"\n")
-    for i, line in enumerate(lines):
-        if b"\0" in line and not line.startswith(b"# HELP "):
-            ctx.issue(i + 1, "NUL byte in a metric or label name or value", line.replace(b"\0", b"\\0"))
-            lines[i] = b""
-    return b"\n".join(lines)
 
 
 def _extra_key(extra_labels: Mapping[str, str] | None) -> LabelSet:
@@ -1548,6 +1548,9 @@ def _slow_block(ctx: _Ctx, chunk: bytes, first: int) -> int:
 def _parse_line(ctx: _Ctx, line: bytes, ln: int) -> None:
     s = line.strip()
     if not s or s.startswith(b"#"):
+        return
+    if b"\0" in s:  # (a NUL in a label block is also refused by the label parser, on every path)
+        ctx.issue(ln, _NUL_REASON, s.replace(b"\0", b"\\0"))
         return
     m = _LINE_RE.fullmatch(s)
     if m is not None:
