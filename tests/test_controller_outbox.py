@@ -129,6 +129,8 @@ def test_only_the_leader_commits_and_a_standby_resumes_from_the_store(url: str) 
     both(2)
     assert a.state.entities["n0"].state == State.QUARANTINED
     assert b.published.report is not None and b.published.report.skipped.startswith("standby")
+    hb = b.published.health  # a standby scores (its read endpoints show the fleet), it does not decide
+    assert hb is not None and hb.tuples["n0"].value == 0.0 and hb.tuples["n1"].value is not None
     # an operator's event posted to the standby (the Service picks either pod) reaches the leader, once
     seen: list[Event] = []
     for ctl in (a, b):

@@ -17,9 +17,10 @@ Theory of operation
   (``ActuationRunner.drain``), once at start-up and after every commit. A process killed in between
   (``FLEETHEALTH_FAILPOINT=after-commit`` does it on purpose) finds them pending when it, or the replica
   that takes over, starts again.
-- Leadership (``is_leader``): only the Lease holder decides, commits and acts. A standby reads its sources
-  and keeps its history warm, so its first cycle as leader scores on a full window; on taking over it
-  reloads the state from the store (the last leader's last commit) and drains the outbox.
+- Leadership (``is_leader``): only the Lease holder decides, commits and acts. A standby reads its sources,
+  scores (its read endpoints show the fleet; its lifecycle states are those it last loaded) and keeps its
+  history warm, so its first cycle as leader scores on a full window; on taking over it reloads the state
+  from the store (the last leader's last commit) and drains the outbox.
 - A locked, busy or unreachable store (``StoreError``) is one line in the log and a skipped cycle: the
   state stays at the last commit, nothing acts on a decision that was not saved, the next tick tries again.
 - Fencing: taking over claims the store (``claim``) before loading it; a deposed leader that still
@@ -398,6 +399,8 @@ class Controller:
         health = self.published.health
         if skipped:
             self.history.add(derived)  # a standby keeps its history warm for the day it takes over
+            # and scores, so its read endpoints (the Service sends readers to either pod) show the fleet
+            health = self._score(self.history.view(now), self.policy, now, "remediation")
         else:
             events = self._take_events(now)
             try:
