@@ -15,7 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from fleethealth.act.evidence import promql_string, re2_escape
-from fleethealth.auth.access import entity_problem
+from fleethealth.auth.access import entity_problem, is_loopback
 from fleethealth.auth.http import BodyLimit
 from fleethealth.auth.redact import redact_text, redact_url
 
@@ -107,3 +107,8 @@ def test_body_limit_is_413_exactly_when_over(limit: int, chunks: list[int], decl
         assert r.status_code == 413 and f"larger than {limit} bytes" in r.json()["detail"]
     else:
         assert r.status_code == 200 and r.json() == {"n": total}
+
+
+def test_loopback_peers() -> None:
+    assert all(map(is_loopback, ["127.0.0.1", "127.8.9.1", "::1", "::ffff:127.0.0.1", "localhost"]))
+    assert not any(map(is_loopback, ["10.0.0.1", "::ffff:10.0.0.1", "0.0.0.0", "", None, "example.com"]))

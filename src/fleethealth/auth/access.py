@@ -112,9 +112,11 @@ def is_loopback(host: str | None) -> bool:
     if not host:
         return False
     try:
-        return ipaddress.ip_address(host.split("%")[0]).is_loopback
+        ip = ipaddress.ip_address(host.split("%")[0])
     except ValueError:
         return host == "localhost"
+    mapped = getattr(ip, "ipv4_mapped", None)  # a dual-stack socket shows 127.0.0.1 as ::ffff:127.0.0.1
+    return ip.is_loopback or (mapped is not None and mapped.is_loopback)
 
 
 def bearer_token(authorization: str | None) -> str | None:
