@@ -20,6 +20,8 @@ kinds of problems are invisible to a line on its own:
   `# EOF`, no `# EOF`. The rules are those of the reference parser (prometheus-client's
   ``openmetrics.parser``), which stops at the first problem; here every problem is a numbered issue and
   the samples the line grammar accepted are kept (a degraded read, never a crash, never a silent one).
+  It is a Python pass of about 10 us a line (label blocks and groups read once per text, memoised), so
+  only OpenMetrics inputs pay it: 0.04 s for a 4,000-line page, about 1 s for a 100k-line one.
 
 Pure functions of their inputs; no I/O.
 """
@@ -116,7 +118,7 @@ _SUFFIXES = {
     "info": ("_info",),
 }
 _NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
-_QSTR = r'"(?:[^"\\\n]|\\.)*"'
+_QSTR = r'"[^"\\\n]*(?:\\.[^"\\\n]*)*"'
 _LABEL = rf"(?:[a-zA-Z_][a-zA-Z0-9_]*|{_QSTR})={_QSTR}"
 _LABELS = rf"\{{(?:(?:{_LABEL}|{_QSTR})(?:,{_LABEL})*)?\}}"
 _NUMBER = r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?"
@@ -133,10 +135,16 @@ def _unq(s: str) -> str:
     return _ESC_RE.sub(lambda m: _ESC[m.group(0)], s[1:-1])
 
 
-def _labels(text: str | None) -> tuple[str | None, dict[str, str]] | None:
-    """(quoted metric name or None, labels) of a label block; None when a label repeats."""
+def _labels(text: str | None, memo: dict[str, tuple[str | None, dict[str, str]] | None] | None = None,
+            ) -> tuple[str | None, dict[str, str]] | None:
+    """(quoted metric name or None, labels) of a label block; None when a label repeats. ``memo``: label
+    blocks already read in this text (an exporter repeats each GPU's block in every family)."""
     if not text:
         return None, {}
+    if memo is not None:
+        if text not in memo:
+            memo[text] = _labels(text)
+        return memo[text]
     name = None
     out: dict[str, str] = {}
     for m in _LABEL_RE.finditer(text[1:-1]):
@@ -153,6 +161,12 @@ def _labels(text: str | None) -> tuple[str | None, dict[str, str]] | None:
 
 def _float(s: str) -> float:
     return float(s)
+
+
+@dataclass
+class _Memo:
+    labels: dict[str, tuple[str | None, dict[str, str]] | None] = field(default_factory=dict)
+    groups: dict[tuple[str | None, str, str, str], tuple[tuple[str, str], ...]] = field(default_factory=dict)
 
 
 @dataclass
@@ -185,6 +199,7 @@ def check_openmetrics(text: str, report: Callable[[int, str, str], None]) -> Non
         lines.pop()
     fam: _Family | None = None
     seen: set[str] = set()
+    memo = _Memo()  # label blocks read (this text only)
     eof = False
     for n, line in enumerate(lines, 1):
         if eof:
@@ -199,7 +214,7 @@ def check_openmetrics(text: str, report: Callable[[int, str, str], None]) -> Non
         if line.startswith("#"):
             fam = _metadata(fam, line, n, seen, report)
             continue
-        fam = _sample(fam, line, n, seen, report)
+        fam = _sample(fam, line, n, seen, report, memo)
     if fam is not None:
         _close(fam, seen, report)
     if not eof:
@@ -257,14 +272,15 @@ def _close(fam: _Family, seen: set[str], report: Callable[[int, str, str], None]
 
 
 def _sample(
-    fam: _Family | None, line: str, n: int, seen: set[str], report: Callable[[int, str, str], None]
+    fam: _Family | None, line: str, n: int, seen: set[str], report: Callable[[int, str, str], None],
+    memo: _Memo,
 ) -> _Family | None:
     m = _SAMPLE_RE.fullmatch(line)
     if m is None:
         report(n, "not an OpenMetrics sample line", line)
         return fam
     bare, blabels, bvalue, bts, ex_labels, ex_value, ex_ts = m.groups()
-    got = _labels(blabels)
+    got = _labels(blabels, memo.labels)
     if got is None:
         report(n, "duplicate label name", line)
         return fam
@@ -289,7 +305,10 @@ def _sample(
         problem = _exemplar_problem(typ, suffix, ex_labels, ex_ts)
         if problem:
             report(n, problem, line)
-    group = _group_of(fam, typ, name, labels)
+    key = (blabels, typ, suffix, fam.name if typ == "stateset" else "")
+    group = memo.groups.get(key)
+    if group is None:
+        group = memo.groups[key] = _group_of(fam, typ, name, labels)
     if fam.group is not None and group != fam.group and group in fam.groups:
         report(n, "the family's samples are not grouped (this label set appeared before)", line)
     if fam.group is not None and group == fam.group:
