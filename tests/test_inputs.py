@@ -31,6 +31,7 @@ class _Handler(BaseHTTPRequestHandler):
             "/om": (200, "application/openmetrics-text; version=1.0.0", OM.encode()),
             "/broken": (500, "text/plain", b"boom"),
             "/rec.csv": (200, "text/csv", b"ts,metric,value,gpu\n5,DCGM_FI_DEV_GPU_TEMP,40,0\n6,x,bad,\n"),
+            "/big": (200, "text/plain", b"m 1\n" * 500_000),
         }
         status, ctype, body = routes.get(self.path, (404, "text/plain", b"no"))
         self.send_response(status)
@@ -116,3 +117,14 @@ def test_malformed_url_is_a_source_error_not_an_exception() -> None:
     assert len(snap) == 0
     assert [e.source for e in snap.source_errors] == ["http://"]
     assert snap.source_errors[0].reason.startswith("cannot fetch")
+
+
+def test_a_url_body_is_read_up_to_the_limit_and_credentials_never_become_labels(server: str) -> None:
+    from fleethealth.sources.inputs import read_inputs_report
+
+    got = read_inputs_report([f"{server}/big"], NOW, max_bytes=100_000).snapshot
+    assert len(got) == 0
+    assert [e.reason for e in got.source_errors] == ["cannot fetch: the body is larger than the input limit of 100,000 bytes"]
+    host = server.split("//")[1]
+    got = read_inputs_report([server.replace("//", "//user:secret@") + "/vllm"], NOW).snapshot
+    assert {dict(ls).get("instance") for ls in got.labelsets} == {host}

@@ -136,3 +136,20 @@ def test_a_recording_is_read_with_its_own_clock(recording: Path) -> None:
     assert "recorded sample(s) after the time scored" in res.stderr
     by = {t["entity"]: t for t in _json_lines(res.stdout)}
     assert by["node-03"]["value"] == 1.0  # minute 2: not hot yet
+
+
+def test_the_readme_explain_example_shows_real_values(tmp_path: Path) -> None:
+    # README: `fleethealth explain node-37 recording.parquet`; before, --at was now and every signal unknown
+    rec = tmp_path / "recording.parquet"
+    res = runner.invoke(_app(), ["sim", "run", "-s", "node37-thermal-drift", "--duration", "10m", "--out", str(rec)])
+    assert res.exit_code == 0, res.output
+    res = runner.invoke(_app(), ["explain", "node-37", str(rec)])
+    assert res.exit_code == 0, res.output
+    out = res.stdout
+    assert "; recording " in out.splitlines()[0]
+    head = out.splitlines()[1]
+    assert head.startswith("node-37 (node) value ") and "value unknown" not in head
+    gpu_lines = [line for line in out.splitlines() if "node-37/gpu" in line]
+    assert len(gpu_lines) == 8 and not any(" unknown " in line for line in gpu_lines)
+    assert "gpu_temp  raw=" in out and "age=0s" in out  # the last scrape is the time scored
+    assert "clock skew" not in res.output
