@@ -1,0 +1,176 @@
+"""The policy's loading errors as an operator reads them (issue 21): the exact file, line and key path of
+each problem, one line per problem, never a traceback; the version tag stamped on every decision; the
+signal lookup and metric families."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pydantic import BaseModel
+
+from fleethealth.policy import (
+    Policy,
+    PolicyError,
+    SignalSpec,
+    default_policy,
+    default_policy_text,
+    load_policy,
+    parse_policy,
+    validate_yaml,
+)
+
+ONE = "signals:\n  - name: temp\n    metric: DCGM_FI_DEV_GPU_TEMP\n    category: thermal\n    shape: ramp\n"
+
+
+def errors(text: str, source: str = "p.yaml") -> list[str]:
+    with pytest.raises(PolicyError) as e:
+        parse_policy(text, source)
+    lines = str(e.value).splitlines()
+    assert lines[0] == "invalid policy"
+    return [ln.strip() for ln in lines[1:]]
+
+
+def test_each_problem_is_one_line_with_file_line_and_key() -> None:
+    text = ONE + "    warn: 90\n    crit: 80\n  - name: gate1\n    metric: m\n    category: c\n    shape: gate\n"
+    assert errors(text) == [
+        "p.yaml:7: signals[0](temp).crit: crit (80) must be above warn (90) for a ramp that is worse when higher",
+        "p.yaml:8: signals[1](gate1): a gate needs 'above' or 'values'",
+    ]
+
+
+def test_nested_key_line_is_the_key_not_its_parent() -> None:
+    text = ONE + "    warn: 80\n    crit: 90\nlifecycle:\n  min_confidence: 0.5\n  drain_timeout_s: -1\n"
+    assert errors(text) == ["p.yaml:10: lifecycle.drain_timeout_s: Input should be greater than 0"]
+    text2 = ONE + "    warn: 80\n    crit: 90\n    match:\n      status: '5[0-9'\n"
+    (msg,) = errors(text2)
+    assert msg.startswith("p.yaml:8: signals[0](temp).match: match.status: not a regular expression:")
+
+
+def test_line_of_a_list_item_and_of_a_missing_key() -> None:
+    # the second signal lacks 'category': the line is the item's first line, the path names the item
+    text = ONE + "    warn: 80\n    crit: 90\n  - name: b\n    metric: m\n    shape: flag\n    flag: f\n"
+    assert errors(text) == ["p.yaml:8: signals[1](b).category: Field required"]
+    # a list item that is not a mapping: no name in the path
+    text2 = ONE + "    warn: 80\n    crit: 90\n  - 7\n"
+    (msg,) = errors(text2)
+    assert msg.startswith("p.yaml:8: signals[1]: ")
+    # an entity list entry past the YAML list's end cannot happen; a wrong entry is named by index
+    text3 = ONE + "    warn: 80\n    crit: 90\n    entities: [gpu, disk]\n"
+    (msg3,) = errors(text3)
+    assert msg3.startswith("p.yaml:8: signals[0](temp).entities[1]: Input should be ")
+
+
+def test_top_level_problems() -> None:
+    assert errors("version: x\n") == ["p.yaml:1: signals: Field required"]
+    assert errors(ONE + "    warn: 80\n    crit: 90\nbogus: 1\n") == ["p.yaml:8: bogus: Extra inputs are not permitted"]
+    with pytest.raises(PolicyError) as e:
+        parse_policy("- a\n- b\n", "list.yaml")
+    assert str(e.value) == "list.yaml: a policy is a YAML mapping with at least a 'signals' list"
+    with pytest.raises(PolicyError) as e:
+        parse_policy("", "empty.yaml")
+    assert str(e.value) == "empty.yaml: a policy is a YAML mapping with at least a 'signals' list"
+
+
+def test_bad_yaml_names_the_line() -> None:
+    with pytest.raises(PolicyError) as e:
+        parse_policy("version: a\nsignals:\n  - name: [\n", "z.yaml")
+    assert str(e.value).startswith("z.yaml:4: not valid YAML: ")
+    assert "Traceback" not in str(e.value)
+
+
+def test_the_default_source_name() -> None:
+    with pytest.raises(PolicyError) as e:
+        parse_policy("version: x\n")
+    assert "<policy>:1: signals: Field required" in str(e.value)
+
+
+def test_load_from_a_file_and_its_errors(tmp_path: Path) -> None:
+    f = tmp_path / "mine.yaml"
+    f.write_text(ONE + "    warn: 80\n    crit: 90\nversion: mine-3\n")
+    p = load_policy(f)
+    assert p.version == "mine-3" and [s.name for s in p.signals] == ["temp"]
+    assert load_policy(str(f)).version == "mine-3"
+    f.write_text(ONE)
+    with pytest.raises(PolicyError) as e:
+        load_policy(f)
+    assert str(e.value).splitlines()[1].strip() == f"{f}:2: signals[0](temp): a ramp needs both 'warn' and 'crit'"
+    with pytest.raises(PolicyError) as e:
+        load_policy(tmp_path / "nope.yaml")
+    assert str(e.value) == f"{tmp_path / 'nope.yaml'}: cannot read policy: No such file or directory"
+    assert load_policy() is default_policy()
+    assert load_policy(None).version == "default-1"
+
+
+def test_version_tag_and_digest_follow_the_content() -> None:
+    p = parse_policy(ONE + "    warn: 80\n    crit: 90\nversion: v7\n")
+    tag = p.version_tag
+    assert tag.startswith("v7@") and len(tag) == len("v7@") + 12
+    assert p.digest == tag.split("@")[1] and p.digest == p.digest
+    assert all(c in "0123456789abcdef" for c in p.digest)
+    # the same text gives the same digest; another threshold gives another one
+    assert parse_policy(ONE + "    warn: 80\n    crit: 90\nversion: v7\n").digest == p.digest
+    other = parse_policy(ONE + "    warn: 80\n    crit: 91\nversion: v7\n")
+    assert other.digest != p.digest and other.version_tag != tag
+    # an updated copy is another policy: its digest is recomputed, the original's kept
+    c = p.model_copy(update={"version": "v8"})
+    assert c.version_tag.startswith("v8@") and c.digest != p.digest
+    assert p.version_tag == tag
+    same = p.model_copy()
+    assert same.digest == p.digest
+
+
+def test_signal_lookup_and_family() -> None:
+    p = default_policy()
+    assert p.signal("gpu_temp").name == "gpu_temp"
+    assert p.signal("xid").shape == "xid"
+    with pytest.raises(KeyError, match="no_such_signal"):
+        p.signal("no_such_signal")
+    s = SignalSpec(name="a", metric="DCGM_FI_DEV_GPU_TEMP", category="c", shape="gate", above=1)
+    assert s.family_name == "DCGM"
+    assert SignalSpec(name="a", metric="vllm:num_requests", category="c", shape="gate", above=1).family_name == "vllm"
+    assert SignalSpec(name="a", metric="x_y:z", category="c", shape="gate", above=1).family_name == "x"
+    assert SignalSpec(name="a", metric="m", category="c", shape="gate", above=1, family="dcgm").family_name == "dcgm"
+
+
+def test_default_policy_text_is_the_shipped_file() -> None:
+    text = default_policy_text()
+    assert text.startswith("#") or "version: default-1" in text
+    assert parse_policy(text).digest == default_policy().digest
+
+
+class _Cfg(BaseModel):
+    name: str
+    items: list[int | str]
+
+
+class _CfgError(Exception):
+    pass
+
+
+def test_validate_yaml_for_other_documents_and_dropped_union_branches() -> None:
+    cfg = validate_yaml("name: a\nitems: [1, x]\n", "c.yaml", _Cfg, _CfgError, what="config", hint="a mapping")
+    assert cfg.items == [1, "x"]
+    with pytest.raises(_CfgError) as e:
+        validate_yaml("name: a\nitems: [1, [2]]\n", "c.yaml", _Cfg, _CfgError, what="config", hint="h",
+                      drop_loc=("int", "str"))
+    assert str(e.value).splitlines()[0] == "invalid config"
+    assert {ln.strip() for ln in str(e.value).splitlines()[1:]} == {
+        "c.yaml:2: items[1]: Input should be a valid integer",
+        "c.yaml:2: items[1]: Input should be a valid string",
+    }
+    with pytest.raises(_CfgError) as e:
+        validate_yaml("7", "c.yaml", _Cfg, _CfgError, what="config", hint="a config is a mapping")
+    assert str(e.value) == "c.yaml: a config is a mapping"
+
+
+def test_duplicate_signal_names() -> None:
+    text = ONE + "    warn: 80\n    crit: 90\n" + ONE.removeprefix("signals:\n") + "    warn: 80\n    crit: 90\n"
+    assert errors(text) == ["p.yaml:1: signals: signal name 'temp' is used twice"]
+
+
+def test_policy_is_frozen() -> None:
+    p = default_policy()
+    with pytest.raises(Exception, match="frozen"):
+        p.version = "x"  # type: ignore[misc]
+    assert isinstance(p, Policy)
