@@ -231,3 +231,27 @@ def test_context_error_kinds_and_xids_in_text() -> None:
     assert context_error_kinds("connection reset") == []
     assert xids_in("GPU 3: Xid 79 seen; xid=48") == [79, 48]
     assert xids_in("NVRM: Xid (PCI:0000:3b:00): 31, pid=1, Ch 0000001 and Xid 79 later") == [31]
+
+
+def test_fragmentation_intents_carry_the_explanation_and_policy_version() -> None:
+    ev = OomEvent(0, requested_bytes=2 * GiB, free_bytes=1 * GiB, reserved_bytes=4 * GiB, total_bytes=80 * GiB,
+                  entity="r9")
+    v = classify_oom(ev)
+    it = oom_intents(ev, 1.0, policy_version="pol@abc")
+    assert [(i.kind, i.reason, i.policy_version, i.tier) for i in it] == [
+        (k, v.explanation, "pol@abc", Tier.POD)
+        for k in (IntentKind.DRAIN, IntentKind.REBUILD_WORKER, IntentKind.CAPTURE_EVIDENCE)]
+
+
+def test_an_empty_prompt_with_an_oversized_output_budget() -> None:
+    v = classify_oom(OomEvent(0, prompt_tokens=0, max_tokens=5000, model_max_len=4096))
+    assert v.cls is OomClass.OVERSIZED_REQUEST
+    assert v.explanation == ("request needs 5000 tokens (prompt 0 + output 5000) but model_max_len is 4096: "
+                             "reject it or lower max_tokens to at most 4096")
+    assert v.max_tokens_allowed == 4096
+
+
+def test_nothing_known_about_concurrency_means_a_limit_of_one() -> None:
+    from fleethealth.decide.oom import OomThresholds
+    (it,) = oom_intents(OomEvent(0, kv_cache_usage=0.95), 0.0, OomThresholds(concurrency_factor=1.0))
+    assert it.params["max_concurrency"] == 1

@@ -1,0 +1,246 @@
+"""Backtest scoring at its edges, as the report's reader sees it (issue 21): recall when the only quarantine
+during an incident is of the wrong node, quarantines through a replica, within and past the grace period,
+what counts as a response and how it is named, incidents merged from several truth rows, the budget of a
+correlated event per pool and window, and the bookkeeping numbers of the report."""
+
+from __future__ import annotations
+
+import pytest
+
+from fleethealth.backtest.arms import ArmLog
+from fleethealth.backtest.metrics import Incident, incidents, node_of, score_arm
+from fleethealth.backtest.runner import SlowRecord
+from fleethealth.decide.model import Intent, IntentKind, State, Tier, Transition
+from fleethealth.policy import default_policy
+from fleethealth.sim.truth import GroundTruth
+
+T0 = 1_767_225_600.0
+NODES = [f"node-{i:02d}" for i in range(10)]
+POOL = {n: ("train-a" if i < 5 else "train-b") for i, n in enumerate(NODES)}
+REPLICAS = {"llama-000": "node-09", "llama-001": "node-08"}
+
+
+def tr(ts: float, entity: str, to: State, frm: State = State.READY, reason: str = "r") -> Transition:
+    return Transition(T0 + ts, entity, "replica" if entity in REPLICAS else "node", frm, to, reason, 0.1, 1.0, "v")
+
+
+def gt(entity: str, fault: str, onset: float, faulty: bool = True, action: str = "quarantine",
+       kind: str = "node", group: str | None = None, end: float | None = None, detail: str = "") -> GroundTruth:
+    return GroundTruth(entity, kind, fault, T0 + onset, None if end is None else T0 + end, faulty, action,  # type: ignore[arg-type]
+                       detail, group)
+
+
+def it(ts: float, kind: IntentKind, entity: str, reason: str = "r", **params: object) -> Intent:
+    return Intent(T0 + ts, kind, entity, reason, dict(params), Tier.NODE)
+
+
+def score(log: ArmLog, truths: list[GroundTruth], days: float = 1.0, slow: list[SlowRecord] | None = None,
+          grace_s: float = 1800.0):  # type: ignore[no-untyped-def]
+    return score_arm(log, truths, replica_node=REPLICAS, nodes=NODES, node_pool=POOL, start=T0,
+                     end=T0 + days * 86400, policy=default_policy(), slow=slow or [], step_s=15.0, grace_s=grace_s)
+
+
+def test_recall_when_the_only_quarantine_during_an_incident_is_of_the_wrong_node() -> None:
+    truths = [gt("node-01", "nvlink_errors", 100)]
+    s = score(ArmLog("x", transitions=[tr(400, "node-02", State.QUARANTINED)]), truths)
+    m = s.metrics
+    assert (m["recall"], m["incidents_due_quarantine"], m["incidents_caught"]) == (0.0, 1, 0)
+    assert (m["precision"], m["true_quarantines"], m["false_quarantines"], m["quarantines"]) == (0.0, 0, 1, 1)
+    assert s.false_quarantines == [(T0 + 400, "node-02", "healthy")]
+    (o,) = s.outcomes
+    assert (o.response_s, o.removal_s, o.action_ok, o.how) == (None, None, False, "")
+    assert m["detection_s"] is None and m["removal_s"] is None
+
+
+def test_a_replica_quarantined_on_the_faulty_node_catches_the_incident() -> None:
+    truths = [gt("node-09", "ecc_dbe", 100), gt("llama-000", "ecc_dbe", 100, kind="replica")]
+    s = score(ArmLog("x", transitions=[tr(160, "llama-000", State.QUARANTINED, reason="gate:xid")]), truths)
+    m = s.metrics
+    assert (m["recall"], m["true_quarantines"], m["false_quarantines"]) == (1.0, 1, 0)
+    (o,) = s.outcomes
+    assert (o.response_s, o.removal_s, o.action_ok, o.how) == (60.0, 60.0, True, "QUARANTINED:gate:xid")
+    assert node_of("llama-000", REPLICAS) == "node-09"
+    assert node_of("node-03/gpu2", REPLICAS) == "node-03"
+    assert node_of("node-03", REPLICAS) == "node-03"
+
+
+def test_grace_after_the_fault_ended() -> None:
+    truths = [gt("node-01", "thermal_drift", 100, end=1000, detail="fan")]
+    inside = score(ArmLog("x", transitions=[tr(1000 + 1799, "node-01", State.QUARANTINED)]), truths).metrics
+    assert (inside["true_quarantines"], inside["recall"]) == (1, 1.0)
+    s = score(ArmLog("x", transitions=[tr(1000 + 1800, "node-01", State.QUARANTINED)]), truths)
+    assert (s.metrics["false_quarantines"], s.metrics["recall"]) == (1, 0.0)
+    assert s.false_quarantines == [(T0 + 2800, "node-01", "healthy")]
+    # no grace: the end itself is already past
+    assert score(ArmLog("x", transitions=[tr(1000, "node-01", State.QUARANTINED)]), truths,
+                 grace_s=0.0).metrics["false_quarantines"] == 1
+    assert score(ArmLog("x", transitions=[tr(999, "node-01", State.QUARANTINED)]), truths,
+                 grace_s=0.0).metrics["true_quarantines"] == 1
+    # at the onset itself: active
+    assert score(ArmLog("x", transitions=[tr(100, "node-01", State.QUARANTINED)]), truths).metrics["recall"] == 1.0
+
+
+def test_why_a_quarantine_was_false_is_named() -> None:
+    truths = [gt("node-03", "oom_fragmentation", 100, faulty=False, action="rebuild_worker", detail="fragmented"),
+              gt("node-04", "noisy_neighbour", 100, faulty=False, action="none")]
+    s = score(ArmLog("x", transitions=[tr(200, "node-03", State.QUARANTINED), tr(300, "node-04", State.QUARANTINED)]),
+              truths)
+    assert s.false_quarantines == [
+        (T0 + 200, "node-03", "not a hardware fault: oom_fragmentation (fragmented)"),
+        (T0 + 300, "node-04", "not a hardware fault: noisy_neighbour (none)")]
+    # a faulty entity whose expected action is not a quarantine: still a false quarantine
+    s2 = score(ArmLog("x", transitions=[tr(200, "node-05", State.QUARANTINED)]),
+               [gt("node-05", "xid13_app", 100, action="page")])
+    assert s2.metrics["false_quarantines"] == 1 and s2.metrics["recall"] == 1.0
+
+
+def test_staying_quarantined_is_one_quarantine() -> None:
+    truths = [gt("node-01", "nvlink_errors", 100)]
+    log = ArmLog("x", transitions=[tr(200, "node-01", State.QUARANTINED),
+                                   tr(300, "node-01", State.QUARANTINED, State.QUARANTINED)])
+    m = score(log, truths).metrics
+    assert (m["quarantines"], m["true_quarantines"], m["transitions"]) == (1, 1, 2)
+
+
+def test_what_counts_as_a_response() -> None:
+    truths = [gt("node-01", "thermal_drift", 100), gt("llama-001", "slo_burn", 100, kind="replica",
+                                                        action="limit_concurrency", faulty=False)]
+    # a router weight at 1 is no response; lowered below 1 is; a SET_CONDITION is not a remediation
+    log = ArmLog("x", intents=[
+        it(110, IntentKind.SET_WEIGHT, "llama-001", weight=1.0),
+        it(120, IntentKind.SET_CONDITION, "node-01"),
+        it(130, IntentKind.SET_WEIGHT, "llama-001", weight=0.5),
+        it(150, IntentKind.NO_NEW_WORK, "node-01"),
+        it(170, IntentKind.LIMIT_CONCURRENCY, "llama-001"),
+    ], transitions=[tr(140, "node-01", State.DEGRADED, reason="below_degraded")])
+    s = score(log, truths)
+    by = {o.incident.node: o for o in s.outcomes}
+    assert (by["node-01"].response_s, by["node-01"].how) == (40.0, "DEGRADED:below_degraded")
+    assert (by["node-08"].response_s, by["node-08"].how) == (30.0, "set_weight")
+    assert by["node-08"].action_ok is True and by["node-01"].action_ok is False
+    assert by["node-01"].removal_s is None
+    assert s.metrics["detection_s"] == pytest.approx(35.0)
+    assert (s.metrics["actions_ok"], s.metrics["actions_expected"]) == (1, 2)
+    # a weight given as 0 (or None) is lowered
+    s0 = score(ArmLog("x", intents=[it(110, IntentKind.SET_WEIGHT, "llama-001", weight=None)]), truths)
+    assert {o.incident.node: o.response_s for o in s0.outcomes}["node-08"] == 10.0
+
+
+def test_responses_outside_the_incident_do_not_count_and_none_expected_is_not_scored() -> None:
+    truths = [gt("node-01", "thermal_drift", 1000), gt("node-02", "benign", 100, faulty=False, action="none")]
+    log = ArmLog("x", transitions=[tr(900, "node-01", State.DEGRADED), tr(1200, "node-01", State.DRAINING)])
+    s = score(log, truths)
+    (o,) = s.outcomes  # node-02's incident expects nothing: not an outcome
+    assert o.incident.node == "node-01"
+    assert (o.response_s, o.removal_s, o.how) == (200.0, 200.0, "DRAINING:r")
+    assert s.metrics["removal_s"] == 200.0
+
+
+def test_page_incidents_count_pages_as_responses() -> None:
+    truths = [gt("node-06", "xid13_app", 500, action="page", faulty=False)]
+    s = score(ArmLog("x", intents=[it(450, IntentKind.PAGE, "node-06", "event:x"),
+                                   it(520, IntentKind.PAGE, "someone-else", "event:test_failed")]), truths)
+    (o,) = s.outcomes
+    assert (o.response_s, o.how, o.action_ok) == (20.0, "event:test_failed", True)
+    assert s.metrics["pages"] == 2 and s.metrics["budget_exhaustions"] == 0
+
+
+def test_schedule_reset_is_ok_only_without_a_quarantine_on_its_node() -> None:
+    truths = [gt("node-04", "row_remap_pending", 100, action="schedule_reset")]
+    reset = it(115, IntentKind.SCHEDULE_RESET, "node-04")
+    assert [o.action_ok for o in score(ArmLog("x", intents=[reset]), truths).outcomes] == [True]
+    other = [tr(200, "node-05", State.QUARANTINED)]
+    assert [o.action_ok for o in score(ArmLog("x", intents=[reset], transitions=other), truths).outcomes] == [True]
+    own = [tr(200, "node-04", State.QUARANTINED)]
+    s = score(ArmLog("x", intents=[reset], transitions=own), truths)
+    assert [o.action_ok for o in s.outcomes] == [False]
+    assert s.false_quarantines == [(T0 + 200, "node-04", "needs a reset, not a repair")]
+    # a reset intent for another node does not do
+    assert [o.action_ok for o in score(ArmLog("x", intents=[it(115, IntentKind.SCHEDULE_RESET, "node-05")]),
+                                       truths).outcomes] == [False]
+    # an expected action with no intent kind (a typo in a scenario) is never ok
+    odd = [gt("node-04", "x", 100, action="call_vendor")]
+    assert [o.action_ok for o in score(ArmLog("x", intents=[reset]), odd).outcomes] == [False]
+
+
+def test_incidents_merge_rows_of_one_fault_on_one_node() -> None:
+    rows = [gt("llama-000", "build_regression", 600, faulty=False, action="page", kind="replica", group="build:x"),
+            gt("node-09", "build_regression", 600, faulty=False, action="none"),
+            gt("node-09/gpu1", "oom_device", 50, action="schedule_reset", kind="gpu"),
+            gt("node-09", "oom_device", 50, action="quarantine", faulty=False),
+            gt("node-01", "nvlink", 600, action="none", faulty=False),
+            gt("node-01/gpu0", "nvlink", 600, action="page", faulty=True)]
+    got = incidents(rows, REPLICAS)
+    assert [(i.onset - T0, i.node, i.fault) for i in got] == [
+        (50, "node-09", "oom_device"), (600, "node-01", "nvlink"), (600, "node-09", "build_regression")]
+    oom, nv, build = got
+    assert oom.expected == "quarantine" and oom.faulty is True and oom.entities == {"node-09/gpu1", "node-09"}
+    assert nv.expected == "page" and nv.faulty is True and nv.group is None
+    assert build.expected == "page" and build.faulty is False and build.group == "build:x"
+    assert build.entities == {"llama-000", "node-09"}
+    # an unranked action does not displace a ranked one, and beats "none"
+    a = incidents([gt("node-02", "f", 1, action="page"), gt("node-02", "f", 1, action="rebuild_worker")], REPLICAS)
+    assert a[0].expected == "page"
+    b = incidents([gt("node-02", "f", 1, action="none"), gt("node-02", "f", 1, action="rebuild_worker")], REPLICAS)
+    assert b[0].expected == "rebuild_worker"
+    c = incidents([gt("node-02", "f", 1, group=None), gt("node-02/gpu1", "f", 1, kind="gpu", group="g")], REPLICAS)
+    assert c[0].group == "g"
+    assert Incident("f", "n", {"n"}, 10.0, None, "quarantine", True, None).active(10.0)
+    assert not Incident("f", "n", {"n"}, 10.0, 20.0, "quarantine", True, None).active(20.0)
+    assert Incident("f", "n", {"n"}, 10.0, 20.0, "quarantine", True, None).active(20.0, 0.5)
+
+
+def test_a_correlated_event_is_judged_per_pool_and_budget_window() -> None:
+    # six faulty members across two pools of five; budget max(1, floor(0.02 * 5)) = 1 per pool per hour
+    members = ["node-00", "node-01", "node-02", "node-05", "node-06", "node-07"]
+    truths = [gt(n, "bad_driver", 600, action="page", group="driver:x") for n in members]
+    one_each = ArmLog("x", transitions=[tr(1200, "node-00", State.QUARANTINED), tr(1300, "node-05", State.QUARANTINED),
+                                        tr(1200 + 3600, "node-01", State.QUARANTINED)],
+                      intents=[it(700, IntentKind.PAGE, "version/driver", "version_correlation")])
+    m = score(one_each, truths).metrics
+    assert m["groups"] == [{"group": "driver:x", "members": 6, "faulty": 6, "quarantined": 3,
+                            "budget_held": True, "paged": True}]
+    assert (m["group_quarantines"], m["quarantines"], m["false_quarantines"], m["precision"]) == (3, 3, 0, 1.0)
+    # two in one pool less than an hour apart: the budget did not hold; a page before the onset is not about it
+    two = ArmLog("x", transitions=[tr(1200, "node-00", State.QUARANTINED),
+                                   tr(1200 + 3599, "node-01", State.QUARANTINED)],
+                 intents=[it(500, IntentKind.PAGE, "pool/train-a", "budget_exhausted")])
+    g = score(two, truths).metrics["groups"][0]
+    assert (g["budget_held"], g["paged"], g["quarantined"]) == (False, False, 2)
+    # a page at the onset about the event counts; a page about one node's failed test does not
+    at = ArmLog("x", intents=[it(600, IntentKind.PAGE, "pool/train-a", "tp_group_limit")])
+    assert score(at, truths).metrics["groups"][0]["paged"] is True
+    test_failed = ArmLog("x", intents=[it(900, IntentKind.PAGE, "node-00", "event:test_failed")])
+    assert score(test_failed, truths).metrics["groups"][0]["paged"] is False
+
+
+def test_flaps_per_replica_day_and_the_reports_bookkeeping() -> None:
+    trs = [tr(0, "llama-000", State.WARMING, State.STARTING), tr(60, "llama-000", State.READY, State.WARMING),
+           tr(100, "llama-000", State.DEGRADED), tr(200, "llama-000", State.READY, State.DEGRADED),
+           tr(300, "llama-001", State.DEGRADED), tr(400, "node-03", State.DEGRADED)]
+    log = ArmLog("arm-1", transitions=trs, cycles=240, cpu_s=1.23456)
+    s = score(log, [], days=2.0)
+    m = s.metrics
+    assert s.name == "arm-1"
+    assert m["flaps_per_replica_day"] == pytest.approx(3 / 2 / 2)
+    assert m["flaps_per_node_day"] == pytest.approx(1 / 10 / 2)
+    assert (m["transitions"], m["cycles"], m["cpu_s"]) == (6, 240, 1.235)
+    assert (m["gpu_hours_lost"], m["gpu_hours_lost_if_undetected"], m["groups"]) == (0.0, 0.0, [])
+    no_reps = score_arm(log, [], replica_node={}, nodes=NODES, node_pool=POOL, start=T0, end=T0 + 86400,
+                        policy=default_policy())
+    assert no_reps.metrics["flaps_per_replica_day"] == 0.0
+
+
+def test_gpu_hours_take_the_slowest_node_of_a_job_per_step() -> None:
+    # two faulty nodes in one 64-GPU job, 10% and 30% slow, for 240 steps of 15 s (one hour)
+    slow = [SlowRecord(T0 + k * 15.0, n, "job-a", 64, x) for k in range(240) for n, x in
+            (("node-01", 0.1), ("node-02", 0.3))]
+    truths = [gt("node-01", "thermal", 0), gt("node-02", "thermal", 0)]
+    m = score(ArmLog("x"), truths, slow=slow).metrics
+    assert m["gpu_hours_lost"] == pytest.approx(0.3 * 64, rel=1e-9)
+    # the 30% node removed at half-time: the job then runs at the 10% node's pace
+    half = ArmLog("x", transitions=[tr(1800, "node-02", State.DRAINING)])
+    m2 = score(half, truths, slow=slow).metrics
+    assert m2["gpu_hours_lost"] == pytest.approx(0.3 * 64 / 2 + 0.1 * 64 / 2, rel=1e-9)
+    assert m2["gpu_hours_lost_if_undetected"] == pytest.approx(0.3 * 64, rel=1e-9)
+    assert m2["removal_s"] == pytest.approx(1800.0)
