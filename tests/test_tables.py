@@ -182,3 +182,15 @@ def test_property_garbage_tables_never_crash(tmp_path_factory: pytest.TempPathFa
         assert "\n" not in str(e) and "cannot read" in str(e)
         return
     assert all(math.isfinite(v) for v in snap.values.tolist())
+
+
+def test_nul_bytes_in_names_and_label_values_are_issues(tmp_path: Path) -> None:
+    p = tmp_path / "n.jsonl"
+    p.write_text(
+        '{"ts": 1, "metric": "ok", "value": 1, "gpu": "0"}\n'
+        '{"ts": 1, "metric": "ok", "value": 2, "gpu": "1\\u0000"}\n'
+        '{"ts": 1, "metric": "b\\u0000d", "value": 3, "gpu": "2"}\n'
+    )
+    snap = read_table(p)
+    assert [(m, lab, v) for m, lab, v, _ in snap.rows()] == [("ok", {"gpu": "0"}, 1.0)]
+    assert [(i.line, i.reason) for i in snap.issues] == [(n, "NUL byte in a metric or label name or value") for n in (2, 3)]

@@ -317,8 +317,15 @@ def _table_to_snapshot(table: pa.Table, lines: np.ndarray, source: str, issues: 
     metric_names = [m or "" for m in mdict]
     is_dcgm = np.array([is_dcgm_field(m) for m in metric_names] + [False])[mcodes]
     is_counter = np.array([counter_like(m, {}) for m in metric_names] + [False])[mcodes]
+    # NUL is never part of a metric name, a label name or a label value (as in exposition text).
+    nul = np.array(["\0" in m for m in metric_names] + [False])[mcodes]
+    for col, (codes, dictionary) in zip(label_cols, lcodes, strict=True):
+        bad_vals = np.array(["\0" in (d or "") or "\0" in col for d in dictionary] + [False])
+        if bad_vals.any():
+            nul |= bad_vals[codes]
     reasons: list[tuple[np.ndarray, str]] = [
         (mcodes < 0, "missing metric"),
+        (nul, "NUL byte in a metric or label name or value"),
         (ts_missing, "missing ts"),
         (ts_bad, "invalid ts"),
         (~ts_missing & ~ts_bad & ~np.isfinite(ts), "invalid ts"),
