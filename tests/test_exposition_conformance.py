@@ -112,6 +112,21 @@ def test_quoted_utf8_names_and_empty_comma_label_sets() -> None:
     ]
 
 
+def test_parse_many_finds_repeats_across_its_batched_and_careful_blocks() -> None:
+    # block 1 is batched over all pages; block 2 (a broken line in it) is parsed page by page: the repeat
+    # of m{gpu="3"} in block 2 is still found, per page, as parse_exposition finds it
+    good = "".join(f'm{{gpu="{g}"}} {g}\n' for g in range(50))
+    page = "# TYPE m gauge\n" + good + "# HELP m again\n" + 'm{gpu="3"} 99\nm{gpu="y"} bad\n'
+    pages = [(page, {"instance": f"i{k}"}, f"p{k}") for k in range(3)]
+    many = parse_many(pages, default_ts=NOW)
+    one = [parse_exposition(text, default_ts=NOW, source=src, extra_labels=extra) for text, extra, src in pages]
+    assert len(many) == sum(map(len, one)) == 3 * 50
+    got = sorted((i.source, i.line, i.reason) for i in many.issues)
+    assert got == sorted((i.source, i.line, i.reason) for s in one for i in s.issues)
+    assert [(line, reason) for src, line, reason in got if src == "p0"] == [
+        (53, "duplicate sample for timestamp (the first is kept)"), (54, "invalid value")]
+
+
 @pytest.mark.parametrize("line", [
     'a{x="y\x00z"} 1', 'a\x00b{x="y"} 1', '{"a\x00b"} 1', 'a{"x\x00"="y"} 1', 'a 1\x00',
 ])

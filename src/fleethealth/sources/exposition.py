@@ -457,6 +457,7 @@ class _Ctx:
     ln: list[int] = field(default_factory=list)
     added: int = 0  # samples this context has put into the builder (per-page counts for parse_many)
     seen: SeenSamples = field(default_factory=SeenSamples)
+    scope: int | None = None  # parse_many: this page's number in the batch's SeenSamples
 
     def add_arrays(
         self, mids: np.ndarray, sids: np.ndarray, values: np.ndarray, ts: np.ndarray,
@@ -467,14 +468,16 @@ class _Ctx:
         ``distinct``: the caller knows the samples' (metric, series) pairs are distinct (a proven block)."""
         if self.m:
             _flush_careful(self)  # careful-path samples of earlier lines go first
-        keep = self.seen.first_at_instant(mids, sids, ts, distinct)
+        scope = None if self.scope is None else np.full(mids.shape[0], self.scope, np.int64)
+        keep = self.seen.first_at_instant(mids, sids, ts, distinct, scope)
         if keep is not None:
             for i in np.flatnonzero(~keep).tolist():
                 line = lines + i if isinstance(lines, int) else int(lines[i])
                 self.issue(line, "duplicate sample for timestamp (the first is kept)",
                            sample_text(self.builder, int(mids[i]), int(sids[i]), float(values[i])))
             mids, sids, values, ts = mids[keep], sids[keep], values[keep], ts[keep]
-        self.seen.add(mids, sids, ts)
+            scope = None if scope is None else scope[keep]
+        self.seen.add(mids, sids, ts, scope)
         self.added += int(values.shape[0])
         self.builder.add_arrays(mids, sids, values, ts)
 
@@ -655,7 +658,8 @@ class _Batch:
     def ctx(self, page: int) -> _Ctx:
         c = self.ctxs.get(page)
         if c is None:
-            c = self.ctxs[page] = _Ctx(self.builder, self.sources[page], self.default_ts, 1000.0, self.extras[page])
+            c = self.ctxs[page] = _Ctx(self.builder, self.sources[page], self.default_ts, 1000.0, self.extras[page],
+                                       seen=self.seen, scope=page)  # (repeats checked against the batch's)
         return c
 
 
