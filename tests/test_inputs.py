@@ -128,3 +128,7 @@ def test_a_url_body_is_read_up_to_the_limit_and_credentials_never_become_labels(
     host = server.split("//")[1]
     got = read_inputs_report([server.replace("//", "//user:secret@") + "/vllm"], NOW).snapshot
     assert {dict(ls).get("instance") for ls in got.labelsets} == {host}
+    dead = f"http://user:secret@127.0.0.1:{free_port()}/metrics?token=abc"
+    got = read_inputs_report([dead, server.replace("//", "//u:secret@") + "/broken"], NOW).snapshot
+    assert len(got.source_errors) == 2
+    assert not any("secret" in e.source + e.reason or "abc" in e.source for e in got.source_errors)

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from fleethealth.auth.redact import redact_text, redact_url
 from fleethealth.signals.snapshot import InputIssue, Snapshot, SnapshotBuilder, window
 from fleethealth.sources.exposition import parse_exposition
 from fleethealth.sources.tables import (
@@ -178,7 +179,7 @@ def read_inputs_report(
         res = fetched[url]
         fmt = table_format(urlsplit(url).path)
         if fmt is not None and not isinstance(res, str):
-            tables[url] = _table_from_bytes(url, res[0], fmt[0], fmt[1], limit)
+            tables[url] = _table_from_bytes(redact_url(url), res[0], fmt[0], fmt[1], limit)
     recorded_ts = [s.ts for s in tables.values() if len(s)]
     recorded = (min(float(t.min()) for t in recorded_ts), max(float(t.max()) for t in recorded_ts)) if recorded_ts else None
     if at is None:
@@ -196,12 +197,13 @@ def read_inputs_report(
             continue
         if is_url(item):
             res = fetched[item]
+            shown = redact_url(item)  # (issues are printed and served: never a password in them)
             if isinstance(res, str):
-                b.source_errors.append(InputIssue(item, 0, f"cannot fetch: {res}"))
+                b.source_errors.append(InputIssue(shown, 0, f"cannot fetch: {redact_text(res)}"))
                 continue
             body, ctype = res
             om = True if "openmetrics" in ctype.lower() else None
-            parse_exposition(body, default_ts=at, source=item, builder=b,
+            parse_exposition(body, default_ts=at, source=shown, builder=b,
                              extra_labels={"instance": _instance(item)}, openmetrics=om)
             continue
         raw = read_file(item, limit)
