@@ -123,3 +123,53 @@ def test_targets_sharing_an_instance_speak_for_their_own_node_only() -> None:
         b.add("DCGM_FI_DEV_GPU_TEMP", {"Hostname": "n1", "gpu": str(g), "instance": "sim:80", "node": "n1"}, 50, 200)
     d = derived(tr.observe(b.build(200), 200).snapshot)
     assert d[(GPUS_MISSING, "n1")] == 0.0 and (GPUS_MISSING, "n2") not in d
+
+
+def test_a_gpu_missing_from_the_page_just_read_is_missing_at_once() -> None:
+    """Absence inside a fresh read is evidence: GPU 3 was on n1's page at 0 and is not on the page read at
+    15, so n1 misses a GPU at 15 (its old samples are still fresh: before, only after the 90 s window).
+    n2, read at another time (its own scrape offset), and n1's non-GPU series read later lose nothing."""
+    for indexed in (True, False):
+        tr = StructuralTracker(max_age_s=90)
+        h = SignalHistory(default_policy())
+        h.add(dcgm(0, {"n1": list(range(8))}))
+        h.add(dcgm(7, {"n2": list(range(8))}))
+        tr.observe(h.view(7), 7)
+        h.add(dcgm(15, {"n1": [0, 1, 2, 4, 5, 6, 7]}))
+        b = SnapshotBuilder()
+        b.add("node_load1", {"Hostname": "n1", "instance": "n1:9100"}, 1.0, 18)
+        h.add(b.build(18))
+        v = h.view(18)
+        if not indexed:
+            v = Snapshot(v.at, v.metrics, v.labelsets, v.metric_ids, v.series_ids, v.values, v.ts)
+        r = tr.observe(v, 18)
+        d = derived(r.snapshot)
+        assert d[(GPUS_MISSING, "n1")] == 1.0 and d[(GPUS_MISSING, "n2")] == 0.0, indexed
+        assert r.gpus_now == {"n1": 7, "n2": 8}
+        # the next page has it again: nothing missing
+        h.add(dcgm(30, {"n1": list(range(8))}))
+        assert derived(tr.observe(h.view(30), 30).snapshot)[(GPUS_MISSING, "n1")] == 0.0
+
+
+def test_the_trackers_memory_survives_a_restart() -> None:
+    """``memory()`` (kept in the state store by the controller) and ``restore()``: a GPU removed while the
+    controller was down is missing on the first read of the new tracker, without any capacity."""
+    tr = StructuralTracker(max_age_s=90)
+    h = SignalHistory(default_policy())
+    h.add(dcgm(0, {"n1": list(range(8))}))
+    tr.observe(h.view(0), 0)
+    v0 = tr.memory_version
+    mem = tr.memory()
+    assert mem == {"n1": (8, [str(g) for g in range(8)])} and v0 > 0
+    tr.observe(h.view(10), 10)
+    assert tr.memory_version == v0  # nothing new learned: nothing to save
+    fresh = StructuralTracker(max_age_s=90)
+    fresh.restore(mem)
+    h2 = SignalHistory(default_policy())
+    h2.add(dcgm(500, {"n1": [0, 1, 2, 3, 5, 6, 7]}))
+    r = fresh.observe(h2.view(500), 500)
+    assert derived(r.snapshot)[(GPUS_MISSING, "n1")] == 1.0
+    assert fresh.expected_gpus(r) == {"n1": [str(g) for g in range(8)]}
+    fresh.forget("n1")
+    r = fresh.observe(h2.view(510), 510)
+    assert derived(r.snapshot)[(GPUS_MISSING, "n1")] == 0.0 and fresh.expected_gpus(r) == {}

@@ -14,8 +14,17 @@ looked at values, that GPU would be "unknown" and the node would look fine. So t
   direct scraper writes): a target that failed its last scrape is reported as a source error naming the
   target, and a target slower than ``slow_scrape_s`` as an issue.
 
-The tracker is pure apart from its own memory (the most GPUs each node has shown): it takes the history
-view and ``now`` as arguments and returns a snapshot of derived samples.
+The tracker is pure apart from its own memory (the most GPUs each node has shown, and their GPU ids): it
+takes the history view and ``now`` as arguments and returns a snapshot of derived samples. That memory is
+what a node is expected to have by its own past (the expectation model's "prior"): ``memory()`` hands it
+to the controller, which keeps it in the state store, and ``restore()`` takes it back after a restart, so
+a GPU that fell off the bus before (or while the controller was down) is still expected.
+
+Absence inside a fresh read is evidence at once: a GPU whose newest sample is fresh but older than the
+newest GPU sample of its node (it was on the exporter's page and is missing from the page just read) is
+not counted among the node's GPUs now, so ``gpus_missing`` rises on the first read without it, not a
+staleness window later (``_absent_now``; one exporter page carries one timestamp, as Prometheus stores a
+scrape).
 
 It runs every decision cycle, so a history view is read through its index (``_fresh_indexed``): the
 gauge rows and each counter series' latest sample, never the hours of counter samples, and while the
@@ -73,6 +82,10 @@ class StructuralTracker:
         self.slow_scrape_s = slow_scrape_s
         self.future_skew_s = future_skew_s
         self.max_gpus: dict[str, int] = {}
+        # GPU ids a node had before this process saw it (``restore``: from the state store)
+        self.prior_gpus: dict[str, set[str]] = {}
+        # bumped whenever the memory (``memory()``) may have changed: the controller saves it then
+        self.memory_version = 0
         self.target_nodes: dict[str, set[str]] = {}
         self._ls_cache: dict[LabelSet, tuple[str | None, str | None, str | None]] = {}
         # interned node names and (node, GPU) pairs, and the per-series table of the last label-set list
@@ -100,6 +113,33 @@ class StructuralTracker:
     def forget(self, node: str) -> None:
         """After a repair that really removed GPUs, an operator resets the node's expected count."""
         self.max_gpus.pop(node, None)
+        self.prior_gpus.pop(node, None)
+        self.memory_version += 1
+
+    def memory(self) -> dict[str, tuple[int, list[str]]]:
+        """What the tracker expects of each node by its past: (the most GPUs it has shown, the GPU ids it
+        has shown), for the state store."""
+        ids: dict[str, set[str]] = {nm: set(v) for nm, v in self.prior_gpus.items()}
+        for node, gpu in self._pair_ix:
+            ids.setdefault(node, set()).add(gpu)
+        return {nm: (int(n), sorted(ids.get(nm, ()), key=_gpu_order)) for nm, n in self.max_gpus.items()}
+
+    def restore(self, memory: Mapping[str, tuple[int, Sequence[str]]]) -> None:
+        """Take back a ``memory()`` (a controller restart): the counts and ids join what is known now."""
+        for nm, (n, gpus) in memory.items():
+            self.max_gpus[nm] = max(int(n), self.max_gpus.get(nm, 0))
+            if gpus:
+                self.prior_gpus.setdefault(nm, set()).update(str(g) for g in gpus)
+        self.memory_version += 1
+
+    def expected_gpus(self, report: StructuralReport) -> dict[str, list[str]]:
+        """For each node with fewer GPUs now than expected (``report``), the GPU ids it is known to have
+        had: the entities the scorer must show, unknown where they report nothing."""
+        short = [nm for nm, n in report.gpus_expected.items() if report.gpus_now.get(nm, 0) < n]
+        if not short:
+            return {}
+        mem = self.memory()
+        return {nm: mem[nm][1] for nm in short if nm in mem and mem[nm][1]}
 
     def _describe(self, ls: LabelSet) -> tuple[str | None, str | None, str | None]:
         hit = self._ls_cache.get(ls)
@@ -200,6 +240,9 @@ class StructuralTracker:
 
         # per node of the series table, then the nodes known only from a scrape target (none of those)
         retained, current, gpu_now = (_padded(a, n_nodes, 0) for a in (fr.retained, fr.current, fr.gpus))
+        absent = self._absent_now(view, now, st, masks)
+        if absent is not None:
+            gpu_now = gpu_now - _padded(absent, n_nodes, 0)
         alive = current > 0
         if alive_by_target:
             alive[list(alive_by_target)] = True
@@ -245,7 +288,10 @@ class StructuralTracker:
         idx = np.flatnonzero(alive)
         names_alive = [node_names[i] for i in idx.tolist()]
         g = gpu_now[idx]
-        seen_gpus = np.maximum(np.array([self.max_gpus.get(nm, 0) for nm in names_alive], np.int64), g)
+        before = np.array([self.max_gpus.get(nm, 0) for nm in names_alive], np.int64)
+        seen_gpus = np.maximum(before, g)
+        if (seen_gpus != before).any():
+            self.memory_version += 1
         self.max_gpus.update(zip(names_alive, seen_gpus.tolist(), strict=True))
         expected = seen_gpus
         if cap:
@@ -259,6 +305,57 @@ class StructuralTracker:
         vals[:, 1] = np.maximum(0, retained[kept] - current[kept])
         return (kept, out_names, dict(zip(out_names, g.tolist(), strict=True)),
                 dict(zip(out_names, expected.tolist(), strict=True)), vals.reshape(-1))
+
+    def _absent_now(self, view: Snapshot, now: float, st: _SeriesTable, masks: _Masks) -> np.ndarray | None:
+        """Per node of the series table, the GPUs still fresh whose newest GPU sample is older than the
+        newest GPU sample of their node: missing from the read just made (None: none). Read off the GPU
+        metrics' gauge blocks of a history view (counters' series stop with the gauges), or every row."""
+        is_gpu = masks[2]
+        limit = now + self.future_skew_s
+        ix = view.index_upto(limit)
+        if ix is not None:
+            got = [ix.rows(view, a, b)[::2] for m, (a, b) in ix.bounds.items()
+                   if b > a and m < is_gpu.size and is_gpu[m] and m not in ix.counters]
+            for m, cm in ix.counters.items():  # a counter's newest sample per series: its column's last
+                if m < is_gpu.size and is_gpu[m]:
+                    g = ix.groups[cm.group]
+                    if not g.t.shape[0]:
+                        continue
+                    cols = np.arange(cm.c0, cm.c1)
+                    if g.dense:
+                        got.append((g.series[cols], g.t[-1][cols]))
+                    else:
+                        last = g.last[cols]
+                        ok = last >= 0
+                        got.append((g.series[cols[ok]], g.t[last[ok], cols[ok]]))
+            if not got:
+                return None
+            sids = np.concatenate([p[0] for p in got]) if len(got) > 1 else got[0][0]
+            ts = np.concatenate([p[1] for p in got]) if len(got) > 1 else got[0][1]
+        else:
+            if not len(view):
+                return None
+            rows = is_gpu[view.metric_ids] & (view.ts <= limit)
+            sids, ts = view.series_ids[rows], view.ts[rows]
+        fresh = ts > now - self.max_age_s
+        if not fresh.any():
+            return None
+        sids, ts = sids[fresh], ts[fresh]
+        pid = st.pair_id[sids]
+        ok = pid >= 0
+        pid, ts = pid[ok], ts[ok]
+        if pid.size < 2 or ts.min() == ts.max():  # one read time for every GPU: none absent
+            return None
+        pt = np.full(len(self._pair_node), -np.inf)
+        np.maximum.at(pt, pid, ts)
+        has = np.flatnonzero(pt > -np.inf)
+        pn = st.rank[self._pair_nodes()[has]]
+        nt = np.full(st.rank_n, -np.inf)
+        np.maximum.at(nt, pn, pt[has])
+        gone = pt[has] < nt[pn]
+        if not gone.any():
+            return None
+        return np.bincount(pn[gone], minlength=st.rank_n)
 
     # -- what the fresh samples say ----------------------------------------------------------------
 
@@ -535,6 +632,7 @@ class _SeriesTable:
                 if pid is None:
                     pid = tr._pair_ix[(node, gpu)] = len(tr._pair_node)
                     tr._pair_node.append(nid)
+                    tr.memory_version += 1
                 pair_id[j] = pid
             learnable[j] = inst is not None and node != inst
         self.name_id = np.concatenate((self.name_id, name_id))
@@ -720,6 +818,11 @@ class _Layout:
             return sids, bv[rows]
         rows = rows[bt[rows] > lo]
         return _latest_arrays(rows, bs[rows], bt[rows], bv, np.ones(rows.size, bool))
+
+
+def _gpu_order(g: str) -> tuple[int, str]:
+    """GPU ids in index order (2 before 10), other ids after, by name."""
+    return (int(g), "") if g.isdigit() else (1 << 30, g)
 
 
 def _padded(a: np.ndarray, n: int, fill: float) -> np.ndarray:
