@@ -174,3 +174,129 @@ def test_policy_is_frozen() -> None:
     with pytest.raises(Exception, match="frozen"):
         p.version = "x"  # type: ignore[misc]
     assert isinstance(p, Policy)
+
+
+def test_default_aggregation_per_consumer() -> None:
+    p = parse_policy(ONE + "    warn: 80\n    crit: 90\n")
+    assert p.aggregation == {"training": "min", "remediation": "min", "serving": "gmean"}
+
+
+def test_a_nul_byte_is_named_by_its_line() -> None:
+    from fleethealth.policy import load_yaml_strict
+
+    with pytest.raises(ValueError) as e:
+        load_yaml_strict("a: 1\nb: 2\nc: x\0y\nd: \0\n", "bin.yaml", ValueError)
+    assert str(e.value) == "bin.yaml: not YAML: binary data (a NUL byte on line 3)"
+    with pytest.raises(ValueError) as e:
+        load_yaml_strict("\0", "b.yaml", ValueError)
+    assert str(e.value) == "b.yaml: not YAML: binary data (a NUL byte on line 1)"
+    with pytest.raises(ValueError, match="line 1\\)"):
+        load_yaml_strict("x\0\n", "b.yaml", ValueError)
+    with pytest.raises(ValueError, match="line 2\\)"):
+        load_yaml_strict("\nx\0\n", "b.yaml", ValueError)
+
+
+def _nested(levels: int) -> str:
+    return "".join("  " * i + f"k{i}:\n" for i in range(levels)) + "  " * levels + "v: 1\n"
+
+
+def test_nesting_exactly_at_the_limit_is_read_one_more_is_refused() -> None:
+    from fleethealth.policy import MAX_YAML_DEPTH, load_yaml_strict
+
+    assert MAX_YAML_DEPTH == 64
+    # n keys nested in a document: n + 1 mappings
+    _, data = load_yaml_strict(_nested(63), "ok.yaml", ValueError)
+    assert isinstance(data, dict) and "k0" in data
+    with pytest.raises(ValueError) as e:
+        load_yaml_strict(_nested(64), "deep.yaml", ValueError)
+    assert str(e.value) == "deep.yaml:65: YAML nested deeper than 64 levels"
+    # siblings do not add up: depth goes back down at each mapping's end
+    wide = "".join(f"a{i}:\n  b: {{c: [1, 2]}}\n" for i in range(100))
+    assert len(load_yaml_strict(wide, "w.yaml", ValueError)[1]) == 100
+    seq = "- " + "[" * 63 + "]" * 63 + "\n"
+    assert load_yaml_strict(seq, "s.yaml", ValueError)[1] is not None
+
+
+def test_yaml_errors_name_the_line_and_the_problem() -> None:
+    from fleethealth.policy import load_yaml_strict
+
+    with pytest.raises(ValueError) as e:
+        load_yaml_strict("a: 1\nb: [1, 2\n", "y.yaml", ValueError)
+    assert str(e.value) == "y.yaml:3: not valid YAML: expected ',' or ']', but got '<stream end>'"
+    with pytest.raises(ValueError) as e:
+        load_yaml_strict("a: *nope\n", "y.yaml", ValueError)
+    assert str(e.value) == "y.yaml:1: not valid YAML: found undefined alias 'nope'"
+    # a safe loader: no Python objects from a policy
+    with pytest.raises(ValueError, match="not valid YAML"):
+        load_yaml_strict("a: !!python/object:os.system {}\n", "y.yaml", ValueError)
+
+
+def test_a_key_given_twice_anywhere_and_merge_keys() -> None:
+    from fleethealth.policy import load_yaml_strict
+
+    with pytest.raises(ValueError) as e:
+        load_yaml_strict("top:\n  - x: 1\n    y: 2\n    x: 3\n", "d.yaml", ValueError)
+    assert str(e.value) == ("d.yaml:4: key 'x' given twice in one mapping (first on line 2); YAML would silently "
+                            "keep only the last")
+    # two merge keys are not a duplicate
+    _, data = load_yaml_strict("a: &a {x: 1}\nb: &b {y: 2}\nc:\n  <<: *a\n  <<: *b\n", "m.yaml", ValueError)
+    assert data["c"] == {"x": 1, "y": 2}
+    # the same key in two mappings is fine
+    assert load_yaml_strict("a: {x: 1}\nb: {x: 2}\n", "m.yaml", ValueError)[1] == {"a": {"x": 1}, "b": {"x": 2}}
+
+
+def test_a_file_that_is_not_utf8_text(tmp_path: Path) -> None:
+    from fleethealth.policy import read_policy_text
+
+    f = tmp_path / "latin1.yaml"
+    f.write_bytes("version: caf\xe9\n".encode("latin-1"))
+    with pytest.raises(PolicyError) as e:
+        read_policy_text(f)
+    assert str(e.value) == f"{f}: cannot read policy: binary data, not YAML text (not UTF-8)"
+    g = tmp_path / "nul.yaml"
+    g.write_bytes(b"version: a\x00\n")
+    with pytest.raises(PolicyError) as e:
+        read_policy_text(g)
+    assert str(e.value) == f"{g}: cannot read policy: binary data, not YAML text (a NUL byte)"
+    h = tmp_path / "ok.yaml"
+    h.write_text("version: caf\u00e9\n", encoding="utf-8")
+    assert read_policy_text(h) == "version: caf\u00e9\n"
+
+
+def test_warnings_for_every_unknown_metric_even_when_the_text_no_longer_parses() -> None:
+    from fleethealth.policy import policy_warnings
+
+    text = ("signals:\n  - name: a\n    metric: my_metric_one\n    category: c\n    shape: gate\n    above: 1\n"
+            "  - name: b\n    metric: DCGM_FI_DEV_GPU_TEMP\n    category: c\n    shape: gate\n    above: 1\n"
+            "  - name: c\n    metric: my_metric_two\n    category: c\n    shape: slo\n    requests_metric: my_reqs\n")
+    p = parse_policy(text)
+    got = policy_warnings(text, p)
+    assert [w.split(":")[0:2] for w in got] == [["<policy>", "3"], ["<policy>", "13"], ["<policy>", "16"]]
+    assert got[0] == ("<policy>:3: signals[0](a).metric: 'my_metric_one' is not a metric any known exporter emits "
+                      "(DCGM, dcgm-exporter, vLLM, SGLang, fleethealth); the signal will never have data unless "
+                      "your own exporter provides it")
+    assert got[2].startswith("<policy>:16: signals[2](c).requests_metric: 'my_reqs' is not a metric")
+    # the policy object known, its text broken (edited since): the lines are unknown, the warnings are not
+    broken = policy_warnings("signals: [\n", p, "e.yaml")
+    assert len(broken) == 3 and all(w.startswith("e.yaml:?: signals[") for w in broken)
+
+
+def test_union_branches_in_an_error_path_without_drop_loc() -> None:
+    with pytest.raises(_CfgError) as e:
+        validate_yaml("name: a\nitems: [1, [2]]\n", "c.yaml", _Cfg, _CfgError, what="config", hint="h")
+    lines = {ln.strip() for ln in str(e.value).splitlines()[1:]}
+    assert lines == {"c.yaml:2: items[1].int: Input should be a valid integer",
+                     "c.yaml:2: items[1].str: Input should be a valid string"}
+
+
+def test_error_without_a_line_and_at_the_top() -> None:
+    class _Top(BaseModel):
+        a: int
+
+        def model_post_init(self, _: object) -> None:
+            if self.a < 0:
+                raise ValueError("a must not be negative")
+
+    with pytest.raises(_CfgError) as e:
+        validate_yaml("a: -1\n", "t.yaml", _Top, _CfgError, what="config", hint="h")
+    assert str(e.value).splitlines()[1].strip() == "t.yaml:1: <top>: a must not be negative"
