@@ -244,3 +244,102 @@ def test_gpu_hours_take_the_slowest_node_of_a_job_per_step() -> None:
     assert m2["gpu_hours_lost"] == pytest.approx(0.3 * 64 / 2 + 0.1 * 64 / 2, rel=1e-9)
     assert m2["gpu_hours_lost_if_undetected"] == pytest.approx(0.3 * 64, rel=1e-9)
     assert m2["removal_s"] == pytest.approx(1800.0)
+
+
+def test_the_defaults_grace_half_an_hour_steps_of_fifteen_seconds() -> None:
+    truths = [gt("node-01", "thermal", 0, end=1000)]
+    slow = [SlowRecord(T0 + k * 15.0, "node-01", "j", 8, 0.5) for k in range(60)]  # 15 minutes, 4 GPU-hours/h
+
+    def default(log: ArmLog):  # type: ignore[no-untyped-def]
+        return score_arm(log, truths, replica_node=REPLICAS, nodes=NODES, node_pool=POOL, start=T0,
+                         end=T0 + 86400, policy=default_policy(), slow=slow)
+
+    assert default(ArmLog("x", transitions=[tr(1000 + 1799, "node-01", State.QUARANTINED)])).metrics[
+        "true_quarantines"] == 1
+    m = default(ArmLog("x", transitions=[tr(1000 + 1800, "node-01", State.QUARANTINED)])).metrics
+    assert m["false_quarantines"] == 1
+    assert m["gpu_hours_lost"] == pytest.approx(1.0)
+
+
+def test_responses_removals_pages_and_actions_inside_the_grace_after_the_end() -> None:
+    # a fault that ended at 1000 s: what an arm did up to half an hour later still answers it
+    q = [gt("node-01", "thermal", 0, end=1000)]
+    s = score(ArmLog("x", transitions=[tr(1500, "node-01", State.DRAINING)]), q)
+    (o,) = s.outcomes
+    assert (o.response_s, o.removal_s) == (1500.0, 1500.0)
+    pg = [gt("node-06", "xid13_app", 0, end=1000, action="page", faulty=False)]
+    (o2,) = score(ArmLog("x", intents=[it(1500, IntentKind.PAGE, "node-06", "event:x")]), pg).outcomes
+    assert (o2.response_s, o2.action_ok) == (1500.0, True)
+    rs = [gt("node-04", "row_remap_pending", 0, end=1000, action="schedule_reset")]
+    reset = it(1500, IntentKind.SCHEDULE_RESET, "node-04")
+    assert [o.action_ok for o in score(ArmLog("x", intents=[reset]), rs).outcomes] == [True]
+    late_q = [tr(1500, "node-04", State.QUARANTINED)]
+    assert [o.action_ok for o in score(ArmLog("x", intents=[reset], transitions=late_q), rs).outcomes] == [False]
+
+
+def test_two_false_quarantines_and_precision_at_one_half() -> None:
+    truths = [gt("node-01", "nvlink_errors", 100)]
+    m = score(ArmLog("x", transitions=[tr(400, "node-02", State.QUARANTINED), tr(500, "node-03", State.QUARANTINED)]),
+              truths).metrics
+    assert (m["false_quarantines"], m["precision"]) == (2, 0.0)
+    m2 = score(ArmLog("x", transitions=[tr(400, "node-01", State.QUARANTINED), tr(500, "node-03", State.QUARANTINED)]),
+               truths).metrics
+    assert (m2["true_quarantines"], m2["false_quarantines"], m2["precision"]) == (1, 1, 0.5)
+
+
+def test_a_weight_intent_without_a_weight_is_no_response() -> None:
+    truths = [gt("llama-001", "slo_burn", 100, kind="replica", action="limit_concurrency", faulty=False)]
+    (o,) = score(ArmLog("x", intents=[it(110, IntentKind.SET_WEIGHT, "llama-001")]), truths).outcomes
+    assert o.response_s is None
+
+
+def test_flaps_over_half_a_day_one_node_one_replica() -> None:
+    trs = [tr(100, "n", State.DEGRADED), tr(200, "n", State.READY, State.DEGRADED), tr(300, "r", State.DEGRADED)]
+    m = score_arm(ArmLog("x", transitions=trs), [], replica_node={"r": "n"}, nodes=["n"], node_pool={"n": "p"},
+                  start=T0, end=T0 + 43200, policy=default_policy()).metrics
+    assert m["flaps_per_node_day"] == pytest.approx(4.0)
+    assert m["flaps_per_replica_day"] == pytest.approx(2.0)
+
+
+def test_a_large_pools_budget_scales_with_its_size() -> None:
+    nodes = [f"big-{i:03d}" for i in range(150)]
+    pool = dict.fromkeys(nodes, "big")
+    truths = [gt(n, "bad_driver", 0, action="page", group="driver:y") for n in nodes[:10]]
+
+    def held(k: int) -> bool:
+        log = ArmLog("x", transitions=[tr(100 + i, n, State.QUARANTINED) for i, n in enumerate(nodes[:k])])
+        s = score_arm(log, truths, replica_node={}, nodes=nodes, node_pool=pool, start=T0, end=T0 + 86400,
+                      policy=default_policy())
+        return bool(s.metrics["groups"][0]["budget_held"])
+
+    # max(1, floor(0.02 * 150)) = 3 an hour
+    assert held(3) is True
+    assert held(4) is False
+
+
+def test_gpu_hours_per_job_and_step_whatever_the_order() -> None:
+    # two jobs on one step each lose their own slowest node; the larger slowdown first in the list
+    slow = []
+    for k in range(240):
+        t = T0 + k * 15.0
+        slow += [SlowRecord(t, "node-02", "job-a", 64, 0.3), SlowRecord(t, "node-01", "job-a", 64, 0.1),
+                 SlowRecord(t, "node-03", "job-b", 16, 0.2)]
+    truths = [gt(n, "thermal", 0) for n in ("node-01", "node-02", "node-03")]
+    m = score(ArmLog("x"), truths, slow=slow).metrics
+    assert m["gpu_hours_lost"] == pytest.approx(0.3 * 64 + 0.2 * 16)
+    assert m["gpu_hours_lost_if_undetected"] == pytest.approx(0.3 * 64 + 0.2 * 16)
+    # rounded to three decimals: one 15 s step of 1% on one GPU is 0.0000417 h
+    tiny = [SlowRecord(T0, "node-01", "j", 1, 0.01)]
+    m2 = score(ArmLog("x"), [gt("node-01", "thermal", 0)], slow=tiny).metrics
+    assert (m2["gpu_hours_lost"], m2["gpu_hours_lost_if_undetected"]) == (0.0, 0.0)
+    small = [SlowRecord(T0 + k * 15.0, "node-01", "j", 1, 0.5) for k in range(3)]  # 0.00625 h
+    m3 = score(ArmLog("x"), [gt("node-01", "thermal", 0)], slow=small).metrics
+    assert (m3["gpu_hours_lost"], m3["gpu_hours_lost_if_undetected"]) == (0.006, 0.006)
+
+
+def test_incidents_keep_the_first_of_two_unranked_actions_and_let_a_page_displace_one() -> None:
+    a = incidents([gt("node-02", "f", 1, action="rebuild_worker"), gt("node-02", "f", 1, action="limit_concurrency")],
+                  REPLICAS)
+    assert a[0].expected == "rebuild_worker"
+    b = incidents([gt("node-02", "f", 1, action="rebuild_worker"), gt("node-02", "f", 1, action="page")], REPLICAS)
+    assert b[0].expected == "page"
