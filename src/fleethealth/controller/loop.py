@@ -21,6 +21,10 @@ Theory of operation
   scores (its read endpoints show the fleet; its lifecycle states are those it last loaded) and keeps its
   history warm, so its first cycle as leader scores on a full window; on taking over it reloads the state
   from the store (the last leader's last commit) and drains the outbox.
+- What nodes are expected to report by their past (the structural tracker's memory: the most GPUs each
+  node has had, and their ids) is saved to the store after a committed cycle whenever it changed, and
+  read back at start and on taking over: a GPU that fell off the bus before a restart, or while the
+  controller was down, is still expected (``gpus_missing``), and its GPU is shown unknown, never dropped.
 - A locked, busy or unreachable store (``StoreError``) is one line in the log and a skipped cycle: the
   state stays at the last commit, nothing acts on a decision that was not saved, the next tick tries again.
 - Fencing: taking over claims the store (``claim``) before loading it; a deposed leader that still
@@ -30,6 +34,7 @@ Theory of operation
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -207,6 +212,11 @@ class Controller:
             future_skew_s=policy.freshness.future_skew_s,
         )
         self._capacity = gpu_capacity
+        # What each node is expected to have by its past (the tracker's memory) lives in the store too,
+        # so a restart (or a standby taking over) still expects a GPU that fell off the bus before.
+        self._memory_saved: dict[str, tuple[int, list[str]]] = {}
+        self._memory_version = -1
+        self._restore_expectations()
         self._inventory = inventory
         self._events = events
         self._weights = weights
@@ -386,6 +396,12 @@ class Controller:
                 self._inventory_now = self._inventory()
             except Exception as e:
                 log.error("inventory lookup failed: %s", e)
+        # GPUs a node is known to have had and that do not all report now: shown, unknown, never dropped
+        short = self.structural.expected_gpus(structural)
+        if short:
+            inv = {k: list(v) for k, v in (self._inventory_now or {}).items()}
+            inv.setdefault("gpu", []).extend(f"{nm}/gpu{g}" for nm, gs in short.items() for g in gs)
+            self._inventory_now = inv
         stage["structural"], cpu["structural"] = time.perf_counter() - t0, time.thread_time() - c0
 
         t0, c0 = time.perf_counter(), time.thread_time()
@@ -414,6 +430,7 @@ class Controller:
                 log.error("cycle at %.3f skipped, its decisions not saved: %s", now, e)
             else:
                 decision, health = result.decision, result.health
+                self._save_expectations(now)
         core, core_cpu = time.perf_counter() - t0, time.thread_time() - c0
         stage["score"], cpu["score"] = self._score_s, self._score_cpu_s
         stage["decide_persist"], cpu["decide_persist"] = core - self._score_s, core_cpu - self._score_cpu_s
@@ -454,6 +471,7 @@ class Controller:
             log.error("cannot take over, state store: %s", e)
             return f"state store: {e}"
         self.loop.state = loaded if loaded is not None else DecisionState()
+        self._restore_expectations()
         # whatever the decider kept from states it decided on before (a leader regaining the Lease) is
         # not about this state: start it afresh
         self.loop.decider = type(self.loop.decider)(self.policy)
@@ -464,6 +482,47 @@ class Controller:
             log.warning("took over as leader; resuming from the state committed at %s",
                         "nothing (fresh store)" if last is None else f"{last:.3f}")
         return ""
+
+    def _restore_expectations(self) -> None:
+        """The tracker's memory back from the store (``gpus`` rows: the most GPUs and their ids)."""
+        store = self.loop.store
+        if store is None or not hasattr(store, "expectations"):
+            return
+        try:
+            rows = store.expectations()
+        except StoreError as e:
+            log.error("cannot read what nodes are expected to report, state store: %s", e)
+            return
+        mem: dict[str, tuple[int, list[str]]] = {}
+        for (entity, what), value in rows.items():
+            if what == "gpus":
+                try:
+                    d = json.loads(value)
+                    mem[entity] = (int(d["count"]), [str(g) for g in d.get("ids", [])])
+                except (ValueError, KeyError, TypeError):
+                    log.error("state store: unreadable expectation of %s: %r", entity, value[:80])
+        self.structural.restore(mem)
+        self._memory_saved.update(mem)
+
+    def _save_expectations(self, now: float) -> None:
+        """After a committed cycle: what the tracker learned of nodes since it last saved (only when its
+        memory may have changed)."""
+        store = self.loop.store
+        tr = self.structural
+        if store is None or not hasattr(store, "save_expectations") or tr.memory_version == self._memory_version:
+            return
+        mem = tr.memory()
+        rows = {(nm, "gpus"): json.dumps({"count": n, "ids": ids}) for nm, (n, ids) in mem.items()
+                if self._memory_saved.get(nm) != (n, ids)}
+        rows.update({(nm, "gpus"): "" for nm in self._memory_saved if nm not in mem})
+        try:
+            if rows:
+                store.save_expectations(rows, now)
+        except StoreError as e:  # kept in memory; saved with the next cycle that reaches the store
+            log.error("what nodes are expected to report not saved: %s", e)
+            return
+        self._memory_saved = mem
+        self._memory_version = tr.memory_version
 
     def _act(self, intents: Sequence[Intent]) -> list[Any]:
         """Hand the committed intents to the runner: the store's whole outbox when there is a store,

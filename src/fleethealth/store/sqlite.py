@@ -70,6 +70,9 @@ CREATE TABLE IF NOT EXISTS audit (
     target TEXT NOT NULL, remote TEXT NOT NULL, allowed INTEGER NOT NULL, detail TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS audit_ts ON audit (ts);
+CREATE TABLE IF NOT EXISTS expectations (
+    entity TEXT NOT NULL, what TEXT NOT NULL, value TEXT NOT NULL, ts REAL NOT NULL, PRIMARY KEY (entity, what)
+);
 """
 
 
@@ -293,6 +296,19 @@ class SqliteStore:
         rows = self.db.execute(q, ((since,) if since is not None else ()) + (int(limit),)).fetchall()
         return [{"ts": ts, "actor": a, "verb": v, "target": t, "remote": r, "allowed": bool(ok),
                  "detail": json.loads(d)} for ts, a, v, t, r, ok, d in reversed(rows)]
+
+    def save_expectations(self, rows: dict[tuple[str, str], str], ts: float) -> None:
+        """What entities are expected to report by their past ((entity, what) -> JSON, e.g. a node's
+        ``gpus``: the most GPUs it has had and their ids), so that a restart forgets nothing; the rows
+        given replace those of the same keys, ``""`` deletes one."""
+        with self._tx() as db:
+            db.executemany("DELETE FROM expectations WHERE entity=? AND what=?",
+                           [k for k, v in rows.items() if v == ""])
+            db.executemany("INSERT OR REPLACE INTO expectations VALUES (?,?,?,?)",
+                           [(e, w, v, ts) for (e, w), v in rows.items() if v != ""])
+
+    def expectations(self) -> dict[tuple[str, str], str]:
+        return {(e, w): v for e, w, v in self.db.execute("SELECT entity, what, value FROM expectations")}
 
     def cycles(self) -> int:
         return int(self.db.execute("SELECT COUNT(*) FROM cycles").fetchone()[0])
