@@ -1,0 +1,71 @@
+"""Issue 14's problem list on the scorer, one test per case, each reproduced first with ``fleethealth
+score``: missing data is never healthy. What the structural tracker and the controller do (absence inside
+a fresh read, the tracker's memory kept in the state store across a restart) is tested in
+test_sources_structural.py and test_controller_restart.py; the three scorer cases here wait for the
+engine side of the expectation model (peers, expected GPUs in the node roll-up, signals that need two
+samples) and are strict xfails until it is built: each fails on today's engine and must pass then."""
+
+from __future__ import annotations
+
+import pytest
+
+from fleethealth.policy import default_policy
+from fleethealth.score.engine import score_snapshot
+from fleethealth.signals.snapshot import SnapshotBuilder
+
+POL = default_policy()
+NOW = 1_000_000.0
+ENGINE_SIDE = "issue 14 item 1, engine side (peers, expected GPUs in the roll-up, two-sample signals): not built"
+
+
+def _gpu(b: SnapshotBuilder, node: str, g: int, t: float) -> None:
+    lab = {"gpu": str(g), "UUID": f"GPU-{node}-{g}", "Hostname": node, "modelName": "H100"}
+    b.add("DCGM_FI_DEV_GPU_TEMP", lab, 50.0, t)
+    b.add("DCGM_FI_DEV_SM_CLOCK", lab, 1980.0, t)
+    b.add("DCGM_FI_DEV_XID_ERRORS", lab, 0.0, t)
+    b.add("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", lab, 0.0, t)
+
+
+@pytest.mark.xfail(strict=True, reason=ENGINE_SIDE)
+def test_a_node_whose_dcgm_exporter_is_gone_while_its_ranks_report_is_not_confident() -> None:
+    """``fleethealth score`` on four nodes' pages, n4 with rank timings only: n4 read 1.000, confidence
+    1.00. Its peers (the job's other nodes) carry the DCGM family: on n4 it is expected and missing."""
+    b = SnapshotBuilder()
+    for i, node in enumerate(("n1", "n2", "n3", "n4")):
+        for g in range(8):
+            if node != "n4":
+                _gpu(b, node, g, NOW)
+            b.add("fleethealth_rank_compute_seconds", {"job": "train", "rank": str(8 * i + g), "node": node,
+                                                       "gpu": str(g), "peer_group": "s0"}, 0.5, NOW)
+    n4 = score_snapshot(b.build(NOW), POL, NOW).tuples["n4"]
+    assert n4.value is None or n4.confidence < POL.lifecycle.min_confidence
+    assert n4.reason.startswith("missing:")
+
+
+@pytest.mark.xfail(strict=True, reason=ENGINE_SIDE)
+def test_a_gpu_that_fell_off_the_bus_is_not_left_out_of_its_nodes_minimum() -> None:
+    """A recording 50 minutes after gpu4 fell off the bus (its samples stop, the Xid is out of its
+    window): the node read 1.000, confidence 0.97, reason ``min:hardware``."""
+    b = SnapshotBuilder()
+    for g in range(8):
+        _gpu(b, "n1", g, NOW - 3000 if g == 4 else NOW)
+    n1 = score_snapshot(b.build(NOW), POL, NOW).tuples["n1"]
+    assert n1.value is None or n1.confidence < POL.lifecycle.min_confidence
+    assert "gpu4" in n1.reason
+
+
+@pytest.mark.xfail(strict=True, reason=ENGINE_SIDE)
+def test_a_replica_whose_slo_counters_were_seen_once_is_not_confident() -> None:
+    """A vLLM replica just started: its request counters and TTFT histogram have one sample each (no rate
+    yet), its queue gauge is fresh. It read confidence 1.0 with only ``load`` scored."""
+    b = SnapshotBuilder()
+    lab = {"replica": "r1", "model_name": "llama"}
+    b.add("vllm:num_requests_waiting", lab, 0.0, NOW)
+    b.add("fleethealth_replica_requests_total", lab, 10.0, NOW)
+    b.add("fleethealth_replica_errors_total", lab, 0.0, NOW)
+    b.add("vllm:time_to_first_token_seconds_count", lab, 10.0, NOW)
+    b.add("vllm:time_to_first_token_seconds_bucket", {**lab, "le": "2.0"}, 10.0, NOW)
+    b.add("vllm:time_to_first_token_seconds_bucket", {**lab, "le": "+Inf"}, 10.0, NOW)
+    r1 = score_snapshot(b.build(NOW), POL, NOW, consumer="serving").tuples["r1"]
+    assert r1.confidence < 1.0
+    assert "slo" in r1.reason
