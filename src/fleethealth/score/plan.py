@@ -1,0 +1,379 @@
+"""The layout plan: a history view's whole evaluation, every kind at once, as fixed numpy operations.
+
+Theory of operation
+-------------------
+On a history's view the steady-state cycle is a fixed sequence of numpy operations (``_Plan``, kept in
+the scorer's memory while the view's layout is the one it was built on: ``holds``): each quantity (sub,
+raw, rate, z, age) is one flat buffer of which a kind's signals x entities matrix is a block; all gauges
+are one gather, each counter group's rates one window; ramps, gates and flags one element-wise pass; the
+SLOs of a kind one batch; peers shaped one by one; anything else (Xids, several series per entity) goes
+through ``_evaluate``. The plan is built from the same per-signal lookups as the row path and gives the
+same numbers (tests: batched == row path == scalar reference). ``_ShapePlan`` is what the batched shapes
+need from a kind's signal list alone. A snapshot without a view index is evaluated signal by signal
+(``signals._evaluate_kind``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from fleethealth.policy import Policy, SignalSpec
+from fleethealth.score.context import _cols_ix, _Columns, _Ctx, _Mats, _SignalResult
+from fleethealth.score.health import EntityKind
+from fleethealth.score.kernels import _is_counter, _value_flags
+from fleethealth.score.resolve import KINDS, _KindTable
+from fleethealth.score.signals import _evaluate, _shape_peer
+from fleethealth.score.slo import _slo_batch, _slo_inputs
+
+if TYPE_CHECKING:
+    from fleethealth.score.kept import Kept
+
+
+@dataclass
+class _ShapePlan:
+    """Per signal of one kind's list, what the batched evaluation needs from the policy alone."""
+
+    code: np.ndarray  # 0 other, 1 ramp, 2 gate, 3 flag, 4 peer
+    counter: np.ndarray  # bool: the shape reads the rate (else the raw value)
+    max_age: np.ndarray
+    window: np.ndarray
+    warn: np.ndarray  # ramp
+    span: np.ndarray  # ramp: crit - warn
+    above: np.ndarray  # gate / flag threshold (NaN: none; nothing is above NaN)
+    flag_score: np.ndarray
+
+
+_SHAPE_CODES = {"ramp": 1, "gate": 2, "flag": 3, "peer": 4}
+
+
+def _shape_plan(kept: Kept, policy: Policy, specs: list[SignalSpec]) -> _ShapePlan:
+    key = (id(policy), tuple(id(s) for s in specs))
+    hit = kept.shape_plans.get(key)
+    if hit is not None and hit[0] is policy and all(a is b for a, b in zip(hit[1], specs, strict=True)):
+        return hit[2]
+    fr = policy.freshness
+
+    def col(f: Any) -> np.ndarray:
+        return np.array([f(s) for s in specs], np.float64)
+
+    plan = _ShapePlan(
+        np.array([_SHAPE_CODES.get(s.shape, 0) if s.shape != "xid" else 0 for s in specs], np.int64),
+        np.array([_is_counter(s) for s in specs], bool),
+        col(lambda s: s.max_age_s or fr.max_age_s),
+        col(lambda s: s.rate_window_s or fr.rate_window_s),
+        col(lambda s: s.warn if s.shape == "ramp" else np.nan),
+        # the same float subtraction shapes.ramp does per call
+        col(lambda s: (s.crit - s.warn) if s.shape == "ramp" else np.nan),
+        col(lambda s: s.above if s.above is not None else np.nan),
+        col(lambda s: s.flag_score if s.shape == "flag" else np.nan),
+    )
+    if len(kept.shape_plans) > 64:
+        kept.shape_plans.clear()
+    kept.shape_plans[key] = (policy, list(specs), plan)
+    return plan
+
+
+# an SLO's (request, good) columns: (metric, series, entity, column in the matrix group) each
+_SloColumns = tuple[tuple[str, np.ndarray, np.ndarray, np.ndarray], tuple[str, np.ndarray, np.ndarray, np.ndarray]]
+
+
+def _rows_of(off: int, n: int, js: list[int]) -> np.ndarray:
+    """Flat positions of whole signal rows ``js`` of a kind's m x n block starting at ``off``."""
+    if not js:
+        return np.zeros(0, np.int64)
+    return (off + np.asarray(js, np.int64)[:, None] * n + np.arange(n)[None, :]).reshape(-1)
+
+
+class _Plan:
+    """How one view layout is evaluated, every kind at once: built from the per-signal lookups
+    (``gauge_rows``, ``columns``) on a history's view, kept while the layout it read is the same (the
+    checks in ``holds``), so that a steady-state cycle is a fixed sequence of numpy operations:
+
+    * every kind's results live in one flat buffer per quantity (sub, raw, rate, z, age, seen); a
+      kind's ``_Mats`` are m x n views of its block and a signal's result is rows of those;
+    * gauges with one row per series and one series per entity: one gather of values and times for all
+      of them, one scatter into raw and age;
+    * counters with one column per entity: the group's rates (once per group and window, shared with
+      every signal of the group), one gather per group;
+    * ramp, gate and flag shapes: one element-wise pass over all their rows (the same arithmetic as
+      ``shapes.ramp`` / ``shapes.gate`` with the parameters repeated per element);
+    * peer signals shaped one by one (grouped medians), everything else (Xids, SLOs, several series
+      per entity, rows without a matrix) through ``_evaluate``.
+    """
+
+    def __init__(self, ctx: _Ctx, tables: dict[str, _KindTable], specs: dict[str, list[SignalSpec]]) -> None:
+        pol = ctx.policy
+        self.policy, self.tables = pol, tables
+        self.kinds: list[tuple[EntityKind, int, int, int]] = []  # (kind, offset, m, n)
+        off = 0
+        for kind in KINDS:
+            n = len(tables[kind].names)
+            if n:
+                self.kinds.append((kind, off, len(specs[kind]), n))
+                off += len(specs[kind]) * n
+        self.size = off
+        self.mids: dict[str, int | None] = {}  # every metric the checks read: its id (None: absent)
+        self.absent: list[str] = []  # gauges without a sample: nothing to read (unseen, NaN)
+        self.absent_any: list[str] = []  # metrics without a sample or a matrix (likewise)
+        self.gbounds: dict[int, tuple[int, int]] = {}
+        self.cmats: dict[int, tuple[int, int, int]] = {}  # counter metric -> (group, c0, c1)
+        self.rest: list[tuple[EntityKind, int]] = []
+        self.slos: list[tuple[EntityKind, int]] = []  # SLOs whose columns are looked up every cycle
+        # SLOs read off dense matrices: their request and good columns (metric, series, entity, column
+        # in the group; None: nothing to score), as long as the plan holds
+        self.fixed_slos: list[tuple[EntityKind, int, _SloColumns | None]] = []
+        self.peers: list[tuple[EntityKind, int, np.ndarray, np.ndarray]] = []  # (kind, signal, source series, has one)
+        g_src: list[np.ndarray] = []
+        g_dest: list[np.ndarray] = []
+        g_age: list[np.ndarray] = []
+        c_sets: dict[tuple[int, float, float], tuple[list[np.ndarray], list[np.ndarray]]] = {}
+        shaped: dict[int, list[tuple[EntityKind, int, int, int, bool]]] = {1: [], 2: [], 3: []}
+        params: dict[int, list[tuple[float, float]]] = {1: [], 2: [], 3: []}  # per shaped entry: see shapes
+        self.order: list[tuple[EntityKind, int]] = []  # flat result index -> (kind, signal)
+        seen = np.zeros(self.size, bool)
+        assert ctx.index is not None
+        for kind, off, _, n in self.kinds:
+            table = tables[kind]
+            plan = _shape_plan(ctx.kept, pol, specs[kind])
+            for j, spec in enumerate(specs[kind]):
+                self.order.append((kind, j))
+                code = int(plan.code[j])
+                if spec.shape == "slo":
+                    fixed = self._fixed_slo(ctx, spec, kind, table)
+                    if isinstance(fixed, bool):
+                        self.slos.append((kind, j))
+                    else:
+                        self.fixed_slos.append((kind, j, fixed))
+                    continue
+                if spec.shape == "xid" or code == 0:
+                    mid = ctx.metric_ix.get(spec.metric)
+                    self.mids[spec.metric] = mid
+                    if mid is None or (mid not in ctx.bounds and mid not in ctx.index.counters):
+                        self.absent_any.append(spec.metric)  # no sample, no matrix: unseen, NaN
+                    else:
+                        self.rest.append((kind, j))
+                    continue
+                mid = ctx.metric_ix.get(spec.metric)
+                self.mids[spec.metric] = mid
+                if _is_counter(spec):
+                    cols = ctx.columns(spec.metric, spec.match, kind, table)
+                    if cols is None and (mid is None or mid not in ctx.bounds):
+                        self.absent_any.append(spec.metric)  # no sample, no matrix: unseen, NaN
+                        continue
+                    # one column per entity: every column of the metric's (cols.single), or those with
+                    # samples when some have none (a vanished exporter's, while remembered)
+                    if (cols is None or not cols.series.size or code == 4 or not (
+                            cols.single or (not isinstance(cols.cols, slice)
+                                            and int(np.bincount(cols.ent).max()) <= 1))):
+                        self.rest.append((kind, j))
+                        continue
+                    assert mid is not None
+                    self.cmats[mid] = (cols.mat.group, cols.mat.c0, cols.mat.c1)
+                    dest = off + j * n + cols.ent
+                    src, dst = c_sets.setdefault((cols.mat.group, float(plan.window[j]), float(plan.max_age[j])),
+                                                 ([], []))
+                    src.append(_cols_ix(cols))
+                    dst.append(dest)
+                else:
+                    if mid is None or mid not in ctx.bounds:
+                        self.absent.append(spec.metric)
+                        continue
+                    rows = ctx.gauge_rows(spec.metric, spec.match, kind, table)
+                    if rows is None or not rows.single or not rows.ent.size:
+                        self.rest.append((kind, j))
+                        continue
+                    self.gbounds[mid] = (rows.a, rows.b)
+                    dest = off + j * n + rows.ent
+                    g_src.append(rows.a + (np.arange(rows.b - rows.a) if rows.sel is None else rows.sel))
+                    g_dest.append(dest)
+                    g_age.append(np.full(rows.ent.size, plan.max_age[j]))
+                    if code == 4:
+                        src_series = np.full(n, -1, np.int64)
+                        src_series[rows.ent] = rows.ser
+                        self.peers.append((kind, j, src_series, src_series >= 0))
+                seen[dest] = True
+                if code in shaped:
+                    shaped[code].append((kind, j, off, n, bool(plan.counter[j])))
+                    # ramp: warn, crit - warn; gate / flag: the threshold (NaN: none), the flag's score
+                    params[code].append((plan.warn[j], plan.span[j]) if code == 1 else
+                                        (plan.above[j], plan.flag_score[j]))
+        self.seen = seen
+        z = np.zeros(0, np.int64)
+        self.g_src = np.concatenate(g_src) if g_src else z
+        self.g_dest = np.concatenate(g_dest) if g_dest else z
+        self.g_age = np.concatenate(g_age) if g_age else np.zeros(0)
+        # the gauges' whole blocks, to check that their rows still hold the same series
+        self.g_blocks = (np.concatenate([np.arange(a, b) for a, b in self.gbounds.values()])
+                         if self.gbounds else z)
+        self.g_end = max((b for _, b in self.gbounds.values()), default=0)
+        self.g_block_series = ctx.row_arrays(self.g_end)[0][self.g_blocks].copy()
+        self.c_sets = [(g, w, a, np.concatenate(src), np.concatenate(dst)) for (g, w, a), (src, dst) in c_sets.items()]
+        self.c_series = {g: ctx.index.groups[g].series.copy() for g in sorted({g for g, _, _ in self.cmats.values()})}
+        self.c_cols = {g: np.concatenate([np.arange(c0, c1) for gg, c0, c1 in self.cmats.values() if gg == g])
+                       for g in self.c_series}
+        # which of those columns have samples (the columns read are those: they must stay so)
+        self.c_keep = {g: ctx.index.groups[g].last[c] >= 0 for g, c in self.c_cols.items()}
+        self.c_keep_all = {g: bool(k.all()) for g, k in self.c_keep.items()}
+        index_of = {kj: i for i, kj in enumerate(self.order)}
+        self.shapes: dict[int, tuple[np.ndarray, ...]] = {}
+        self.shaped = shaped
+        for code, rows_ in shaped.items():
+            if not rows_:
+                continue
+            idx = np.concatenate([_rows_of(off, n, [j]) for _, j, off, n, _ in rows_])
+            per = [n for *_, n, _ in rows_]
+            rate = np.repeat([c for *_, c in rows_], per)
+            res = np.repeat([index_of[(k, j)] for k, j, *_ in rows_], per)
+            ent = np.concatenate([np.arange(n) for *_, n, _ in rows_])
+            p1 = np.repeat([a for a, _ in params[code]], per)
+            p2 = np.repeat([b for _, b in params[code]], per)
+            self.shapes[code] = (idx, np.flatnonzero(rate), res, ent, p1, p2)
+
+    def _fixed_slo(self, ctx: _Ctx, spec: SignalSpec, kind: EntityKind,
+                   table: _KindTable) -> _SloColumns | None | bool:
+        """An SLO's request and good columns when both counters are dense matrices read whole (every
+        series has samples: what they are follows from the layout ``holds`` checks); False otherwise."""
+        assert spec.requests_metric is not None and ctx.index is not None
+        good_name = spec.metric + "_bucket" if spec.threshold_s is not None else spec.metric
+        req = ctx.columns(spec.requests_metric, None, kind, table)
+        good_c = ctx.columns(good_name, spec.match, kind, table)
+        if req is None or good_c is None:
+            return False
+        groups = ctx.index.groups
+        for c in (req, good_c):
+            if not (isinstance(c.cols, slice) and groups[c.mat.group].dense and groups[c.mat.group].t.shape[0]):
+                return False
+        for name, c in ((spec.requests_metric, req), (good_name, good_c)):
+            self.mids[name] = ctx.metric_ix.get(name)
+            mid = self.mids[name]
+            assert mid is not None
+            self.cmats[mid] = (c.mat.group, c.mat.c0, c.mat.c1)
+        inputs = _slo_inputs(ctx, spec, kind, req, good_c)
+        if inputs is None:
+            return None
+        # what the columns are, without the view they came from (the plan outlives it)
+        return tuple((name, c.series, c.ent, _cols_ix(c))  # type: ignore[return-value]
+                     for name, c in ((spec.requests_metric, inputs[0]), (good_name, inputs[1])))
+
+    def holds(self, ctx: _Ctx) -> bool:
+        """Whether this view is laid out as the one the plan was built on, where the plan reads it."""
+        ix = ctx.index
+        if ix is None or ctx.policy is not self.policy:
+            return False
+        metric_ix, bounds = ctx.metric_ix, ctx.bounds
+        for name, mid in self.mids.items():
+            if metric_ix.get(name) != mid:
+                return False
+        for name in self.absent:
+            mid = metric_ix.get(name)
+            if mid is not None and mid in bounds:
+                return False
+        for name in self.absent_any:
+            mid = metric_ix.get(name)
+            if mid is not None and (mid in bounds or mid in ix.counters):
+                return False
+        for mid, ab in self.gbounds.items():
+            if bounds.get(mid) != ab:
+                return False
+        for mid, (g, c0, c1) in self.cmats.items():
+            mat = ix.counters.get(mid)
+            if mat is None or mat.group != g or mat.c0 != c0 or mat.c1 != c1:
+                return False
+        for g, ser in self.c_series.items():
+            grp = ix.groups[g] if g < len(ix.groups) else None
+            if grp is None or not np.array_equal(grp.series, ser):
+                return False
+            # the same columns have samples (every one in a dense matrix)
+            if not (grp.dense and grp.t.shape[0] and self.c_keep_all[g]) and not np.array_equal(
+                    grp.last[self.c_cols[g]] >= 0, self.c_keep[g]):
+                return False
+        return bool(np.array_equal(ctx.row_arrays(self.g_end)[0][self.g_blocks], self.g_block_series))
+
+    def run(self, ctx: _Ctx, specs: dict[str, list[SignalSpec]],
+            ) -> tuple[dict[str, list[_SignalResult]], dict[str, _Mats]]:
+        L = self.size
+        sub_f, raw_f, rate_f, z_f, age_f = np.full((5, L), np.nan)  # one allocation
+        seen_f = self.seen.copy()
+        mats: dict[str, _Mats] = {}
+        results: dict[str, list[_SignalResult]] = {}
+        flat: list[_SignalResult] = []
+        for kind, off, m, n in self.kinds:
+            mt = mats[kind] = _Mats.__new__(_Mats)
+            mt.sub, mt.raw, mt.rate, mt.z, mt.age, mt.seen = (
+                a[off:off + m * n].reshape(m, n) for a in (sub_f, raw_f, rate_f, z_f, age_f, seen_f))
+            results[kind] = [mt.result(j) for j in range(m)]
+            flat.extend(results[kind])
+        now = ctx.now
+        if self.g_src.size:
+            _, values, ts = ctx.row_arrays(self.g_end)
+            age_s = now - ts[self.g_src]
+            fresh = age_s <= self.g_age
+            age_f[self.g_dest] = np.maximum(age_s, 0.0)
+            raw_f[self.g_dest[fresh]] = values[self.g_src[fresh]]
+        for g, window, max_age, src, dest in self.c_sets:
+            rate, last_v, age = ctx.rates(ctx.index.groups[g], window, max_age)  # type: ignore[union-attr]
+            rate_f[dest] = rate[src]
+            raw_f[dest] = last_v[src]
+            age_f[dest] = age[src]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            for code, (idx, rate_pos, res_ix, ent, p1, p2) in self.shapes.items():
+                x = raw_f[idx]
+                if rate_pos.size:
+                    x[rate_pos] = rate_f[idx[rate_pos]]
+                if code == 1:
+                    sub_f[idx] = np.clip(1.0 - (x - p1) / p2, 0.0, 1.0)
+                    continue
+                bad = x > p1
+                if code == 2:
+                    at = 0
+                    for kind, j, _, n, _ in self.shaped[2]:
+                        spec = specs[kind][j]
+                        for val in spec.values or ():  # np.isin's answer for a few floats: equality
+                            bad[at:at + n] |= x[at:at + n] == float(val)
+                        at += n
+                    sub = np.where(bad, 0.0, 1.0)
+                    sub[np.isnan(x)] = np.nan
+                    sub_f[idx] = sub
+                    for h in np.flatnonzero(sub == 0).tolist():
+                        kind, j = self.order[int(res_ix[h])]
+                        flat[int(res_ix[h])].notes[int(ent[h])] = f"gate fired: {specs[kind][j].metric}={x[h]:g}"
+                else:
+                    sub_f[idx] = np.where(bad, p2, np.where(np.isnan(x), np.nan, 1.0))
+                    for h in np.flatnonzero(bad).tolist():
+                        kind, j = self.order[int(res_ix[h])]
+                        if specs[kind][j].flag:
+                            flat[int(res_ix[h])].flags.append((int(ent[h]), specs[kind][j].flag))  # type: ignore[arg-type]
+                for kind, j, *_, counter in self.shaped[code]:
+                    spec = specs[kind][j]
+                    if spec.value_flags:
+                        res = results[kind][j]
+                        res.flags.extend(_value_flags(res.rate if counter else res.raw, spec.value_flags))
+        for kind, j, src_series, has_src in self.peers:
+            res = results[kind][j]
+            res.sub[:] = _shape_peer(ctx, specs[kind][j], kind, res.raw, src_series, has_src, res)
+        for kind, j in self.rest:
+            _evaluate(ctx, specs[kind][j], kind, self.tables[kind], results[kind][j])
+        slo_jobs: dict[str, list[tuple[SignalSpec, _Columns, _Columns, _SignalResult]]] = {}
+        for kind, j, fixed in self.fixed_slos:
+            if fixed is not None:
+                fixed_req, fixed_good = (_Columns(ctx, ctx.matrix(name), ser, ent, cols)  # type: ignore[arg-type]
+                                         for name, ser, ent, cols in fixed)
+                slo_jobs.setdefault(kind, []).append((specs[kind][j], fixed_req, fixed_good, results[kind][j]))
+        for kind, j in self.slos:
+            spec, table, res = specs[kind][j], self.tables[kind], results[kind][j]
+            assert spec.requests_metric is not None
+            req = ctx.columns(spec.requests_metric, None, kind, table)
+            good_c = ctx.columns(spec.metric + "_bucket" if spec.threshold_s is not None else spec.metric,
+                                 spec.match, kind, table)
+            if req is None or good_c is None:
+                _evaluate(ctx, spec, kind, table, res)  # rows
+                continue
+            inputs = _slo_inputs(ctx, spec, kind, req, good_c)
+            if inputs is not None:
+                slo_jobs.setdefault(kind, []).append((spec, inputs[0], inputs[1], res))
+        for jobs in slo_jobs.values():
+            _slo_batch(ctx, jobs)
+        return results, mats

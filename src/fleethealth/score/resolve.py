@@ -1,0 +1,182 @@
+"""Label-set resolution: every interned label set -> its entity keys (gpu, node, replica, rank).
+
+Theory of operation
+-------------------
+A snapshot's samples point at interned label sets, shared by every metric of a GPU. ``_Resolver`` maps
+each label set once to the key ids of the entities it describes (gpu ``node/gpuN``, node, replica, rank
+``job/rankN``) and keeps per-label-set answers the engine asks for again and again (a label's float
+value, a match's verdict, a peer group id). It is append-only: reused while the snapshot's label-set list
+only grows (the history and the simulator keep one list), so a label set is resolved once for the life
+of a stream. Which resolver serves a snapshot is the scorer's choice (``_resolver_for``, kept in
+``Kept.resolvers``). ``_KindTable`` is one kind's entities for one cycle: key id <-> entity index.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from fleethealth.policy import Policy
+from fleethealth.score.health import EntityKind
+from fleethealth.signals.snapshot import LabelSet, Snapshot, label_float
+
+if TYPE_CHECKING:
+    from fleethealth.score.kept import Kept
+
+KINDS: tuple[EntityKind, ...] = ("gpu", "node", "replica", "rank")
+UNNAMED_NODE = "(no-node-label)"
+
+
+class _Resolver:
+    """Maps label sets to entity key ids. Append-only: re-used while the snapshot's label-set list
+    only grows (the history and the simulator keep one list), so each label set is resolved once."""
+
+    def __init__(self, node_labels: Sequence[str], replica_labels: Sequence[str]) -> None:
+        self.node_labels = tuple(node_labels)
+        self.replica_labels = tuple(replica_labels)
+        self.n = 0
+        self.key_names: list[str] = []
+        self.key_ix: dict[str, int] = {}
+        self.key_node: list[int] = []  # key id -> node key id (for gpu keys), else -1
+        self.display: list[str] = []  # key id -> entity name without the kind prefix
+        self._display_arr = np.zeros(0, object)
+        self.cols: dict[str, list[int]] = {k: [] for k in KINDS}
+        self.arr: dict[str, np.ndarray] = {}
+        self.labelsets: list[LabelSet] | None = None
+        self._groups: dict[tuple[str, ...], tuple[int, dict[tuple[str, ...], int], list[int], np.ndarray]] = {}
+        self._key_node_arr = np.zeros(0, np.int64)
+        self.meta_cache: dict[tuple[str, tuple[int, ...]], dict[str, str]] = {}
+        self._floats: dict[str, list[float]] = {}
+        self._matches: dict[tuple[tuple[str, str], ...], list[bool]] = {}
+        self._arrays: dict[tuple[str, Any], np.ndarray] = {}  # the two above as arrays, while complete
+
+    def label_floats(self, label: str) -> np.ndarray:
+        """Per label set, the float value of ``label`` (NaN when absent or not a number); incremental."""
+        assert self.labelsets is not None
+        vals = self._floats.setdefault(label, [])
+        arr = self._arrays.get(("f", label))
+        if arr is None or len(vals) < len(self.labelsets):
+            vals.extend(label_float(ls, label) for ls in self.labelsets[len(vals):])
+            arr = self._arrays[("f", label)] = np.asarray(vals, np.float64)
+        return arr
+
+    def label_match(self, match: Mapping[str, str]) -> np.ndarray:
+        """Per label set, whether every label fully matches its regular expression; incremental."""
+        assert self.labelsets is not None
+        key = tuple(sorted(match.items()))
+        hits = self._matches.setdefault(key, [])
+        arr = self._arrays.get(("m", key))
+        if arr is None or len(hits) < len(self.labelsets):
+            rx = [(k, re.compile(v)) for k, v in key]
+            for ls in self.labelsets[len(hits):]:
+                d = dict(ls)
+                hits.append(all(r.fullmatch(d.get(k, "")) is not None for k, r in rx))
+            arr = self._arrays[("m", key)] = np.asarray(hits, bool)
+        return arr
+
+    def group_ids(self, labels: tuple[str, ...]) -> np.ndarray:
+        """Per label set, the id of its peer group (the values of ``labels``); incremental, cached."""
+        assert self.labelsets is not None
+        n_done, keys, ids, arr = self._groups.get(labels, (0, {}, [], np.zeros(0, np.int64)))
+        if n_done < len(self.labelsets):
+            for ls in self.labelsets[n_done:]:
+                d = dict(ls)
+                key = tuple(d.get(k, "") for k in labels)
+                ids.append(keys.setdefault(key, len(keys)))
+            arr = np.asarray(ids, np.int64)
+            self._groups[labels] = (len(self.labelsets), keys, ids, arr)
+        return arr
+
+    def _kid(self, name: str, node_kid: int = -1) -> int:
+        ix = self.key_ix.get(name)
+        if ix is None:
+            ix = self.key_ix[name] = len(self.key_names)
+            self.key_names.append(name)
+            self.display.append(name.split(":", 1)[1])
+            self.key_node.append(node_kid)
+        return ix
+
+    def update(self, labelsets: list[LabelSet]) -> None:
+        if len(labelsets) == self.n:
+            return
+        gpu_c, node_c, rep_c, rank_c = (self.cols[k] for k in KINDS)
+        for ls in labelsets[self.n :]:
+            d = dict(ls)
+            node = None
+            for k in self.node_labels:
+                node = d.get(k)
+                if node:
+                    break
+            g = d.get("gpu")
+            if not node and g:
+                # A GPU sample without any node label (a bare exporter file): scored under a visible
+                # placeholder node rather than silently dropped.
+                node = UNNAMED_NODE
+            node_kid = self._kid("node:" + node) if node else -1
+            node_c.append(node_kid)
+            gpu_c.append(self._kid(f"gpu:{node}/gpu{g}", node_kid) if (node and g is not None and g != "") else -1)
+            rep = None
+            for k in self.replica_labels:
+                rep = d.get(k)
+                if rep:
+                    break
+            rep_c.append(self._kid("replica:" + rep) if rep else -1)
+            job, rank = d.get("job"), d.get("rank")
+            rank_c.append(self._kid(f"rank:{job}/rank{rank}") if (job and rank is not None and rank != "") else -1)
+        self.n = len(labelsets)
+        self.arr = {k: np.asarray(v, np.int64) for k, v in self.cols.items()}
+        self.labelsets = labelsets
+
+    def display_names(self, ids: np.ndarray) -> list[str]:
+        if self._display_arr.size != len(self.display):
+            self._display_arr = np.array(self.display, dtype=object)
+        return self._display_arr[ids].tolist() if ids.size else []
+
+    @property
+    def key_node_arr(self) -> np.ndarray:
+        """key id -> node key id (gpu keys), else -1; as an array, rebuilt only when keys were added."""
+        if self._key_node_arr.size != len(self.key_node):
+            self._key_node_arr = np.asarray(self.key_node, np.int64)
+        return self._key_node_arr
+
+
+def _resolver_for(kept: Kept, snap: Snapshot, policy: Policy) -> _Resolver:
+    key = (id(snap.labelsets), tuple(policy.node_labels), tuple(policy.replica_labels))
+    r = kept.resolvers.get(key)
+    # Identity alone could be recycled after garbage collection: also require the list object to match
+    # and never to have shrunk or been rewritten (first label set unchanged).
+    if r is None or r.labelsets is not snap.labelsets or len(snap.labelsets) < r.n:
+        r = _Resolver(policy.node_labels, policy.replica_labels)
+        if len(kept.resolvers) >= 8:
+            kept.resolvers.pop(next(iter(kept.resolvers)))
+        kept.resolvers[key] = r
+    r.update(snap.labelsets)
+    return r
+
+
+def _uniq(a: np.ndarray) -> np.ndarray:
+    """Sorted unique of non-negative ints; a presence mask beats hashing/sorting for dense ids."""
+    if a.size == 0:
+        return np.zeros(0, np.int64)
+    k = int(a.max()) + 1
+    if k <= 8 * a.size + 1_000_000:
+        mask = np.zeros(k, bool)
+        mask[a] = True
+        return np.flatnonzero(mask)
+    return np.unique(a)
+
+
+@dataclass
+class _KindTable:
+    kind: EntityKind
+    key_ids: np.ndarray  # resolver key id per entity
+    lut: np.ndarray  # resolver key id -> entity index (-1)
+    names: list[str]
+
+    def entities(self, kid: np.ndarray) -> np.ndarray:
+        """Entity index per resolver key id (-1: no key, or no entity of this kind)."""
+        return np.where(kid >= 0, self.lut[np.maximum(kid, 0)], -1)
