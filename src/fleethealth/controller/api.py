@@ -171,6 +171,8 @@ def render_metrics(controller: Controller, runner: Any = None) -> str:
     ents = list(pub.state.entities.values())
     m.family("fleethealth_state", "gauge", "Lifecycle state (1 for the current one).",
              [({"entity": e.entity, "kind": e.kind, "state": str(e.state)}, 1.0) for e in ents])
+    m.family("fleethealth_entity_info", "gauge", "1 per node and replica, with its pool (join on entity, kind).",
+             [({"entity": e.entity, "kind": e.kind, "pool": e.labels.get("pool", "default")}, 1.0) for e in ents])
     m.family("fleethealth_entity_transitions_total", "counter", "Lifecycle transitions per entity (flapping).",
              [({"entity": e.entity, "kind": e.kind}, float(e.transitions)) for e in ents])
     m.family("fleethealth_router_weight", "gauge", "Last router weight published per replica.",
