@@ -79,14 +79,16 @@ Scorer = Callable[[Snapshot, Policy, float, str], Any]
 
 def engine_scorer(inventory: dict[str, list[str]] | None, aggregation: str | None = None,
                   naive: bool = False) -> Scorer:
-    from fleethealth.score.engine import score_snapshot
+    from fleethealth.score.engine import Scorer as EngineScorer
+
+    engine = EngineScorer()  # one per arm (and lane): what it keeps serves that stream alone
 
     def score(view: Snapshot, policy: Policy, now: float, consumer: str) -> Any:
         with warnings.catch_warnings():
             # a mean over an entity with no category known is NaN (unknown), as it should be; numpy warns
             warnings.simplefilter("ignore", RuntimeWarning)
-            fh = score_snapshot(view, policy, now, consumer=consumer, inventory=inventory,
-                                aggregation=aggregation)
+            fh = engine.score(view, policy, now, consumer=consumer, inventory=inventory,
+                              aggregation=aggregation)
         if naive:
             for ks in fh.kinds.values():
                 unknown = np.isnan(ks.value)

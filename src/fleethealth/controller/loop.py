@@ -54,7 +54,7 @@ from fleethealth.decide.loop import DecisionLoop
 from fleethealth.decide.model import Intent, Transition
 from fleethealth.decide.state import DecisionState, Event
 from fleethealth.policy import Policy
-from fleethealth.score.engine import FleetHealth, score_snapshot
+from fleethealth.score.engine import FleetHealth, Scorer
 from fleethealth.signals.history import SignalHistory
 from fleethealth.signals.snapshot import InputIssue, Snapshot
 from fleethealth.sources.base import Source
@@ -201,6 +201,7 @@ class Controller:
         self.runner = runner
         # The per-cycle core shared with `replay` and `backtest`: history -> score -> decide -> persist
         # (``store``: fleethealth.store.StateStore; None keeps the state in memory only).
+        self._scorer = Scorer()  # what the engine keeps between cycles: this controller's stream alone
         self.loop = DecisionLoop(policy, store=store, scorer=self._score,
                                  history=SignalHistory(policy, memory_s=history_s))
         self.history = self.loop.history
@@ -357,7 +358,7 @@ class Controller:
     def _score(self, view: Snapshot, policy: Policy, now: float, consumer: str) -> FleetHealth:
         t0, c0 = time.perf_counter(), time.thread_time()
         try:
-            return score_snapshot(view, policy, now, consumer=consumer, inventory=self._inventory_now)
+            return self._scorer.score(view, policy, now, consumer=consumer, inventory=self._inventory_now)
         finally:
             self._score_s += time.perf_counter() - t0
             self._score_cpu_s += time.thread_time() - c0

@@ -23,10 +23,12 @@ from fleethealth.signals.snapshot import Snapshot
 Scorer = Callable[[Snapshot, Policy, float, str], Any]  # (view, policy, now, consumer) -> FleetHealth
 
 
-def _engine_scorer(view: Snapshot, policy: Policy, now: float, consumer: str) -> Any:
-    from fleethealth.score.engine import score_snapshot
+def _engine_scorer() -> Scorer:
+    """The engine's scorer for one loop: a ``score.Scorer`` of its own (what it keeps between cycles
+    serves this loop's stream alone)."""
+    from fleethealth.score.scorer import Scorer as EngineScorer
 
-    return score_snapshot(view, policy, now, consumer=consumer)
+    return EngineScorer().score
 
 
 def _has_replicas(health: Any) -> bool:
@@ -37,7 +39,8 @@ def _has_replicas(health: Any) -> bool:
     return any(getattr(t, "kind", None) == "replica" for t in getattr(health, "tuples", {}).values())
 
 
-def _labels_key(health: Any, view: Snapshot, now: float, policy: Policy) -> Hashable | None:
+def _labels_key(health: Any, view: Snapshot, now: float, policy: Policy,
+                newest: _NewestTs) -> Hashable | None:
     """The engine's metadata labels come from which series the view holds, and the history says when
     that set is unchanged. Only for a FleetHealth whose labels are read from this very view (a custom
     scorer may derive labels from anything), and only while no sample is too far in the future (the
@@ -47,22 +50,25 @@ def _labels_key(health: Any, view: Snapshot, now: float, policy: Policy) -> Hash
         return None
     limit = now + policy.freshness.future_skew_s
     # the history's bound on its view's times spares the pass over them
-    if len(view) and view.index_upto(limit) is None and _newest_ts(view) > limit:
+    if len(view) and view.index_upto(limit) is None and newest(view) > limit:
         return None
     return shape_token(view)
 
 
-_NEWEST: list[tuple[Snapshot, float]] = []  # the last view asked about (arms of a backtest share views)
+class _NewestTs:
+    """A view's newest timestamp (a pass over every row), kept for the last view asked about: a loop
+    asks once per cycle at most, and only when the view holds samples too far in the future."""
 
+    def __init__(self) -> None:
+        self._last: tuple[Snapshot, float] | None = None  # holds the view: its identity cannot recur
 
-def _newest_ts(view: Snapshot) -> float:
-    """The view's newest timestamp (a pass over every row: once per view, not once per loop)."""
-    hit = _NEWEST[0] if _NEWEST else None  # one read: a consistent (view, time) pair even across threads
-    if hit is not None and hit[0] is view:
-        return hit[1]
-    t = float(view.ts.max())
-    _NEWEST[:] = [(view, t)]
-    return t
+    def __call__(self, view: Snapshot) -> float:
+        hit = self._last
+        if hit is not None and hit[0] is view:
+            return hit[1]
+        t = float(view.ts.max())
+        self._last = (view, t)
+        return t
 
 
 @dataclass(slots=True)
@@ -81,7 +87,8 @@ class DecisionLoop:
 
         self.policy = policy
         self.store = store
-        self.scorer: Scorer = scorer or _engine_scorer
+        self.scorer: Scorer = scorer or _engine_scorer()
+        self._newest = _NewestTs()
         self.history = history if history is not None else SignalHistory(policy)
         self.decider = Decider(policy)
         loaded = store.load() if store is not None else None
@@ -102,7 +109,7 @@ class DecisionLoop:
         health = self.scorer(view, self.policy, now, "remediation")
         serving = self.scorer(view, self.policy, now, "serving") if _has_replicas(health) else None
         decision = self.decider.decide(self.state, health, now, events, serving,
-                                       labels_key=_labels_key(health, view, now, self.policy))
+                                       labels_key=_labels_key(health, view, now, self.policy, self._newest))
         if self.store is not None:
             self.store.commit(decision)
         self.state = decision.state

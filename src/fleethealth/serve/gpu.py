@@ -4,7 +4,7 @@ CUDA errors the sidecar saw in the engine's responses and log.
 Readers are edges behind a one-method Protocol (``read(now) -> Snapshot``, never raising for outside
 failures): NVML when the library is present, or the node's exporter URL. ``GpuCheck`` is the pure part:
 it keeps a rolling history (counters need several samples to become rates), scores it with
-``score_snapshot`` and turns the GPU tuples into a verdict. Unknown (no reader, a dead exporter) is
+``Scorer.score`` and turns the GPU tuples into a verdict. Unknown (no reader, a dead exporter) is
 reported as unknown and does not fail /gpuz: a telemetry outage is not a GPU fault, and draining on it
 would turn a metrics problem into an outage.
 """
@@ -174,6 +174,7 @@ class GpuCheck:
     fail_below: float = 0.3
     history: SignalHistory | None = None
     last: GpuVerdict = field(default_factory=lambda: GpuVerdict(None, None, "no GPU signals yet"))
+    _scorer: Any = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.history is None:
@@ -189,9 +190,11 @@ class GpuCheck:
         if snap is not None:
             assert self.history is not None
             self.history.add(snap)
-            from fleethealth.score.engine import score_snapshot
+            if self._scorer is None:
+                from fleethealth.score.engine import Scorer
 
-            fh = score_snapshot(self.history.view(now), self.policy, now, consumer="remediation")
+                self._scorer = Scorer()  # one per check: its history's stream
+            fh = self._scorer.score(self.history.view(now), self.policy, now, consumer="remediation")
             tuples = fh.by_kind("gpu")
             known = [t for t in tuples if t.value is not None]
             for t in tuples:
