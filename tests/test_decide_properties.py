@@ -111,7 +111,7 @@ def test_budgets_and_tp_groups_hold_and_state_survives_a_json_round_trip(steps, 
         for i in range(30):
             lab = {"pool": "p", "tp_group": f"g{i // 4}"}
             if bad.get(i) == "gate":
-                tuples.append(tup(f"n{i:02d}", 0.0, reason="gate:xid", labels=lab))
+                tuples.append(tup(f"n{i:02d}", 0.0, reason="gate:oom_device_fault", labels=lab))  # rate-budgeted
             elif bad.get(i) == "low":
                 tuples.append(tup(f"n{i:02d}", 0.1, labels=lab))
             else:

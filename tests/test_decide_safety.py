@@ -9,7 +9,8 @@ from fleethealth.decide.state import Event
 from fleethealth.policy import default_policy
 
 
-def _fleet(n: int, bad: set[int], t: float, value_bad: float = 0.0, reason: str = "gate:xid",
+# A gate the rate budget governs (inferred, not a confirmed hard gate: see test_decide_budgets.py)
+def _fleet(n: int, bad: set[int], t: float, value_bad: float = 0.0, reason: str = "gate:oom_device_fault",
            labels=None) -> list:
     out = []
     for i in range(n):

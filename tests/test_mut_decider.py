@@ -154,7 +154,7 @@ def _gates(n: int, bad: set[int], pool: str = "a", extra: dict[str, tuple] | Non
         if extra and e in extra:
             out.append(tup(e, 0.97, labels={"pool": pool}, flags=extra[e]))
         elif i in bad:
-            out.append(tup(e, 0.0, reason="gate:xid", labels={"pool": pool}, worst="hardware"))
+            out.append(tup(e, 0.0, reason="gate:oom_device_fault", labels={"pool": pool}, worst="hardware"))
         else:
             out.append(tup(e, 0.97, labels={"pool": pool}))
     return out

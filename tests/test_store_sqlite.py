@@ -166,7 +166,10 @@ def test_sigkill_mid_replay_then_resume_equals_an_uninterrupted_run(tmp_path: Pa
     assert lc == lw
     # still hot after the passed test: relapses to quarantine
     assert [t[3] for t in tw if t[1] == "node-03"] == ["DEGRADED", "QUARANTINED", "RECOVERING", "QUARANTINED"]
-    assert any(i[3] == "page" and "budget" in i[5] for i in iw)
+    # node-07's GPU fell off the bus while node-03 held the hour's budget: a confirmed hard gate spends its
+    # own budget, so it is quarantined at once and nobody is paged about a budget (issue 16)
+    assert "QUARANTINED" in [t[3] for t in tw if t[1] == "node-07"]
+    assert not any(i[3] == "page" and "budget" in i[5] for i in iw)
 
 
 def test_audit_log_keeps_who_did_what_from_where_across_a_reopen(tmp_path: Path) -> None:

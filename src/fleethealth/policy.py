@@ -230,10 +230,23 @@ class Lifecycle(Strict):
 
 
 class Budgets(Strict):
+    """How fast remediation may take capacity out of a pool (guards against scorer bugs and correlated
+    events). Confirmed hard gates (``hard_gates``: the gate signals that mean the hardware is already out
+    of service) spend their own, larger budget and skip the tensor-parallel rule (README: Budgets)."""
+
     quarantine_fraction_per_hour: float = Field(default=0.02, ge=0, le=1)
     quarantine_min_per_hour: int = Field(default=1, ge=0)
     window_s: float = Field(default=3600.0, gt=0)
     max_per_tp_group: int = Field(default=1, ge=0)
+    hard_gates: list[str] = Field(default_factory=lambda: [
+        "xid", "xid_count", "kernel_xid", "kernel_fallen_off", "recovery_action", "gpus_missing", "ecc_dbe",
+        "row_remap_failure",
+    ])
+    hard_gate_fraction_per_hour: float = Field(default=0.1, ge=0, le=1)
+    hard_gate_min_per_hour: int = Field(default=3, ge=0)
+    # pages as incidents (decide.incidents): an update at most this often, resolved after this long unseen
+    incident_update_s: float = Field(default=1800.0, ge=0)
+    incident_clear_s: float = Field(default=900.0, gt=0)
 
 
 class Fleet(Strict):

@@ -23,7 +23,8 @@ Definitions (also in the README's backtest section):
   onset to QUARANTINED (or DRAINING) over caught incidents. None when there is nothing to take a median of.
 * **flaps_per_node_day**: state transitions of node lifecycles after warm-up (the way out of STARTING and
   WARMING is not a flap) per node per simulated day; replicas likewise in ``flaps_per_replica_day``.
-* **pages**: PAGE intents; **budget_exhaustions**: pages whose reason is ``budget_exhausted``.
+* **pages**: PAGE intents that open something (an incident's ``update`` and ``resolved`` pages are not
+  new pages: decide.incidents); **budget_exhaustions**: such pages whose reason is ``budget_exhausted``.
 * **gpu_hours_lost**: the seed's arithmetic. A synchronous job runs at its slowest rank's pace, so while a
   truly faulty node's ranks run x% slow and that node is not yet removed, the job loses x% of its
   GPU-hours (the job's slowdown is its slowest faulty node's).
@@ -39,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fleethealth.backtest.arms import ArmLog
+from fleethealth.decide.incidents import is_new_page
 from fleethealth.decide.model import IntentKind, State
 from fleethealth.policy import Policy
 from fleethealth.sim.truth import GroundTruth
@@ -186,8 +188,8 @@ def score_arm(
     pages: list[tuple[float, str]] = []
     intents_by: dict[tuple[str, IntentKind], list[float]] = defaultdict(list)
     for it in log.intents:
-        if it.kind == IntentKind.PAGE:
-            pages.append((it.ts, it.reason))
+        if it.kind == IntentKind.PAGE and is_new_page(it.params):
+            pages.append((it.ts, it.reason))  # an incident's updates and resolution are not new pages
         intents_by[(it.entity, it.kind)].append(it.ts)
         weight_down = it.kind == IntentKind.SET_WEIGHT and float(it.params.get("weight", 1.0) or 0.0) < 1.0
         if it.kind in RESPONSE_INTENTS or weight_down:

@@ -45,7 +45,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from fleethealth.decide import ladder
+from fleethealth.decide import incidents, ladder
 from fleethealth.decide.lifecycle import (
     ISOLATED_STATES,
     REMEDIATION_TARGETS,
@@ -326,6 +326,16 @@ def _tuple_at(health: Any, ks: Any, i: int, labels: dict[str, str]) -> HealthTup
     )
 
 
+def is_hard_gate_reason(reason: str, policy: Policy) -> bool:
+    """``gate:<signal>`` for a signal named in ``budgets.hard_gates``."""
+    return reason.startswith("gate:") and reason[5:] in policy.budgets.hard_gates
+
+
+def budget_key(kind: str, pool: str, hard: bool) -> str:
+    """The ledger's key: confirmed hard gates spend their own budget (``hard:`` prefix)."""
+    return f"hard:{kind}:{pool}" if hard else f"{kind}:{pool}"
+
+
 def node_of(t: HealthTuple) -> str:
     if t.kind == "node":
         return t.entity
@@ -358,6 +368,20 @@ class _Cycle:
         self.copied: set[str] = set()
         self.gpu_by_node: Mapping[str, list[HealthTuple]] = {}  # this cycle's flagged GPUs per node
 
+    def incident(self, key: str, entity: str, reason: str, params: dict[str, Any], sig: Any = None) -> None:
+        """The condition ``key`` holds this cycle: one PAGE when it opens, an update when ``sig``
+        changes (decide.incidents), one resolution once it has not held for incident_clear_s."""
+        b = self.p.budgets
+        page = incidents.assert_incident(self.s.incidents, self.s.pages, key, entity, reason,
+                                         {"severity": "page", **params}, sig, self.now, b.incident_update_s)
+        if page is not None:
+            self.emit(IntentKind.PAGE, page[0], page[1], page[2])
+
+    def close_incidents(self) -> None:
+        for entity, reason, params in incidents.close_stale(self.s.incidents, self.s.pages, self.now,
+                                                            self.p.budgets.incident_clear_s, self.s.frozen):
+            self.emit(IntentKind.PAGE, entity, reason, params)
+
     def mut(self, eid: str) -> EntityLifecycle:
         """The entity, copied on first change: the caller's state is never modified, and a steady
         entity costs no copy."""
@@ -372,13 +396,6 @@ class _Cycle:
         pr["n"] = self.s.seq
         self.s.seq += 1
         self.intents.append(Intent(self.now, kind, entity, reason, pr, tier, soft, self.version))
-
-    def page_once(self, key: str, entity: str, reason: str, params: dict[str, Any], every_s: float) -> None:
-        last = self.s.pages.get(key)
-        if last is not None and self.now - last < every_s:
-            return
-        self.s.pages[key] = self.now
-        self.emit(IntentKind.PAGE, entity, reason, {"severity": "page", **params})
 
 
 class Decider:
@@ -419,7 +436,7 @@ class Decider:
         s = c.s
         s.ledger = [x for x in s.ledger if now - x[0] < p.budgets.window_s]
         keep_pages = 2 * max(p.budgets.window_s, p.attribution.app_xid_window_s)
-        s.pages = {k: ts for k, ts in s.pages.items() if now - ts < keep_pages}
+        s.pages = {k: ts for k, ts in s.pages.items() if now - ts < keep_pages or k.startswith(incidents.MARK)}
         memo: LabelMemo | None = None
         if labels_key is not None:
             if self._label_memo is None or self._label_memo[0] != labels_key:
@@ -512,10 +529,12 @@ class Decider:
         c.gpu_by_node = gpu_by_node
         self._repairs(c, obs, node_flags, ev_by_entity)
 
-        # Deterministic order that spends budgets on the worst first: gates, then lowest value.
-        def order(eid: str) -> tuple[int, float, str]:
+        # Deterministic order that spends budgets on whoever has waited longest (a held remediation's
+        # blocked_since), then the worst first: gates, then lowest value; the name only breaks exact ties.
+        def order(eid: str) -> tuple[float, int, float, str]:
             o = obs.get(eid)
-            return (0 if o is not None and o.gate else 1,
+            since = s.entities[eid].blocked_since
+            return (now if since is None else since, 0 if o is not None and o.gate else 1,
                     1.0 if o is None or o.value is None else o.value, eid)
 
         if fast:
@@ -535,6 +554,7 @@ class Decider:
             else:
                 st = serving_by_id.get(eid) or by_id.get(eid)
                 self._router(c, es, None if st is None else Observation(st.value, st.confidence, st.reason))
+        c.close_incidents()
         s.last_ts = now
         return Decision(s, c.transitions, c.intents, now)
 
@@ -690,12 +710,12 @@ class Decider:
             else:
                 del c.s.app_xids[n]
         for job in sorted(jobs):
-            last = c.s.pages.get(f"job:{job}")
-            if last is None or c.now - last >= win:
-                c.s.pages[f"job:{job}"] = c.now
-                c.emit(IntentKind.PAGE, f"job/{job}", "app_xid:job",
+            c.incident(f"job:{job}", f"job/{job}", "app_xid:job",
                        {"severity": "ticket", "job": job, "xids": sorted(job_xids[job]),
-                        "nodes": sorted(jobs[job])[:20], "n_nodes": len(jobs[job])})
+                        "nodes": sorted(jobs[job])[:20], "n_nodes": len(jobs[job])},
+                       sig=[len(jobs[job]), sorted(job_xids[job])])
+        for job in sorted({j for js in c.s.app_xids.values() for j in js} - set(jobs)):
+            incidents.refresh(c.s.incidents, f"job:{job}", c.now)  # still inside its window: still open
         out: dict[str, str] = {}
         for n, js in c.s.app_xids.items():
             if len(js) >= p.attribution.app_xid_distinct_jobs:
@@ -749,9 +769,9 @@ class Decider:
                     elif rate < a.version_fraction:
                         continue
                     out[(label, v)] = f"version:{label}={v}"
-                    c.page_once(f"version:{kind}:{label}={v}", f"version/{label}={v}", "version_correlation",
-                                {"label": label, "value": v, "kind": kind, "unhealthy": k,
-                                 "unhealthy_total": len(bad), "population": pop[v]}, p.budgets.window_s)
+                    c.incident(f"version:{kind}:{label}={v}", f"version/{label}={v}", "version_correlation",
+                               {"label": label, "value": v, "kind": kind, "unhealthy": k,
+                                "unhealthy_total": len(bad), "population": pop[v]}, sig=k)
         return out
 
     def _repairs(self, c: _Cycle, obs: Mapping[str, Observation | None], node_flags: Mapping[str, set[str]],
@@ -922,37 +942,54 @@ class Decider:
             v = es.labels.get(label)
             if v is not None and (label, v) in suspects:
                 return suspects[(label, v)]
-        if es.kind == "node":
+        b = p.budgets
+        hard = self._hard_gate(rule, es.last_reason)
+        if es.kind == "node" and not hard:
+            # a confirmed hard gate's node already costs its group its capacity: isolating it costs nothing
             g = es.labels.get("tp_group")
             if g:
+                # isolations that still cost the group capacity: FAILED is a human's and does not count
                 isolated = sum(1 for o in c.s.entities.values() if o.entity != es.entity and o.kind == "node"
-                               and o.labels.get("tp_group") == g and o.state in ISOLATED_STATES)
-                if isolated >= p.budgets.max_per_tp_group:
-                    c.page_once(f"tp_group:{g}", f"tp_group/{g}", "tp_group_limit",
-                                {"tp_group": g, "isolated": isolated, "wanted": es.entity,
-                                 "limit": p.budgets.max_per_tp_group}, p.budgets.window_s)
+                               and o.labels.get("tp_group") == g and o.state in REMEDIATION_TARGETS)
+                if isolated >= b.max_per_tp_group:
+                    c.incident(f"tp_group:{g}", f"tp_group/{g}", "tp_group_limit",
+                               {"tp_group": g, "isolated": isolated, "wanted": es.entity,
+                                "limit": b.max_per_tp_group}, sig=isolated)
                     return f"tp_group:{g}"
         pool = es.labels.get("pool", "default")
-        key = f"{es.kind}:{pool}"
+        key = budget_key(es.kind, pool, hard)
         if c.pool_sizes is None:
             c.pool_sizes = defaultdict(int)
             for o in c.s.entities.values():
                 c.pool_sizes[f"{o.kind}:{o.labels.get('pool', 'default')}"] += 1
-        size = c.pool_sizes[key]
-        allowed = max(p.budgets.quarantine_min_per_hour, math.floor(p.budgets.quarantine_fraction_per_hour * size))
+        size = c.pool_sizes[f"{es.kind}:{pool}"]
+        if hard:
+            allowed = max(b.hard_gate_min_per_hour, math.floor(b.hard_gate_fraction_per_hour * size))
+        else:
+            allowed = max(b.quarantine_min_per_hour, math.floor(b.quarantine_fraction_per_hour * size))
         # Distinct entities: isolating the same node again (a relapse) spends nothing new.
-        spent = {e for ts, k, e in c.s.ledger if k == key and c.now - ts < p.budgets.window_s}
+        spent = {e for ts, k, e in c.s.ledger if k == key and c.now - ts < b.window_s}
         used = len(spent)
         if es.entity not in spent and used >= allowed:
-            c.page_once(f"budget:{key}", f"pool/{pool}", "budget_exhausted",
-                        {"pool": pool, "kind": es.kind, "used": used, "allowed": allowed, "pool_size": size,
-                         "wanted": es.entity, "window_s": p.budgets.window_s}, p.budgets.window_s)
-            return f"budget:{pool}"
+            c.incident(f"budget:{es.kind}:{pool}", f"pool/{pool}", "budget_exhausted",
+                       {"pool": pool, "kind": es.kind, "used": used, "allowed": allowed, "pool_size": size,
+                        "wanted": es.entity, "window_s": b.window_s, "budget": "hard_gate" if hard else "rate"},
+                       sig=used)
+            return f"budget:{pool}" + (":hard_gate" if hard else "")
         return None
+
+    def _hard_gate(self, rule: Rule, reason: str) -> bool:
+        """A confirmed hard gate: the hardware is already out of service (a GPU off the bus, a DBE, a
+        catalog action that needs a reset or reboot), not a score's judgement or an inference."""
+        if rule.cond == Cond.DRAIN_RESET:
+            return True
+        return rule.cond == Cond.HARD_GATE and is_hard_gate_reason(reason, self.policy)
 
     def _soft_fallback(self, c: _Cycle, es: EntityLifecycle, why: str, o: Observation | None) -> None:
         if es.blocked == why:
             return
+        if es.blocked is None:
+            es.blocked_since = c.now
         es.blocked = why
         if why.startswith("frozen"):
             return  # a metrics outage: no action at all
@@ -1009,7 +1046,7 @@ class Decider:
         if chosen is None:
             if es.blocked and not any(r.dst in REMEDIATION_TARGETS for r in
                                       candidate_rules(es.state, conds, es.timers, now - es.since, lc)):
-                es.blocked = None  # nothing wants remediation any more
+                es.blocked, es.blocked_since = None, None  # nothing wants remediation any more
             self._flag(c, es, o)
             return
         self._transition(c, es, chosen, o, t, event_of.get(chosen.cond), flags)
@@ -1033,10 +1070,11 @@ class Decider:
         es.state, es.since = dst, now
         es.transitions += 1
         if dst in REMEDIATION_TARGETS or dst == State.READY:
-            es.blocked = None
+            es.blocked, es.blocked_since = None, None
         es.flagged = False
         if dst in REMEDIATION_TARGETS and src not in ISOLATED_STATES:
-            c.s.ledger.append((now, f"{es.kind}:{es.labels.get('pool', 'default')}", es.entity))
+            c.s.ledger.append((now, budget_key(es.kind, es.labels.get("pool", "default"),
+                                               self._hard_gate(rule, es.last_reason)), es.entity))
         worst = None if t is None else t.worst
         tier = choose_tier(es.kind, reason, worst)
         info = {"from": str(src), "value": None if o is None else o.value}

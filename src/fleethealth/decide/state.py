@@ -40,6 +40,10 @@ class EntityLifecycle:
     overload_until: float | None = None
     # the repair ladder in progress (decide.ladder): which ladder, step, phase, since, history
     repair: dict[str, Any] | None = None
+    blocked_since: float | None = None  # when the wanted remediation was first held back (oldest first)
+    # episodes of trouble (entries into DEGRADED/DRAINING/QUARANTINED): (ts, signal) in the recurrence
+    # window, and of pending row remaps per GPU: (ts, gpu); see decide.recurring
+    episodes: list[list[Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -51,6 +55,7 @@ class EntityLifecycle:
             "no_new_work": self.no_new_work, "flagged": self.flagged, "blocked": self.blocked,
             "reset_scheduled": self.reset_scheduled, "absent_since": self.absent_since,
             "overload_until": self.overload_until, "repair": self.repair,
+            "blocked_since": self.blocked_since, "episodes": [list(x) for x in self.episodes],
         }
 
     def copy(self) -> EntityLifecycle:
@@ -60,7 +65,8 @@ class EntityLifecycle:
             {k: Timer(t.accum_s, t.last_ts) for k, t in self.timers.items()}, self.transitions,
             list(self.recoveries), dict(self.labels), self.last_value, self.last_confidence, self.last_reason,
             self.last_known_ts, self.weight, self.no_new_work, self.flagged, self.blocked, self.reset_scheduled,
-            self.absent_since, self.overload_until, repair=self.repair,
+            self.absent_since, self.overload_until, repair=self.repair, blocked_since=self.blocked_since,
+            episodes=[list(x) for x in self.episodes],
         )
 
     def seen(self, value: float | None, confidence: float, reason: str, ts: float) -> EntityLifecycle:
@@ -71,6 +77,7 @@ class EntityLifecycle:
             self.entity, self.kind, self.state, self.since, self.timers, self.transitions, self.recoveries,
             self.labels, value, confidence, reason, ts, self.weight, self.no_new_work, self.flagged,
             self.blocked, self.reset_scheduled, self.absent_since, self.overload_until, repair=self.repair,
+            blocked_since=self.blocked_since, episodes=self.episodes,
         )
 
     @staticmethod
@@ -85,7 +92,8 @@ class EntityLifecycle:
             no_new_work=bool(d.get("no_new_work", False)), flagged=bool(d.get("flagged", False)),
             blocked=d.get("blocked"), reset_scheduled=bool(d.get("reset_scheduled", False)),
             absent_since=d.get("absent_since"), overload_until=d.get("overload_until"),
-            repair=d.get("repair"),
+            repair=d.get("repair"), blocked_since=d.get("blocked_since"),
+            episodes=[list(x) for x in d.get("episodes", [])],
         )
 
 
@@ -104,6 +112,8 @@ class DecisionState:
     frozen_since: float | None = None
     seq: int = 0  # intents emitted so far (part of each intent's idempotency key)
     last_ts: float | None = None  # the last cycle decided
+    # open incidents (decide.incidents): key -> entity, reason, params, signature, opened, seen, sent
+    incidents: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -112,6 +122,7 @@ class DecisionState:
             "app_xids": {n: dict(sorted(j.items())) for n, j in sorted(self.app_xids.items())},
             "pages": dict(sorted(self.pages.items())), "frozen": self.frozen, "frozen_since": self.frozen_since,
             "seq": self.seq, "last_ts": self.last_ts,
+            "incidents": {k: dict(v) for k, v in sorted(self.incidents.items())},
         }
 
     def transition_counts(self) -> dict[str, int]:
@@ -123,13 +134,14 @@ class DecisionState:
         return DecisionState(
             dict(self.entities), list(self.ledger), {n: dict(j) for n, j in self.app_xids.items()},
             dict(self.pages), self.frozen, self.frozen_since, self.seq, self.last_ts,
+            {k: dict(v) for k, v in self.incidents.items()},
         )
 
     def copy(self) -> DecisionState:
         return DecisionState(
             {k: e.copy() for k, e in self.entities.items()}, list(self.ledger),
             {n: dict(j) for n, j in self.app_xids.items()}, dict(self.pages), self.frozen, self.frozen_since,
-            self.seq, self.last_ts,
+            self.seq, self.last_ts, {k: dict(v) for k, v in self.incidents.items()},
         )
 
     @staticmethod
@@ -140,6 +152,7 @@ class DecisionState:
             app_xids={n: {j: float(t) for j, t in js.items()} for n, js in d.get("app_xids", {}).items()},
             pages={k: float(v) for k, v in d.get("pages", {}).items()}, frozen=bool(d.get("frozen", False)),
             frozen_since=d.get("frozen_since"), seq=int(d.get("seq", 0)), last_ts=d.get("last_ts"),
+            incidents={k: dict(v) for k, v in d.get("incidents", {}).items()},
         )
 
 
