@@ -11,18 +11,23 @@ safety rules that keep a scorer bug, a metrics outage or a bad rollout from drai
   quarantine, no reset), router weights and scheduler holds kept as they were, until confidence returns
   (a resolving FLEET_ALERT). Events (test results, humans) still apply.
 * Budgets per pool (label ``pool``): at most max(quarantine_min_per_hour, floor(fraction * pool size))
-  quarantines per ``budgets.window_s``; never more than ``max_per_tp_group`` isolated nodes of one
-  ``tp_group``. Exhausted: one PAGE per window and a soft fallback (``soft=True``: NO_NEW_WORK for a
-  node, a lowered weight for a replica) instead of the quarantine, retried every cycle. A human approves
-  a held quarantine with an ``ack`` event (``to`` QUARANTINED): the table's rule then fires unvetoed.
+  quarantines per ``budgets.window_s``; never more than ``max_per_tp_group`` nodes of one ``tp_group``
+  in QUARANTINED or DRAINING (FAILED is a human's and does not count). A confirmed hard gate (reason
+  ``gate:<signal>`` for a signal in ``budgets.hard_gates``, or an Xid 154 drain-and-reset) takes a node
+  that is already out of service: it spends a separate, larger budget (``hard_gate_*``: a fleet-wide
+  burst of bogus gates still stops there) and skips the TP rule. The longest-waiting entity gets a freed
+  budget first (``blocked_since``). Exhausted: one incident (``decide.incidents``: a firing PAGE, updates,
+  one resolution) and a soft fallback (``soft=True``: NO_NEW_WORK for a node, a lowered weight for a
+  replica) instead of the quarantine, retried every cycle. A human approves a held quarantine with an
+  ``ack`` event (``to`` QUARANTINED): the table's rule then fires unvetoed.
 * Attribution: application Xids (``policy.xid.app_xids``, flags ``xid:N``) are charged to the job (GPU
   label ``job``) with one ticket-severity PAGE per job; the node is blamed (a hard gate) only when
   ``attribution.app_xid_distinct_jobs`` distinct jobs hit it within ``app_xid_window_s``. A version label
   value (driver, build, kernel) shared by at least ``version_min_entities`` unhealthy entities and at least
   ``version_fraction`` of all unhealthy ones, and over-represented against the rest of the fleet (its
   unhealthy rate more than twice that of the other versions; or, when every entity runs it, at least
-  ``version_fraction`` of them unhealthy), is suspect: one PAGE about it, and no entity carrying it is
-  quarantined.
+  ``version_fraction`` of them unhealthy), is suspect: one incident about it, and no entity carrying it
+  is quarantined.
 * Pending row remap (flag ``row_remap_pending`` or a ``policy.xid.reset_xids`` flag): one SCHEDULE_RESET
   (drain and reset at the next safe point), no state change. Xid 154 recovery actions: GPU_RESET and
   NODE_REBOOT ride on the gate's quarantine with a SCHEDULE_RESET of that action; DRAIN_AND_RESET and

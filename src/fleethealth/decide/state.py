@@ -41,9 +41,6 @@ class EntityLifecycle:
     # the repair ladder in progress (decide.ladder): which ladder, step, phase, since, history
     repair: dict[str, Any] | None = None
     blocked_since: float | None = None  # when the wanted remediation was first held back (oldest first)
-    # episodes of trouble (entries into DEGRADED/DRAINING/QUARANTINED): (ts, signal) in the recurrence
-    # window, and of pending row remaps per GPU: (ts, gpu); see decide.recurring
-    episodes: list[list[Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -55,7 +52,7 @@ class EntityLifecycle:
             "no_new_work": self.no_new_work, "flagged": self.flagged, "blocked": self.blocked,
             "reset_scheduled": self.reset_scheduled, "absent_since": self.absent_since,
             "overload_until": self.overload_until, "repair": self.repair,
-            "blocked_since": self.blocked_since, "episodes": [list(x) for x in self.episodes],
+            "blocked_since": self.blocked_since,
         }
 
     def copy(self) -> EntityLifecycle:
@@ -66,7 +63,6 @@ class EntityLifecycle:
             list(self.recoveries), dict(self.labels), self.last_value, self.last_confidence, self.last_reason,
             self.last_known_ts, self.weight, self.no_new_work, self.flagged, self.blocked, self.reset_scheduled,
             self.absent_since, self.overload_until, repair=self.repair, blocked_since=self.blocked_since,
-            episodes=[list(x) for x in self.episodes],
         )
 
     def seen(self, value: float | None, confidence: float, reason: str, ts: float) -> EntityLifecycle:
@@ -77,7 +73,7 @@ class EntityLifecycle:
             self.entity, self.kind, self.state, self.since, self.timers, self.transitions, self.recoveries,
             self.labels, value, confidence, reason, ts, self.weight, self.no_new_work, self.flagged,
             self.blocked, self.reset_scheduled, self.absent_since, self.overload_until, repair=self.repair,
-            blocked_since=self.blocked_since, episodes=self.episodes,
+            blocked_since=self.blocked_since,
         )
 
     @staticmethod
@@ -93,7 +89,6 @@ class EntityLifecycle:
             blocked=d.get("blocked"), reset_scheduled=bool(d.get("reset_scheduled", False)),
             absent_since=d.get("absent_since"), overload_until=d.get("overload_until"),
             repair=d.get("repair"), blocked_since=d.get("blocked_since"),
-            episodes=[list(x) for x in d.get("episodes", [])],
         )
 
 
