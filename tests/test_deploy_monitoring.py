@@ -160,7 +160,8 @@ def test_every_dashboard_and_rule_expression_returns_series(tmp_path: Path) -> N
             exporter.inject({"kind": "exporter_outage", "target": "node-05", "onset": 0})
             exporter.advance(scenario.step)
             wait(lambda: ctl.state.entities["node-02"].state.value == "QUARANTINED", 30, "node-02 quarantined")
-            wait(lambda: (t := ctl.published.health.get("node-05")) is not None and t.value is None, 30,
+            wait(lambda: (h := ctl.published.health) is not None and (t := h.get("node-05")) is not None
+                 and t.value is None, 30,
                  "node-05 unknown")
             # Prometheus has scraped the controller since, and the 1 s rules have run on it
             prom.wait_for('fleethealth_state{entity="node-02",state="QUARANTINED"}', timeout_s=20)
