@@ -300,3 +300,32 @@ def test_error_without_a_line_and_at_the_top() -> None:
     with pytest.raises(_CfgError) as e:
         validate_yaml("a: -1\n", "t.yaml", _Top, _CfgError, what="config", hint="h")
     assert str(e.value).splitlines()[1].strip() == "t.yaml:1: <top>: a must not be negative"
+
+
+def test_a_control_character_is_named_without_a_position_mark() -> None:
+    from fleethealth.policy import load_yaml_strict
+
+    with pytest.raises(ValueError) as e:
+        load_yaml_strict("a: \x07\n", "x.yaml", ValueError)
+    msg = str(e.value)
+    assert msg.startswith("x.yaml: not valid YAML: unacceptable character #x0007")
+    assert "None" not in msg
+
+
+def test_depth_goes_back_down_after_a_nested_mapping_closes() -> None:
+    from fleethealth.policy import load_yaml_strict
+
+    # inside 'a' (depth 2) a closed {b: {}} must not lower the count below 2: 'c' then nests 63 deeper
+    deep = "".join("  " * (i + 1) + f"k{i}:\n" for i in range(62)) + "  " * 63 + "v: 1\n"
+    text = "a:\n  b: {x: {}}\n  c:\n" + "".join("  " + ln + "\n" for ln in deep.splitlines())
+    with pytest.raises(ValueError, match="nested deeper than 64 levels"):
+        load_yaml_strict(text, "d.yaml", ValueError)
+
+
+def test_an_unknown_request_counter_behind_a_known_metric_is_warned_about() -> None:
+    from fleethealth.policy import policy_warnings
+
+    text = ("signals:\n  - name: e\n    metric: vllm:request_success_total\n    category: serving\n    shape: slo\n"
+            "    requests_metric: my_requests_total\n")
+    (w,) = policy_warnings(text, parse_policy(text), "s.yaml")
+    assert w.startswith("s.yaml:6: signals[0](e).requests_metric: 'my_requests_total' is not a metric")
