@@ -8,7 +8,9 @@ Definitions (also in the README's backtest section):
   (or ended less than ``grace_s`` before). A quarantine of a node whose truth is ``schedule_reset`` (a
   pending row remap: reset, do not repair) is *false*. Quarantines of members of a correlated event
   (truth ``group`` on a faulty entity, e.g. a bad driver rollout) are judged as a group, not one by one:
-  they are neither true nor false positives; the group's check is that the budget held and a human was
+  they are neither true nor false positives; the group's check is that the budget held (each quarantine
+  against the budget it spent: a confirmed hard gate's reason, ``budgets.hard_gates``, spends the
+  hard-gate budget, any other the rate budget) and a human was
   paged about the event (a page for an exhausted budget, a suspect version or a TP-group limit; a page for
   one node failing its active test does not count). Quarantining a replica of a regressed build (truth
   ``group`` but not faulty) is false.
@@ -40,6 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fleethealth.backtest.arms import ArmLog
+from fleethealth.decide.decider import is_hard_gate_reason
 from fleethealth.decide.incidents import is_new_page
 from fleethealth.decide.model import IntentKind, State
 from fleethealth.policy import Policy
@@ -148,9 +151,12 @@ def score_arm(
     # quarantine episodes: (ts, entity) on entry into QUARANTINED
     quarantines: list[tuple[float, str]] = []
     first_removed: dict[str, float] = {}
+    hard_q: set[tuple[float, str]] = set()  # quarantines that spent the hard-gate budget
     for tr in log.transitions:
         if tr.to_state == State.QUARANTINED and tr.from_state != State.QUARANTINED:
             quarantines.append((tr.ts, tr.entity))
+            if is_hard_gate_reason(tr.reason, policy):
+                hard_q.add((tr.ts, tr.entity))
         if tr.to_state in REMOVAL_STATES:
             first_removed.setdefault(tr.entity, tr.ts)
 
@@ -235,14 +241,17 @@ def score_arm(
         pools = sorted({node_pool.get(i.node, "") for i in members})
         qs = sorted(group_q.get(gname, []))
         held = True
+        b = policy.budgets
         for pool in pools:
             size = sum(1 for n in nodes if node_pool.get(n) == pool)
-            allowed = max(policy.budgets.quarantine_min_per_hour,
-                          math.floor(policy.budgets.quarantine_fraction_per_hour * size))
-            times = [ts for ts, e in qs if node_pool.get(node_of(e, replica_node)) == pool]
-            for k, t0 in enumerate(times):
-                if sum(1 for t in times[k:] if t - t0 < policy.budgets.window_s) > allowed:
-                    held = False
+            # each quarantine is held to the budget it spent: confirmed hard gates have their own
+            for hard, allowed in ((False, max(b.quarantine_min_per_hour, math.floor(b.quarantine_fraction_per_hour * size))),
+                                  (True, max(b.hard_gate_min_per_hour, math.floor(b.hard_gate_fraction_per_hour * size)))):
+                times = [ts for ts, e in qs if node_pool.get(node_of(e, replica_node)) == pool
+                         and ((ts, e) in hard_q) == hard]
+                for k, t0 in enumerate(times):
+                    if sum(1 for t in times[k:] if t - t0 < b.window_s) > allowed:
+                        held = False
         paged = any(ts >= onset and r in CORRELATED_PAGES for ts, r in pages)
         groups.append({"group": gname, "members": len(members), "faulty": sum(i.faulty for i in members),
                        "quarantined": len(qs), "budget_held": held, "paged": paged})
