@@ -42,6 +42,7 @@ def module_caches(path: pathlib.Path) -> list[str]:
     be filled later): a cache, whatever its name. Constant tables (filled once, only read) pass."""
     tree = ast.parse(path.read_text())
     mutable: dict[str, int] = {}
+    found: list[str] = []
     for node in tree.body:
         targets: list[ast.expr] = []
         value: ast.expr | None = None
@@ -57,8 +58,7 @@ def module_caches(path: pathlib.Path) -> list[str]:
             if isinstance(t, ast.Name):
                 mutable[t.id] = node.lineno
                 if empty:
-                    return [f"{path.name}:{node.lineno} {t.id} starts empty at module level"]
-    found: list[str] = []
+                    found.append(f"{path.name}:{node.lineno} {t.id} starts empty at module level")
     for node in ast.walk(tree):
         name = None
         if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Delete)):
