@@ -14,6 +14,7 @@ import httpx
 from fleethealth.act.outcome import Outcome, is_retryable_status
 from fleethealth.auth.redact import redact_text
 from fleethealth.decide.model import Intent, IntentKind
+from fleethealth.runbooks import BASE_URL, page_path
 
 ALERTNAMES = {
     "budget_exhausted": "FleetHealthBudgetExhausted",
@@ -59,7 +60,8 @@ def alert_for(intent: Intent, now: float, evidence_link: str | None = None,
         if p.get(extra) is not None:
             labels[extra] = str(p[extra])
     summary = p.get("summary") or f"{ALERTNAMES[kind]}: {intent.entity} ({intent.reason})"
-    ann = {"summary": str(summary), "intent_key": intent.key, "policy_version": intent.policy_version}
+    ann = {"summary": str(summary), "intent_key": intent.key, "policy_version": intent.policy_version,
+           "runbook_url": BASE_URL + page_path(ALERTNAMES[kind])}
     if p.get("description"):
         ann["description"] = str(p["description"])
     link = p.get("evidence") or evidence_link
