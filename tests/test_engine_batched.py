@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from fleethealth.policy import default_policy
 from fleethealth.score import shapes
-from fleethealth.score.engine import KINDS, FleetHealth, forget_evaluations, score_snapshot
+from fleethealth.score.engine import KINDS, FleetHealth, Scorer, forget_evaluations, score_snapshot
 from fleethealth.signals.history import SignalHistory
 from fleethealth.signals.snapshot import SnapshotBuilder
 
@@ -182,8 +182,11 @@ def _same(a: FleetHealth, b: FleetHealth, where: str) -> None:
         assert [d.note for d in u.details] == [d.note for d in w.details], u.entity
 
 
-def _score_all(view: Any, now: float, inventory: dict[str, list[str]]) -> list[FleetHealth]:
-    return [score_snapshot(view, POLICY, now, c, inventory, aggregation=agg)
+def _score_all(view: Any, now: float, inventory: dict[str, list[str]],
+               scorer: Scorer | None = None) -> list[FleetHealth]:
+    """The three consumers of one cycle; with ``scorer``, what it kept from earlier cycles in play."""
+    score = scorer.score if scorer is not None else score_snapshot
+    return [score(view, POLICY, now, c, inventory, aggregation=agg)
             for c, agg in (("remediation", None), ("serving", None), ("training", "mean"))]
 
 
@@ -193,7 +196,7 @@ def test_batched_path_equals_the_row_path_cycle_after_cycle(steps: list[dict[str
     fleet = _Fleet()
     h = SignalHistory(POLICY)
     inventory = {"node": [f"n{i}" for i in range(NODES)] + ["n-spare"]}
-    forget_evaluations()
+    scorer = Scorer()  # one stream, as production: what it keeps from earlier cycles is in play
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         for k, s in enumerate(steps):
@@ -203,7 +206,7 @@ def test_batched_path_equals_the_row_path_cycle_after_cycle(steps: list[dict[str
             now = fleet.t + 1.0
             view = h.view(now)
             assert view.index is not None
-            fast = _score_all(view, now, inventory)  # as production: caches kept from earlier cycles
+            fast = _score_all(view, now, inventory, scorer)
             plain_view = dataclasses.replace(view, index=None)
             plain = _score_all(plain_view, now, inventory)
             for c, (f, p) in enumerate(zip(fast, plain, strict=True)):
@@ -252,7 +255,7 @@ def test_two_fleets_scored_alternately_keep_nothing_of_each_other(steps: list[tu
     lanes are) each still equal the row path."""
     fleets, hists = [_Fleet(1), _Fleet(2)], [SignalHistory(POLICY), SignalHistory(POLICY)]
     inventory = {"node": [f"n{i}" for i in range(NODES)]}
-    forget_evaluations()
+    shared = Scorer()  # one scorer for both streams (harder than a scorer per lane, as the product has)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         for k, pair in enumerate(steps):
@@ -260,7 +263,7 @@ def test_two_fleets_scored_alternately_keep_nothing_of_each_other(steps: list[tu
                 h.add(fleet.scrape(s))
                 now = fleet.t + 1.0
                 view = h.view(now)
-                fast = _score_all(view, now, inventory)
+                fast = _score_all(view, now, inventory, shared)
                 plain = _score_all(dataclasses.replace(view, index=None), now, inventory)
                 for c, (f, p) in enumerate(zip(fast, plain, strict=True)):
                     _same(f, p, f"step {k} consumer {c}")
@@ -279,12 +282,13 @@ def test_serving_kinds_made_on_first_access_equal_made_at_once() -> None:
         h.add(fleet.scrape(base))
     now = fleet.t + 1.0
     view = h.view(now)
+    scorer = Scorer()  # the serving calls share the kept evaluation, as a controller cycle's do
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        ref = score_snapshot(view, POLICY, now, "serving")
+        ref = scorer.score(view, POLICY, now, "serving")
         list(ref.kinds.values())
         for order in (["replica", "node", "gpu", "rank"], ["node", "rank", "replica", "gpu"], ["gpu"]):
-            fh = score_snapshot(view, POLICY, now, "serving")
+            fh = scorer.score(view, POLICY, now, "serving")
             for kind in order:
                 fh.kinds[kind]
             fh.kinds["gpu"].value[:] = 1.0  # a caller's change after the fact
@@ -294,8 +298,8 @@ def test_serving_kinds_made_on_first_access_equal_made_at_once() -> None:
                 assert np.array_equal(fh.kinds[kind].value, ref.kinds[kind].value, equal_nan=True)
             assert [t.entity for t in fh] == [t.entity for t in ref]
         # the remediation consumer's scores are made inside the call, whatever is read later
-        rem = score_snapshot(view, POLICY, now, "remediation")
+        rem = scorer.score(view, POLICY, now, "remediation")
         assert all(kind in rem.kinds._done for kind in KINDS)  # type: ignore[attr-defined]
-        forget_evaluations()
-        again = score_snapshot(view, POLICY, now, "serving")
+        scorer.forget_evaluations()
+        again = scorer.score(view, POLICY, now, "serving")
         _same(again, ref, "after forget_evaluations")
