@@ -27,6 +27,7 @@ from pydantic import (
     model_validator,
 )
 
+from fleethealth.durations import parse_duration
 from fleethealth.repair_policy import Remediation
 
 Shape = Literal["gate", "ramp", "peer", "slo", "flag", "xid"]
@@ -44,6 +45,21 @@ def _default_aggregation() -> dict[ConsumerName, Aggregation]:
 
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _durations(cls, data: Any) -> Any:
+        """Every ``*_s`` key also takes a written duration (``90s``, ``6h``, ``2h30m``: durations.py)."""
+        if not isinstance(data, dict):
+            return data
+        out = dict(data)
+        for k, v in data.items():
+            if str(k).endswith("_s") and isinstance(v, str):
+                try:
+                    out[k] = parse_duration(v)
+                except ValueError as e:
+                    raise ValueError(f"{k}: {e}") from None
+        return out
 
 
 class SloWindow(Strict):

@@ -2,7 +2,8 @@
 
 A scenario is plain YAML. Errors name the key and the line, like policy errors, because a scenario is
 something users write by hand to replay their own incidents. Durations accept seconds or a unit suffix
-(``15s``, ``30m``, ``6h``, ``7d``).
+(``15s``, ``30m``, ``6h``, ``7d``, or compound, largest unit first: ``2h30m``, ``1d12h``). A fault
+whose onset is not inside the run (``onset >= duration``) is an error: it could only be scored as a miss.
 
 Targets are strings resolved against the fleet once it is built: ``node-37``, ``node-37/gpu3``,
 ``pool:train-a``, ``rack:rack-02``, ``job:pretrain-70b``, ``replica:llama3-70b-007``, ``build:v0.7.0``.
@@ -37,17 +38,14 @@ stage_imbalance stage_weights; seq_imbalance sigma; replica_restart gap_s. GPU-l
 
 from __future__ import annotations
 
-import re
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from fleethealth.durations import parse_duration as parse_duration
 from fleethealth.policy import validate_yaml
-
-_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
-_DUR = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
 
 FaultKind = Literal[
     "gpu_reset_required",
@@ -74,18 +72,6 @@ FAULT_KINDS: tuple[str, ...] = FaultKind.__args__  # type: ignore[attr-defined]
 
 class ScenarioError(Exception):
     """A scenario that cannot be used; the message names the key and the line."""
-
-
-def parse_duration(v: Any) -> float:
-    if isinstance(v, bool):
-        raise ValueError("expected a duration like 900, '15s', '6h' or '7d'")
-    if isinstance(v, int | float):
-        return float(v)
-    if isinstance(v, str):
-        m = _DUR.match(v)
-        if m:
-            return float(m.group(1)) * _UNITS[m.group(2) or "s"]
-    raise ValueError(f"expected a duration like 900, '15s', '6h' or '7d', got {v!r}")
 
 
 class Strict(BaseModel):
@@ -203,6 +189,10 @@ class Scenario(Strict):
     def _check(self) -> Scenario:
         if self.step <= 0 or self.duration < self.step:
             raise ValueError("need step > 0 and duration >= step")
+        for i, f in enumerate(self.faults):
+            if f.onset >= self.duration:
+                raise ValueError(f"faults[{i}] ({f.kind} on {f.target}): onset {f.onset:g} s is not inside the "
+                                 f"run (duration {self.duration:g} s); it could only ever be scored as a miss")
         return self
 
     @property
@@ -210,9 +200,14 @@ class Scenario(Strict):
         return int(self.duration // self.step)
 
     def with_overrides(self, **kw: Any) -> Scenario:
-        """A copy with some top-level fields replaced (duration, seed, ...), re-validated."""
+        """A copy with some top-level fields replaced (duration, seed, ...), re-validated. A shorter
+        duration cuts the run: faults that would begin after its new end are left out (they are not in
+        the run; a scenario file that lists one is an error)."""
         data = self.model_dump()
         data.update({k: v for k, v in kw.items() if v is not None})
+        if kw.get("duration") is not None:
+            end = parse_duration(kw["duration"])
+            data["faults"] = [f for f in data["faults"] if f["onset"] < end]
         return Scenario.model_validate(data)
 
 
