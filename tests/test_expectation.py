@@ -1,9 +1,10 @@
 """Issue 14's problem list on the scorer, one test per case, each reproduced first with ``fleethealth
 score``: missing data is never healthy. What the structural tracker and the controller do (absence inside
 a fresh read, the tracker's memory kept in the state store across a restart) is tested in
-test_sources_structural.py and test_controller_restart.py; the three scorer cases here wait for the
-engine side of the expectation model (peers, expected GPUs in the node roll-up, signals that need two
-samples) and are strict xfails until it is built: each fails on today's engine and must pass then."""
+test_sources_structural.py and test_controller_restart.py. An expected GPU that is unknown makes its node unknown (``missing:gpuN``);
+the rank-only node and the replica whose SLO counters were seen once wait for the rest of the engine side
+(peers, signals that need two samples) and are strict xfails until it is built: each fails on today's
+engine and must pass then."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from fleethealth.signals.snapshot import SnapshotBuilder
 
 POL = default_policy()
 NOW = 1_000_000.0
-ENGINE_SIDE = "issue 14 item 1, engine side (peers, expected GPUs in the roll-up, two-sample signals): not built"
+ENGINE_SIDE = "issue 14 item 1, engine side (peers, two-sample signals): not built"
 
 
 def _gpu(b: SnapshotBuilder, node: str, g: int, t: float) -> None:
@@ -42,16 +43,31 @@ def test_a_node_whose_dcgm_exporter_is_gone_while_its_ranks_report_is_not_confid
     assert n4.reason.startswith("missing:")
 
 
-@pytest.mark.xfail(strict=True, reason=ENGINE_SIDE)
 def test_a_gpu_that_fell_off_the_bus_is_not_left_out_of_its_nodes_minimum() -> None:
     """A recording 50 minutes after gpu4 fell off the bus (its samples stop, the Xid is out of its
     window): the node read 1.000, confidence 0.97, reason ``min:hardware``."""
     b = SnapshotBuilder()
     for g in range(8):
         _gpu(b, "n1", g, NOW - 3000 if g == 4 else NOW)
-    n1 = score_snapshot(b.build(NOW), POL, NOW).tuples["n1"]
-    assert n1.value is None or n1.confidence < POL.lifecycle.min_confidence
-    assert "gpu4" in n1.reason
+    fh = score_snapshot(b.build(NOW), POL, NOW)
+    n1 = fh.tuples["n1"]
+    assert n1.value is None and n1.reason == "missing:gpu4"
+    assert fh.tuples["n1/gpu4"].value is None and fh.tuples["n1/gpu3"].value == 1.0
+    # every GPU unknown (the whole exporter gone): no fresh data, as before
+    b = SnapshotBuilder()
+    for g in range(8):
+        _gpu(b, "n1", g, NOW - 3000)
+    assert score_snapshot(b.build(NOW), POL, NOW).tuples["n1"].reason == "no_fresh_data"
+
+
+def test_a_gpu_known_only_from_inventory_leaves_its_node_unknown() -> None:
+    """The controller hands the scorer the GPUs a node is known to have had (the structural tracker's
+    memory, kept in the state store); one that reports nothing at all is shown and makes the node unknown."""
+    b = SnapshotBuilder()
+    for g in range(7):
+        _gpu(b, "n1", g, NOW)
+    fh = score_snapshot(b.build(NOW), POL, NOW, inventory={"gpu": [f"n1/gpu{g}" for g in range(8)]})
+    assert fh.tuples["n1"].value is None and fh.tuples["n1"].reason == "missing:gpu7"
 
 
 @pytest.mark.xfail(strict=True, reason=ENGINE_SIDE)

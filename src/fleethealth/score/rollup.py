@@ -5,6 +5,9 @@ Theory of operation
 Per node, each category is the minimum over its GPUs' and its own (never averaged away); confidence adds
 up the expected and fresh signals of the node and its GPUs; a gated GPU gates its node; the tuple names
 the worst GPU (gated first, then lowest value) and takes its reason when it is worse than the node's own.
+An expected GPU that is unknown (its samples stale, or known only from the inventory or the structural
+tracker's memory) makes an ungated node unknown with reason ``missing:gpuN``: a node is never the healthy
+minimum of the GPUs that remain.
 Reductions over each node's GPUs are one stable sort by node and ``reduceat``, never a loop. The sort is
 kept while the GPU -> node map is the same array, and the consumer-independent and per-consumer parts are
 kept while they are made from the same derived scores (in the scorer's memory).
@@ -156,6 +159,7 @@ def _roll_up_nodes(gpu: KindScores, node: KindScores, gpu_node: np.ndarray,
     for i in np.flatnonzero(np.isnan(node.value)).tolist():
         node.reason[i] = REASON_NO_FRESH_DATA
         node.worst[i] = -1
+    _missing_gpus(gpu, node, gpu_node, gated_gpu, gate_any)
     if key_c[0] is not None and key_c[1] is not None:
         wm = node.worst_member
         made = (node.value.copy(), list(node.reason), node.worst.copy(),
@@ -163,6 +167,32 @@ def _roll_up_nodes(gpu: KindScores, node: KindScores, gpu_node: np.ndarray,
         if len(kept.roll_up_c) > 8:
             kept.roll_up_c.clear()
         kept.roll_up_c[id(key_c[0])] = (key_c[0], key_c[1], cat, gpu_node, made)
+
+
+def _missing_gpus(gpu: KindScores, node: KindScores, gpu_node: np.ndarray, gated_gpu: np.ndarray,
+                  gate_any: np.ndarray) -> None:
+    """An expected GPU that is unknown (no fresh data, not gated) leaves its node unknown, never a healthy
+    minimum over the GPUs that remain: reason ``missing:gpu4`` (its GPUs, in order). A node none of whose
+    GPUs is known stays ``no_fresh_data``; a gated node stays gated (a gate is certain evidence)."""
+    unknown = np.isnan(gpu.value) & ~gated_gpu
+    if not unknown.any():
+        return
+    nn = len(node.names)
+    n_unknown = np.bincount(gpu_node[unknown], minlength=nn)
+    partial = (n_unknown > 0) & (n_unknown < np.bincount(gpu_node, minlength=nn)) & ~gate_any
+    if not partial.any():
+        return
+    value = node.value.copy()
+    worst = np.array(node.worst)
+    reason = list(node.reason)
+    by_node: dict[int, list[str]] = {}
+    for g in np.flatnonzero(unknown & partial[gpu_node]).tolist():
+        by_node.setdefault(int(gpu_node[g]), []).append(gpu.names[g].rsplit("/", 1)[-1])
+    for i, names in by_node.items():
+        value[i] = np.nan
+        worst[i] = -1
+        reason[i] = "missing:" + ",".join(names)
+    node.value, node.worst, node.reason = value, worst, reason
 
 
 def _node_flags(gpu: KindScores, node: KindScores, gpu_node: np.ndarray) -> dict[int, list[str]]:
