@@ -7,7 +7,7 @@ already isolated entity or a human's approval passing an exhausted budget; confi
 from __future__ import annotations
 
 from decide_support import Run, tup
-from fleethealth.decide.model import IntentKind, State
+from fleethealth.decide.model import IntentKind, State, Tier
 from fleethealth.decide.state import Event
 from fleethealth.policy import default_policy
 
@@ -215,3 +215,92 @@ def test_drain_timeout_does_not_fire_before_drain_timeout_s() -> None:
     r.step(LC.drain_timeout_s, [tup("n1", 0.9, flags=flags)])
     assert r.st("n1") == State.QUARANTINED
     assert r.transitions[-1].ts == LC.drain_timeout_s
+
+
+def test_what_a_held_quarantine_does_instead() -> None:
+    # a node: no new work, once, with the budget that held it as the reason
+    r = Run()
+    r.step(0, _gates(50, {0, 1}))
+    soft = [i for i in r.intents if i.soft and i.entity == "n01"]
+    assert [(i.kind, i.reason, i.params.get("instead_of"), i.tier) for i in soft] == [
+        (IntentKind.NO_NEW_WORK, "held:budget:a", "quarantine", Tier.NODE)]
+    es = r.state.entities["n01"]
+    assert es.no_new_work is True and es.blocked == "budget:a"
+    # a replica held after an overload: its weight halved from the lower of its weight and its score
+    r2 = Run()
+    t0 = _warm_replica(r2)
+    r2.step(t0, [tup("r1", 0.95, kind="replica")], [_overload(t0 - 5)])
+    r2.steps(t0 + 15, t0 + 400, 15, lambda t: [tup("r1", 0.1, kind="replica", worst="serving")])
+    (held,) = [i for i in r2.of(IntentKind.SET_WEIGHT, "r1") if i.soft]
+    assert (held.params["weight"], held.tier, held.ts) == (0.05, Tier.INSTANCE, t0 + 15 + LC.quarantine_dwell_s)
+    assert r2.state.entities["r1"].weight == 0.05
+    # a replica held before it ever had a weight (gated while starting, the pool's budget spent)
+    r3 = Run()
+    reps = [tup("r1", 0.0, kind="replica", reason="gate:oom_device_fault", labels={"pool": "s"}),
+            tup("r2", 0.6, kind="replica", reason="gate:oom_device_fault", labels={"pool": "s"})]
+    r3.step(0, reps)
+    assert (r3.st("r1"), r3.st("r2")) == (State.QUARANTINED, State.WARMING)
+    held3 = [i for i in r3.intents if i.soft and i.kind == IntentKind.SET_WEIGHT]
+    assert [(i.entity, i.params["weight"], i.reason) for i in held3] == [("r2", 0.3, "held:budget:s")]
+
+
+def test_an_unreadable_oom_event_is_a_ticket_not_a_crash() -> None:
+    r = Run()
+    r.step(0, [tup("r1", 0.95, kind="replica")])
+    _, intents = r.step(15, [tup("r1", 0.95, kind="replica")],
+                        [Event(10, "oom", "r1", payload={"prompt_tokens": 10, "bogus_field": 1})])
+    (page,) = [i for i in intents if i.kind == IntentKind.PAGE]
+    assert (page.entity, page.reason, page.params["severity"]) == ("r1", "oom:unreadable_event", "ticket")
+    assert "bogus_field" in page.params["error"]
+
+
+def test_oom_intents_through_the_decider_carry_the_cycle_time_and_policy_version() -> None:
+    r = Run()
+    r.step(0, [tup("r1", 0.95, kind="replica")])
+    ev = Event(5, "oom", "r1", payload={"prompt_tokens": 200_000, "max_tokens": 1000, "model_max_len": 32768})
+    _, intents = r.step(15, [tup("r1", 0.95, kind="replica")], [ev])
+    (rej,) = [i for i in intents if i.kind == IntentKind.REJECT_REQUEST]
+    assert (rej.ts, rej.entity, rej.policy_version, rej.tier, rej.soft) == (15, "r1", POL.version_tag,
+                                                                            Tier.INSTANCE, False)
+    assert rej.reason.startswith("request needs 201000 tokens (prompt 200000 + output 1000)")
+    assert rej.params["max_tokens_allowed"] is None and rej.params["oom_class"] == "oversized_request"
+
+
+def test_an_overload_oom_for_an_entity_the_decider_does_not_know() -> None:
+    r = Run()
+    r.step(0, [tup("r1", 0.95, kind="replica")])
+    _, intents = r.step(15, [tup("r1", 0.95, kind="replica")], [_overload(10, "r-unknown")])
+    assert [(i.kind, i.entity, i.params["max_concurrency"]) for i in intents
+            if i.kind == IntentKind.LIMIT_CONCURRENCY] == [(IntentKind.LIMIT_CONCURRENCY, "r-unknown", 12)]
+    assert "r-unknown" not in r.state.entities
+    assert r.state.entities["r1"].overload_until is None
+
+
+def test_while_frozen_an_oom_changes_nothing_that_runs_but_still_limits_concurrency() -> None:
+    r = Run()
+    fleet = lambda t: [tup(f"n{i:02d}", 0.97) for i in range(30)] + [tup("r1", 0.95, kind="replica")]  # noqa: E731
+    r.steps(0, 300, 15, fleet)
+    outage = lambda t: [tup(f"n{i:02d}", None, conf=0.0) for i in range(30)] + [  # noqa: E731
+        tup("r1", 0.95, kind="replica")]
+    r.steps(315, 600, 15, outage)
+    assert r.state.frozen
+    frag = Event(605, "oom", "r1", payload={"requested_bytes": 2 << 30, "free_bytes": 1 << 30,
+                                            "reserved_bytes": 4 << 30, "total_bytes": 80 << 30})
+    _, intents = r.step(615, outage(615), [frag])
+    kinds = [i.kind for i in intents if i.entity == "r1"]
+    assert IntentKind.DRAIN not in kinds and IntentKind.REBUILD_WORKER not in kinds
+    assert IntentKind.CAPTURE_EVIDENCE in kinds  # evidence is not a change to what runs
+    _, intents2 = r.step(630, outage(630), [_overload(625)])
+    assert [i.kind for i in intents2 if i.entity == "r1" and i.kind == IntentKind.LIMIT_CONCURRENCY] == [
+        IntentKind.LIMIT_CONCURRENCY]
+
+
+def test_the_tp_group_page_says_how_many_are_out_and_who_waits() -> None:
+    r = Run()
+    fleet = [tup(f"n{i:02d}", 0.0 if i in (0, 1) else 0.97, reason="gate:oom_device_fault" if i in (0, 1) else None,
+                 labels={"pool": "a", "tp_group": f"g{i // 4}"}) for i in range(200)]
+    r.step(0, fleet)
+    (page,) = [i for i in r.of(IntentKind.PAGE) if i.reason == "tp_group_limit"]
+    assert (page.entity, page.params["tp_group"], page.params["isolated"], page.params["limit"]) == (
+        "tp_group/g0", "g0", 1, 1)
+    assert page.params["wanted"] in ("n00", "n01")
