@@ -144,12 +144,17 @@ def _chunks(data: bytes) -> list[int]:
 
 def test_table_output_and_errors(tmp_path: Path) -> None:
     sc = tmp_path / "tiny.yaml"
-    sc.write_text(SMALL.replace("duration: 45m", "duration: 5m").replace("nodes: 8", "nodes: 6")
-                  .replace("pp: 2", "pp: 1"))
+    sc.write_text(SMALL.replace("duration: 45m", "duration: 15m").replace("nodes: 8", "nodes: 6")
+                  .replace("pp: 2", "pp: 1").replace("onset: 20m, end: 30m", "onset: 12m, end: 14m")
+                  .replace("onset: 25m", "onset: 13m"))  # every onset inside the run
     cli = CliRunner()
     r = cli.invoke(app, ["backtest", "--scenario", str(sc), "--baseline", "none", "--cycle", "60"])
     assert r.exit_code == 0, r.output
     assert "precision" in r.stdout and "flaps_per_node_day" in r.stdout and "static-rules" not in r.stdout
+    late = tmp_path / "late.yaml"  # a fault that begins after the run ends is an error, not a miss
+    late.write_text(SMALL.replace("duration: 45m", "duration: 5m"))
+    r = cli.invoke(app, ["backtest", "--scenario", str(late), "--baseline", "none"])
+    assert r.exit_code == 2 and "not inside the run" in r.output
     r = cli.invoke(app, ["backtest", "--scenario", "no-such-scenario"])
     assert r.exit_code == 2 and "no scenario" in r.output
     r = cli.invoke(app, ["backtest", "--scenario", str(sc), "--baseline", "astrology"])

@@ -55,11 +55,11 @@ def test_true_and_false_quarantines_and_times() -> None:
 
 def test_undefined_precision_and_recall_read_one() -> None:
     m = score(ArmLog("x"), []).metrics
-    assert m["precision"] == 1.0 and m["recall"] == 1.0 and m["quarantines"] == 0
+    assert m["precision"] is None and m["recall"] == 1.0 and m["quarantines"] == 0  # n/a: none quarantined
     assert m["detection_s"] is None and m["removal_s"] is None
-    # a miss: no quarantine (precision still 1.0, nothing was wrong), recall 0
+    # a miss: no quarantine (precision n/a, nothing was quarantined), recall 0
     m = score(ArmLog("x"), [gt("node-03", "nvlink_errors", 100)]).metrics
-    assert m["precision"] == 1.0 and m["recall"] == 0.0
+    assert m["precision"] is None and m["recall"] == 0.0
 
 
 def test_quarantine_before_onset_is_false() -> None:

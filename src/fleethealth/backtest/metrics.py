@@ -14,8 +14,9 @@ Definitions (also in the README's backtest section):
   paged about the event (a page for an exhausted budget, a suspect version or a TP-group limit; a page for
   one node failing its active test does not count). Quarantining a replica of a regressed build (truth
   ``group`` but not faulty) is false.
-* **precision** = true / (true + false) quarantines; **1.0 when there were no quarantines** (none was
-  wrong; a miss shows in recall). **recall** = caught incidents / incidents due a quarantine; **1.0 when
+* **precision** = true / (true + false) quarantines; **None (shown n/a) when there were no quarantines**
+  (nothing to be right or wrong about; a miss shows in recall, a quiet run's target is no quarantine);
+  1.0 when every quarantine belonged to a correlated event (judged as a group, below). **recall** = caught incidents / incidents due a quarantine; **1.0 when
   none was due**. An incident is one injected fault on one node (its node, GPU and replica truth rows
   together); it is caught when an entity of it is quarantined while it is active.
 * **detection_s**: median over incidents that expect an action of the time from onset to the first
@@ -283,7 +284,8 @@ def score_arm(
                 and o.incident.group is None]
     n_q = tp + fp + grouped
     metrics: dict[str, Any] = {
-        "precision": 1.0 if tp + fp == 0 else tp / (tp + fp),
+        # n/a when nothing was quarantined; 1.0 when all were members of a correlated event (judged as a group)
+        "precision": (None if tp + fp + grouped == 0 else 1.0) if tp + fp == 0 else tp / (tp + fp),
         "recall": 1.0 if due == 0 else caught / due,
         "detection_s": _median(responses),
         "removal_s": _median(removals),

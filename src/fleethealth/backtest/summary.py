@@ -30,7 +30,8 @@ def score_all(run: BacktestRun) -> dict[str, ArmScore]:
 
 def targets(run: BacktestRun, m: dict[str, Any], outcomes: list[Any]) -> dict[str, bool]:
     """The issue's targets that apply to this scenario, checked on one arm's metrics."""
-    out: dict[str, bool] = {"precision>=0.95": m["precision"] >= 0.95, "recall>=0.95": m["recall"] >= 0.95}
+    prec = m["precision"]  # None: nothing quarantined, so no quarantine was wrong
+    out: dict[str, bool] = {"precision>=0.95": prec is None or prec >= 0.95, "recall>=0.95": m["recall"] >= 0.95}
     name = run.scenario.name
     if name in NO_QUARANTINE or not any(g.faulty for g in run.truths):
         out["no_quarantine"] = m["quarantines"] == 0

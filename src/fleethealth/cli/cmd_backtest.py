@@ -20,7 +20,7 @@ METRIC_ROWS = [
 
 def _fmt(v: Any, f: str) -> str:
     if v is None:
-        return "-"
+        return "n/a" if f == "{:.3f}" else "-"  # precision with nothing quarantined
     if f == "dur":
         return f"{v:.0f}s"
     return f.format(v)

@@ -115,7 +115,8 @@ def _final(result: dict[str, Any], path: str, wall: float, live: bool) -> None:
         where = ", ".join(r["entities"][:2])
         rows.append((r["fault"], where, f"{r['onset_s'] / 3600:.2f}h", r["expected"], cells))
     fq = {a: (result if a == "fleethealth" else result["baselines"][a])["false_quarantines"] for a in arms}
-    summary = (f"precision {result['precision']:.2f}, recall {result['recall']:.2f}, "
+    prec = "n/a" if result["precision"] is None else f"{result['precision']:.2f}"  # n/a: nothing quarantined
+    summary = (f"precision {prec}, recall {result['recall']:.2f}, "
                f"median detection {result['detection_s'] or 0:.0f}s, removal {result['removal_s'] or 0:.0f}s, "
                f"false quarantines {result['false_quarantines']}, pages {result['pages']}")
     if live:
