@@ -2,9 +2,9 @@
 score``: missing data is never healthy. What the structural tracker and the controller do (absence inside
 a fresh read, the tracker's memory kept in the state store across a restart) is tested in
 test_sources_structural.py and test_controller_restart.py. An expected GPU that is unknown makes its node unknown (``missing:gpuN``);
-the rank-only node and the replica whose SLO counters were seen once wait for the rest of the engine side
-(peers, signals that need two samples) and are strict xfails until it is built: each fails on today's
-engine and must pass then."""
+a signal that needs two samples (a rate, a burn rate) seen while its exporter reports fresh is expected
+and not yet fresh (``pending:<signals>``). The rank-only node waits for the peers rule and is a strict
+xfail until it is built: it fails on today's engine and must pass then."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from fleethealth.signals.snapshot import SnapshotBuilder
 
 POL = default_policy()
 NOW = 1_000_000.0
-ENGINE_SIDE = "issue 14 item 1, engine side (peers, two-sample signals): not built"
+ENGINE_SIDE = "issue 14 item 1, engine side (peers: a family most peers carry is expected): not built"
 
 
 def _gpu(b: SnapshotBuilder, node: str, g: int, t: float) -> None:
@@ -70,7 +70,6 @@ def test_a_gpu_known_only_from_inventory_leaves_its_node_unknown() -> None:
     assert fh.tuples["n1"].value is None and fh.tuples["n1"].reason == "missing:gpu7"
 
 
-@pytest.mark.xfail(strict=True, reason=ENGINE_SIDE)
 def test_a_replica_whose_slo_counters_were_seen_once_is_not_confident() -> None:
     """A vLLM replica just started: its request counters and TTFT histogram have one sample each (no rate
     yet), its queue gauge is fresh. It read confidence 1.0 with only ``load`` scored."""
@@ -83,5 +82,16 @@ def test_a_replica_whose_slo_counters_were_seen_once_is_not_confident() -> None:
     b.add("vllm:time_to_first_token_seconds_bucket", {**lab, "le": "2.0"}, 10.0, NOW)
     b.add("vllm:time_to_first_token_seconds_bucket", {**lab, "le": "+Inf"}, 10.0, NOW)
     r1 = score_snapshot(b.build(NOW), POL, NOW, consumer="serving").tuples["r1"]
-    assert r1.confidence < 1.0
-    assert "slo" in r1.reason
+    assert r1.confidence < POL.lifecycle.min_confidence
+    assert r1.reason == "pending:ttft_slo,error_slo"
+    # two samples a minute apart: the burn rates are fresh, the replica is confident and healthy
+    b2 = SnapshotBuilder()
+    for t, n in ((NOW - 60, 10.0), (NOW, 70.0)):
+        b2.add("vllm:num_requests_waiting", lab, 0.0, t)
+        b2.add("fleethealth_replica_requests_total", lab, n, t)
+        b2.add("fleethealth_replica_errors_total", lab, 0.0, t)
+        b2.add("vllm:time_to_first_token_seconds_count", lab, n, t)
+        b2.add("vllm:time_to_first_token_seconds_bucket", {**lab, "le": "2.0"}, n, t)
+        b2.add("vllm:time_to_first_token_seconds_bucket", {**lab, "le": "+Inf"}, n, t)
+    r1 = score_snapshot(b2.build(NOW), POL, NOW, consumer="serving").tuples["r1"]
+    assert r1.confidence == 1.0 and r1.value == 1.0 and not r1.reason.startswith("pending:")

@@ -137,6 +137,8 @@ class _Base:
     n_fresh_f: np.ndarray = field(default_factory=lambda: np.zeros(0))
     # per cross-category function: (reasons, worst category, value)
     by_how: dict[str, tuple[list[str], np.ndarray, np.ndarray]] = field(default_factory=dict)
+    # entity -> ``pending:<signals>``: signals that need two samples, expected and not yet fresh
+    pending: dict[int, str] = field(default_factory=dict)
 
 
 def _aggregate(
@@ -164,7 +166,11 @@ def _aggregate(
             base.gated, gate_reasons[base.first_gate] if m else "",
             np.where(unknown, REASON_NO_FRESH_DATA, cat_reasons[np.maximum(base.worst, 0)] if len(categories) else ""),
         )
-        hit = base.by_how[how] = (reason_arr.tolist(), np.where(unknown, -1, base.worst), value)
+        reasons = reason_arr.tolist()
+        for e, why in base.pending.items():  # known, not gated: say what is not yet fresh
+            if not base.gated[e] and not unknown[e]:
+                reasons[e] = why
+        hit = base.by_how[how] = (reasons, np.where(unknown, -1, base.worst), value)
     reason, worst, value = hit
     ks = KindScores(
         kind, names, specs, base.sub_t.T, list(results), base.expected_t.T, list(categories), base.cat_t.T,
@@ -195,6 +201,8 @@ class _SpecPlan:
     direct_cats: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     direct_rows: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     _cat_reasons: dict[str, np.ndarray] = field(default_factory=dict)
+    two: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))  # needs two samples (rate, burn rate)
+    names: list[str] = field(default_factory=list)
     # (seen, fresh, expected, n expected, n fresh, confidence, per multi category (weight > 0, weight
     # sum or 1)): the last masks' consequences (see _aggregate_base)
     fixed: tuple[Any, ...] | None = None
@@ -252,6 +260,8 @@ def _spec_plan_of(kept: Kept | None, specs: list[SignalSpec], categories: list[s
         np.array([f"gate:{s.name}" for s in specs] or ["gate:"], dtype=object), list(categories), w,
         np.array([c for c, _ in direct], np.int64), np.array([j for _, j in direct], np.int64),
     )
+    plan.two = np.array([s.shape == "slo" or (s.kind == "counter" and s.shape != "xid") for s in specs], bool)
+    plan.names = [s.name for s in specs]
     if kept is not None:
         if len(kept.spec_plans) > 64:
             kept.spec_plans.clear()
@@ -280,9 +290,19 @@ def _aggregate_base(
     fixed = plan.fixed
     if fixed is None or not (np.array_equal(fixed[0], seen_t) and np.array_equal(fixed[1], fresh_t)):
         fam_seen = np.zeros((len(plan.fam_rows), n), bool)
+        fam_fresh = np.zeros((len(plan.fam_rows), n), bool)
         for fi, rows in enumerate(plan.fam_rows):
             fam_seen[fi] = seen_t[rows[0]] if rows.size == 1 else seen_t[rows].any(axis=0)
+            fam_fresh[fi] = fresh_t[rows[0]] if rows.size == 1 else fresh_t[rows].any(axis=0)
         expected_t = (plan.exp_flag[:, None] & fam_seen[plan.fam_ix]) | fresh_t if m else np.zeros((0, n), bool)
+        # A signal that needs two samples (a rate, a burn rate) seen on an entity whose exporter reports
+        # fresh (its family has a fresh signal) is expected and not yet fresh, optional or not.
+        pending_t = (plan.two[:, None] & seen_t & ~fresh_t & fam_fresh[plan.fam_ix]) if m and plan.two.size \
+            else np.zeros((m, n), bool)
+        expected_t = expected_t | pending_t
+        pending: dict[int, str] = {}
+        for e in np.flatnonzero((pending_t & ~plan.exp_flag[:, None]).any(axis=0)).tolist():
+            pending[e] = "pending:" + ",".join(plan.names[j] for j in np.flatnonzero(pending_t[:, e]).tolist())
         n_exp = expected_t.sum(axis=0)
         n_fresh = fresh_t.sum(axis=0)  # fresh implies expected
         with np.errstate(invalid="ignore", divide="ignore"):
@@ -293,8 +313,9 @@ def _aggregate_base(
             weights.append((ws > 0, np.where(ws > 0, ws, 1.0)))
         for a in (expected_t, n_exp, n_fresh, confidence):
             a.setflags(write=False)  # shared by every cycle while the masks hold
-        fixed = plan.fixed = (seen_t.copy(), fresh_t.copy(), expected_t, n_exp, n_fresh, confidence, weights)
-    _, _, expected_t, n_exp, n_fresh, confidence, weights = fixed
+        fixed = plan.fixed = (seen_t.copy(), fresh_t.copy(), expected_t, n_exp, n_fresh, confidence, weights,
+                              pending)
+    _, _, expected_t, n_exp, n_fresh, confidence, weights, pending = fixed
 
     flags: dict[int, list[str]] = {}
     notes: dict[tuple[int, int], str] = {}
@@ -316,7 +337,7 @@ def _aggregate_base(
         plan.memo = (fixed, critical_zeroes, sub_t.copy(), derived)
     cat_t, gated, first_gate, low, worst, any_gated, conf, n_exp_f, n_fresh_f, by_how = derived
     return _Base(sub_t, expected_t, n_exp, n_fresh, conf, cat_t, plan.cat_ix, gated, first_gate, flags, notes,
-                 low, worst, any_gated, n_exp_f, n_fresh_f, by_how)
+                 low, worst, any_gated, n_exp_f, n_fresh_f, by_how, pending)
 
 
 def _derive(plan: _SpecPlan, sub_t: np.ndarray, fresh_t: np.ndarray, weights: list[tuple[np.ndarray, np.ndarray]],
