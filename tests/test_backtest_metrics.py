@@ -117,7 +117,22 @@ def test_flaps_exclude_warm_up() -> None:
         trs += [tr(0, n, State.WARMING, State.STARTING), tr(60, n, State.READY, State.WARMING)]
     trs += [tr(5000, "node-07", State.DEGRADED), tr(6000, "node-07", State.READY, State.DEGRADED)]
     m = score(ArmLog("x", transitions=trs), [], days=2.0).metrics
-    assert m["flaps_per_node_day"] == pytest.approx(2 / 10 / 2)
+    assert m["flaps_per_node_day"] == pytest.approx(1 / 10 / 2)  # READY -> DEGRADED -> READY inside an hour
+    assert m["transitions_per_node_day"] == pytest.approx(2 / 10 / 2)
+
+
+def test_a_flap_is_a_quick_return_and_remediation_is_not_one() -> None:
+    from fleethealth.backtest.metrics import FLAP_WINDOW_S, flap_counts
+
+    trs = [tr(0, "node-01", State.QUARANTINED), tr(600, "node-01", State.RECOVERING, State.QUARANTINED),
+           tr(2400, "node-01", State.READY, State.RECOVERING),  # remediation ran its course: no flap
+           tr(0, "node-02", State.DEGRADED), tr(FLAP_WINDOW_S, "node-02", State.READY, State.DEGRADED),  # slow
+           tr(0, "node-03", State.DEGRADED), tr(300, "node-03", State.READY, State.DEGRADED),
+           tr(400, "node-03", State.DEGRADED), tr(500, "node-03", State.READY, State.DEGRADED)]
+    assert flap_counts(trs) == {"node-03": 3}
+    m = score(ArmLog("x", transitions=trs), [], days=1.0).metrics
+    assert m["flaps_per_node_day"] == pytest.approx(3 / 10)
+    assert m["transitions_per_node_day"] == pytest.approx(9 / 10)
 
 
 def test_gpu_hours_lost_follow_the_seed_arithmetic() -> None:

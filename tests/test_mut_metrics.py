@@ -222,8 +222,9 @@ def test_flaps_per_replica_day_and_the_reports_bookkeeping() -> None:
     s = score(log, [], days=2.0)
     m = s.metrics
     assert s.name == "arm-1"
-    assert m["flaps_per_replica_day"] == pytest.approx(3 / 2 / 2)
-    assert m["flaps_per_node_day"] == pytest.approx(1 / 10 / 2)
+    assert m["flaps_per_replica_day"] == pytest.approx(1 / 2 / 2)  # llama-000 back to READY in 100 s
+    assert m["transitions_per_replica_day"] == pytest.approx(3 / 2 / 2)
+    assert m["flaps_per_node_day"] == 0.0 and m["transitions_per_node_day"] == pytest.approx(1 / 10 / 2)
     assert (m["transitions"], m["cycles"], m["cpu_s"]) == (6, 240, 1.235)
     assert (m["gpu_hours_lost"], m["gpu_hours_lost_if_undetected"], m["groups"]) == (0.0, 0.0, [])
     no_reps = score_arm(log, [], replica_node={}, nodes=NODES, node_pool=POOL, start=T0, end=T0 + 86400,
@@ -297,8 +298,8 @@ def test_flaps_over_half_a_day_one_node_one_replica() -> None:
     trs = [tr(100, "n", State.DEGRADED), tr(200, "n", State.READY, State.DEGRADED), tr(300, "r", State.DEGRADED)]
     m = score_arm(ArmLog("x", transitions=trs), [], replica_node={"r": "n"}, nodes=["n"], node_pool={"n": "p"},
                   start=T0, end=T0 + 43200, policy=default_policy()).metrics
-    assert m["flaps_per_node_day"] == pytest.approx(4.0)
-    assert m["flaps_per_replica_day"] == pytest.approx(2.0)
+    assert m["flaps_per_node_day"] == pytest.approx(2.0) and m["transitions_per_node_day"] == pytest.approx(4.0)
+    assert m["flaps_per_replica_day"] == 0.0 and m["transitions_per_replica_day"] == pytest.approx(2.0)
 
 
 def test_a_large_pools_budget_scales_with_its_size() -> None:

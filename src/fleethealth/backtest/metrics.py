@@ -24,8 +24,12 @@ Definitions (also in the README's backtest section):
   intent (quarantine, drain, reset, rebuild, limit concurrency, reject request, no new work, active
   test); for incidents whose expected action is a page, also a PAGE. **removal_s**: median time from
   onset to QUARANTINED (or DRAINING) over caught incidents. None when there is nothing to take a median of.
-* **flaps_per_node_day**: state transitions of node lifecycles after warm-up (the way out of STARTING and
-  WARMING is not a flap) per node per simulated day; replicas likewise in ``flaps_per_replica_day``.
+* **flaps_per_node_day**: flaps of node lifecycles per node per simulated day; replicas likewise in
+  ``flaps_per_replica_day``. A *flap* is a transition that takes an entity back to the state it left by
+  its previous transition, less than ``FLAP_WINDOW_S`` (1 h) after it (READY -> DEGRADED -> READY inside
+  an hour: one flap). Remediation that runs its course (READY -> QUARANTINED -> RECOVERING -> READY) is
+  no flap, nor is a slow return (a day in DEGRADED), nor the way out of STARTING and WARMING.
+  **transitions_per_node_day** / ``transitions_per_replica_day``: all transitions after warm-up.
 * **pages**: PAGE intents that open something (an incident's ``update`` and ``resolved`` pages are not
   new pages: decide.incidents); **budget_exhaustions**: such pages whose reason is ``budget_exhausted``.
 * **gpu_hours_lost**: the seed's arithmetic. A synchronous job runs at its slowest rank's pace, so while a
@@ -64,6 +68,25 @@ WARMUP_STATES = frozenset({State.STARTING, State.WARMING})
 _RANK = {"none": 0, "quarantine": 4, "schedule_reset": 3, "page": 2}
 # Pages about a correlated event (as opposed to one node failing its active test).
 CORRELATED_PAGES = frozenset({"budget_exhausted", "version_correlation", "tp_group_limit"})
+
+
+FLAP_WINDOW_S = 3600.0
+
+
+def flap_counts(transitions: Iterable[Any], window_s: float = FLAP_WINDOW_S) -> dict[str, int]:
+    """Flaps per entity: transitions back to the state the previous transition left, within
+    ``window_s`` of it (warm-up transitions excluded)."""
+    last: dict[str, Any] = {}
+    out: dict[str, int] = defaultdict(int)
+    for tr in sorted(transitions, key=lambda x: x.ts):
+        if tr.from_state in WARMUP_STATES:
+            last.pop(tr.entity, None)
+            continue
+        prev = last.get(tr.entity)
+        if prev is not None and tr.to_state == prev.from_state and tr.ts - prev.ts < window_s:
+            out[tr.entity] += 1
+        last[tr.entity] = tr
+    return dict(out)
 
 
 @dataclass(slots=True)
@@ -257,10 +280,13 @@ def score_arm(
         groups.append({"group": gname, "members": len(members), "faulty": sum(i.faulty for i in members),
                        "quarantined": len(qs), "budget_held": held, "paged": paged})
 
-    # flapping
+    # transitions and flaps (a return to the state left, within FLAP_WINDOW_S)
     node_set = set(nodes)
     node_tr = sum(1 for tr in log.transitions if tr.entity in node_set and tr.from_state not in WARMUP_STATES)
     rep_tr = sum(1 for tr in log.transitions if tr.entity in replica_node and tr.from_state not in WARMUP_STATES)
+    flaps = flap_counts(log.transitions)
+    node_flaps = sum(n for e, n in flaps.items() if e in node_set)
+    rep_flaps = sum(n for e, n in flaps.items() if e in replica_node)
 
     # GPU-hours lost to undetected slow nodes
     per_step: dict[tuple[float, str], tuple[float, int]] = {}
@@ -297,8 +323,10 @@ def score_arm(
         "incidents_caught": caught,
         "actions_ok": sum(o.action_ok for o in outcomes),
         "actions_expected": len(outcomes),
-        "flaps_per_node_day": node_tr / max(len(nodes), 1) / days,
-        "flaps_per_replica_day": rep_tr / max(len(replica_node), 1) / days if replica_node else 0.0,
+        "flaps_per_node_day": node_flaps / max(len(nodes), 1) / days,
+        "flaps_per_replica_day": rep_flaps / max(len(replica_node), 1) / days if replica_node else 0.0,
+        "transitions_per_node_day": node_tr / max(len(nodes), 1) / days,
+        "transitions_per_replica_day": rep_tr / max(len(replica_node), 1) / days if replica_node else 0.0,
         "transitions": len(log.transitions),
         "pages": len(pages),
         "budget_exhaustions": sum(1 for _, r in pages if r == "budget_exhausted"),

@@ -13,7 +13,8 @@ from fleethealth.cli.common import fail, load_policy_or_fail, load_scenario_or_f
 
 METRIC_ROWS = [
     ("precision", "{:.3f}"), ("recall", "{:.3f}"), ("detection_s", "dur"), ("removal_s", "dur"),
-    ("quarantines", "{}"), ("false_quarantines", "{}"), ("flaps_per_node_day", "{:.3f}"), ("pages", "{}"),
+    ("quarantines", "{}"), ("false_quarantines", "{}"), ("flaps_per_node_day", "{:.3f}"),
+    ("transitions_per_node_day", "{:.3f}"), ("pages", "{}"),
     ("budget_exhaustions", "{}"), ("gpu_hours_lost", "{:.1f}"),
 ]
 
