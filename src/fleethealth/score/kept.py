@@ -62,9 +62,9 @@ class Kept:
         # (id(spec), kind, entity count) -> (spec, group ids per label set, source series, usable, groups)
         self.peers: dict[tuple[int, str, int],
                          tuple[SignalSpec, np.ndarray, np.ndarray, np.ndarray, _PeerGroups | None]] = {}
-        # (id(spec), kind) -> (table, the block's series, rows kept (relative), series, entity, layout)
+        # (id(spec), kind) -> (table, the block's series, rows kept (relative), series, entity, layout, spec)
         self.xids: dict[tuple[int, str], tuple[_KindTable, np.ndarray, np.ndarray | None, np.ndarray,
-                                               np.ndarray, _XidLayout | None]] = {}
+                                               np.ndarray, _XidLayout | None, SignalSpec]] = {}
         # (id(spec), kind) -> (spec, le per label set, histogram series, present, columns' series, chosen)
         self.buckets: dict[tuple[int, str], tuple[SignalSpec, np.ndarray, np.ndarray, np.ndarray, np.ndarray,
                                                   np.ndarray | None]] = {}

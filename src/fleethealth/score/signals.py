@@ -309,7 +309,7 @@ def _xid_rows(ctx: _Ctx, spec: SignalSpec, kind: str, table: _KindTable,
     block = ctx.row_arrays(b)[0][a:b]
     key = (id(spec), kind)
     hit = ctx.kept.xids.get(key)
-    if hit is None or hit[0] is not table or not np.array_equal(hit[1], block):
+    if hit is None or hit[0] is not table or hit[6] is not spec or not np.array_equal(hit[1], block):
         ent = table.entities(ctx.resolver.arr[kind][block])
         keep = ent >= 0
         if spec.match:
@@ -323,11 +323,11 @@ def _xid_rows(ctx: _Ctx, spec: SignalSpec, kind: str, table: _KindTable,
             lp = np.flatnonzero(last)
             ent_lp = ent[lp]
             layout = _XidLayout(lp, last, change, ent_lp, int(np.bincount(ent_lp).max()) <= 1, np.arange(ser.size))
-        hit = (table, block.copy(), sel, ser, ent, layout)
+        hit = (table, block.copy(), sel, ser, ent, layout, spec)  # holds the spec its key names
         if len(ctx.kept.xids) > 64:
             ctx.kept.xids.clear()
         ctx.kept.xids[key] = hit
-    _, _, sel, ser, ent, layout = hit
+    _, _, sel, ser, ent, layout, _ = hit
     idx = np.arange(a, b) if sel is None else a + sel
     return idx, ser, ent, layout
 
