@@ -179,3 +179,16 @@ def test_world_answers_active_tests_from_ground_truth() -> None:
     assert [(e.entity, e.passed) for e in w.due(T0 + 60)] == [("llama-000", True)]
     assert sorted((e.entity, e.passed) for e in w.due(T0 + 600)) == [("node-01", False), ("node-02", True)]
     assert w.due(T0 + 10_000) == []
+
+
+def test_detection_and_removal_are_per_episode() -> None:
+    # node-04 has an NVLink fault twice: removed 120 s after the first onset and 300 s after the second
+    truths = [gt("node-04", "nvlink_errors", 1000, end=5000), gt("node-04", "nvlink_errors", 20000)]
+    trs = [tr(1060, "node-04", State.DEGRADED), tr(1120, "node-04", State.QUARANTINED, State.DEGRADED),
+           tr(6000, "node-04", State.RECOVERING, State.QUARANTINED), tr(9000, "node-04", State.READY, State.RECOVERING),
+           tr(20100, "node-04", State.DEGRADED), tr(20300, "node-04", State.QUARANTINED, State.DEGRADED)]
+    s = score(ArmLog("x", transitions=trs), truths)
+    by_onset = {o.incident.onset - T0: o for o in s.outcomes}
+    assert (by_onset[1000].response_s, by_onset[1000].removal_s) == (60, 120)
+    assert (by_onset[20000].response_s, by_onset[20000].removal_s) == (100, 300)  # not None: its own episode
+    assert s.metrics["recall"] == 1.0

@@ -23,7 +23,8 @@ Definitions (also in the README's backtest section):
   response: DEGRADED, DRAINING, QUARANTINED or FAILED, a router weight lowered below 1, or a remediation
   intent (quarantine, drain, reset, rebuild, limit concurrency, reject request, no new work, active
   test); for incidents whose expected action is a page, also a PAGE. **removal_s**: median time from
-  onset to QUARANTINED (or DRAINING) over caught incidents. None when there is nothing to take a median of.
+  onset to QUARANTINED (or DRAINING) over caught incidents, per episode: an incident's removal is
+  the first one while it is active, so an entity's second fault has its own removal time. None when there is nothing to take a median of.
 * **flaps_per_node_day**: flaps of node lifecycles per node per simulated day; replicas likewise in
   ``flaps_per_replica_day``. A *flap* is a transition that takes an entity back to the state it left by
   its previous transition, less than ``FLAP_WINDOW_S`` (1 h) after it (READY -> DEGRADED -> READY inside
@@ -175,6 +176,7 @@ def score_arm(
     # quarantine episodes: (ts, entity) on entry into QUARANTINED
     quarantines: list[tuple[float, str]] = []
     first_removed: dict[str, float] = {}
+    removals: dict[str, list[float]] = defaultdict(list)
     hard_q: set[tuple[float, str]] = set()  # quarantines that spent the hard-gate budget
     for tr in log.transitions:
         if tr.to_state == State.QUARANTINED and tr.from_state != State.QUARANTINED:
@@ -183,6 +185,7 @@ def score_arm(
                 hard_q.add((tr.ts, tr.entity))
         if tr.to_state in REMOVAL_STATES:
             first_removed.setdefault(tr.entity, tr.ts)
+            removals[tr.entity].append(tr.ts)  # every episode's removal, not only the first
 
     tp = fp = grouped = 0
     false_q: list[tuple[float, str, str]] = []
@@ -238,7 +241,8 @@ def score_arm(
             cand = sorted(cand + [p for p in pages if inc.active(p[0], grace_s)])
         first = cand[0] if cand else None
         removal = None
-        rem = [first_removed[e] for e in keys if e in first_removed and inc.active(first_removed[e], grace_s)]
+        # this incident's removal: the first one while it was active (a relapse's episode has its own)
+        rem = [ts for e in keys for ts in removals.get(e, ()) if inc.active(ts, grace_s)]
         if rem:
             removal = min(rem) - inc.onset
         if inc.expected == "quarantine" and inc.faulty and inc.group is None:
