@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from fleethealth.backtest.runner import compress
 from fleethealth.sim import Scenario, load_scenario
 from fleethealth.sim import simulation as simmod
+from fleethealth.sim.faults import FAULT_CLASSES
 from fleethealth.sim.scenario import builtin_names
 from fleethealth.sim.simulation import Simulation
 from sim_reference import Simulation as Reference
@@ -34,6 +35,8 @@ def test_every_builtin_scenario_matches_the_reference(name: str) -> None:
     """Faults start 5 minutes in and every 5 minutes after: drawn blocks are cut short by onsets and ends,
     and the draws consumed so far are replayed before the step that leaves the quiet regime."""
     sc = compress(load_scenario(name), lead_s=300.0, tail_s=600.0, gap_s=300.0)
+    if any(getattr(FAULT_CLASSES[f.kind], "adjusts_output", False) for f in sc.faults):
+        pytest.skip("exporter faults (frozen values, clock skew) change what is served: the oracle predates them")
     sc = sc.with_overrides(duration=min(sc.duration, 2400.0))
     sim = lockstep(sc, sc.n_steps)
     assert sim.k == sc.n_steps - 1

@@ -806,14 +806,14 @@ class ResetRequired(Fault):
         sim.recovery_action[self.t.gpus] = 0
 
 
-FAULT_CLASSES: dict[str, type[Fault]] = {
-    c.kind: c
-    for c in (
-        ThermalDrift, OffBus, DbeRemapFailure, RowRemapPending, NvlinkErrors, PcieReplayStorm, Xid13BadKernel,
-        BadDriverRollout, ExporterOutage, NetworkPartition, BuildRegression, ReplicaSloBurn, CudaOom,
-        StageImbalance, SeqImbalance, ReplicaRestart, ResetRequired,
-    )
-}
+from fleethealth.sim.faults_more import MORE_FAULT_CLASSES  # noqa: E402  (they subclass Fault)
+
+_CLASSES: tuple[type[Fault], ...] = (
+    ThermalDrift, OffBus, DbeRemapFailure, RowRemapPending, NvlinkErrors, PcieReplayStorm, Xid13BadKernel,
+    BadDriverRollout, ExporterOutage, NetworkPartition, BuildRegression, ReplicaSloBurn, CudaOom,
+    StageImbalance, SeqImbalance, ReplicaRestart, ResetRequired,
+)
+FAULT_CLASSES: dict[str, type[Fault]] = {c.kind: c for c in _CLASSES + MORE_FAULT_CLASSES}
 
 
 def make_fault(spec: FaultSpec, index: int, fleet: Fleet, start: float, seed: int) -> Fault:

@@ -65,6 +65,13 @@ FaultKind = Literal[
     "stage_imbalance",
     "seq_imbalance",
     "replica_restart",
+    "sbe_climb",
+    "slow_rank",
+    "intermittent",
+    "silent_hang",
+    "cooling_event",
+    "frozen_exporter",
+    "clock_skew",
 ]
 
 FAULT_KINDS: tuple[str, ...] = FaultKind.__args__  # type: ignore[attr-defined]

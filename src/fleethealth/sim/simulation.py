@@ -966,6 +966,14 @@ class Simulation:
             metric, series, values = metric[keep], series[keep], values[keep]
         ts = np.empty(len(values))
         ts.fill(t)
+        if eff is not None:
+            # exporter faults (frozen values, a skewed clock) change what is served, not the fleet
+            adjusting = [f for f in self.faults if getattr(f, "adjusts_output", False) and f.started
+                         and not f.stopped and f.active(t)]
+            if adjusting:
+                rn = row_node if keep is None else row_node[keep]
+                for fault in adjusting:
+                    fault.adjust_output(self, t, values, ts, rn)  # type: ignore[attr-defined]
         snap = Snapshot(
             at=t, metrics=self.intern.metrics, labelsets=self.intern.labelsets, metric_ids=metric,
             series_ids=series, values=values, ts=ts, source_errors=errors,
