@@ -439,6 +439,9 @@ def create_app(controller: Controller, runner: Any = None, *, guard: Guard | Non
         runner.resume()
         return JSONResponse({"killed": bool(runner.killed)})
 
+    from fleethealth.controller.view import add_view_routes
+
+    add_view_routes(app, controller, runner, may_read)  # GET / and /entity/NAME: the fleet view (read-only)
     app.add_middleware(BodyLimit, max_bytes=api.max_body_bytes, hint=" (api.max_body_bytes in the controller config)")
     return app
 

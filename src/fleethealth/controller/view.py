@@ -1,0 +1,223 @@
+"""The live fleet view, served by the controller on its API port: GET / (the fleet) and GET /entity/NAME.
+
+Theory of operation: server-rendered HTML from ``Controller.published`` (one consistent cycle), no
+JavaScript, no CDN, inline CSS only, so it works offline and behind any proxy; a meta refresh reloads it.
+Per pool, a heatmap of nodes (rows) by GPUs (cells) coloured by score; unknown GPUs are hatched grey with
+a "?" (never a colour of the health scale), and each node's lifecycle state is marked beside it. Above it:
+actuation mode, kill switch, remediation freeze, budgets, and what waits for a human (FAILED entities,
+pages). Below: serving replicas with state and router weight, and the feed of transitions and intents with
+their reasons. The entity page shows the tuple, the signals behind it (the explain detail), recent
+transitions and intents, and the runbook for its reason. Read-only: it follows ``api.read`` like the JSON
+API; actions go through the authenticated POST endpoints (or `fleethealth ack|ready|kill|resume`).
+"""
+
+from __future__ import annotations
+
+import html
+import time
+from collections.abc import Callable
+from typing import Any
+
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.responses import HTMLResponse
+
+from fleethealth.runbooks import reason_path, url
+
+CSS = """
+body{font:14px/1.4 system-ui,sans-serif;margin:0 auto;padding:12px;max-width:1400px;color:#111;background:#fafafa}
+h1{font-size:20px;margin:4px 0} h2{font-size:16px;margin:18px 0 6px} a{color:#0645ad}
+.bar{display:flex;flex-wrap:wrap;gap:8px;margin:8px 0}
+.pill{padding:3px 9px;border-radius:12px;background:#e8e8e8;font-weight:600}
+.pill.bad{background:#c62828;color:#fff} .pill.warn{background:#f9a825} .pill.ok{background:#2e7d32;color:#fff}
+.hm{border-collapse:collapse;margin:4px 0}
+.hm td{padding:0;border:1px solid #fff}
+.hm td.n{padding:0 8px 0 0;white-space:nowrap;font-family:monospace;font-size:13px}
+.hm td.c{width:22px;height:22px;text-align:center;font-size:11px;font-family:monospace}
+.st{font-size:11px;padding:1px 5px;border-radius:3px;margin-left:4px;background:#ddd}
+.st-READY{background:#c8e6c9} .st-DEGRADED{background:#fff59d} .st-QUARANTINED,.st-FAILED{background:#c62828;color:#fff}
+.st-DRAINING,.st-RECOVERING{background:#ffcc80} .st-STARTING,.st-WARMING{background:#bbdefb}
+.unknown{background:repeating-linear-gradient(45deg,#9e9e9e,#9e9e9e 3px,#e0e0e0 3px,#e0e0e0 6px)!important;color:#000}
+.wrap{overflow-x:auto}
+table.t{border-collapse:collapse;width:100%;background:#fff} table.t td,table.t th{border-bottom:1px solid #ddd;padding:4px 6px;text-align:left;vertical-align:top}
+.legend span{display:inline-block;padding:1px 6px;margin-right:4px;font-size:12px}
+@media (max-width:640px){body{padding:6px;font-size:13px} .hm td.c{width:14px;height:18px;font-size:9px} .hide-narrow{display:none}}
+"""
+
+
+def colour(v: float | None) -> str:
+    """Red (0) to yellow (0.5) to green (1); unknown has no colour of its own (the hatched class)."""
+    if v is None:
+        return ""
+    v = min(1.0, max(0.0, v))
+    hue = int(120 * v)
+    return f"background:hsl({hue},70%,{45 + 10 * (1 - abs(v - 0.5) * 2):.0f}%)"
+
+
+def _e(x: Any) -> str:
+    return html.escape("" if x is None else str(x))
+
+
+def _num(v: float | None) -> str:
+    return "unknown" if v is None else f"{v:.2f}"
+
+
+def _ago(now: float, ts: float | None) -> str:
+    if ts is None:
+        return "-"
+    s = max(0.0, now - ts)
+    return f"{s:.0f}s ago" if s < 120 else f"{s / 60:.0f}m ago" if s < 7200 else f"{s / 3600:.1f}h ago"
+
+
+def _page(title: str, body: str, refresh: int | None = 15) -> str:
+    meta = f'<meta http-equiv="refresh" content="{refresh}">' if refresh else ""
+    return (f'<!doctype html><html lang="en"><head><meta charset="utf-8">'
+            f'<meta name="viewport" content="width=device-width, initial-scale=1">{meta}'
+            f"<title>{_e(title)}</title><style>{CSS}</style></head><body>{body}</body></html>")
+
+
+def _runbook(reason: str) -> str:
+    link = url(reason_path(reason))
+    return f' <a href="{_e(link)}">runbook</a>' if link else ""
+
+
+def render_fleet(controller: Any, runner: Any = None, now: float | None = None) -> str:
+    from fleethealth.controller.api import budget_remaining
+
+    pub = controller.published
+    now = pub.ts if now is None else now
+    health = pub.health
+    ents = pub.state.entities
+    killed = bool(getattr(runner, "killed", False)) if runner is not None else False
+    mode = getattr(getattr(runner, "config", None), "mode", "advise") if runner is not None else "advise"
+    parts = ['<h1>fleethealth: fleet</h1>',
+             f'<div>cycle at {_e(time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(pub.ts)))}, '
+             f'policy {_e(controller.policy.version_tag)}</div><div class="bar">',
+             f'<span class="pill {"warn" if mode == "advise" else "ok"}" id="mode">actuation: {_e(mode)}</span>',
+             f'<span class="pill {"bad" if killed else "ok"}" id="kill">kill switch: {"ENGAGED" if killed else "off"}</span>',
+             f'<span class="pill {"bad" if pub.state.frozen else "ok"}" id="frozen">remediation: '
+             f'{"FROZEN (telemetry problem)" if pub.state.frozen else "active"}</span>']
+    for (kind, pool), left in budget_remaining(pub, controller).items():
+        parts.append(f'<span class="pill {"bad" if left <= 0 else ""}">budget {_e(kind)} {_e(pool)}: {left:.0f} left</span>')
+    parts.append("</div>")
+    waiting = [e for e in ents.values() if str(e.state) == "FAILED"]
+    pages = [i for i in pub.recent_intents if i.get("intent") in ("page", "fleet_alert")][-10:]
+    parts.append('<h2>Waiting for a human</h2>')
+    if not waiting and not pages:
+        parts.append("<div>nothing</div>")
+    else:
+        parts.append('<ul id="waiting">' + "".join(
+            f'<li><a href="/entity/{_e(e.entity)}">{_e(e.entity)}</a> FAILED: {_e(e.last_reason)}</li>' for e in waiting)
+            + "".join(f'<li>page for {_e(i["entity"])}: {_e(i["reason"])} ({_ago(now, i.get("ts"))})</li>' for i in pages)
+            + "</ul>")
+    # per pool heatmap: nodes by GPUs
+    gpus: dict[str, list[tuple[str, float | None]]] = {}
+    node_t = {}
+    if health is not None:
+        for t in health.by_kind("gpu"):
+            node = t.labels.get("node") or t.entity.split("/")[0]
+            gpus.setdefault(node, []).append((t.entity, t.value))
+        node_t = {t.entity: t for t in health.by_kind("node")}
+    pools: dict[str, list[Any]] = {}
+    for e in ents.values():
+        if e.kind == "node":
+            pools.setdefault(e.labels.get("pool", "default"), []).append(e)
+    parts.append(f'<div class="legend">score: <span style="{colour(0.0)}">0</span><span style="{colour(0.5)}">0.5'
+                 f'</span><span style="{colour(1.0)}">1</span><span class="unknown">? unknown</span></div>')
+    for pool in sorted(pools):
+        parts.append(f'<h2>Pool {_e(pool)}</h2><div class="wrap"><table class="hm" id="pool-{_e(pool)}">')
+        for e in sorted(pools[pool], key=lambda e: e.entity):
+            t = node_t.get(e.entity)
+            v = None if t is None else t.value
+            state = str(e.state)
+            cells = []
+            for name, gv in sorted(gpus.get(e.entity, []), key=lambda x: x[0]):
+                cls = "c unknown" if gv is None else "c"
+                cells.append(f'<td class="{cls}" style="{colour(gv)}" title="{_e(name)}: {_num(gv)}">'
+                             f'{"?" if gv is None else ""}</td>')
+            if not cells:
+                cells.append(f'<td class="c{" unknown" if v is None else ""}" style="{colour(v)}">{"?" if v is None else ""}</td>')
+            reason = "" if t is None or v is None or (state == "READY" and v >= 0.8) else t.reason
+            parts.append(
+                f'<tr data-entity="{_e(e.entity)}" data-state="{_e(state)}" data-known="{"0" if v is None else "1"}"'
+                f' data-reason="{_e(t.reason if t else "")}"><td class="n"><a href="/entity/{_e(e.entity)}">'
+                f'{_e(e.entity)}</a><span class="st st-{_e(state)}">{_e(state)}</span>'
+                f'<span class="hide-narrow"> {_num(v)} {_e(reason)}</span></td>{"".join(cells)}</tr>')
+        parts.append("</table></div>")
+    reps = sorted((e for e in ents.values() if e.kind == "replica"), key=lambda e: e.entity)
+    if reps:
+        parts.append('<h2>Serving replicas</h2><div class="wrap"><table class="t" id="replicas"><tr><th>replica</th>'
+                     '<th>state</th><th>health</th><th>weight</th><th class="hide-narrow">reason</th></tr>')
+        for e in reps:
+            parts.append(f'<tr data-entity="{_e(e.entity)}" data-state="{_e(e.state)}"><td><a href="/entity/{_e(e.entity)}">'
+                         f'{_e(e.entity)}</a></td><td><span class="st st-{_e(e.state)}">{_e(e.state)}</span></td>'
+                         f'<td>{_num(e.last_value)}</td><td>{_num(e.weight)}</td>'
+                         f'<td class="hide-narrow">{_e(e.last_reason if str(e.state) != "READY" else "")}</td></tr>')
+        parts.append("</table></div>")
+    parts.append(_feed(pub, now, None))
+    return _page("fleethealth: fleet", "".join(parts))
+
+
+def _feed(pub: Any, now: float, entity: str | None) -> str:
+    rows = [("transition", t["ts"], t["entity"], f'{t["from"]} → {t["to"]}', t["reason"])
+            for t in pub.recent_transitions if entity is None or t["entity"] == entity]
+    rows += [("intent", i["ts"], i["entity"], i["intent"], i["reason"])
+             for i in pub.recent_intents if entity is None or i["entity"] == entity]
+    rows.sort(key=lambda r: -float(r[1]))
+    out = ['<h2>Recent transitions and intents</h2><div class="wrap"><table class="t" id="feed"><tr><th>when</th>'
+           '<th>entity</th><th>what</th><th>reason</th></tr>']
+    for kind, ts, ent, what, reason in rows[:100]:
+        out.append(f'<tr class="{kind}"><td>{_ago(now, ts)}</td><td><a href="/entity/{_e(ent)}">{_e(ent)}</a></td>'
+                   f'<td>{_e(what)}</td><td>{_e(reason)}{_runbook(str(reason))}</td></tr>')
+    if not rows:
+        out.append('<tr><td colspan="4">nothing yet</td></tr>')
+    out.append("</table></div>")
+    return "".join(out)
+
+
+def render_entity(controller: Any, name: str) -> str | None:
+    pub = controller.published
+    es = pub.state.entities.get(name)
+    t = pub.health.get(name) if pub.health is not None else None
+    if es is None and t is None:
+        return None
+    state = str(es.state) if es is not None else "-"
+    parts = ['<a href="/">← fleet</a>', f"<h1>{_e(name)}</h1>",
+             f'<div class="bar"><span class="pill st st-{_e(state)}" id="state">{_e(state)}</span>']
+    if t is not None:
+        parts.append(f'<span class="pill" id="value">health {_num(t.value)}</span>'
+                     f'<span class="pill">confidence {t.confidence:.2f}</span>')
+        if t.value is None or state != "READY":
+            parts.append(f'<span class="pill">reason {_e(t.reason)}{_runbook(t.reason)}</span>')
+    parts.append("</div>")
+    if es is not None:
+        parts.append(f"<div>in {_e(state)} since {_ago(pub.ts, es.since)}; {es.transitions} transitions; "
+                     f'pool {_e(es.labels.get("pool", "default"))}</div>')
+    if t is not None:
+        parts.append('<h2>Categories</h2><table class="t"><tr><th>category</th><th>score</th></tr>')
+        for c, v in t.categories.items():
+            parts.append(f'<tr><td>{_e(c)}</td><td style="{colour(v)}">{_num(v)}</td></tr>')
+        parts.append("</table>")
+        if t.details:
+            parts.append('<h2>Signals (explain)</h2><div class="wrap"><table class="t" id="explain"><tr><th>category</th>'
+                         '<th>signal</th><th>score</th><th class="hide-narrow">note</th></tr>')
+            for d in t.details:
+                parts.append(f'<tr><td>{_e(d.category)}</td><td>{_e(d.signal)}</td><td>{_num(d.score)}</td>'
+                             f'<td class="hide-narrow">{_e(d.note)}</td></tr>')
+            parts.append("</table></div>")
+    parts.append(_feed(pub, pub.ts, name))
+    return _page(f"fleethealth: {name}", "".join(parts))
+
+
+def add_view_routes(app: FastAPI, controller: Any, runner: Any, may_read: Callable[[Request], None]) -> None:
+    @app.get("/", response_class=HTMLResponse)
+    def fleet(request: Request) -> HTMLResponse:
+        may_read(request)
+        return HTMLResponse(render_fleet(controller, runner))
+
+    @app.get("/entity/{name:path}", response_class=HTMLResponse)
+    def entity(request: Request, name: str) -> HTMLResponse:
+        may_read(request)
+        page = render_entity(controller, name)
+        if page is None:
+            raise HTTPException(404, f"no entity {name!r}")
+        return HTMLResponse(page)

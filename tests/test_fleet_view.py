@@ -1,0 +1,99 @@
+"""The fleet view (GET / and /entity/NAME on the controller's port) in a real headless Chromium, against a
+controller scoring the simulator through a real Prometheus: a GPU off the bus on node-02 (gated,
+QUARANTINED), node-05's exporter dead (unknown). DOM checks on what Chromium rendered, and screenshots at a
+laptop and a phone width (kept in $FLEETHEALTH_SHOTS when set)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import threading
+from pathlib import Path
+
+import httpx
+import pytest
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+pytestmark = [pytest.mark.slow, pytest.mark.needs_prometheus, pytest.mark.timeout(240),
+              pytest.mark.skipif(CHROMIUM is None, reason="chromium missing (apt-get install -y chromium)")]
+
+
+def chromium(tmp: Path, *args: str) -> str:
+    assert CHROMIUM is not None
+    r = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+                        f"--user-data-dir={tmp / 'profile'}", *args], capture_output=True, text=True, timeout=90)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return r.stdout
+
+
+def test_fleet_view_in_chromium(tmp_path: Path) -> None:
+    from act_support import free_port
+    from prom_harness import PROMETHEUS, prometheus
+
+    if PROMETHEUS is None:
+        pytest.skip("prometheus binary missing")
+    from fleethealth.act.ledger import Ledger
+    from fleethealth.act.runner import ActuationRunner
+    from fleethealth.controller.api import ApiServer
+    from fleethealth.controller.loop import Controller
+    from fleethealth.sim.scenario import Scenario
+    from fleethealth.sim.server import SimExporterServer
+    from fleethealth.sim.simulation import Simulation
+    from fleethealth.sources.prometheus import PrometheusSource
+    from test_controller_e2e import e2e_policy, wait
+
+    scenario = Scenario.model_validate({"name": "view", "seed": 5, "duration": "1d", "fleet": {"pools": [
+        {"name": "train-a", "nodes": 6, "workload": "training", "jobs": [{"name": "pretrain", "pp": 1}]},
+        {"name": "serve-a", "nodes": 2, "workload": "serving"},
+    ]}})
+    sim = Simulation(scenario)
+    exporter = SimExporterServer(sim).start()
+    policy = e2e_policy()
+    try:
+        with prometheus([], scrape_interval_s=1.0, http_sd=[f"{exporter.url}/sd"]) as prom:
+            prom.wait_for("DCGM_FI_DEV_GPU_TEMP", min_results=64, timeout_s=30)
+            runner = ActuationRunner({}, Ledger(":memory:"))
+            ctl = Controller(policy, [PrometheusSource(prom.url, policy, timeout_s=2)], interval_s=0.5, runner=runner)
+            api = ApiServer(ctl, "127.0.0.1", free_port(), runner=runner).start()
+            th = threading.Thread(target=ctl.run, daemon=True)
+            th.start()
+            try:
+                wait(lambda: (h := ctl.published.health) is not None
+                     and all((t := h.get(n)) is not None and t.value is not None for n in sim.fleet.nodes), 40,
+                     "a known fleet")
+                exporter.inject({"kind": "xid79_off_bus", "target": "node-02/gpu3", "onset": 0})
+                exporter.inject({"kind": "exporter_outage", "target": "node-05", "onset": 0})
+                exporter.advance(scenario.step)
+                wait(lambda: ctl.state.entities["node-02"].state.value == "QUARANTINED", 30, "node-02 quarantined")
+                wait(lambda: (h := ctl.published.health) is not None and (t := h.get("node-05")) is not None
+                     and t.value is None, 30, "node-05 unknown")
+                assert httpx.get(f"{api.url}/").status_code == 200
+                dom = chromium(tmp_path, "--dump-dom", f"{api.url}/")
+                row = {m.group(1): m.group(0) for m in re.finditer(r'<tr data-entity="([^"]+)"[^>]*>', dom)}
+                assert 'data-state="QUARANTINED"' in row["node-02"] and 'data-reason="gate:' in row["node-02"]
+                assert 'data-known="0"' in row["node-05"] and 'data-known="1"' in row["node-01"]
+                node05 = dom[dom.index('data-entity="node-05"'):]
+                node05 = node05[:node05.index("</tr>")]
+                assert 'class="c unknown"' in node05 and ">?<" in node05  # hatched and marked, not a colour
+                assert 'id="pool-train-a"' in dom and 'id="pool-serve-a"' in dom and 'id="feed"' in dom
+                assert "QUARANTINED" in dom and "kill switch: off" in dom
+                ent = chromium(tmp_path, "--dump-dom", f"{api.url}/entity/node-02")
+                assert "QUARANTINED" in ent and "gate:" in ent and "runbook" in ent and 'id="explain"' in ent
+                assert httpx.get(f"{api.url}/entity/nope").status_code == 404
+                shots = Path(os.environ.get("FLEETHEALTH_SHOTS") or tmp_path)
+                shots.mkdir(parents=True, exist_ok=True)
+                for w, h in ((1280, 1000), (390, 1400)):
+                    out = shots / f"fleet-view-{w}.png"
+                    chromium(tmp_path, f"--screenshot={out}", f"--window-size={w},{h}", f"{api.url}/")
+                    assert out.stat().st_size > 5000
+                chromium(tmp_path, f"--screenshot={shots / 'entity-390.png'}", "--window-size=390,1200",
+                         f"{api.url}/entity/node-02")
+            finally:
+                ctl.stop()
+                th.join(10)
+                api.stop()
+    finally:
+        exporter.stop()
