@@ -1,6 +1,6 @@
 """The fleet view (GET / and /entity/NAME on the controller's port) in a real headless Chromium, against a
 controller scoring the simulator through a real Prometheus: a GPU off the bus on node-02 (gated,
-QUARANTINED), node-05's exporter dead (unknown). DOM checks on what Chromium rendered, and screenshots at a
+QUARANTINED), node-05's exporter dead (unknown), node-06 asked for a drain and reset (DRAINING). DOM checks on what Chromium rendered, and screenshots at a
 laptop and a phone width (kept in $FLEETHEALTH_SHOTS when set)."""
 
 from __future__ import annotations
@@ -66,14 +66,21 @@ def test_fleet_view_in_chromium(tmp_path: Path) -> None:
                      "a known fleet")
                 exporter.inject({"kind": "xid79_off_bus", "target": "node-02/gpu3", "onset": 0})
                 exporter.inject({"kind": "exporter_outage", "target": "node-05", "onset": 0})
+                exporter.inject({"kind": "gpu_reset_required", "target": "node-06/gpu0", "onset": 0,
+                                 "params": {"action": "DRAIN_AND_RESET"}})
                 exporter.advance(scenario.step)
                 wait(lambda: ctl.state.entities["node-02"].state.value == "QUARANTINED", 30, "node-02 quarantined")
+                wait(lambda: any(e.state.value == "DRAINING" for e in ctl.state.entities.values()), 30,
+                     "an entity draining")
+                draining = sorted(e.entity for e in ctl.state.entities.values() if e.state.value == "DRAINING")
                 wait(lambda: (h := ctl.published.health) is not None and (t := h.get("node-05")) is not None
                      and t.value is None, 30, "node-05 unknown")
                 assert httpx.get(f"{api.url}/").status_code == 200
                 dom = chromium(tmp_path, "--dump-dom", f"{api.url}/")
                 row = {m.group(1): m.group(0) for m in re.finditer(r'<tr data-entity="([^"]+)"[^>]*>', dom)}
                 assert 'data-state="QUARANTINED"' in row["node-02"] and 'data-reason="gate:' in row["node-02"]
+                for d in draining:  # node-06, draining for its GPU reset (a replica's drain is not simulated here)
+                    assert 'data-state="DRAINING"' in row[d], row[d]
                 assert 'data-known="0"' in row["node-05"] and 'data-known="1"' in row["node-01"]
                 node05 = dom[dom.index('data-entity="node-05"'):]
                 node05 = node05[:node05.index("</tr>")]
