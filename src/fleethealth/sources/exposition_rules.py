@@ -53,6 +53,10 @@ class SeenSamples:
 
     parts: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]] = field(default_factory=list)
     by_metric: dict[int, list[int]] = field(default_factory=dict)
+    # The scopes (pages) each metric has samples in: a block of other pages cannot repeat them, so its
+    # check skips the earlier parts (parse_many's blocks cover disjoint page groups: without this each
+    # group re-sorted every earlier group's samples of the metric, quadratic in the groups).
+    scopes: dict[int, np.ndarray] = field(default_factory=dict)
 
     def first_at_instant(
         self, mids: np.ndarray, sids: np.ndarray, ts: np.ndarray, distinct: bool, scope: np.ndarray | None = None,
@@ -62,10 +66,11 @@ class SeenSamples:
         n = mids.shape[0]
         if n == 0:
             return None
-        again = [m for m in _metrics(mids) if m in self.by_metric]
+        sc = scope if scope is not None else np.zeros(n, np.int64)
+        again = [m for m in _metrics(mids) if m in self.by_metric and self._overlaps(m, sc)]
         if not again and distinct:
             return None
-        cols = [mids, sids, ts, scope if scope is not None else np.zeros(n, np.int64)]
+        cols = [mids, sids, ts, sc]
         earlier = sorted({p for m in again for p in self.by_metric[m]})
         if earlier:
             pm = np.concatenate([self.parts[p][0] for p in earlier])
@@ -95,8 +100,22 @@ class SeenSamples:
             return
         part = len(self.parts)
         self.parts.append((mids, sids, ts, scope))
+        sc = scope if scope is not None else np.zeros(1, np.int64)
+        top = int(sc.max()) + 1
         for m in _metrics(mids):
             self.by_metric.setdefault(m, []).append(part)
+            mask = self.scopes.get(m)
+            if mask is None or mask.shape[0] < top:
+                grown = np.zeros(max(top, 2 * (0 if mask is None else mask.shape[0])), bool)
+                if mask is not None:
+                    grown[: mask.shape[0]] = mask
+                self.scopes[m] = mask = grown
+            mask[sc] = True
+
+    def _overlaps(self, m: int, sc: np.ndarray) -> bool:
+        """Whether metric m has earlier samples in any of these scopes."""
+        mask = self.scopes[m]
+        return bool(mask[sc[sc < mask.shape[0]]].any())
 
 
 def _metrics(mids: np.ndarray) -> list[int]:
