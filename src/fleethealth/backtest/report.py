@@ -211,7 +211,8 @@ def _heatmap_svg(run: BacktestRun, mat: np.ndarray, width: int = 1240, max_cols:
     n = mat.shape[0]
     cols = min(max_cols, n)
     edges = np.linspace(0, n, cols + 1).astype(int)
-    row_h = max(3, min(9, 560 // max(n_rows, 1)))
+    # 9 px rows (labels readable on every row) up to 400 rows; the page scrolls rather than shrinking them
+    row_h = 9 if n_rows <= 400 else max(3, 3600 // n_rows)
     x0, y0 = 128, 6
     cw = (width - x0 - 10) / cols
     height = y0 + n_rows * row_h + 28
@@ -249,13 +250,14 @@ def render_report(run: BacktestRun, result: dict[str, Any]) -> str:
     mat = run.timeline.matrix()
     arms: list[tuple[str, dict[str, Any]]] = [(PRODUCT, result)] + list(result.get("baselines", {}).items())
     when = datetime.fromtimestamp(run.start, UTC).strftime("%Y-%m-%d %H:%M UTC")
-    out = ["<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
+    out = ["<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
+           "<meta name='viewport' content='width=device-width, initial-scale=1'>",
            f"<title>fleethealth backtest: {_esc(sc.name)}</title><style>{CSS}</style></head><body>"]
     out.append(f"<h1 id='title'>Backtest: {_esc(sc.name)}</h1>")
     out.append(f"<p class='sub'>{_esc(sc.description)}<br>{run.gpus} GPUs, {len(run.nodes)} nodes, "
                f"{len(run.replica_node)} serving replicas; {_dur(run.end - run.start)} simulated from {when} at "
                f"{run.step_s:.0f} s telemetry, decisions every {run.cycle_s:.0f} s (and on every Xid/OOM event); "
-               f"policy {_esc(result.get('policy_version', ''))}; seed {sc.seed}.</p>")
+               f"policy {_esc(result.get('policy_version', ''))}; random seed {sc.seed}.</p>")
     # verdict
     out.append("<div id='targets'>")
     for k, ok in result.get("targets", {}).items():
@@ -337,7 +339,7 @@ def render_report(run: BacktestRun, result: dict[str, Any]) -> str:
     out.append("<div class='legend'>" + "".join(
         f"<span><i style='background:{_colour(v)}'></i>{v:.1f}</span>" for v in (1.0, 0.85, 0.7, 0.5, 0.3, 0.0))
         + "<span><i style='background:#adb5bd'></i>unknown</span></div>")
-    out.append(_heatmap_svg(run, mat))
+    out.append(f"<div style='overflow-x:auto'>{_heatmap_svg(run, mat)}</div>")
     out.append(f"<p class='note'>fleethealth backtest; {run.steps} telemetry steps, "
                f"{result.get('cycles', 0)} decision cycles; {run.cpu_s:.1f} CPU s.</p></body></html>")
     return "".join(out)
