@@ -47,6 +47,7 @@ tr.product td{font-weight:600;background:#f3f8ff} .ok{color:#2b8a3e} .bad{color:
 .legend span{display:inline-block;margin-right:14px;font-size:12px}
 .legend i{display:inline-block;width:12px;height:12px;margin-right:4px;vertical-align:-1px;border:1px solid #ced4da}
 svg text{font-family:inherit} .note{font-size:12px;color:#6c757d}
+@media (max-width:700px){body{padding:8px} table{display:block;overflow-x:auto} svg:not(.heatmap){max-width:100%;height:auto}}
 """
 
 
