@@ -56,7 +56,8 @@ def test_values_and_confidence_in_range(states, consumer) -> None:
     for t in fh:
         assert t.value is None or 0.0 <= t.value <= 1.0
         assert 0.0 <= t.confidence <= 1.0
-        assert (t.value is None) == (t.reason == "no_fresh_data" or t.reason.startswith("missing:"))
+        assert t.value is not None or t.reason == "no_fresh_data" or t.reason.startswith("missing:")
+        assert t.value is None or t.reason != "no_fresh_data"
         for c in t.categories.values():
             assert c is None or 0.0 <= c <= 1.0
 

@@ -3,12 +3,10 @@ score``: missing data is never healthy. What the structural tracker and the cont
 a fresh read, the tracker's memory kept in the state store across a restart) is tested in
 test_sources_structural.py and test_controller_restart.py. An expected GPU that is unknown makes its node unknown (``missing:gpuN``);
 a signal that needs two samples (a rate, a burn rate) seen while its exporter reports fresh is expected
-and not yet fresh (``pending:<signals>``). The rank-only node waits for the peers rule and is a strict
-xfail until it is built: it fails on today's engine and must pass then."""
+and not yet fresh (``pending:<signals>``); a family most GPUs carry is expected of every GPU (peers:
+``missing:<family>``). Each test failed on the engine before these rules."""
 
 from __future__ import annotations
-
-import pytest
 
 from fleethealth.policy import default_policy
 from fleethealth.score.engine import score_snapshot
@@ -16,7 +14,6 @@ from fleethealth.signals.snapshot import SnapshotBuilder
 
 POL = default_policy()
 NOW = 1_000_000.0
-ENGINE_SIDE = "issue 14 item 1, engine side (peers: a family most peers carry is expected): not built"
 
 
 def _gpu(b: SnapshotBuilder, node: str, g: int, t: float) -> None:
@@ -27,7 +24,7 @@ def _gpu(b: SnapshotBuilder, node: str, g: int, t: float) -> None:
     b.add("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", lab, 0.0, t)
 
 
-@pytest.mark.xfail(strict=True, reason=ENGINE_SIDE)
+
 def test_a_node_whose_dcgm_exporter_is_gone_while_its_ranks_report_is_not_confident() -> None:
     """``fleethealth score`` on four nodes' pages, n4 with rank timings only: n4 read 1.000, confidence
     1.00. Its peers (the job's other nodes) carry the DCGM family: on n4 it is expected and missing."""
@@ -38,9 +35,11 @@ def test_a_node_whose_dcgm_exporter_is_gone_while_its_ranks_report_is_not_confid
                 _gpu(b, node, g, NOW)
             b.add("fleethealth_rank_compute_seconds", {"job": "train", "rank": str(8 * i + g), "node": node,
                                                        "gpu": str(g), "peer_group": "s0"}, 0.5, NOW)
-    n4 = score_snapshot(b.build(NOW), POL, NOW).tuples["n4"]
+    fh = score_snapshot(b.build(NOW), POL, NOW)
+    n4 = fh.tuples["n4"]
     assert n4.value is None or n4.confidence < POL.lifecycle.min_confidence
-    assert n4.reason.startswith("missing:")
+    assert n4.reason == "missing:DCGM"
+    assert fh.tuples["n1"].confidence > POL.lifecycle.min_confidence and fh.tuples["n1"].reason == "min:hardware"
 
 
 def test_a_gpu_that_fell_off_the_bus_is_not_left_out_of_its_nodes_minimum() -> None:

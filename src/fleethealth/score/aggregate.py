@@ -151,7 +151,7 @@ def _aggregate(
     a caller may change in place (per-entity vectors, flags, category list) is its own copy."""
     base = cache.get(kind) if cache is not None else None
     if base is None:
-        base = _aggregate_base(names, specs, results, categories, critical_zeroes, mats, kept)
+        base = _aggregate_base(names, specs, results, categories, critical_zeroes, mats, kept, peers=kind == "gpu")
         if cache is not None:
             cache[kind] = base
     m = len(specs)
@@ -203,6 +203,7 @@ class _SpecPlan:
     _cat_reasons: dict[str, np.ndarray] = field(default_factory=dict)
     two: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))  # needs two samples (rate, burn rate)
     names: list[str] = field(default_factory=list)
+    fams: list[str] = field(default_factory=list)
     # (seen, fresh, expected, n expected, n fresh, confidence, per multi category (weight > 0, weight
     # sum or 1)): the last masks' consequences (see _aggregate_base)
     fixed: tuple[Any, ...] | None = None
@@ -262,6 +263,7 @@ def _spec_plan_of(kept: Kept | None, specs: list[SignalSpec], categories: list[s
     )
     plan.two = np.array([s.shape == "slo" or (s.kind == "counter" and s.shape != "xid") for s in specs], bool)
     plan.names = [s.name for s in specs]
+    plan.fams = fams
     if kept is not None:
         if len(kept.spec_plans) > 64:
             kept.spec_plans.clear()
@@ -271,7 +273,7 @@ def _spec_plan_of(kept: Kept | None, specs: list[SignalSpec], categories: list[s
 
 def _aggregate_base(
     names: list[str], specs: list[SignalSpec], results: list[_SignalResult], categories: list[str],
-    critical_zeroes: bool, mats: _Mats | None = None, kept: Kept | None = None,
+    critical_zeroes: bool, mats: _Mats | None = None, kept: Kept | None = None, peers: bool = False,
 ) -> _Base:
     # Signals x entities: each signal's column is one contiguous row, so stacking is a memcpy per signal
     # and a category is a block of rows; the entities x signals views handed out are transposes. With
@@ -294,6 +296,16 @@ def _aggregate_base(
         for fi, rows in enumerate(plan.fam_rows):
             fam_seen[fi] = seen_t[rows[0]] if rows.size == 1 else seen_t[rows].any(axis=0)
             fam_fresh[fi] = fresh_t[rows[0]] if rows.size == 1 else fresh_t[rows].any(axis=0)
+        # Peers (GPUs): a family most of the kind's entities carry is expected of every one of them, so a
+        # GPU whose dcgm-exporter is gone while its training rank reports is not confident.
+        peer_missing: dict[int, str] = {}
+        if peers and n and m:
+            carried = np.asarray(fam_seen.mean(axis=1) > 0.5, bool)
+            has_data = np.asarray(fam_seen.any(axis=0), bool)
+            lacking = carried[:, None] & ~fam_seen & has_data[None, :]
+            for e in np.flatnonzero(lacking.any(axis=0)).tolist():
+                peer_missing[e] = "missing:" + ",".join(plan.fams[fi] for fi in np.flatnonzero(lacking[:, e]).tolist())
+            fam_seen = fam_seen | carried[:, None]
         expected_t = (plan.exp_flag[:, None] & fam_seen[plan.fam_ix]) | fresh_t if m else np.zeros((0, n), bool)
         # A signal that needs two samples (a rate, a burn rate) seen on an entity whose exporter reports
         # fresh (its family has a fresh signal) is expected and not yet fresh, optional or not.
@@ -303,6 +315,7 @@ def _aggregate_base(
         pending: dict[int, str] = {}
         for e in np.flatnonzero((pending_t & ~plan.exp_flag[:, None]).any(axis=0)).tolist():
             pending[e] = "pending:" + ",".join(plan.names[j] for j in np.flatnonzero(pending_t[:, e]).tolist())
+        pending.update(peer_missing)
         n_exp = expected_t.sum(axis=0)
         n_fresh = fresh_t.sum(axis=0)  # fresh implies expected
         with np.errstate(invalid="ignore", divide="ignore"):
