@@ -35,8 +35,10 @@ def test_every_builtin_scenario_matches_the_reference(name: str) -> None:
     """Faults start 5 minutes in and every 5 minutes after: drawn blocks are cut short by onsets and ends,
     and the draws consumed so far are replayed before the step that leaves the quiet regime."""
     sc = compress(load_scenario(name), lead_s=300.0, tail_s=600.0, gap_s=300.0)
-    if any(getattr(FAULT_CLASSES[f.kind], "adjusts_output", False) for f in sc.faults):
-        pytest.skip("exporter faults (frozen values, clock skew) change what is served: the oracle predates them")
+    if (any(getattr(FAULT_CLASSES[f.kind], "adjusts_output", False) for f in sc.faults)
+            or sc.fleet.pcie_link_fields or any(p.dcgm_fields for p in sc.fleet.pools)):
+        pytest.skip("exporter faults (frozen values, clock skew) and exporter fields (PCIe link, per pool) change "
+                    "what is served: the oracle predates them")
     sc = sc.with_overrides(duration=min(sc.duration, 2400.0))
     sim = lockstep(sc, sc.n_steps)
     assert sim.k == sc.n_steps - 1

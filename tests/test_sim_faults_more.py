@@ -135,7 +135,37 @@ def test_clock_skew_shifts_one_nodes_timestamps_only() -> None:
 def test_builtin_scenarios_for_each_new_pattern_load() -> None:
     kinds: set[str] = set()
     for name in ("sbe-climb", "slow-rank-host", "intermittent-nvlink", "silent-hang", "rack-cooling",
-                 "frozen-exporter", "clock-skew"):
+                 "frozen-exporter", "clock-skew", "pcie-downtrain"):
         assert name in builtin_names()
         kinds |= {f.kind for f in load_scenario(name).faults}
     assert kinds == set(NEW)
+
+
+POOLS = [{"name": "train", "nodes": 4, "workload": "training", "jobs": [{"name": "job-a", "pp": 2}]},
+         {"name": "serve", "nodes": 2, "workload": "serving", "dcgm_fields": "default",
+          "serving": {"model": "llama3-8b", "gpus_per_replica": 4}}]
+
+
+def test_pcie_downtrain_shows_in_the_link_fields_and_retrains_at_the_end() -> None:
+    fault = {"kind": "slow_rank", "target": "node-01/gpu2", "onset": 30, "end": 120, "params": {"cause": "pcie"}}
+    sim = Simulation(small_scenario([fault], pcie_link_fields=True, pools=POOLS))
+    s = run(sim, 6)[-1]
+    assert values(s, "DCGM_FI_DEV_PCIE_LINK_GEN", Hostname="node-01") == [5.0, 5.0, 3.0] + [5.0] * 5
+    assert values(s, "DCGM_FI_DEV_PCIE_LINK_WIDTH", Hostname="node-01", gpu="2") == [8.0]
+    assert values(s, "DCGM_FI_DEV_PCIE_MAX_LINK_GEN", Hostname="node-01", gpu="2") == [5.0]
+    assert values(s, "DCGM_FI_DEV_PCIE_MAX_LINK_WIDTH", Hostname="node-01", gpu="2") == [16.0]
+    back = run(sim, 4)[-1]
+    assert values(back, "DCGM_FI_DEV_PCIE_LINK_WIDTH", Hostname="node-01", gpu="2") == [16.0]
+    plain = Simulation(small_scenario())  # off by default: no link rows, as before
+    assert values(run(plain, 1)[-1], "DCGM_FI_DEV_PCIE_LINK_GEN") == []
+
+
+def test_a_pool_on_the_default_field_list_lacks_the_optional_fields() -> None:
+    sim = Simulation(small_scenario(pools=POOLS))
+    s = run(sim, 3)[-1]
+    for m in ("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
+              "DCGM_FI_DEV_ROW_REMAP_PENDING"):
+        assert values(s, m, Hostname="node-04") == [] and len(values(s, m, Hostname="node-01")) == 8
+    for m in ("DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_PCIE_REPLAY_COUNTER"):
+        assert len(values(s, m, Hostname="node-04")) == 8
+    assert "ECC_SBE" not in sim.render_node("node-04") and "ECC_SBE" in sim.render_node("node-01")

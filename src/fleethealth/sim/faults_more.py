@@ -64,17 +64,30 @@ class SbeClimb(Fault):
 
 class SlowRank(Fault):
     """A rank runs slow for a reason no GPU sensor sees (param ``cause``: host, the default, a CPU or
-    memory-bandwidth problem on the host; nic, a degraded network card): its compute time grows by
-    ``slowdown`` (default 4 %) with no temperature, clock, power or clock-event change, so only the
-    rank-time peer comparison can find it. Target a node (all its ranks) or ``node/gpuN`` (one rank)."""
+    memory-bandwidth problem on the host; nic, a degraded network card; pcie, the GPU's PCIe link
+    downtrained, to ``link_gen`` x ``link_width``, default Gen3 x8, which DCGM_FI_DEV_PCIE_LINK_GEN /
+    _LINK_WIDTH show below their device maxima where the fleet has ``pcie_link_fields: true``): its
+    compute time grows by ``slowdown`` (default 4 %) with no temperature, clock, power or clock-event
+    change, so only the rank-time peer comparison (or the link fields) can find it. Target a node (all
+    its ranks) or ``node/gpuN`` (one rank)."""
 
     kind = "slow_rank"
 
     def setup(self) -> None:
         cause = str(self.param("cause", "host"))
-        if cause not in ("host", "nic"):
-            raise ValueError(f"slow_rank: cause {cause!r}: expected host or nic")
+        if cause not in ("host", "nic", "pcie"):
+            raise ValueError(f"slow_rank: cause {cause!r}: expected host, nic or pcie")
         self.cause = cause
+
+    def start(self, sim: Simulation, t: float) -> None:
+        if self.cause == "pcie":
+            for g in self.t.gpus:
+                sim.set_pcie_link(g, float(self.param("link_gen", 3)), float(self.param("link_width", 8)))
+
+    def stop(self, sim: Simulation, t: float) -> None:
+        if self.cause == "pcie":
+            for g in self.t.gpus:
+                sim.set_pcie_link(g, 5.0, 16.0)
 
     def apply(self, sim: Simulation, t: float, eff: Effects) -> None:
         eff.compute_mul[self.t.gpus] *= 1.0 + float(self.param("slowdown", 0.04)) * self.m

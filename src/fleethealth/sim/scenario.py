@@ -32,7 +32,9 @@ Per-kind params (all optional): thermal_drift ramp_s, max_severity; xid79_off_bu
 nvlink_errors hang_after_s, xid_every_s; xid13_bad_kernel per_node_per_hour, xid; bad_driver_rollout
 driver, rollout_s, delay_s, fraction; serving_build_regression ttft_factor, itl_factor, error_rate;
 cuda_oom class (single_request | batch_overload | fragmentation | driver), count, interval_s, xid;
-stage_imbalance stage_weights; seq_imbalance sigma; replica_restart gap_s. GPU-level faults take
+stage_imbalance stage_weights; seq_imbalance sigma; replica_restart gap_s; sbe_climb base_per_s, doubling_s,
+fault_after_s; slow_rank cause (host | nic | pcie), slowdown, link_gen, link_width; intermittent signal
+(nvlink | pcie), duty, period_s; cooling_event ramp_s, max_c; clock_skew skew_s. GPU-level faults take
 ``gpu: N`` when the target is a whole node. ``magnitude`` scales every fault's effect.
 """
 
@@ -119,6 +121,9 @@ class PoolSpec(Strict):
     jobs: list[JobSpec] = Field(default_factory=list)
     serving: ServingSpec | None = None
     driver_version: str | None = None  # default: the fleet's
+    # this pool's exporter field list (default: the fleet's); a pool on dcgm-exporter's default list
+    # lacks ECC, NVLink, violation, row-remap and recovery-action fields while other pools have them
+    dcgm_fields: Literal["full", "default"] | None = None
 
     @model_validator(mode="after")
     def _check(self) -> PoolSpec:
@@ -141,6 +146,9 @@ class FleetSpec(Strict):
     # full: every field the simulator knows (a tuned exporter); default: dcgm-exporter's default counter
     # list, without ECC, NVLink, violation, row-remap and recovery-action fields
     dcgm_fields: Literal["full", "default"] = "full"
+    # export DCGM_FI_DEV_PCIE_LINK_GEN / _LINK_WIDTH and the device maxima (Gen5 x16 unless a fault
+    # downtrains a link); off by default, so recordings made before these fields stay as they were
+    pcie_link_fields: bool = False
     pools: list[PoolSpec] = Field(min_length=1)
 
     @field_validator("pools")

@@ -68,6 +68,10 @@ DEFAULT_DCGM_FIELDS = frozenset({
     "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_XID_ERRORS", "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
     "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
 })
+# PCIe link state (exported with FleetSpec.pcie_link_fields): current and device-maximum generation, width
+PCIE_LINK_GAUGES = ["DCGM_FI_DEV_PCIE_LINK_GEN", "DCGM_FI_DEV_PCIE_LINK_WIDTH", "DCGM_FI_DEV_PCIE_MAX_LINK_GEN",
+                    "DCGM_FI_DEV_PCIE_MAX_LINK_WIDTH"]
+PCIE_LINK_DEFAULT = (5.0, 16.0, 5.0, 16.0)  # H100 SXM: PCIe Gen5 x16
 XID_COUNT = "DCGM_EXP_XID_ERRORS_COUNT"
 RANK_COMPUTE = "fleethealth_rank_compute_seconds"
 RANK_STEP = "fleethealth_rank_step_seconds"
@@ -83,8 +87,8 @@ NODE_INFO = "fleethealth_node_info"
 REPLICA_INFO = "fleethealth_replica_info"
 
 # Metric kinds for exposition (# TYPE); histogram families keyed by their base name.
-METRIC_TYPES: dict[str, str] = {m: "gauge" for m in GPU_GAUGES + REPLICA_GAUGES + [RANK_COMPUTE, RANK_STEP,
-                                                                                    NODE_INFO, REPLICA_INFO]}
+METRIC_TYPES: dict[str, str] = {m: "gauge" for m in GPU_GAUGES + REPLICA_GAUGES + PCIE_LINK_GAUGES + [
+    RANK_COMPUTE, RANK_STEP, NODE_INFO, REPLICA_INFO]}
 METRIC_TYPES |= {m: "counter" for m in GPU_COUNTERS + REPLICA_COUNTERS + [XID_COUNT, SUCCESS]}
 METRIC_TYPES |= {TTFT: "histogram", ITL: "histogram"}
 
@@ -381,6 +385,9 @@ class Simulation:
         self._build_layout()
         self._init_state()
         self._bind(fill=True)
+        if self.fleet.spec.pcie_link_fields:
+            for m, val in zip(PCIE_LINK_GAUGES, PCIE_LINK_DEFAULT, strict=True):
+                self._v[m].fill(val)
         self.faults: list[Fault] = []
         for i, fs in enumerate(scenario.faults):
             try:
@@ -452,7 +459,8 @@ class Simulation:
         G = f.n_gpus
         gpn = f.gpus_per_node
         gpus = self._entities([self._gpu_labels(g) for g in range(G)], [g // gpn for g in range(G)], list(range(G)))
-        default_only = f.spec.dcgm_fields == "default"
+        pool_fields = {p.name: p.dcgm_fields or f.spec.dcgm_fields for p in f.spec.pools}
+        default_only = all(v == "default" for v in pool_fields.values())
         for m in GPU_GAUGES + GPU_COUNTERS:
             self._add_rows(m, "gpu", gpus, emit=not default_only or m in DEFAULT_DCGM_FIELDS)
         rank_gpu = f.rank_gpu.tolist()
@@ -488,6 +496,9 @@ class Simulation:
         self._add_rows(REPLICA_INFO, "replica", self._entities([{
             "replica": rep.name, "node": f.nodes[rep.node], "build": rep.build, "model": rep.model,
         } for rep in f.replicas], rep_node, rep=[rep.index for rep in f.replicas]))
+        if f.spec.pcie_link_fields:
+            for m in PCIE_LINK_GAUGES:
+                self._add_rows(m, "gpu", gpus)
         self.up_metric = self.intern.metric("up")
         self.up_series = np.array(
             [self.intern.series({"instance": self._instance(n), "job": "fleethealth-sim"}) for n in range(f.n_nodes)],
@@ -495,6 +506,16 @@ class Simulation:
         self.xid_metric = self.intern.metric(XID_COUNT)
         self.intern.frozen = True
         self.n_static = self._n_rows
+        # pools whose exporter is on the default field list while others export more: their extra rows
+        # are computed as everywhere else and dropped from what is served (None: nothing to drop)
+        self._field_keep: np.ndarray | None = None
+        if not default_only and "default" in pool_fields.values():
+            lacks = np.array([pool_fields[p] == "default" for p in f.node_pool], bool)
+            keep = np.ones(self._n_rows, bool)
+            for b in self.blocks:
+                if b.kind == "gpu" and b.metric in GPU_GAUGES + GPU_COUNTERS and b.metric not in DEFAULT_DCGM_FIELDS:
+                    keep[b.start:b.stop] = ~lacks[np.arange(G) // gpn]
+            self._field_keep = keep
         self.row_series, self.row_metric, self.row_node, self.row_gpu, self.row_rep = (
             np.concatenate(c) for c in zip(*self._row_parts, strict=True))
         del self._row_parts
@@ -734,6 +755,13 @@ class Simulation:
         self.add_event("xid", f.gpu_entity(g), g // f.gpus_per_node, t,
                        {"xid": xid, "pci_bus_id": bus_id(g % f.gpus_per_node), "line": line}, "")
 
+    def set_pcie_link(self, g: int, gen: float, width: float) -> None:
+        """GPU ``g``'s PCIe link now runs at ``gen`` x ``width`` (a downtrain, or its retrain back); a gauge
+        no step rewrites, so it holds until changed. A no-op where the fleet exports no link fields."""
+        if self.fleet.spec.pcie_link_fields:
+            self._v["DCGM_FI_DEV_PCIE_LINK_GEN"][g] = gen
+            self._v["DCGM_FI_DEV_PCIE_LINK_WIDTH"][g] = width
+
     def add_event(self, kind: str, entity: str, node: int, t: float, ctx: dict, truth: str) -> None:
         if self._event_ts and t < self._event_ts[-1]:
             self._events_sorted = False
@@ -943,6 +971,10 @@ class Simulation:
             keep[-n_up:] = True  # `up` itself is always there: 0 for a target that failed its scrape
             for n, why in sorted(eff.node_reason.items()):
                 errors.append(InputIssue(f"target {self._instance(n)}", 0, why))
+        if self._field_keep is not None:
+            fk = np.ones(len(row_node), bool)
+            fk[: self.n_static] = self._field_keep
+            keep = fk if keep is None else keep & fk
         if any_out:
             # the ranks of a drained node are gone: the job runs on without them
             gone = np.zeros(len(row_node), bool)
