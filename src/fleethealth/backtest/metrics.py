@@ -176,7 +176,7 @@ def score_arm(
     # quarantine episodes: (ts, entity) on entry into QUARANTINED
     quarantines: list[tuple[float, str]] = []
     first_removed: dict[str, float] = {}
-    removals: dict[str, list[float]] = defaultdict(list)
+    removed_times: dict[str, list[float]] = defaultdict(list)
     hard_q: set[tuple[float, str]] = set()  # quarantines that spent the hard-gate budget
     for tr in log.transitions:
         if tr.to_state == State.QUARANTINED and tr.from_state != State.QUARANTINED:
@@ -185,7 +185,7 @@ def score_arm(
                 hard_q.add((tr.ts, tr.entity))
         if tr.to_state in REMOVAL_STATES:
             first_removed.setdefault(tr.entity, tr.ts)
-            removals[tr.entity].append(tr.ts)  # every episode's removal, not only the first
+            removed_times[tr.entity].append(tr.ts)  # every episode's removal, not only the first
 
     tp = fp = grouped = 0
     false_q: list[tuple[float, str, str]] = []
@@ -242,7 +242,7 @@ def score_arm(
         first = cand[0] if cand else None
         removal = None
         # this incident's removal: the first one while it was active (a relapse's episode has its own)
-        rem = [ts for e in keys for ts in removals.get(e, ()) if inc.active(ts, grace_s)]
+        rem = [ts for e in keys for ts in removed_times.get(e, ()) if inc.active(ts, grace_s)]
         if rem:
             removal = min(rem) - inc.onset
         if inc.expected == "quarantine" and inc.faulty and inc.group is None:
