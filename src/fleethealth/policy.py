@@ -229,6 +229,8 @@ class Lifecycle(Strict):
     recovering_ok_above: float = Field(default=0.9, ge=0, le=1)
     max_recoveries: int = Field(default=3, ge=1)
     recovery_window_s: float = Field(default=7 * 86400.0, gt=0)
+    # a GPU that needs this many row-remap resets within recovery_window_s is paged for repair (each still reset)
+    max_row_remaps: int = Field(default=2, ge=1)
     active_test: list[str] = Field(default_factory=lambda: ["dcgm_diag_r2", "nccl_bandwidth"])
     warming_s: float = Field(default=60.0, ge=0)
     # after an OOM from batch overload (concurrency limited), a replica's score-driven quarantine is held

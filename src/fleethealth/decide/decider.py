@@ -897,6 +897,22 @@ class Decider:
             c.emit(IntentKind.SCHEDULE_RESET, eid, "row_remap_pending",
                    {"action": "GPU_RESET", "when": "next_safe_point", "drain": True, "gpus": gpus,
                     "flags": sorted(flags)}, Tier.NODE)
+            self._recurring_remaps(c, es, gpus)
+
+    def _recurring_remaps(self, c: _Cycle, es: EntityLifecycle, gpus: list[str]) -> None:
+        """A GPU whose memory needs row-remap resets again and again is failing: at the
+        ``lifecycle.max_row_remaps``-th within ``recovery_window_s``, page for repair (the reset still
+        goes ahead). A node-level remap (no GPU named) counts for the node."""
+        lc = self.policy.lifecycle
+        es.remaps = [r for r in es.remaps if c.now - float(r[0]) < lc.recovery_window_s] + [[c.now, list(gpus)]]
+        for g in gpus or [es.entity]:
+            times = [float(r[0]) for r in es.remaps if g in r[1] or (not r[1] and g == es.entity)]
+            if len(times) >= lc.max_row_remaps:
+                c.emit(IntentKind.PAGE, g, "recurring:row_remap",
+                       {"severity": "page", "node": es.entity, "gpu": g, "remaps": len(times),
+                        "first": min(times), "window_s": lc.recovery_window_s, "action": "repair",
+                        "summary": f"{g}: {len(times)} row-remap resets in {lc.recovery_window_s / 86400:g} days; "
+                                   "its memory keeps failing, schedule a repair (RMA)"})
 
     def _oom(self, c: _Cycle, e: Event) -> str | None:
         """Classify a CUDA OOM with ``decide.oom``. The small actions (reject, limit concurrency, rebuild a

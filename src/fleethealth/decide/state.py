@@ -41,6 +41,7 @@ class EntityLifecycle:
     # the repair ladder in progress (decide.ladder): which ladder, step, phase, since, history
     repair: dict[str, Any] | None = None
     blocked_since: float | None = None  # when the wanted remediation was first held back (oldest first)
+    remaps: list[list[Any]] = field(default_factory=list)  # node: [ts, gpus] of each row-remap reset scheduled
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -52,7 +53,7 @@ class EntityLifecycle:
             "no_new_work": self.no_new_work, "flagged": self.flagged, "blocked": self.blocked,
             "reset_scheduled": self.reset_scheduled, "absent_since": self.absent_since,
             "overload_until": self.overload_until, "repair": self.repair,
-            "blocked_since": self.blocked_since,
+            "blocked_since": self.blocked_since, "remaps": [list(x) for x in self.remaps],
         }
 
     def copy(self) -> EntityLifecycle:
@@ -63,6 +64,7 @@ class EntityLifecycle:
             list(self.recoveries), dict(self.labels), self.last_value, self.last_confidence, self.last_reason,
             self.last_known_ts, self.weight, self.no_new_work, self.flagged, self.blocked, self.reset_scheduled,
             self.absent_since, self.overload_until, repair=self.repair, blocked_since=self.blocked_since,
+            remaps=[list(x) for x in self.remaps],
         )
 
     def seen(self, value: float | None, confidence: float, reason: str, ts: float) -> EntityLifecycle:
@@ -73,7 +75,7 @@ class EntityLifecycle:
             self.entity, self.kind, self.state, self.since, self.timers, self.transitions, self.recoveries,
             self.labels, value, confidence, reason, ts, self.weight, self.no_new_work, self.flagged,
             self.blocked, self.reset_scheduled, self.absent_since, self.overload_until, repair=self.repair,
-            blocked_since=self.blocked_since,
+            blocked_since=self.blocked_since, remaps=self.remaps,
         )
 
     @staticmethod
@@ -89,6 +91,7 @@ class EntityLifecycle:
             blocked=d.get("blocked"), reset_scheduled=bool(d.get("reset_scheduled", False)),
             absent_since=d.get("absent_since"), overload_until=d.get("overload_until"),
             repair=d.get("repair"), blocked_since=d.get("blocked_since"),
+            remaps=[list(x) for x in d.get("remaps", [])],
         )
 
 
