@@ -88,7 +88,9 @@ def test_fleet_view_in_chromium(tmp_path: Path) -> None:
                 assert 'id="pool-train-a"' in dom and 'id="pool-serve-a"' in dom and 'id="feed"' in dom
                 assert "QUARANTINED" in dom and "kill switch: off" in dom
                 ent = chromium(tmp_path, "--dump-dom", f"{api.url}/entity/node-02")
-                assert "QUARANTINED" in ent and "gate:" in ent and "runbook" in ent and 'id="explain"' in ent
+                assert "QUARANTINED" in ent and "gate:" in ent and "runbook" in ent and 'id="gpus"' in ent
+                gpu_rows = re.findall(r'<tr data-gpu="([^"]+)">.*?</tr>', ent)
+                assert len(gpu_rows) >= 7 and any("gpu3" in g or g.endswith("3") for g in gpu_rows), gpu_rows
                 assert httpx.get(f"{api.url}/entity/nope").status_code == 404
                 shots = Path(os.environ.get("FLEETHEALTH_SHOTS") or tmp_path)
                 shots.mkdir(parents=True, exist_ok=True)

@@ -204,6 +204,19 @@ def render_entity(controller: Any, name: str) -> str | None:
                 parts.append(f'<tr><td>{_e(d.category)}</td><td>{_e(d.signal)}</td><td>{_num(d.score)}</td>'
                              f'<td class="hide-narrow">{_e(d.note)}</td></tr>')
             parts.append("</table></div>")
+    if pub.health is not None and (es is None or es.kind == "node"):
+        gs = [g for g in pub.health.by_kind("gpu") if (g.labels.get("node") or g.entity.split("/")[0]) == name]
+        if gs:
+            parts.append('<h2>GPUs</h2><div class="wrap"><table class="t" id="gpus"><tr><th>GPU</th><th>health</th>'
+                         '<th>reason</th><th class="hide-narrow">signals below 1</th></tr>')
+            for g in sorted(gs, key=lambda g: g.entity):
+                low = ", ".join(f"{d.signal} {_num(d.score)}" for d in g.details
+                                if d.score is not None and d.score < 1.0)
+                cls = ' class="unknown"' if g.value is None else f' style="{colour(g.value)}"'
+                parts.append(f'<tr data-gpu="{_e(g.entity)}"><td>{_e(g.entity)}</td><td{cls}>{_num(g.value)}</td>'
+                             f'<td>{_e(g.reason if g.value is None or g.value < 0.8 else "")}</td>'
+                             f'<td class="hide-narrow">{_e(low)}</td></tr>')
+            parts.append("</table></div>")
     parts.append(_feed(pub, pub.ts, name))
     return _page(f"fleethealth: {name}", "".join(parts))
 
