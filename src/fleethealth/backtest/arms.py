@@ -77,19 +77,22 @@ class SharedHistory:
 Scorer = Callable[[Snapshot, Policy, float, str], Any]
 
 
-def engine_scorer(inventory: dict[str, list[str]] | None, aggregation: str | None = None,
-                  naive: bool = False) -> Scorer:
-    from fleethealth.score.engine import Scorer as EngineScorer
+class EngineScore:
+    """An engine arm's scorer: the engine (``score.Scorer``, what it keeps between cycles) is the
+    lane's, shared by the engine arms that read the lane's views (one evaluation per view for them all,
+    each arm aggregating its own way); an arm forked into a lane of its own gets a scorer of its own."""
 
-    engine = EngineScorer()  # one per arm (and lane): what it keeps serves that stream alone
+    def __init__(self, inventory: dict[str, list[str]] | None, aggregation: str | None, naive: bool,
+                 engine: Any) -> None:
+        self.inventory, self.aggregation, self.naive, self.engine = inventory, aggregation, naive, engine
 
-    def score(view: Snapshot, policy: Policy, now: float, consumer: str) -> Any:
+    def __call__(self, view: Snapshot, policy: Policy, now: float, consumer: str) -> Any:
         with warnings.catch_warnings():
             # a mean over an entity with no category known is NaN (unknown), as it should be; numpy warns
             warnings.simplefilter("ignore", RuntimeWarning)
-            fh = engine.score(view, policy, now, consumer=consumer, inventory=inventory,
-                              aggregation=aggregation)
-        if naive:
+            fh = self.engine.score(view, policy, now, consumer=consumer, inventory=self.inventory,
+                                   aggregation=self.aggregation)
+        if self.naive:
             for ks in fh.kinds.values():
                 unknown = np.isnan(ks.value)
                 if unknown.any():
@@ -99,7 +102,13 @@ def engine_scorer(inventory: dict[str, list[str]] | None, aggregation: str | Non
                 ks.confidence[:] = 1.0
         return fh
 
-    return score
+
+def engine_scorer(inventory: dict[str, list[str]] | None, aggregation: str | None = None,
+                  naive: bool = False, engine: Any = None) -> EngineScore:
+    """An engine arm's scorer on ``engine`` (a ``score.Scorer``; None: one of its own)."""
+    from fleethealth.score.engine import Scorer as EngineScorer
+
+    return EngineScore(inventory, aggregation, naive, engine if engine is not None else EngineScorer())
 
 
 @dataclass(slots=True)

@@ -30,6 +30,7 @@ from fleethealth.backtest.arms import (
     RULE_BASELINES,
     ArmLog,
     EngineArm,
+    EngineScore,
     LivenessArm,
     RuleArm,
     SharedHistory,
@@ -39,6 +40,7 @@ from fleethealth.backtest.arms import (
 from fleethealth.backtest.events import EngineLimits, World, oom_event
 from fleethealth.decide.state import Event
 from fleethealth.policy import Policy
+from fleethealth.score.scorer import Scorer
 from fleethealth.signals.history import SignalHistory
 from fleethealth.sim.scenario import Scenario
 from fleethealth.sim.simulation import Simulation
@@ -221,6 +223,8 @@ class Lane:
             self.engine_arms.remove(arm)
             new.engine_arms.append(arm)
             arm.loop.history = history
+            if isinstance(arm.loop.scorer, EngineScore):
+                arm.loop.scorer.engine = Scorer()  # its own stream now: a scorer of its own
         else:
             self.rule_arms.remove(arm)
             new.rule_arms.append(arm)
@@ -272,10 +276,11 @@ def run_backtest(
         return w
 
     worlds: dict[str, World] = {}
+    lane_engine = Scorer()  # the lane's engine arms read the same views: one evaluation per view
     for name in names:
         if name == PRODUCT or name in ENGINE_BASELINES:
             scorer = engine_scorer(inventory, aggregation="mean" if name == "weighted-mean" else None,
-                                   naive=name == "no-confidence")
+                                   naive=name == "no-confidence", engine=lane_engine)
             worlds[name] = new_world()
             first.engine_arms.append(EngineArm(name, policy, history, scorer, worlds[name]))
     for name in names:
