@@ -13,7 +13,7 @@ from fleethealth.backtest.runner import BacktestRun
 
 # Scenarios where nothing is faulty: any quarantine is a false one (issue 4's targets).
 NO_QUARANTINE = frozenset({"exporter-outage", "rack-partition", "xid13-bad-kernel", "serving-build-regression",
-                           "stage-imbalance", "noise-only"})
+                           "stage-imbalance", "noise-only", "frozen-exporter", "clock-skew"})
 
 
 # Faults whose first sign is a fatal Xid (a hard gate): removed within two scrape intervals.
