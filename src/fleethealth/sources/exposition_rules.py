@@ -115,6 +115,9 @@ class SeenSamples:
     def _overlaps(self, m: int, sc: np.ndarray) -> bool:
         """Whether metric m has earlier samples in any of these scopes."""
         mask = self.scopes[m]
+        lo, hi = int(sc.min()), int(sc.max())
+        if lo >= mask.shape[0] or not mask[lo : hi + 1].any():  # none in the range (a later page group)
+            return False
         return bool(mask[sc[sc < mask.shape[0]]].any())
 
 
