@@ -512,7 +512,9 @@ class BuildRegression(Fault):
 
     def truth(self) -> list[GroundTruth]:
         f = self.fleet
-        out = [self.gt(f.replicas[r].name, "replica", False, "page", "build regression", "build:" + self.t.label)
+        lab = self.t.label
+        grp = lab if lab.startswith("build:") else "build:" + lab  # target build:v0.7.0 is group build:v0.7.0
+        out = [self.gt(f.replicas[r].name, "replica", False, "page", "build regression", grp)
                for r in self.t.replicas]
         out += [self.gt(f.nodes[n], "node", False, "none", "build regression") for n in self.t.nodes]
         return out
