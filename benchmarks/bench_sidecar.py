@@ -4,7 +4,13 @@ second, against a direct connection to the test engine.
 Runs the test engine (tests/fake_engine.py, zero token delay so the engine is not the bottleneck) and the
 sidecar (`fleethealth sidecar`) as separate processes on loopback, and drives both from this process with
 httpx. Usage: ``python benchmarks/bench_sidecar.py [--requests 300] [--tokens 200] [--concurrency 16]
-[--seconds 5]``. Numbers depend on the machine and its load; the report prints what it measured.
+[--seconds 5] [--old /tmp/old-tree]``. Numbers depend on the machine and its load; the report prints what it
+measured.
+
+With ``--old PATH`` (a worktree of an earlier commit, e.g. ``git worktree add /tmp/old HEAD~1``) a second
+sidecar runs from that tree's src/ against the same engine, and every figure is measured for old and new
+alternately (old, new, old, new over ``--rounds``), printed side by side. The old sidecar runs as it shipped:
+uvloop and httptools hidden from it (uvicorn would pick them up by itself) unless ``--old-fast``.
 """
 
 from __future__ import annotations
@@ -113,6 +119,49 @@ async def throughput(base: str, concurrency: int, seconds: float) -> float:
         return done / (time.perf_counter() - t0)
 
 
+HIDE_FAST = """raise ImportError('hidden by bench_sidecar: the old sidecar runs as it shipped')\n"""
+
+
+def start_sidecar(src: Path, upstream: str, port: int, hide_fast: bool, tmp: Path) -> subprocess.Popen[bytes]:
+    path = [str(src)]
+    if hide_fast:  # modules that raise ImportError shadow uvloop and httptools: uvicorn falls back to asyncio+h11
+        shim = tmp / "hide-fast"
+        shim.mkdir(exist_ok=True)
+        for mod in ("uvloop", "httptools"):
+            (shim / f"{mod}.py").write_text(HIDE_FAST)
+        path.insert(0, str(shim))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path + [os.environ.get("PYTHONPATH", "")]),
+           "FLEETHEALTH_ADMIN_TOKEN": "bench"}
+    return subprocess.Popen(
+        [sys.executable, "-m", "fleethealth.cli.main", "sidecar", "--upstream", upstream,
+         "--listen", f"127.0.0.1:{port}", "--log-level", "warning", "--max-concurrency", "1024"], env=env, cwd=tmp)
+
+
+def measure(base: str, pid: int | None, engine_pid: int, a: argparse.Namespace) -> dict[str, float]:
+    """One round of every figure for one target (pid None: the engine directly)."""
+    me = pid or engine_pid
+    out: dict[str, float] = {}
+    c0 = cpu_s(me), cpu_s(engine_pid)
+    lat = asyncio.run(sequential_latency(base, a.requests))
+    c1 = cpu_s(me), cpu_s(engine_pid)
+    n_req = a.requests + 20
+    out["lat_med_ms"] = 1e3 * statistics.median(lat)
+    out["lat_p99_ms"] = 1e3 * pct(lat, 0.99)
+    out["req_cpu_ms"] = 1e3 * (sum(c1[0]) - sum(c0[0])) / n_req
+    out["req_engine_cpu_ms"] = 1e3 * (sum(c1[1]) - sum(c0[1])) / n_req
+    tot, gap = asyncio.run(stream_times(base, a.tokens, a.streams))
+    c2 = cpu_s(me), cpu_s(engine_pid)
+    n_tok = a.tokens * (a.streams + 2)
+    out["tok_cpu_us"] = 1e6 * (sum(c2[0]) - sum(c1[0])) / n_tok
+    out["tok_user_us"] = 1e6 * (c2[0][0] - c1[0][0]) / n_tok
+    out["tok_sys_us"] = 1e6 * (c2[0][1] - c1[0][1]) / n_tok
+    out["tok_engine_cpu_us"] = 1e6 * (sum(c2[1]) - sum(c1[1])) / n_tok
+    out["stream_ms"] = 1e3 * statistics.median(tot)
+    out["gap_us"] = 1e6 * statistics.median(gap)
+    out["rps"] = asyncio.run(throughput(base, a.concurrency, a.seconds))
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--requests", type=int, default=300)
@@ -120,49 +169,60 @@ def main() -> None:
     ap.add_argument("--streams", type=int, default=20)
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--seconds", type=float, default=5.0)
+    ap.add_argument("--rounds", type=int, default=2, help="alternating rounds per target; medians reported")
+    ap.add_argument("--old", type=Path, default=None, help="tree of an earlier commit to measure beside this one")
+    ap.add_argument("--old-fast", action="store_true", help="let the old sidecar use uvloop/httptools too")
     a = ap.parse_args()
 
-    ep, sp = free_port(), free_port()
+    import tempfile
+
+    tmp = Path(tempfile.mkdtemp(prefix="bench-sidecar-"))
+    ep = free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
     engine = subprocess.Popen([sys.executable, str(ROOT / "tests" / "fake_engine.py"), "--port", str(ep)], env=env)
-    side = subprocess.Popen(
-        [sys.executable, "-m", "fleethealth.cli.main", "sidecar", "--upstream", f"http://127.0.0.1:{ep}",
-         "--listen", f"127.0.0.1:{sp}", "--log-level", "warning", "--max-concurrency", "1024"],
-        env={**env, "FLEETHEALTH_ADMIN_TOKEN": "bench"})
-    direct, proxied = f"http://127.0.0.1:{ep}", f"http://127.0.0.1:{sp}"
+    direct = f"http://127.0.0.1:{ep}"
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+    ports: dict[str, int] = {}
     try:
+        if a.old is not None:
+            ports["old"] = free_port()
+            procs["old"] = start_sidecar(a.old.resolve() / "src", direct, ports["old"], not a.old_fast, tmp)
+        ports["new"] = free_port()
+        procs["new"] = start_sidecar(ROOT / "src", direct, ports["new"], False, tmp)
         wait_ok(direct + "/health")
-        wait_ok(proxied + "/readyz")
-        print(f"# fleethealth sidecar benchmark ({os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f})")
-        lat_d = asyncio.run(sequential_latency(direct, a.requests))
-        c0 = cpu_s(side.pid), cpu_s(engine.pid)
-        lat_p = asyncio.run(sequential_latency(proxied, a.requests))
-        c1 = cpu_s(side.pid), cpu_s(engine.pid)
-        n_req = a.requests + 20
-        print(f"request latency (max_tokens=1, {a.requests} sequential): direct median {1e3 * statistics.median(lat_d):.2f} ms "
-              f"p99 {1e3 * pct(lat_d, 0.99):.2f} ms; via sidecar median {1e3 * statistics.median(lat_p):.2f} ms "
-              f"p99 {1e3 * pct(lat_p, 0.99):.2f} ms; added median {1e3 * (statistics.median(lat_p) - statistics.median(lat_d)):.2f} ms")
-        print(f"CPU per proxied request (ms): sidecar {per(c0[0], c1[0], n_req, 1e3)}; "
-              f"engine {per(c0[1], c1[1], n_req, 1e3)} ({n_req} requests)")
-        tot_d, gap_d = asyncio.run(stream_times(direct, a.tokens, a.streams))
-        c2 = cpu_s(side.pid), cpu_s(engine.pid)
-        tot_p, gap_p = asyncio.run(stream_times(proxied, a.tokens, a.streams))
-        c3 = cpu_s(side.pid), cpu_s(engine.pid)
-        n_tok = a.tokens * (a.streams + 2)
-        print(f"CPU per proxied streamed token (us): sidecar {per(c2[0], c3[0], n_tok, 1e6)}; "
-              f"engine {per(c2[1], c3[1], n_tok, 1e6)}")
-        per_tok = (statistics.median(tot_p) - statistics.median(tot_d)) / a.tokens
-        print(f"streaming ({a.tokens} tokens, {a.streams} streams): direct median {1e3 * statistics.median(tot_d):.1f} ms/stream, "
-              f"via sidecar {1e3 * statistics.median(tot_p):.1f} ms/stream; added per token {1e6 * per_tok:.1f} us "
-              f"(mean chunk gap direct {1e6 * statistics.median(gap_d):.1f} us, via sidecar {1e6 * statistics.median(gap_p):.1f} us)")
-        rps_d = asyncio.run(throughput(direct, a.concurrency, a.seconds))
-        rps_p = asyncio.run(throughput(proxied, a.concurrency, a.seconds))
-        print(f"throughput (max_tokens=1, {a.concurrency} concurrent, {a.seconds:g} s): direct {rps_d:.0f} req/s, "
-              f"via sidecar {rps_p:.0f} req/s ({100 * rps_p / rps_d:.0f}% of direct)")
+        for port in ports.values():
+            wait_ok(f"http://127.0.0.1:{port}/readyz")
+        print(f"# fleethealth sidecar benchmark ({os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}; "
+              f"{a.requests} sequential requests, {a.streams} streams of {a.tokens} tokens, "
+              f"{a.concurrency} concurrent for {a.seconds:g} s; {a.rounds} alternating rounds, medians)")
+        results: dict[str, list[dict[str, float]]] = {"direct": [], **{k: [] for k in procs}}
+        for _ in range(a.rounds):
+            results["direct"].append(measure(direct, None, engine.pid, a))
+            for name in procs:
+                results[name].append(measure(f"http://127.0.0.1:{ports[name]}", procs[name].pid, engine.pid, a))
+        med = {k: {f: statistics.median(r[f] for r in rs) for f in rs[0]} for k, rs in results.items()}
+        d = med["direct"]
+        rows = [
+            ("added median latency per request (ms)", lambda m: f"{m['lat_med_ms'] - d['lat_med_ms']:.2f}"),
+            ("median latency / p99 (ms)", lambda m: f"{m['lat_med_ms']:.2f} / {m['lat_p99_ms']:.2f}"),
+            ("sidecar CPU per request (ms)", lambda m: f"{m['req_cpu_ms']:.3f}"),
+            ("sidecar CPU per streamed token (us)", lambda m: f"{m['tok_cpu_us']:.1f}"),
+            ("  of which user / system (us)", lambda m: f"{m['tok_user_us']:.1f} / {m['tok_sys_us']:.1f}"),
+            ("added per streamed token, wall (us)",
+             lambda m: f"{1e3 * (m['stream_ms'] - d['stream_ms']) / a.tokens:.1f}"),
+            ("throughput (req/s, % of direct)", lambda m: f"{m['rps']:.0f} ({100 * m['rps'] / d['rps']:.0f}%)"),
+        ]
+        names = list(procs)
+        print(f"{'':40s}" + "".join(f"{n:>18s}" for n in names))
+        for label, fmt in rows:
+            print(f"{label:40s}" + "".join(f"{fmt(med[n]):>18s}" for n in names))
+        print(f"direct to the engine: median latency {d['lat_med_ms']:.2f} ms, engine CPU per request "
+              f"{d['req_engine_cpu_ms']:.3f} ms, per streamed token {d['tok_cpu_us']:.1f} us, "
+              f"{d['rps']:.0f} req/s")
     finally:
-        for p in (side, engine):
+        for p in (*procs.values(), engine):
             p.send_signal(signal.SIGTERM)
-        for p in (side, engine):
+        for p in (*procs.values(), engine):
             try:
                 p.wait(15)
             except subprocess.TimeoutExpired:
