@@ -304,3 +304,12 @@ def test_the_tp_group_page_says_how_many_are_out_and_who_waits() -> None:
     assert (page.entity, page.params["tp_group"], page.params["isolated"], page.params["limit"]) == (
         "tp_group/g0", "g0", 1, 1)
     assert page.params["wanted"] in ("n00", "n01")
+
+
+def test_a_held_replicas_weight_is_rounded_to_two_decimals() -> None:
+    r = Run()
+    t0 = _warm_replica(r)
+    r.step(t0, [tup("r1", 0.95, kind="replica")], [_overload(t0 - 5)])
+    r.steps(t0 + 15, t0 + 400, 15, lambda t: [tup("r1", 0.123, kind="replica", worst="serving")])
+    (held,) = [i for i in r.of(IntentKind.SET_WEIGHT, "r1") if i.soft]
+    assert held.params["weight"] == 0.06  # 0.123 / 2 = 0.0615
