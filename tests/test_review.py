@@ -181,3 +181,10 @@ def test_labels_through_the_control_plane_are_authorised_audited_and_kept(tmp_pa
     finally:
         srv.stop()
         s.store.close()
+
+
+def test_incident_updates_and_resolutions_are_not_new_pages() -> None:
+    ints = [{"ts": T0, "intent": "page", "reason": "budget_exhausted", "params": {"state": "firing"}},
+            {"ts": T0 + 1800, "intent": "page", "reason": "budget_exhausted", "params": {"state": "update"}},
+            {"ts": T0 + 3600, "intent": "page", "reason": "budget_exhausted", "params": {"state": "resolved"}}]
+    assert review([], ints).pages == {"budget_exhausted": 1}

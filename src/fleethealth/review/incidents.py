@@ -39,6 +39,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from fleethealth.decide.incidents import is_new_page
+
 HEALTHY = frozenset({"STARTING", "WARMING", "READY"})
 ISOLATED = frozenset({"DRAINING", "QUARANTINED"})
 OUTCOMES = ("confirmed", "cleared", "released", "false", "pending")
@@ -299,7 +301,9 @@ def review(transitions: Iterable[Mapping[str, Any]], intents: Iterable[Mapping[s
     in_period = [t for t in rows if inside(float(t["ts"]))]
     flaps = count_flaps(in_period, flap_window_s)
     ints = [i for i in intents if inside(float(i["ts"]))]
-    pages = Counter(str(i["reason"]) for i in ints if str(i.get("intent", i.get("kind"))) == "page")
+    # an incident's updates and its resolution are not new pages (decide.incidents)
+    pages = Counter(str(i["reason"]) for i in ints if str(i.get("intent", i.get("kind"))) == "page"
+                    and is_new_page(dict(i.get("params") or {})))
     soft = sum(1 for i in ints if i.get("soft"))
     by_pool: dict[str, list[Incident]] = defaultdict(list)
     by_reason: dict[str, list[Incident]] = defaultdict(list)
