@@ -47,11 +47,8 @@ def _iso(ts: float) -> str:
     return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-FIRING_HOLD_S = 24 * 3600.0  # a firing page stays firing this long unless resolved or sent again
-
-
 def alert_for(intent: Intent, now: float, evidence_link: str | None = None,
-              generator_url: str | None = None, hold_s: float = FIRING_HOLD_S) -> dict[str, Any]:
+              generator_url: str | None = None) -> dict[str, Any]:
     kind = page_kind(intent)
     p = intent.params
     # A fleet alert fires and resolves with different reasons; the label set must match for Alertmanager
@@ -73,10 +70,6 @@ def alert_for(intent: Intent, now: float, evidence_link: str | None = None,
     alert: dict[str, Any] = {"labels": labels, "annotations": ann, "startsAt": _iso(intent.ts or now)}
     if str(p.get("state", "")).lower() == "resolved":
         alert["endsAt"] = _iso(intent.ts or now)
-    elif intent.kind == IntentKind.PAGE:
-        # A page is sent once per incident (then updates and one resolution), not every hour: without an
-        # endsAt, Alertmanager would resolve it by itself after its resolve_timeout (5 min by default).
-        alert["endsAt"] = _iso((intent.ts or now) + hold_s)
     if generator_url:
         alert["generatorURL"] = generator_url
     return alert
