@@ -85,6 +85,8 @@ def budget_remaining(pub: Published, controller: Controller) -> dict[tuple[str, 
         sizes[key] = sizes.get(key, 0) + 1
     spent: dict[tuple[str, str], set[str]] = {}
     for ts, ledger_key, entity in pub.state.ledger:
+        if ledger_key.startswith("hard:"):
+            continue  # confirmed hard gates spend their own budget (hard_gate_budget_remaining)
         kind, _, pool = ledger_key.partition(":")
         if pub.ts - ts < b.window_s:
             spent.setdefault((kind, pool), set()).add(entity)
@@ -93,6 +95,22 @@ def budget_remaining(pub: Published, controller: Controller) -> dict[tuple[str, 
         allowed = max(b.quarantine_min_per_hour, math.floor(b.quarantine_fraction_per_hour * n))
         out[key] = float(max(0, allowed - len(spent.get(key, ()))))
     return out
+
+
+def hard_gate_budget_remaining(pub: Published, controller: Controller) -> dict[tuple[str, str], float]:
+    """Quarantines of confirmed hard gates still allowed per (kind, pool): their own, larger budget."""
+    b = controller.policy.budgets
+    sizes: dict[tuple[str, str], int] = {}
+    for es in pub.state.entities.values():
+        key = (es.kind, es.labels.get("pool", "default"))
+        sizes[key] = sizes.get(key, 0) + 1
+    spent: dict[tuple[str, str], set[str]] = {}
+    for ts, ledger_key, entity in pub.state.ledger:
+        if ledger_key.startswith("hard:") and pub.ts - ts < b.window_s:
+            kind, _, pool = ledger_key.removeprefix("hard:").partition(":")
+            spent.setdefault((kind, pool), set()).add(entity)
+    return {key: float(max(0, max(b.hard_gate_min_per_hour, math.floor(b.hard_gate_fraction_per_hour * n))
+                           - len(spent.get(key, ())))) for key, n in sorted(sizes.items())}
 
 
 def render_metrics(controller: Controller, runner: Any = None) -> str:
@@ -183,6 +201,9 @@ def render_metrics(controller: Controller, runner: Any = None) -> str:
              [({"intent": k}, n) for k, n in sorted(c.get("intents_total", {}).items())])
     m.family("fleethealth_budget_remaining", "gauge", "Quarantines still allowed per pool in the budget window.",
              [({"kind": k, "pool": p}, v) for (k, p), v in budget_remaining(pub, controller).items()])
+    m.family("fleethealth_hard_gate_budget_remaining", "gauge",
+             "Quarantines of confirmed hard gates (dead hardware) still allowed per pool in the window.",
+             [({"kind": k, "pool": p}, v) for (k, p), v in hard_gate_budget_remaining(pub, controller).items()])
     m.family("fleethealth_remediation_frozen", "gauge", "1 while fleet-wide confidence is low (telemetry problem).",
              [({}, 1.0 if pub.state.frozen else 0.0)])
     if runner is not None:
