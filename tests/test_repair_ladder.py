@@ -137,3 +137,20 @@ def test_the_loop_in_the_simulator_without_a_human() -> None:
     assert all(res["targets"].values())
     released = [t for t in log.transitions if t.to_state == State.READY and t.entity in ("node-07", "node-23")]
     assert len(released) == 2
+
+
+def test_explain_names_the_ladder_a_node_would_climb(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from typer.testing import CliRunner
+
+    from fleethealth.cli.main import app
+
+    page = tmp_path / "node.prom"
+    lines = []
+    for g in range(8):
+        lab = f'gpu="{g}",UUID="GPU-{g}",Hostname="node-1"'
+        lines.append(f"DCGM_FI_DEV_GPU_TEMP{{{lab}}} 45")
+        lines.append(f"DCGM_FI_DEV_GPU_RECOVERY_ACTION{{{lab}}} {1 if g == 3 else 0}")
+    page.write_text("\n".join(lines) + "\n")
+    r = CliRunner().invoke(app, ["explain", "node-1", str(page)])
+    assert r.exit_code == 0, r.output
+    assert "repair if isolated: reset-class" in r.output and "reset_gpu" in r.output

@@ -172,6 +172,12 @@ def describe(resource: str = typer.Argument(..., help="node | replica"), name: s
             if isinstance(d, dict):
                 typer.echo(f"  {str(d.get('category', '')):<12} {str(d.get('signal', d.get('name', ''))):<22} "
                            f"score {_r(d.get('score'))}  value {_r(d.get('value'), 3)}  {d.get('note') or ''}".rstrip())
+    rep = (st or {}).get("repair")
+    if rep:
+        typer.echo(f"Repair:      ladder {rep.get('ladder')}, step {int(rep.get('step', 0)) + 1}, {rep.get('phase')}"
+                   f" (since {_ago(states['ts'], rep.get('since'))} ago)")
+        for h in rep.get("history", []):
+            typer.echo(f"  {_ago(states['ts'], h.get('ts')):>6} ago  {h.get('action')}: {h.get('result')}")
     typer.echo("Transitions:" if trs else "Transitions: none recent")
     for tr in trs:
         typer.echo(f"  {_ago(states['ts'], tr['ts']):>6} ago  {tr['from']} -> {tr['to']}  {tr['reason']}")

@@ -218,7 +218,30 @@ def register(app: typer.Typer) -> None:
             return
         console.print(_time_line(now, got.recorded), markup=False)
         console.print(explain_tree(t, fh))
+        repair = _repair_line(t, fh, pol)
+        if repair:
+            console.print(repair, markup=False)
         print_issues(snap, fh)
+
+
+def _repair_line(t: HealthTuple, fh: FleetHealth, pol: Policy) -> str | None:
+    """The repair ladder an isolation of this node would climb (policy.remediation), if any."""
+    from fleethealth.decide import ladder
+    from fleethealth.signals.xid import xid_info
+
+    if t.kind != "node":
+        return None
+    flags = set(t.flags)
+    for g in fh.by_kind("gpu") if hasattr(fh, "by_kind") else []:
+        if g.entity.startswith(t.entity + "/"):
+            flags.update(g.flags)
+
+    def bucket(code: int) -> str | None:
+        info = xid_info(code)
+        return None if info is None else info.immediate
+
+    lad = ladder.match(pol.remediation, flags, t.reason, bucket)
+    return None if lad is None else "repair if isolated: " + ladder.describe(lad)
 
 
 def _iso(ts: float) -> str:

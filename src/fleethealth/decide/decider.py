@@ -641,16 +641,24 @@ class Decider:
 
     def _fleet_confidence(self, c: _Cycle, obs: Mapping[str, Observation | None]) -> None:
         """Entities out of service do not count (their telemetry may rightly be gone), nor do ones gone
-        for longer than ABSENT_GRACE_S (scaled down, decommissioned), except while frozen: a freeze ends
-        when data returns, never because the silent entities were forgotten by the history."""
+        for longer than ABSENT_GRACE_S (scaled down, decommissioned), nor ones that never had a usable
+        observation (a controller's first cycles: rates and burn rates need two samples, so a whole fleet
+        reads low confidence at start; that is warm-up, not a telemetry outage, and nothing acts on it
+        anyway), except while frozen: a freeze ends when data returns, never because the silent entities
+        were forgotten by the history."""
         p = self.policy
         if self.fast:
             total, n_low = self._confidence_counts(c, obs)
         else:
+            def usable(eid: str) -> bool:
+                o = obs.get(eid)
+                return o is not None and o.usable(p.lifecycle)
+
             counted = [eid for eid, es in c.s.entities.items()
                        if es.state != State.STARTING and es.state not in ISOLATED_STATES
-                       and (es.absent_since is None or c.s.frozen or c.now - es.absent_since < ABSENT_GRACE_S)]
-            low = [eid for eid in counted if not ((o := obs.get(eid)) is not None and o.usable(p.lifecycle))]
+                       and (es.absent_since is None or c.s.frozen or c.now - es.absent_since < ABSENT_GRACE_S)
+                       and (es.last_known_ts is not None or c.s.frozen or usable(eid))]
+            low = [eid for eid in counted if not usable(eid)]
             total, n_low = len(counted), len(low)
         frac = n_low / total if total else 0.0
         frozen = total >= p.fleet.min_entities and frac >= p.fleet.low_confidence_fraction
@@ -677,10 +685,12 @@ class Decider:
                 continue
             if es.absent_since is not None and not frozen and not now - es.absent_since < ABSENT_GRACE_S:
                 continue
-            total += 1
             o = obs.get(eid)
-            if o is None or not o.usable(lc):
-                low += 1
+            bad = o is None or not o.usable(lc)
+            if bad and es.last_known_ts is None and not frozen:
+                continue  # never usable yet (a fresh start, counters seen once): warming up, not an outage
+            total += 1
+            low += bad
         return total, low
 
     def _app_xids(self, c: _Cycle, life: list[HealthTuple], gpus: list[HealthTuple]) -> dict[str, str]:
