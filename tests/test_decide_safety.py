@@ -306,3 +306,15 @@ def test_a_human_approves_a_quarantine_the_tp_group_rule_held() -> None:
     assert r.st("n01") != State.QUARANTINED
     r.step(75, _fleet(200, {0, 1}, 75, labels=labels), [Event(70, "ack", "n01", to="QUARANTINED", actor="carol")])
     assert r.st("n01") == State.QUARANTINED
+
+
+def test_a_fresh_start_at_low_confidence_is_warm_up_not_a_fleet_freeze() -> None:
+    r = Run()
+    nodes = [f"n{i}" for i in range(8)]
+    # first cycle: every counter rate still needs its second sample, so every node reads low confidence
+    r.step(0, [tup(n, 1.0, conf=0.3) for n in nodes])
+    assert not r.state.frozen and not r.of(IntentKind.FLEET_ALERT)
+    r.step(60, [tup(n, 1.0) for n in nodes])
+    # once the nodes have reported usable data, losing it together is a telemetry problem: frozen
+    r.step(120, [tup(n, 1.0, conf=0.3) for n in nodes])
+    assert r.state.frozen and r.of(IntentKind.FLEET_ALERT)[-1].reason == "fleet_confidence_low"
