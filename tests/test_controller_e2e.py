@@ -84,7 +84,8 @@ def test_fault_to_intent_and_prometheus_outage() -> None:
             try:
                 wait(lambda: ctl.published.health is not None
                      and all((t := ctl.published.health.get(n)) is not None and t.value is not None
-                             and t.value > 0.5 for n in nodes[:6]), 30, "a healthy, known fleet")
+                             and t.value > 0.5 for n in nodes[:6])
+                     and "node-02" in ctl.state.entities, 30, "a healthy, known fleet")
                 assert ctl.state.entities["node-02"].state.value == "READY"
 
                 def replicas_weighted() -> bool:

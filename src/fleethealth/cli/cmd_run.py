@@ -97,6 +97,7 @@ def register(app: typer.Typer) -> None:
         )
         try:
             if once:
+                ctl.warm_up = False  # one cycle asked for: decide on what this one scrape shows
                 rep = ctl.cycle()
                 typer.echo(json.dumps({**rep.to_dict(), "intents": [i.to_dict() for i in rep.intents],
                                        "transitions_detail": [t.to_dict() for t in rep.transitions]}))

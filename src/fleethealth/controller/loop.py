@@ -25,6 +25,10 @@ Theory of operation
   node has had, and their ids) is saved to the store after a committed cycle whenever it changed, and
   read back at start and on taking over: a GPU that fell off the bus before a restart, or while the
   controller was down, is still expected (``gpus_missing``), and its GPU is shown unknown, never dropped.
+- Warm-up: the first cycle after start only fills the history and scores (shown, not decided): every
+  counter rate and burn rate needs a second sample, and deciding on one scrape would read the whole fleet
+  as low confidence (a fleet freeze and page on every restart, or every node held). ``warm_up = False``
+  (``run --once``) decides at once.
 - A locked, busy or unreachable store (``StoreError``) is one line in the log and a skipped cycle: the
   state stays at the last commit, nothing acts on a decision that was not saved, the next tick tries again.
 - Fencing: taking over claims the store (``claim``) before loading it; a deposed leader that still
@@ -250,6 +254,8 @@ class Controller:
         self._queued = 0  # how many of the events taken this cycle came from the store's inbox
         self.store_errors_total = 0
         self.takeovers_total = 0
+        self._history_warm = False  # the history holds a scrape from before this cycle
+        self.warm_up = True  # the first cycle after start only fills the history (False: decide at once)
         self.last_takeover_ts: float | None = None
         # Edge work due before each cycle (leader-election renewals, inventory refresh); failures are logged.
         self.pre_cycle: list[Callable[[float], None]] = []
@@ -412,8 +418,14 @@ class Controller:
         if leading and self._leading is not True:
             skipped = self._take_over(now)
         self._leading = leading and not skipped
+        if not skipped and not self._history_warm and self.warm_up:
+            # The first scrape after start only fills the history: every counter rate and burn rate needs a
+            # second sample, so deciding now would read the whole fleet as low confidence (a fleet freeze
+            # and a page, or every node held) on every restart.
+            skipped = "warming up: the first scrape only fills the history (rates need two samples)"
         decision = None
         health = self.published.health
+        self._history_warm = True
         if skipped:
             self.history.add(derived)  # a standby keeps its history warm for the day it takes over
             # and scores, so its read endpoints (the Service sends readers to either pod) show the fleet
