@@ -159,7 +159,8 @@ def test_every_dashboard_and_rule_expression_returns_series(tmp_path: Path) -> N
             exporter.inject({"kind": "xid79_off_bus", "target": "node-02/gpu3", "onset": 0})
             exporter.inject({"kind": "exporter_outage", "target": "node-05", "onset": 0})
             exporter.advance(scenario.step)
-            wait(lambda: ctl.state.entities["node-02"].state.value == "QUARANTINED", 30, "node-02 quarantined")
+            wait(lambda: (e := ctl.state.entities.get("node-02")) is not None and e.state.value == "QUARANTINED", 30,
+                 "node-02 quarantined")
             wait(lambda: (h := ctl.published.health) is not None and (t := h.get("node-05")) is not None
                  and t.value is None, 30,
                  "node-05 unknown")

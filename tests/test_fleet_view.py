@@ -69,7 +69,8 @@ def test_fleet_view_in_chromium(tmp_path: Path) -> None:
                 exporter.inject({"kind": "gpu_reset_required", "target": "node-06/gpu0", "onset": 0,
                                  "params": {"action": "DRAIN_AND_RESET"}})
                 exporter.advance(scenario.step)
-                wait(lambda: ctl.state.entities["node-02"].state.value == "QUARANTINED", 30, "node-02 quarantined")
+                wait(lambda: (e := ctl.state.entities.get("node-02")) is not None and e.state.value == "QUARANTINED", 30,
+                 "node-02 quarantined")
                 wait(lambda: any(e.state.value == "DRAINING" for e in ctl.state.entities.values()), 30,
                      "an entity draining")
                 draining = sorted(e.entity for e in ctl.state.entities.values() if e.state.value == "DRAINING")
