@@ -75,42 +75,35 @@ class _Metrics:
         return "\n".join(self.lines) + "\n"
 
 
-def budget_remaining(pub: Published, controller: Controller) -> dict[tuple[str, str], float]:
+def _budget_left(pub: Published, controller: Controller, hard: bool) -> dict[tuple[str, str], float]:
     """Quarantines still allowed per (kind, pool) in the current budget window, counted the way the
-    decider counts them (distinct entities in its ledger; pool label default "default")."""
+    decider counts them: distinct entities under the ledger key ``decide.decider.budget_key`` gives (pool
+    label default "default"); confirmed hard gates (``hard``) have their own, larger budget."""
+    from fleethealth.decide.decider import budget_key
+
     b = controller.policy.budgets
     sizes: dict[tuple[str, str], int] = {}
     for es in pub.state.entities.values():
         key = (es.kind, es.labels.get("pool", "default"))
         sizes[key] = sizes.get(key, 0) + 1
-    spent: dict[tuple[str, str], set[str]] = {}
+    spent: dict[str, set[str]] = {}
     for ts, ledger_key, entity in pub.state.ledger:
-        if ledger_key.startswith("hard:"):
-            continue  # confirmed hard gates spend their own budget (hard_gate_budget_remaining)
-        kind, _, pool = ledger_key.partition(":")
         if pub.ts - ts < b.window_s:
-            spent.setdefault((kind, pool), set()).add(entity)
-    out = {}
-    for key, n in sorted(sizes.items()):
-        allowed = max(b.quarantine_min_per_hour, math.floor(b.quarantine_fraction_per_hour * n))
-        out[key] = float(max(0, allowed - len(spent.get(key, ()))))
-    return out
+            spent.setdefault(ledger_key, set()).add(entity)
+    lo, frac = ((b.hard_gate_min_per_hour, b.hard_gate_fraction_per_hour) if hard
+                else (b.quarantine_min_per_hour, b.quarantine_fraction_per_hour))
+    return {(kind, pool): float(max(0, max(lo, math.floor(frac * n)) - len(spent.get(budget_key(kind, pool, hard), ()))))
+            for (kind, pool), n in sorted(sizes.items())}
+
+
+def budget_remaining(pub: Published, controller: Controller) -> dict[tuple[str, str], float]:
+    """The rate budget left per (kind, pool)."""
+    return _budget_left(pub, controller, hard=False)
 
 
 def hard_gate_budget_remaining(pub: Published, controller: Controller) -> dict[tuple[str, str], float]:
-    """Quarantines of confirmed hard gates still allowed per (kind, pool): their own, larger budget."""
-    b = controller.policy.budgets
-    sizes: dict[tuple[str, str], int] = {}
-    for es in pub.state.entities.values():
-        key = (es.kind, es.labels.get("pool", "default"))
-        sizes[key] = sizes.get(key, 0) + 1
-    spent: dict[tuple[str, str], set[str]] = {}
-    for ts, ledger_key, entity in pub.state.ledger:
-        if ledger_key.startswith("hard:") and pub.ts - ts < b.window_s:
-            kind, _, pool = ledger_key.removeprefix("hard:").partition(":")
-            spent.setdefault((kind, pool), set()).add(entity)
-    return {key: float(max(0, max(b.hard_gate_min_per_hour, math.floor(b.hard_gate_fraction_per_hour * n))
-                           - len(spent.get(key, ())))) for key, n in sorted(sizes.items())}
+    """The confirmed hard gates' budget left per (kind, pool)."""
+    return _budget_left(pub, controller, hard=True)
 
 
 def render_metrics(controller: Controller, runner: Any = None) -> str:
