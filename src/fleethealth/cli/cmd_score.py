@@ -227,7 +227,7 @@ def register(app: typer.Typer) -> None:
 def _repair_line(t: HealthTuple, fh: FleetHealth, pol: Policy) -> str | None:
     """The repair ladder an isolation of this node would climb (policy.remediation), if any."""
     from fleethealth.decide import ladder
-    from fleethealth.signals.xid import xid_info
+    from fleethealth.signals.xid import xid_bucket
 
     if t.kind != "node":
         return None
@@ -235,12 +235,7 @@ def _repair_line(t: HealthTuple, fh: FleetHealth, pol: Policy) -> str | None:
     for g in fh.by_kind("gpu") if hasattr(fh, "by_kind") else []:
         if g.entity.startswith(t.entity + "/"):
             flags.update(g.flags)
-
-    def bucket(code: int) -> str | None:
-        info = xid_info(code)
-        return None if info is None else info.immediate
-
-    lad = ladder.match(pol.remediation, flags, t.reason, bucket)
+    lad = ladder.match(pol.remediation, flags, t.reason, xid_bucket)
     return None if lad is None else "repair if isolated: " + ladder.describe(lad)
 
 

@@ -856,19 +856,15 @@ class Decider:
     def _start_repair(self, c: _Cycle, es: EntityLifecycle, flags: set[str], reason: str) -> bool:
         """On a fresh isolation of a node, start the first ladder that covers its fault. True: started
         (its first step replaces the plain reset / entry test)."""
-        from fleethealth.signals.xid import xid_info
+        from fleethealth.signals.xid import xid_bucket
 
         if es.kind != "node" or ladder.running(es.repair):
             return False
-        def bucket(code: int) -> str | None:
-            info = xid_info(code)
-            return None if info is None else info.immediate
-
-        lad = ladder.match(self.policy.remediation, flags, reason, bucket)
+        lad = ladder.match(self.policy.remediation, flags, reason, xid_bucket)
         if lad is None:
             return False
         when = set(lad.when)
-        trig = sorted(f for f in flags if ladder.tokens([f], bucket) & when)
+        trig = sorted(f for f in flags if ladder.tokens([f], xid_bucket) & when)
         gpus = sorted(g.entity for g in c.gpu_by_node.get(es.entity, []) if set(g.flags) & set(trig))
         r = ladder.begin(lad, c.now, reason, trig, gpus)
         es.repair = r.repair

@@ -55,6 +55,12 @@ def xid_info(code: int) -> XidInfo | None:
     return xid_catalog().get(code)
 
 
+def xid_bucket(code: int) -> str | None:
+    """The resolution bucket of an Xid's immediate action in NVIDIA's catalog (RESET_GPU, RESTART_BM, ...)."""
+    info = xid_info(code)
+    return None if info is None else info.immediate
+
+
 def classify_xid(code: int, gate_buckets: list[str], gate_xids: list[int], app_xids: list[int],
                  reset_xids: list[int]) -> str:
     """One of: gate (correct work impossible until reset/reboot), reset (schedule a reset at a safe
