@@ -866,10 +866,8 @@ class Decider:
         when = set(lad.when)
         trig = sorted(f for f in flags if ladder.tokens([f], xid_bucket) & when)
         gpus = sorted(g.entity for g in c.gpu_by_node.get(es.entity, []) if set(g.flags) & set(trig))
-        r = ladder.begin(lad, c.now, reason, trig, gpus)
+        r = ladder.begin(lad, c.now, reason, trig, gpus, self.policy.lifecycle.active_test)
         es.repair = r.repair
-        if r.repair is not None:
-            es.repair = {**r.repair, "tests": list(self.policy.lifecycle.active_test)}
         for si in r.intents:
             c.emit(si.kind, es.entity, f"repair:{lad.name}", si.params, si.tier)
         return True

@@ -123,9 +123,11 @@ def _at_step(lad: Ladder, repair: dict[str, Any], i: int, now: float, note: str)
     return LadderStep(new, _step_intents(lad, i, new))
 
 
-def begin(lad: Ladder, now: float, reason: str, trigger: Iterable[str], gpus: Iterable[str] = ()) -> LadderStep:
+def begin(lad: Ladder, now: float, reason: str, trigger: Iterable[str], gpus: Iterable[str] = (),
+          tests: Iterable[str] = ()) -> LadderStep:
+    """Start ``lad``; ``tests``: the active tests a verification runs (``lifecycle.active_test``)."""
     repair = {"ladder": lad.name, "reason": reason, "trigger": sorted(set(trigger)), "gpus": sorted(set(gpus)),
-              "started": now, "history": []}
+              "started": now, "history": [], "tests": list(tests)}
     return _at_step(lad, repair, 0, now, "start")
 
 
