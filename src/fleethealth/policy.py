@@ -420,11 +420,48 @@ def load_yaml_strict(text: str, source: str, error: type[Exception]) -> tuple[ya
         node = yaml.compose(text, Loader=yaml.SafeLoader)
         _no_duplicate_keys(node, source, error)
         data = yaml.safe_load(text)
+    except yaml.reader.ReaderError as e:  # a control character: PyYAML's message is two lines, no line number
+        raise error(_reader_error(text, source, e)) from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"{source}:{mark.line + 1}" if mark else source
         raise error(f"{where}: not valid YAML: {getattr(e, 'problem', e)}") from None
     return node, data
+
+
+def _reader_error(text: str, source: str, e: yaml.reader.ReaderError) -> str:
+    """One line for a character YAML does not allow: the file, the line, the key it sits under."""
+    pos = max(0, min(int(e.position), len(text)))
+    line = text.count("\n", 0, pos) + 1
+    char = e.character if isinstance(e.character, int) else ord(str(e.character)[:1] or "\0")
+    key = _key_at(text.translate({char: " "}), pos)
+    return (f"{source}:{line}: not valid YAML: character U+{char:04X}, which YAML does not allow"
+            + (f", in the value of '{key}'" if key else ""))
+
+
+def _key_at(text: str, pos: int) -> str:
+    """The dotted key path whose value spans ``pos`` in ``text`` ("" when none can be told)."""
+    try:
+        node: yaml.Node | None = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError:
+        return ""
+    path: list[str] = []
+    while node is not None:
+        nxt: yaml.Node | None = None
+        if isinstance(node, yaml.MappingNode):
+            for k, v in node.value:
+                if k.start_mark.index <= pos < max(v.end_mark.index, k.end_mark.index + 1):
+                    path.append(str(k.value))
+                    nxt = v
+                    break
+        elif isinstance(node, yaml.SequenceNode):
+            for i, v in enumerate(node.value):
+                if v.start_mark.index <= pos < v.end_mark.index:
+                    path.append(f"[{i}]")
+                    nxt = v
+                    break
+        node = nxt
+    return ".".join(path).replace(".[", "[")
 
 
 def _no_duplicate_keys(root: yaml.Node | None, source: str, error: type[Exception]) -> None:
