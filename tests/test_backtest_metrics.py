@@ -192,3 +192,19 @@ def test_detection_and_removal_are_per_episode() -> None:
     assert (by_onset[1000].response_s, by_onset[1000].removal_s) == (60, 120)
     assert (by_onset[20000].response_s, by_onset[20000].removal_s) == (100, 300)  # not None: its own episode
     assert s.metrics["recall"] == 1.0
+
+
+def test_a_replica_drained_off_a_faulty_node_is_its_removal_though_no_truth_row_names_it() -> None:
+    # a GPU fault on node-09 names the node and its GPU, not the replica serving on it (llama-000); the
+    # replica drained 30 s after onset took the fault out of service: removal 30 s, not the node's 600 s
+    truths = [gt("node-09/gpu1", "xid79_off_bus", 1000, kind="gpu"), gt("node-09", "xid79_off_bus", 1000)]
+    trs = [tr(1030, "llama-000", State.DRAINING), tr(1600, "node-09", State.QUARANTINED, reason="gate:xid")]
+    s = score(ArmLog("x", transitions=trs), truths)
+    (o,) = s.outcomes
+    assert o.incident.entities == {"node-09", "node-09/gpu1"}
+    assert (o.response_s, o.removal_s) == (30, 30)
+    assert s.metrics["removal_s"] == 30 and s.metrics["incidents_caught"] == 1
+    # a replica drained on another node is no removal of this fault
+    other = score(ArmLog("x", transitions=[tr(1030, "llama-000", State.DRAINING)]),
+                  [gt("node-03", "xid79_off_bus", 1000)])
+    assert other.outcomes[0].removal_s is None

@@ -23,7 +23,7 @@ Definitions (also in the README's backtest section):
   response: DEGRADED, DRAINING, QUARANTINED or FAILED, a router weight lowered below 1, or a remediation
   intent (quarantine, drain, reset, rebuild, limit concurrency, reject request, no new work, active
   test); for incidents whose expected action is a page, also a PAGE. **removal_s**: median time from
-  onset to QUARANTINED (or DRAINING) over caught incidents, per episode: an incident's removal is
+  onset to QUARANTINED (or DRAINING) of the node or of any replica on it over caught incidents, per episode: an incident's removal is
   the first one while it is active, so an entity's second fault has its own removal time. None when there is nothing to take a median of.
 * **flaps_per_node_day**: flaps of node lifecycles per node per simulated day; replicas likewise in
   ``flaps_per_replica_day``. A *flap* is a transition that takes an entity back to the state it left by
@@ -186,6 +186,10 @@ def score_arm(
         if tr.to_state in REMOVAL_STATES:
             first_removed.setdefault(tr.entity, tr.ts)
             removed_times[tr.entity].append(tr.ts)  # every episode's removal, not only the first
+            if tr.entity in replica_node:
+                # a replica taken out of service removes its node's fault from serving, whether or not
+                # the truth rows name that replica (a GPU fault's rows name the node and the GPU only)
+                removed_times[replica_node[tr.entity]].append(tr.ts)
 
     tp = fp = grouped = 0
     false_q: list[tuple[float, str, str]] = []
