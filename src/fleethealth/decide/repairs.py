@@ -1,0 +1,195 @@
+"""The decider's repair passes: pending row remaps, Xid 154 recovery actions, the repair ladder, OOMs.
+Pure; a mixin of ``Decider`` (reads ``self.policy`` and ``self.fast``).
+
+* Pending row remap (flag ``row_remap_pending`` or a ``policy.xid.reset_xids`` flag, ``_row_remaps``):
+  one SCHEDULE_RESET (drain and reset at the next safe point), no state change. A GPU that needs such a
+  reset ``lifecycle.max_row_remaps`` times within ``recovery_window_s`` pages for repair
+  (``_recurring_remaps``; the reset still goes ahead).
+* Xid 154 recovery actions ride on the lifecycle (``decide.decider``'s transition): GPU_RESET and
+  NODE_REBOOT with the gate's quarantine, DRAIN_AND_RESET and DRAIN_P2P by moving the entity to
+  DRAINING. On a fresh isolation, the first repair ladder (``decide.ladder``) that covers the fault
+  replaces that plain reset / entry test (``_start_repair``).
+* Ladders in progress (``_repairs``): executor results (``reset`` events) and verification results
+  (``active_test``) go to the ladder, not straight to the lifecycle; timeouts escalate; the ladder's
+  verdicts come back as lifecycle events (verified: an active-test pass; exhausted: a ``repair``
+  failure, to FAILED). While remediation is frozen or the node's data is unusable, results are still
+  recorded but no timeout fires.
+* CUDA OOM events (``_oom``, classified by ``decide.oom``): the small actions pass through (not while
+  frozen); a device fault becomes a gate on the replica's and its node's lifecycles, so budgets and
+  freezes apply.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from fleethealth.decide import ladder
+from fleethealth.decide.cycle import REMEDIATION_KINDS, Cycle
+from fleethealth.decide.lifecycle import ISOLATED_STATES, Observation
+from fleethealth.decide.model import IntentKind, Tier
+from fleethealth.decide.state import EntityLifecycle, Event
+from fleethealth.policy import Policy
+from fleethealth.score.health import HealthTuple
+
+
+class Repairs:
+    """Row remaps, recurring remaps, repair ladders and OOM classification."""
+
+    policy: Policy
+    fast: bool
+
+    def _repairs(self, c: Cycle, obs: Mapping[str, Observation | None], node_flags: Mapping[str, set[str]],
+                 ev_by_entity: dict[str, list[Event]]) -> None:
+        """Advance every repair ladder in progress (``decide.ladder``): executor results (``reset``
+        events) and verification results (``active_test``) go to the ladder, not straight to the
+        lifecycle; timeouts escalate; the ladder's verdicts come back as lifecycle events (verified: an
+        active-test pass; exhausted: a ``repair`` failure, to FAILED). While remediation is frozen or the
+        node's data is unusable, results are still recorded but no timeout fires."""
+        rem = self.policy.remediation
+        lc = self.policy.lifecycle
+        # only the few entities with a ladder running do any work (replacing a value while iterating is safe)
+        running = [(eid, es) for eid, es in c.s.entities.items() if es.repair is not None]
+        for eid, es in running:
+            rep = es.repair
+            if rep is None or rep.get("phase") in ("verified", "exhausted"):
+                continue
+            lad = ladder.ladder_of(rem, rep)
+            if lad is None or not rem.enabled:  # the policy no longer has it: the lifecycle decides alone
+                c.mut(eid).repair = None
+                continue
+            evs = ev_by_entity.get(eid, [])
+            keep: list[Event] = []
+            intents: list[ladder.StepIntent] = []
+            verdict: str | None = None
+            for e in evs:
+                r: ladder.LadderStep | None = None
+                if verdict is None and e.kind == "reset" and e.passed is not None:
+                    detail = str(e.payload.get("detail") or e.payload.get("reason") or "")
+                    r = ladder.on_result(lad, rep, bool(e.passed), c.now, detail)
+                elif verdict is None and e.kind == "active_test" and e.passed is not None:
+                    r = ladder.on_test(lad, rep, bool(e.passed), c.now)
+                    if r is None:
+                        if e.passed:
+                            keep.append(e)  # a pass from elsewhere still lets the node out
+                        continue  # a failure outside verification: the ladder goes on
+                elif e.kind == "reset":
+                    continue  # the ladder owns reset results while it runs
+                if r is None:
+                    keep.append(e)
+                    continue
+                rep, verdict = r.repair or rep, r.verdict
+                intents += r.intents
+            o = obs.get(eid)
+            if verdict is None and not c.s.frozen and o is not None and o.usable(lc):
+                # timeouts are read on usable data only, like the drain timeout: nothing escalates on unknown
+                r = ladder.on_tick(lad, rep, c.now, node_flags.get(eid, set()), True)
+                rep, verdict = r.repair or rep, r.verdict
+                intents += r.intents
+            if rep is not es.repair:
+                c.mut(eid).repair = rep
+            for si in intents:
+                c.emit(si.kind, eid, f"repair:{lad.name}", si.params, si.tier)
+            if verdict == ladder.VERIFIED:
+                keep.append(Event(c.now, "active_test", eid, passed=True, actor=f"repair:{lad.name}"))
+            elif verdict == ladder.EXHAUSTED:
+                keep.append(Event(c.now, "repair", eid, passed=False, actor=f"repair:{lad.name}"))
+            if keep != evs:
+                if keep:
+                    ev_by_entity[eid] = keep
+                else:
+                    ev_by_entity.pop(eid, None)
+                    # the entity still needs a step this cycle when its ladder moved
+                    if rep is not es.repair or intents:
+                        ev_by_entity[eid] = []
+
+    def _start_repair(self, c: Cycle, es: EntityLifecycle, flags: set[str], reason: str) -> bool:
+        """On a fresh isolation of a node, start the first ladder that covers its fault. True: started
+        (its first step replaces the plain reset / entry test)."""
+        from fleethealth.signals.xid import xid_bucket
+
+        if es.kind != "node" or ladder.running(es.repair):
+            return False
+        lad = ladder.match(self.policy.remediation, flags, reason, xid_bucket)
+        if lad is None:
+            return False
+        when = set(lad.when)
+        trig = sorted(f for f in flags if ladder.tokens([f], xid_bucket) & when)
+        gpus = sorted(g.entity for g in c.gpu_by_node.get(es.entity, []) if set(g.flags) & set(trig))
+        r = ladder.begin(lad, c.now, reason, trig, gpus, self.policy.lifecycle.active_test)
+        es.repair = r.repair
+        for si in r.intents:
+            c.emit(si.kind, es.entity, f"repair:{lad.name}", si.params, si.tier)
+        return True
+
+    def _row_remaps(self, c: Cycle, obs: Mapping[str, Observation | None], node_flags: Mapping[str, set[str]],
+                    gpu_by_node: Mapping[str, list[HealthTuple]]) -> None:
+        p = self.policy
+        reset_flags = {"row_remap_pending"} | {f"xid:{x}" for x in p.xid.reset_xids}
+        if self.fast:
+            # only a flagged node or one with a reset outstanding has anything to do here
+            todo: Iterable[str] = sorted({eid for eid, es in c.s.entities.items() if es.reset_scheduled}
+                                         | {eid for eid in node_flags if eid in c.s.entities})
+        else:
+            todo = sorted(c.s.entities)
+        for eid in todo:
+            es = c.s.entities[eid]
+            o = obs.get(eid)
+            if es.kind != "node" or o is None or o.value is None:
+                continue
+            nf = node_flags.get(eid)
+            flags = nf & reset_flags if nf else set()
+            if not flags:
+                if o.usable(p.lifecycle) and es.reset_scheduled:
+                    c.mut(eid).reset_scheduled = False
+                continue
+            if es.reset_scheduled or c.s.frozen or es.state in ISOLATED_STATES or not o.usable(p.lifecycle):
+                continue
+            gpus = sorted(g.entity for g in gpu_by_node.get(eid, []) if set(g.flags) & reset_flags)
+            es = c.mut(eid)
+            es.reset_scheduled = True
+            c.emit(IntentKind.SCHEDULE_RESET, eid, "row_remap_pending",
+                   {"action": "GPU_RESET", "when": "next_safe_point", "drain": True, "gpus": gpus,
+                    "flags": sorted(flags)}, Tier.NODE)
+            self._recurring_remaps(c, es, gpus)
+
+    def _recurring_remaps(self, c: Cycle, es: EntityLifecycle, gpus: list[str]) -> None:
+        """A GPU whose memory needs row-remap resets again and again is failing: at the
+        ``lifecycle.max_row_remaps``-th within ``recovery_window_s``, page for repair (the reset still
+        goes ahead). A node-level remap (no GPU named) counts for the node."""
+        lc = self.policy.lifecycle
+        es.remaps = [r for r in es.remaps if c.now - float(r[0]) < lc.recovery_window_s] + [[c.now, list(gpus)]]
+        for g in gpus or [es.entity]:
+            times = [float(r[0]) for r in es.remaps if g in r[1] or (not r[1] and g == es.entity)]
+            if len(times) >= lc.max_row_remaps:
+                c.emit(IntentKind.PAGE, g, "recurring:row_remap",
+                       {"severity": "page", "node": es.entity, "gpu": g, "remaps": len(times),
+                        "first": min(times), "window_s": lc.recovery_window_s, "action": "repair",
+                        "summary": f"{g}: {len(times)} row-remap resets in {lc.recovery_window_s / 86400:g} days; "
+                                   "its memory keeps failing, schedule a repair (RMA)"})
+
+    def _oom(self, c: Cycle, e: Event) -> str | None:
+        """Classify a CUDA OOM with ``decide.oom``. The small actions (reject, limit concurrency, rebuild a
+        fragmented worker) pass through (the rebuild not while frozen); a device fault instead becomes a
+        gate on the replica's and its node's lifecycles, so budgets and freezes apply. Returns the node
+        (or replica) to gate, if any."""
+        from fleethealth.decide import oom
+
+        fields: dict[str, Any] = {"ts": e.ts, "entity": e.entity}
+        for k, v in e.payload.items():
+            fields[k] = tuple(v) if isinstance(v, list) else v
+        try:
+            ev = oom.OomEvent(**fields)
+        except TypeError as err:
+            c.emit(IntentKind.PAGE, e.entity, "oom:unreadable_event", {"severity": "ticket", "error": str(err)})
+            return None
+        produced = oom.oom_intents(ev, c.now, policy_version=c.version)
+        if any(it.kind == IntentKind.QUARANTINE for it in produced):
+            return e.entity
+        if any(it.kind == IntentKind.LIMIT_CONCURRENCY for it in produced) and e.entity in c.s.entities:
+            c.mut(e.entity).overload_until = c.now + self.policy.lifecycle.overload_hold_s
+        for it in produced:
+            if c.s.frozen and it.kind in REMEDIATION_KINDS:
+                continue
+            c.emit(it.kind, it.entity or e.entity, it.reason, dict(it.params), it.tier, it.soft)
+        return None

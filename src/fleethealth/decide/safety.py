@@ -1,0 +1,325 @@
+"""The decider's safety rules: what keeps a scorer bug, a metrics outage or a bad rollout from draining
+a cluster. Pure; a mixin of ``Decider`` (reads ``self.policy`` and ``self.fast``).
+
+* Presence (``_absences``): an entity the engine stopped reporting still counts for fleet confidence for
+  ``ABSENT_GRACE_S`` (a metrics outage), and is forgotten after ``FORGET_AFTER_S`` if it holds nothing.
+* Fleet-wide confidence (``_fleet_confidence``): when at least ``fleet.low_confidence_fraction`` of the
+  (at least ``fleet.min_entities``) lifecycle entities in service are unknown, silent or below
+  ``min_confidence`` together, the problem is telemetry: one FLEET_ALERT, remediation frozen (no
+  signal-driven move to a worse state, no drain, no quarantine, no reset), router weights and scheduler
+  holds kept as they were, until confidence returns (a resolving FLEET_ALERT). Events (test results,
+  humans) still apply. Entities that never had a usable observation (warm-up) do not count.
+* Budgets per pool (label ``pool``, ``_veto``): at most max(quarantine_min_per_hour, floor(fraction *
+  pool size)) quarantines per ``budgets.window_s``; never more than ``max_per_tp_group`` nodes of one
+  ``tp_group`` in QUARANTINED or DRAINING (FAILED is a human's and does not count). A confirmed hard gate
+  (reason ``gate:<signal>`` for a signal in ``budgets.hard_gates``, or an Xid 154 drain-and-reset,
+  ``_hard_gate``) takes a node that is already out of service: it spends a separate, larger budget
+  (``hard_gate_*``: a fleet-wide burst of bogus gates still stops there) and skips the TP rule. The
+  longest-waiting entity gets a freed budget first (the decider's order, ``blocked_since``). Exhausted:
+  one incident and a soft fallback (``_soft_fallback``: NO_NEW_WORK for a node, a lowered weight for a
+  replica) instead of the quarantine, retried every cycle. A human approves a held quarantine with an
+  ``ack`` event (``to`` QUARANTINED): the table's rule then fires unvetoed.
+* Attribution (``_app_xids``): application Xids (``policy.xid.app_xids``, flags ``xid:N``) are charged
+  to the job (GPU label ``job``) with one ticket-severity incident per job; the node is blamed (a hard
+  gate) only when ``attribution.app_xid_distinct_jobs`` distinct jobs hit it within
+  ``app_xid_window_s``.
+* Version correlation (``_versions``): a version label value (driver, build, kernel) shared by at least
+  ``version_min_entities`` unhealthy entities and at least ``version_fraction`` of all unhealthy ones,
+  and over-represented against the rest of the fleet (its unhealthy rate more than twice that of the
+  other versions; or, when every entity runs it, at least ``version_fraction`` of them unhealthy), is
+  suspect: one incident about it, and no entity carrying it is quarantined.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+
+from fleethealth.decide import incidents
+from fleethealth.decide.cycle import (
+    ABSENT_GRACE_S,
+    FORGET_AFTER_S,
+    FORGETTABLE_STATES,
+    WORSE_STATES,
+    Cycle,
+)
+from fleethealth.decide.lifecycle import (
+    ISOLATED_STATES,
+    REMEDIATION_TARGETS,
+    SIGNAL_CONDS,
+    Cond,
+    Observation,
+    Rule,
+)
+from fleethealth.decide.model import IntentKind, State, Tier
+from fleethealth.decide.state import EntityLifecycle
+from fleethealth.decide.tuples import LIFECYCLE_KINDS, node_of
+from fleethealth.policy import Policy
+from fleethealth.score.health import HealthTuple
+
+
+def is_hard_gate_reason(reason: str, policy: Policy) -> bool:
+    """``gate:<signal>`` for a signal named in ``budgets.hard_gates``."""
+    return reason.startswith("gate:") and reason[5:] in policy.budgets.hard_gates
+
+
+def budget_key(kind: str, pool: str, hard: bool) -> str:
+    """The ledger's key: confirmed hard gates spend their own budget (``hard:`` prefix)."""
+    return f"hard:{kind}:{pool}" if hard else f"{kind}:{pool}"
+
+
+
+class SafetyRules:
+    """Budgets, TP-group veto, fleet confidence freeze, version correlation and app-Xid attribution."""
+
+    policy: Policy
+    fast: bool
+
+    def _absences(self, c: Cycle, present: Mapping[str, HealthTuple]) -> None:
+        """Track entities the engine no longer reports at all; forget those gone for FORGET_AFTER_S that
+        hold nothing (never an isolated, degraded or held one: no quarantine is ever forgotten)."""
+        for eid in list(c.s.entities):
+            es = c.s.entities[eid]
+            if eid in present:
+                if es.absent_since is not None:
+                    c.mut(eid).absent_since = None
+            elif es.absent_since is None:
+                c.mut(eid).absent_since = c.now
+            elif (c.now - es.absent_since >= FORGET_AFTER_S and es.state in FORGETTABLE_STATES
+                  and not es.no_new_work and not es.blocked):
+                del c.s.entities[eid]
+
+    def _fleet_confidence(self, c: Cycle, obs: Mapping[str, Observation | None]) -> None:
+        """Entities out of service do not count (their telemetry may rightly be gone), nor do ones gone
+        for longer than ABSENT_GRACE_S (scaled down, decommissioned), nor ones that never had a usable
+        observation (a controller's first cycles: rates and burn rates need two samples, so a whole fleet
+        reads low confidence at start; that is warm-up, not a telemetry outage, and nothing acts on it
+        anyway), except while frozen: a freeze ends when data returns, never because the silent entities
+        were forgotten by the history."""
+        p = self.policy
+        if self.fast:
+            total, n_low = self._confidence_counts(c, obs)
+        else:
+            def usable(eid: str) -> bool:
+                o = obs.get(eid)
+                return o is not None and o.usable(p.lifecycle)
+
+            counted = [eid for eid, es in c.s.entities.items()
+                       if es.state != State.STARTING and es.state not in ISOLATED_STATES
+                       and (es.absent_since is None or c.s.frozen or c.now - es.absent_since < ABSENT_GRACE_S)
+                       and (es.last_known_ts is not None or c.s.frozen or usable(eid))]
+            low = [eid for eid in counted if not usable(eid)]
+            total, n_low = len(counted), len(low)
+        frac = n_low / total if total else 0.0
+        frozen = total >= p.fleet.min_entities and frac >= p.fleet.low_confidence_fraction
+        if frozen and not c.s.frozen:
+            c.s.frozen, c.s.frozen_since = True, c.now
+            c.emit(IntentKind.FLEET_ALERT, "fleet", "fleet_confidence_low",
+                   {"state": "firing", "low": n_low, "total": total, "fraction": round(frac, 4),
+                    "remediation": "frozen"})
+        elif not frozen and c.s.frozen:
+            c.s.frozen, c.s.frozen_since = False, None
+            c.emit(IntentKind.FLEET_ALERT, "fleet", "fleet_confidence_restored",
+                   {"state": "resolved", "low": n_low, "total": total, "fraction": round(frac, 4),
+                    "remediation": "resumed"})
+
+    def _confidence_counts(self, c: Cycle, obs: Mapping[str, Observation | None]) -> tuple[int, int]:
+        """``_fleet_confidence``'s two counts in one pass: entities counted, and those without a usable
+        observation."""
+        lc = self.policy.lifecycle
+        frozen, now = c.s.frozen, c.now
+        total = low = 0
+        for eid, es in c.s.entities.items():
+            st = es.state
+            if st == State.STARTING or st in ISOLATED_STATES:
+                continue
+            if es.absent_since is not None and not frozen and not now - es.absent_since < ABSENT_GRACE_S:
+                continue
+            o = obs.get(eid)
+            bad = o is None or not o.usable(lc)
+            if bad and es.last_known_ts is None and not frozen:
+                continue  # never usable yet (a fresh start, counters seen once): warming up, not an outage
+            total += 1
+            low += bad
+        return total, low
+
+    def _app_xids(self, c: Cycle, life: list[HealthTuple], gpus: list[HealthTuple]) -> dict[str, str]:
+        """Charge application Xids to jobs; return the nodes that distinct jobs keep hitting."""
+        p = self.policy
+        app = {f"xid:{x}" for x in p.xid.app_xids}
+        win = p.attribution.app_xid_window_s
+        # GPU tuples know their job; a node tuple is used only when none of its GPUs said anything.
+        hits: list[tuple[str, str, str]] = []  # node, job, flag
+        seen_nodes: set[str] = set()
+        for g in gpus:
+            for f in g.flags:
+                if f in app:
+                    n = node_of(g)
+                    hits.append((n, g.labels.get("job", "") or "unknown", f))
+                    seen_nodes.add(n)
+        for t in life:
+            if t.kind == "node" and t.entity not in seen_nodes:
+                for f in t.flags:
+                    if f in app:
+                        hits.append((t.entity, t.labels.get("job", "") or "unknown", f))
+        jobs: dict[str, set[str]] = defaultdict(set)
+        job_xids: dict[str, set[str]] = defaultdict(set)
+        for n, job, f in hits:
+            c.s.app_xids.setdefault(n, {})[job] = c.now
+            jobs[job].add(n)
+            job_xids[job].add(f)
+        for n in list(c.s.app_xids):
+            kept = {j: ts for j, ts in c.s.app_xids[n].items() if c.now - ts <= win}
+            if kept:
+                c.s.app_xids[n] = kept
+            else:
+                del c.s.app_xids[n]
+        for job in sorted(jobs):
+            c.incident(f"job:{job}", f"job/{job}", "app_xid:job",
+                       {"severity": "ticket", "job": job, "xids": sorted(job_xids[job]),
+                        "nodes": sorted(jobs[job])[:20], "n_nodes": len(jobs[job])},
+                       sig=[len(jobs[job]), sorted(job_xids[job])])
+        for job in sorted({j for js in c.s.app_xids.values() for j in js} - set(jobs)):
+            incidents.refresh(c.s.incidents, f"job:{job}", c.now)  # still inside its window: still open
+        out: dict[str, str] = {}
+        for n, js in c.s.app_xids.items():
+            if len(js) >= p.attribution.app_xid_distinct_jobs:
+                out[n] = f"attribution:app_xid:{len(js)}_jobs"
+        return out
+
+    def _versions(self, c: Cycle, obs: Mapping[str, Observation | None]) -> dict[tuple[str, str], str]:
+        """Version label values that failures correlate with: (label, value) -> page reason."""
+        p = self.policy
+        a = p.attribution
+        lc = p.lifecycle
+        out: dict[tuple[str, str], str] = {}
+        kinds: Iterable[str] = LIFECYCLE_KINDS
+        if self.fast:
+            # a kind with fewer unhealthy entities than version_min_entities has nothing to say: count
+            # them in one pass before building anything
+            n_bad: dict[str, int] = defaultdict(int)
+            minc, deg = lc.min_confidence, lc.degraded_below
+            ents = c.s.entities
+            for eid, o in obs.items():
+                if (o is not None and o.value is not None and o.confidence >= minc
+                        and (o.gate or o.value < deg)):
+                    n_bad[ents[eid].kind] += 1
+            kinds = [k for k in LIFECYCLE_KINDS if n_bad[k] >= a.version_min_entities]
+        for kind in kinds:
+            usable = {eid: o for eid, o in obs.items()
+                      if o is not None and o.usable(lc) and c.s.entities[eid].kind == kind}
+            bad = {eid for eid, o in usable.items() if o.gate or (o.value is not None and o.value < lc.degraded_below)}
+            if len(bad) < a.version_min_entities:
+                continue
+            for label in a.version_labels:
+                pop: dict[str, int] = defaultdict(int)
+                nbad: dict[str, int] = defaultdict(int)
+                for eid in usable:
+                    v = c.s.entities[eid].labels.get(label)
+                    if v is None:
+                        continue
+                    pop[v] += 1
+                    if eid in bad:
+                        nbad[v] += 1
+                total_pop = sum(pop.values())
+                for v, k in sorted(nbad.items()):
+                    if k < a.version_min_entities or k / len(bad) < a.version_fraction:
+                        continue
+                    rate = k / pop[v]
+                    other_pop = total_pop - pop[v]
+                    if other_pop > 0:
+                        other_rate = (sum(nbad.values()) - k) / other_pop
+                        if not rate > 2 * other_rate:
+                            continue
+                    elif rate < a.version_fraction:
+                        continue
+                    out[(label, v)] = f"version:{label}={v}"
+                    c.incident(f"version:{kind}:{label}={v}", f"version/{label}={v}", "version_correlation",
+                               {"label": label, "value": v, "kind": kind, "unhealthy": k,
+                                "unhealthy_total": len(bad), "population": pop[v]}, sig=k)
+        return out
+
+    def _veto(self, c: Cycle, es: EntityLifecycle, rule: Rule, suspects: Mapping[tuple[str, str], str],
+              approved: bool = False) -> str | None:
+        """Why this remediation may not happen now (None: it may). ``approved``: a human acknowledged
+        (``ack`` to QUARANTINED) a quarantine that budgets, TP groups, versions or a freeze held back."""
+        if approved and rule.dst in REMEDIATION_TARGETS:
+            return None
+        signal_driven = rule.cond in SIGNAL_CONDS or rule.cond in (Cond.HARD_GATE, Cond.DRAIN_RESET)
+        if c.s.frozen and signal_driven and rule.dst in WORSE_STATES:
+            return "frozen:fleet_confidence"  # the telemetry itself is in doubt
+        if rule.dst not in REMEDIATION_TARGETS:
+            return None
+        if es.state in ISOLATED_STATES or rule.cond in (Cond.HUMAN_QUARANTINE, Cond.HUMAN_READY):
+            return None  # already out of service, or a human said so
+        if (es.kind == "replica" and es.overload_until is not None and c.now < es.overload_until
+                and rule.cond in SIGNAL_CONDS):
+            # the smallest tier that fits: overload was answered at the instance (concurrency limit)
+            return "held:overload"
+        p = self.policy
+        for label in p.attribution.version_labels:
+            v = es.labels.get(label)
+            if v is not None and (label, v) in suspects:
+                return suspects[(label, v)]
+        b = p.budgets
+        hard = self._hard_gate(rule, es.last_reason)
+        if es.kind == "node" and not hard:
+            # a confirmed hard gate's node already costs its group its capacity: isolating it costs nothing
+            g = es.labels.get("tp_group")
+            if g:
+                # isolations that still cost the group capacity: FAILED is a human's and does not count
+                isolated = sum(1 for o in c.s.entities.values() if o.entity != es.entity and o.kind == "node"
+                               and o.labels.get("tp_group") == g and o.state in REMEDIATION_TARGETS)
+                if isolated >= b.max_per_tp_group:
+                    c.incident(f"tp_group:{g}", f"tp_group/{g}", "tp_group_limit",
+                               {"tp_group": g, "isolated": isolated, "wanted": es.entity,
+                                "limit": b.max_per_tp_group}, sig=isolated)
+                    return f"tp_group:{g}"
+        pool = es.labels.get("pool", "default")
+        key = budget_key(es.kind, pool, hard)
+        if c.pool_sizes is None:
+            c.pool_sizes = defaultdict(int)
+            for o in c.s.entities.values():
+                c.pool_sizes[f"{o.kind}:{o.labels.get('pool', 'default')}"] += 1
+        size = c.pool_sizes[f"{es.kind}:{pool}"]
+        if hard:
+            allowed = max(b.hard_gate_min_per_hour, math.floor(b.hard_gate_fraction_per_hour * size))
+        else:
+            allowed = max(b.quarantine_min_per_hour, math.floor(b.quarantine_fraction_per_hour * size))
+        # Distinct entities: isolating the same node again (a relapse) spends nothing new.
+        spent = {e for ts, k, e in c.s.ledger if k == key and c.now - ts < b.window_s}
+        used = len(spent)
+        if es.entity not in spent and used >= allowed:
+            c.incident(f"budget:{es.kind}:{pool}", f"pool/{pool}", "budget_exhausted",
+                       {"pool": pool, "kind": es.kind, "used": used, "allowed": allowed, "pool_size": size,
+                        "wanted": es.entity, "window_s": b.window_s, "budget": "hard_gate" if hard else "rate"},
+                       sig=used)
+            return f"budget:{pool}" + (":hard_gate" if hard else "")
+        return None
+
+    def _hard_gate(self, rule: Rule, reason: str) -> bool:
+        """A confirmed hard gate: the hardware is already out of service (a GPU off the bus, a DBE, a
+        catalog action that needs a reset or reboot), not a score's judgement or an inference."""
+        if rule.cond == Cond.DRAIN_RESET:
+            return True
+        return rule.cond == Cond.HARD_GATE and is_hard_gate_reason(reason, self.policy)
+
+    def _soft_fallback(self, c: Cycle, es: EntityLifecycle, why: str, o: Observation | None) -> None:
+        if es.blocked == why:
+            return
+        if es.blocked is None:
+            es.blocked_since = c.now
+        es.blocked = why
+        if why.startswith("frozen"):
+            return  # a metrics outage: no action at all
+        if es.kind == "node":
+            es.no_new_work = True
+            c.emit(IntentKind.NO_NEW_WORK, es.entity, f"held:{why}", {"instead_of": "quarantine"}, Tier.NODE, soft=True)
+        else:
+            cur = 1.0 if es.weight is None else es.weight
+            val = cur if o is None or o.value is None else min(cur, o.value)
+            w = round(max(self.policy.router.min_weight, val * 0.5), 2)
+            es.weight = w
+            c.emit(IntentKind.SET_WEIGHT, es.entity, f"held:{why}", {"weight": w, "instead_of": "quarantine"},
+                   Tier.INSTANCE, soft=True)

@@ -1,0 +1,275 @@
+"""Health tuples as the decider reads them, and their reuse from one cycle to the next. Pure.
+
+The engine's FleetHealth is columnar (``score.engine``): per entity kind, arrays of value, confidence and
+worst category, with reasons, flags and metadata labels beside them. The decider needs full
+``HealthTuple`` objects only for lifecycle entities (nodes and replicas) and for the few GPUs that carry
+flags (a 100k-GPU fleet has few), and never reads the per-signal details or category maps, so
+``_light_tuples`` builds tuples straight from the columns without them. A plain mapping or iterable of
+tuples (tests, replay) is accepted as well.
+
+Reuse across cycles (the decider's ``fast`` path): ``_light_tuples_reusing`` keeps last cycle's columns
+as bit patterns (``_Rows``) and hands back the same tuple object for every row whose columns, reason,
+flags, worst member and labels are unchanged; ``_serving_replicas`` does the same for the serving
+consumer's replica rows. Identity then carries the meaning "nothing changed" to the decider's other
+caches. These caches are answers, never state: they live in the ``Decider`` object the caller holds,
+and a cache that cannot be compared (a different set of names, categories or shapes) is rebuilt whole.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from fleethealth.score.health import EntityKind, HealthTuple
+
+LIFECYCLE_KINDS = ("node", "replica")
+
+
+class HealthSource(Protocol):
+    """What the decider reads of a FleetHealth (score.engine): tuples keyed by entity id."""
+
+    @property
+    def tuples(self) -> Mapping[str, HealthTuple]: ...
+
+
+def _all_tuples(health: HealthSource | Mapping[str, HealthTuple] | Iterable[HealthTuple]) -> list[HealthTuple]:
+    if hasattr(health, "tuples"):
+        return list(health.tuples.values())
+    if isinstance(health, Mapping):
+        return list(health.values())
+    return list(health)
+
+
+LabelMemo = dict[tuple[str, str], dict[str, str]]
+
+
+def _lifecycle_and_flagged(health: Any, memo: LabelMemo | None = None,
+                           rows: dict[str, _Rows] | None = None) -> tuple[list[HealthTuple], list[HealthTuple]]:
+    """Node and replica tuples, and the GPU tuples that carry flags. The engine's FleetHealth is
+    columnar: only the flagged GPUs are turned into tuples (a 100k-GPU fleet has few). ``rows``: the
+    decider's cache of last cycle's columns and tuples (unchanged rows keep their tuple)."""
+    kinds = getattr(health, "kinds", None)
+    if kinds is not None and hasattr(health, "by_kind") and hasattr(health, "tuples"):
+        try:
+            if rows is None:
+                life = [t for k in LIFECYCLE_KINDS for t in _light_tuples(health, k, memo)]
+            else:
+                life = [t for k in LIFECYCLE_KINDS for t in _light_tuples_reusing(health, k, memo, rows)]
+        except (AttributeError, TypeError, IndexError, KeyError):  # an engine without these columns
+            if rows is not None:
+                rows.clear()
+            life = [t for k in LIFECYCLE_KINDS for t in health.by_kind(k)]
+        gpus: list[HealthTuple] = []
+        ks = kinds.get("gpu")
+        if ks is not None:
+            for i in sorted(ks.flags):
+                if ks.flags[i]:
+                    t = health.get(ks.names[i])
+                    if t is not None:
+                        gpus.append(t)
+        return life, gpus
+    tuples = _all_tuples(health)
+    return ([t for t in tuples if t.kind in LIFECYCLE_KINDS],
+            [t for t in tuples if t.kind == "gpu" and t.flags])
+
+
+def _replica_tuple(name: str, kind: EntityKind, value: float, confidence: float, reason: str, now: float) -> HealthTuple:
+    """A serving tuple as the router reads it: value (None for NaN), confidence, reason."""
+    v = float(value)
+    return HealthTuple(entity=name, kind=kind, value=None if v != v else v,
+                       confidence=float(confidence), worst=None, reason=reason, ts=now)
+
+
+def _serving_replicas(serving: Any, cache: list[Any] | None = None) -> dict[str, HealthTuple]:
+    """The serving consumer's replica tuples: only value, confidence and reason are read (router
+    weights), so the engine's columns are read without metadata labels or node tuples. ``cache``: a
+    one-slot list holding last cycle's (names, value bits, confidence bits, reasons, tuples); a row
+    unchanged bit for bit keeps its tuple object."""
+    kinds = getattr(serving, "kinds", None)
+    if kinds is not None and hasattr(serving, "by_kind") and hasattr(serving, "tuples"):
+        try:
+            ks = kinds.get("replica")
+            if ks is None:
+                return {}
+            now = serving.now
+            if cache is not None:
+                vb, cb, rs = _bits(ks.value), _bits(ks.confidence), [str(r) for r in ks.reason]
+                prev = cache[0] if cache else None
+                if (prev is not None and (ks.names is prev[0] or ks.names == prev[0])
+                        and vb.shape == prev[1].shape and cb.shape == prev[2].shape):
+                    same = ((vb == prev[1]) & (cb == prev[2])).tolist()
+                    tuples = list(prev[4])
+                    vals, cfs = vb.view(np.float64), cb.view(np.float64)
+                    for i, name in enumerate(prev[0]):
+                        if not same[i] or rs[i] != prev[3][i]:
+                            tuples[i] = _replica_tuple(name, ks.kind, vals[i], cfs[i], rs[i], now)
+                    names = prev[0]
+                else:
+                    names = list(ks.names)
+                    tuples = [_replica_tuple(name, ks.kind, v, cf, r, now)
+                              for name, v, cf, r in zip(names, ks.value.tolist(), ks.confidence.tolist(), rs,
+                                                        strict=True)]
+                cache[:] = [(names, vb, cb, rs, tuples)]
+                return dict(zip(names, tuples, strict=True))
+            values = ks.value.tolist()
+            conf = ks.confidence.tolist()
+            return {name: _replica_tuple(name, ks.kind, v, cf, str(r), now)
+                    for name, v, cf, r in zip(ks.names, values, conf, ks.reason, strict=True)}
+        except (AttributeError, TypeError, IndexError, KeyError, ValueError):
+            if cache is not None:
+                cache.clear()
+    return {t.entity: t for t in _lifecycle_and_flagged(serving)[0] if t.kind == "replica"}
+
+
+def _light_tuples(health: Any, kind: str, memo: LabelMemo | None = None) -> list[HealthTuple]:
+    """The engine's tuples without the per-signal details and category maps the decider never reads
+    (building those was most of a cycle's cost). ``memo``: labels already fetched for views with the
+    same set of series (the engine's lazy labels are the rest of the cost)."""
+    ks = health.kinds.get(kind)
+    if ks is None:
+        return []
+    meta = health.meta
+    values = ks.value.tolist()
+    conf = ks.confidence.tolist()
+    worst = ks.worst.tolist()
+    out = []
+    for i, name in enumerate(ks.names):
+        v = values[i]
+        w = int(worst[i])
+        if memo is None:
+            labels = meta.labels(kind, i)
+        else:
+            labels = memo.get((kind, name))  # type: ignore[assignment]
+            if labels is None:
+                labels = memo[(kind, name)] = meta.labels(kind, i)
+        out.append(HealthTuple(
+            entity=name, kind=ks.kind, value=None if v != v else float(v), confidence=float(conf[i]),
+            worst=ks.categories[w] if w >= 0 else None, reason=str(ks.reason[i]), labels=labels,
+            worst_member=ks.worst_member.get(i), flags=tuple(ks.flags.get(i, ())), ts=health.now,
+        ))
+    return out
+
+
+@dataclass(slots=True)
+class _Rows:
+    """One kind's columns as last read, and the tuples built from them: a row whose columns are
+    bit-for-bit the same (and whose labels come from the same memo) gets the same tuple object again."""
+
+    kind: str
+    names: list[str]
+    value: np.ndarray  # float64 bits as int64
+    conf: np.ndarray
+    worst: np.ndarray
+    reason: list[str]
+    flags: dict[int, tuple[str, ...]]
+    worst_member: dict[int, str]
+    categories: list[str]
+    memo: LabelMemo | None
+    tuples: list[HealthTuple]
+
+
+def _bits(a: Any) -> np.ndarray:
+    return np.array(a, np.float64).view(np.int64)  # a copy: the engine's arrays are not ours to keep
+
+
+def _changed_rows(ks: Any, prev: _Rows) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str],
+                                                  dict[int, tuple[str, ...]], dict[int, str]] | None:
+    """Which rows of ``ks`` differ from ``prev`` (None: not comparable, rebuild all). Also returns the
+    new columns in the cached form."""
+    names = ks.names
+    if names is not prev.names and names != prev.names:
+        return None
+    if list(ks.categories) != prev.categories:
+        return None
+    value, conf = _bits(ks.value), _bits(ks.confidence)
+    worst = np.array(ks.worst, np.int64)
+    if value.shape != prev.value.shape or conf.shape != prev.conf.shape or worst.shape != prev.worst.shape:
+        return None
+    changed = (value != prev.value) | (conf != prev.conf) | (worst != prev.worst)
+    reason = [str(r) for r in ks.reason]
+    if reason != prev.reason:
+        for i, (a, b) in enumerate(zip(reason, prev.reason, strict=True)):
+            if a != b:
+                changed[i] = True
+    flags = {int(i): tuple(f) for i, f in ks.flags.items()}
+    if flags != prev.flags:
+        for i in set(flags) | set(prev.flags):
+            if flags.get(i, ()) != prev.flags.get(i, ()):
+                changed[i] = True
+    wm = dict(ks.worst_member)
+    if wm != prev.worst_member:
+        for i in set(wm) | set(prev.worst_member):
+            if wm.get(i) != prev.worst_member.get(i):
+                changed[i] = True
+    return changed, value, conf, reason, flags, wm
+
+
+def _light_tuples_reusing(health: Any, kind: str, memo: LabelMemo | None, cache: dict[str, _Rows]) -> list[HealthTuple]:
+    """``_light_tuples``, handing back last cycle's tuple object for every row whose columns and labels
+    are unchanged (a steady fleet: nearly all). The tuples' ``ts`` is then that of the cycle that built
+    them; the decider never reads it. Without a memo (no ``labels_key``: the set of series may have
+    changed) every row's labels are asked for, as ``_light_tuples`` does, and a row is unchanged only if
+    they are equal too."""
+    ks = health.kinds.get(kind)
+    prev = cache.get(kind)
+    if ks is None:
+        cache.pop(kind, None)
+        return []
+    asked: list[dict[str, str]] | None = None
+    if memo is None:
+        meta = health.meta
+        asked = [meta.labels(kind, i) for i in range(len(ks.names))]
+    diff = None if prev is None or prev.memo is not memo else _changed_rows(ks, prev)
+    if diff is None or prev is None:
+        if asked is None:
+            out = _light_tuples(health, kind, memo)
+        else:
+            out = [_tuple_at(health, ks, i, asked[i]) for i in range(len(ks.names))]
+        cache[kind] = _Rows(kind, list(ks.names), _bits(ks.value), _bits(ks.confidence), np.array(ks.worst, np.int64),
+                            [str(r) for r in ks.reason], {int(i): tuple(f) for i, f in ks.flags.items()},
+                            dict(ks.worst_member), list(ks.categories), memo, out)
+        return out
+    changed, value, conf, reason, flags, wm = diff
+    if asked is not None:
+        for i, lab in enumerate(asked):
+            if not changed[i] and lab != prev.tuples[i].labels:
+                changed[i] = True
+    tuples = list(prev.tuples)
+    if changed.any():
+        meta = health.meta
+        for i in np.flatnonzero(changed).tolist():
+            if asked is not None:
+                labels = asked[i]
+            else:
+                assert memo is not None
+                name = ks.names[i]
+                labels = memo.get((kind, name))  # type: ignore[assignment]
+                if labels is None:
+                    labels = memo[(kind, name)] = meta.labels(kind, i)
+            tuples[i] = _tuple_at(health, ks, i, labels)
+    cache[kind] = _Rows(kind, prev.names, value, conf, np.array(ks.worst, np.int64), reason, flags, wm,
+                        prev.categories, memo, tuples)
+    return tuples
+
+
+def _tuple_at(health: Any, ks: Any, i: int, labels: dict[str, str]) -> HealthTuple:
+    """Row ``i`` of the engine's columns as ``_light_tuples`` builds it."""
+    v = float(ks.value[i])
+    w = int(ks.worst[i])
+    return HealthTuple(
+        entity=ks.names[i], kind=ks.kind, value=None if v != v else v, confidence=float(ks.confidence[i]),
+        worst=ks.categories[w] if w >= 0 else None, reason=str(ks.reason[i]), labels=labels,
+        worst_member=ks.worst_member.get(i), flags=tuple(ks.flags.get(i, ())), ts=health.now,
+    )
+
+
+def node_of(t: HealthTuple) -> str:
+    if t.kind == "node":
+        return t.entity
+    for k in ("node", "Hostname", "hostname"):
+        if t.labels.get(k):
+            return t.labels[k]
+    return t.entity.rsplit("/", 1)[0]
