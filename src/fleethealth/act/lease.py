@@ -18,7 +18,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -36,8 +36,13 @@ class LeaseElector:
                  namespace: str = "fleethealth-system", lease_duration_s: float = 15.0,
                  renew_deadline_s: float | None = None, clock: Callable[[], float] = time.monotonic,
                  wall: Callable[[], float] = time.time, retry_period_s: float | None = None,
-                 on_acquired: Callable[[], None] | None = None) -> None:
+                 on_acquired: Callable[[], None] | None = None, labels: Mapping[str, str] | None = None,
+                 annotations: Callable[[], Mapping[str, str]] | None = None) -> None:
         self.kube = kube
+        # Lease metadata a sharded replica writes with each renewal (controller.shards: the shard-set label
+        # its replicas list by, and the shard's published confidence counts)
+        self.labels = dict(labels or {})
+        self.annotations = annotations
         self.identity = identity
         self.name = name
         self.namespace = namespace
@@ -54,6 +59,9 @@ class LeaseElector:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._leading = False
+        # The fencing epoch: the Lease's leaseTransitions when this replica took it (it only grows, one per
+        # change of holder), so a write carrying a lower epoch comes from a deposed leader (act.fence).
+        self.epoch: int | None = None
 
     def start(self) -> LeaseElector:
         """Step on a daemon thread every retry period until stop()."""
@@ -88,29 +96,54 @@ class LeaseElector:
     def is_leader(self) -> bool:
         return self._last_renew is not None and self.clock() - self._last_renew < self.renew_deadline_s
 
-    def step(self) -> bool:
-        """Acquire or renew once; returns whether this replica leads now."""
+    def step(self, lease: dict[str, Any] | None = None) -> bool:
+        """Acquire or renew once; returns whether this replica leads now. ``lease``: the Lease as just
+        listed (ShardLeases lists them all at once), sparing a GET."""
         # API unreachable or a lost race: leadership lapses by itself at the renew deadline.
         with contextlib.suppress(KubeError):
-            self._try()
+            self._try(lease)
         return self.is_leader()
+
+    def observe(self, lease: dict[str, Any], now: float | None = None) -> float:
+        """Note the Lease's record as seen (listed by someone else): expiry counts from when it last
+        changed here, whether or not this replica ever tried to take it. Returns that time."""
+        spec = lease.get("spec") or {}
+        record = (spec.get("holderIdentity"), spec.get("renewTime"), spec.get("acquireTime"))
+        if record != self._observed:
+            self._observed, self._observed_at = record, self.clock() if now is None else now
+        return self._observed_at
+
+    def _metadata(self, lease: dict[str, Any] | None = None) -> dict[str, Any]:
+        meta: dict[str, Any] = {"name": self.name, "namespace": self.namespace}
+        if lease is not None:
+            meta["resourceVersion"] = lease["metadata"]["resourceVersion"]
+        old = (lease or {}).get("metadata") or {}
+        labels = {**(old.get("labels") or {}), **self.labels}
+        annotations = dict(old.get("annotations") or {})
+        if self.annotations is not None:
+            annotations.update(self.annotations())
+        if labels:
+            meta["labels"] = labels
+        if annotations:
+            meta["annotations"] = annotations
+        return meta
 
     def _spec(self, acquire_time: str | None, transitions: int) -> dict[str, Any]:
         now = micro_time(self.wall())
         return {"holderIdentity": self.identity, "leaseDurationSeconds": int(round(self.lease_duration_s)),
                 "acquireTime": acquire_time or now, "renewTime": now, "leaseTransitions": transitions}
 
-    def _try(self) -> None:
+    def _try(self, listed: dict[str, Any] | None = None) -> None:
         now = self.clock()
         try:
-            lease = self.kube.get_lease(self.namespace, self.name)
+            lease = listed if listed is not None else self.kube.get_lease(self.namespace, self.name)
         except KubeError as e:
             if not e.not_found:
                 raise
             self.kube.create_lease(self.namespace, {
                 "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-                "metadata": {"name": self.name, "namespace": self.namespace},
-                "spec": self._spec(None, 0)})
+                "metadata": self._metadata(), "spec": self._spec(None, 0)})
+            self.epoch = 0
             self._won(now)
             return
         spec = lease.get("spec") or {}
@@ -127,9 +160,7 @@ class LeaseElector:
         acquire = spec.get("acquireTime") if holder == self.identity else None
         if holder != self.identity:
             transitions += 1
-        body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-                "metadata": {"name": self.name, "namespace": self.namespace,
-                             "resourceVersion": lease["metadata"]["resourceVersion"]},
+        body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": self._metadata(lease),
                 "spec": self._spec(acquire, transitions)}
         try:
             self.kube.replace_lease(self.namespace, self.name, body)  # 409 if another replica raced us
@@ -140,6 +171,7 @@ class LeaseElector:
             raise
         if holder != self.identity:
             self.transitions += 1
+        self.epoch = transitions
         self._won(now)
 
     def _won(self, now: float) -> None:

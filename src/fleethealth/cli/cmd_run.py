@@ -54,6 +54,9 @@ def register(app: typer.Typer) -> None:
             fail(str(e))
         except Exception as e:  # a bad override
             fail(f"invalid option: {e}")
+        if cfg.shards is not None:  # several replicas, one Lease per shard: controller.sharded
+            _run_sharded(cfg, once or cycles > 0)
+            return
         try:
             asm = build(cfg)
         except PolicyError as e:
@@ -107,3 +110,24 @@ def register(app: typer.Typer) -> None:
             if server is not None:
                 server.stop()
             asm.close()
+
+
+def _run_sharded(cfg: Any, bounded: bool) -> None:
+    from fleethealth.controller.sharded import ShardedReplica
+    from fleethealth.policy import PolicyError
+
+    if bounded:
+        fail("--once and --cycles run one controller; a config with 'shards' runs until stopped")
+    try:
+        replica = ShardedReplica(cfg)
+    except PolicyError as e:
+        fail(str(e))
+    except Exception as e:  # the Kubernetes client: one line, exit 2
+        fail(f"cannot start the sharded controller: {type(e).__name__}: {e}")
+    signal.signal(signal.SIGTERM, lambda signum, frame: replica.request_stop())
+    signal.signal(signal.SIGINT, lambda signum, frame: replica.request_stop())
+    names = ", ".join(s.name for s in replica.specs)
+    logging.getLogger("fleethealth.controller").info(
+        "fleethealth controller: sharded replica %s, every %gs, shards %s (Lease prefix %s)",
+        replica.identity, cfg.interval_s, names, cfg.shards.lease_prefix)
+    replica.run()

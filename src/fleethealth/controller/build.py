@@ -163,8 +163,11 @@ def _active_test_events(tests: Any) -> Callable[[float], list[Event]]:
     return poll
 
 
-def build(cfg: ControllerConfig, *, clock: Clock | None = None, policy: Policy | None = None) -> Assembly:
-    """Everything but the HTTP endpoint and the run loop. Raises PolicyError / StoreError with one line."""
+def build(cfg: ControllerConfig, *, clock: Clock | None = None, policy: Policy | None = None,
+          node_filter: Callable[[Mapping[str, str]], bool] | None = None) -> Assembly:
+    """Everything but the HTTP endpoint and the run loop. Raises PolicyError / StoreError with one line.
+    ``node_filter``: which Kubernetes nodes (by their labels) are this controller's (a shard's pools):
+    the others are left out of its inventory, and their active-test and remediation results with them."""
     from fleethealth.act.failpoint import Failpoints
 
     policy = policy or load_policy(cfg.policy)
@@ -231,7 +234,8 @@ def build(cfg: ControllerConfig, *, clock: Clock | None = None, policy: Policy |
 
             if cache["at"] is None or _t.monotonic() - cache["at"] > k.inventory_every_s:
                 inv = read_inventory(kube, cfg.actuation, with_events=False)
-                cache["cap"] = {n: i.gpu_capacity for n, i in inv.nodes.items() if i.gpu_capacity > 0}
+                cache["cap"] = {n: i.gpu_capacity for n, i in inv.nodes.items()
+                                if i.gpu_capacity > 0 and (node_filter is None or node_filter(i.labels))}
                 cache["at"] = _t.monotonic()
             return dict(cache["cap"])
 
@@ -242,6 +246,14 @@ def build(cfg: ControllerConfig, *, clock: Clock | None = None, policy: Policy |
             return {"node": sorted(capacity())}
 
         inventory = known_nodes
+        if node_filter is not None and events is not None:
+            every = events
+
+            def own_events(now: float) -> list[Event]:
+                mine = set(capacity())  # another shard's node's results are that shard's to take
+                return [e for e in every(now) if e.entity.split("/", 1)[0] in mine]
+
+            events = own_events
     if cfg.evidence is not None:
         from fleethealth.act.evidence import EvidenceCollector, EvidenceIndex, PrometheusRange
 
@@ -260,7 +272,15 @@ def build(cfg: ControllerConfig, *, clock: Clock | None = None, policy: Policy |
     for a in actuators:
         for kind in getattr(a, "kinds", ()):
             routes.setdefault(kind, []).append(a)
-    runner = ActuationRunner(routes, ledger, cfg.actuation, is_leader=is_leader, failpoints=failpoints)
+    # Fencing: before every external write, the Lease still held at this leader's epoch and the store's
+    # claim still ours (act.fence); a zombie leader writes nothing.
+    from fleethealth.act.fence import Fence, Fences, LeaseFence, StoreFence
+
+    fences: list[Fence] = [LeaseFence(elector)] if elector is not None else []
+    if store is not None:
+        fences.append(StoreFence(store))
+    runner = ActuationRunner(routes, ledger, cfg.actuation, is_leader=is_leader, failpoints=failpoints,
+                             fence=Fences(fences) if fences else None)
 
     static_cap = dict(cfg.sources.gpu_capacity)
     if gpu_capacity is not None and static_cap:

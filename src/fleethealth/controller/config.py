@@ -26,6 +26,11 @@ kubernetes: {}                  # optional: node actions, drains, active tests, 
                                 # (lease_duration_s: 15: a standby takes over within it plus one cycle)
 alertmanager: {url: http://alertmanager:9093}   # optional: pages
 evidence: {dir: /var/lib/fleethealth/evidence}  # optional: bundles before drain/quarantine
+shards:                         # optional: several replicas, one Kubernetes Lease per shard
+  shards:
+    - {name: a, pools: [pool-1, pool-2]}
+    - {name: b, matcher: 'pool=~"gpu-.*"'}
+    - {name: rest, rest: true}
 api:                            # who may use the API (verbs: fleethealth.auth.access)
   token_file: /etc/fleethealth/tokens.yaml   # without Kubernetes; with it, TokenReview + RBAC
   read: loopback                # loopback (default) | open | authenticated: GET /api/v1/*
@@ -157,6 +162,54 @@ class KubernetesConfig(_Strict):
     node_remediation: NodeRemediationConfig | None = Field(default_factory=NodeRemediationConfig)
 
 
+class ShardConfig(_Strict):
+    """One shard (controller.shards): exactly one of ``pools``, ``matcher`` or ``rest``."""
+
+    name: str = Field(pattern=r"^[a-z0-9]([a-z0-9-]{0,40}[a-z0-9])?$")  # in Lease and schema names
+    pools: list[str] = Field(default_factory=list)
+    matcher: str = ""  # one PromQL label matcher, e.g. 'pool=~"gpu-.*"'
+    rest: bool = False  # every pool no other shard names (and series without the label)
+
+    @model_validator(mode="after")
+    def _one(self) -> ShardConfig:
+        from fleethealth.controller.shards import valid_matcher
+
+        if sum((bool(self.pools), bool(self.matcher), self.rest)) != 1:
+            raise ValueError("give exactly one of 'pools', 'matcher' or 'rest: true'")
+        if self.matcher and not valid_matcher(self.matcher):
+            raise ValueError(f'matcher {self.matcher!r} is not one PromQL label matcher (e.g. pool=~"a|b")')
+        return self
+
+
+class ShardsConfig(_Strict):
+    """Several replicas share the fleet: one Kubernetes Lease per shard (README: Shards)."""
+
+    shards: list[ShardConfig] = Field(min_length=1)
+    label: str = Field(default="pool", pattern=r"^[a-zA-Z_][a-zA-Z0-9_]*$")  # the label pools are named by
+    lease_prefix: str = Field(default="fleethealth", pattern=r"^[a-z0-9]([a-z0-9-]{0,40}[a-z0-9])?$")
+    # a shard's published confidence counts as all low after this long unchanged (default: the lease
+    # duration plus three intervals, longer than a take-over, so a take-over alone does not freeze)
+    stale_after_s: float | None = Field(default=None, gt=0)
+    # a shard free this long is taken by any replica, fair share or not (default: two retry periods)
+    grace_s: float | None = Field(default=None, ge=0)
+
+    @model_validator(mode="after")
+    def _disjoint(self) -> ShardsConfig:
+        names = [s.name for s in self.shards]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"shard names must be unique: {', '.join(dup)}")
+        seen: dict[str, str] = {}
+        for s in self.shards:
+            for p in s.pools:
+                if p in seen and seen[p] != s.name:
+                    raise ValueError(f"pool {p!r} is in two shards ({seen[p]}, {s.name}): it would be decided twice")
+                seen[p] = s.name
+        if sum(s.rest for s in self.shards) > 1:
+            raise ValueError("at most one shard may be the rest")
+        return self
+
+
 class AlertmanagerConfig(_Strict):
     url: str
 
@@ -196,6 +249,7 @@ class ControllerConfig(_Strict):
     alertmanager: AlertmanagerConfig | None = None
     evidence: EvidenceConfig | None = None
     api: ApiConfig = Field(default_factory=ApiConfig)
+    shards: ShardsConfig | None = None  # several replicas, one Lease per shard (controller.sharded)
 
     @field_validator("listen")
     @classmethod
@@ -212,6 +266,9 @@ class ControllerConfig(_Strict):
         s = self.sources
         if not (s.prometheus or s.scrape or s.kernel_logs or s.files):
             raise ValueError("sources: configure at least one of prometheus, scrape, kernel_logs, files")
+        if self.shards is not None and (self.kubernetes is None or s.prometheus is None):
+            raise ValueError("shards: need a 'kubernetes' section (one Lease per shard) and sources.prometheus "
+                             "(each shard reads its pools by label matchers)")
         return self
 
     @property

@@ -230,11 +230,15 @@ class PgConn:
             from psycopg.rows import dict_row, tuple_row
         except ImportError:
             raise StoreError("PostgreSQL state store needs psycopg 3 (pip install 'psycopg[binary]')") from None
+        from psycopg.conninfo import conninfo_to_dict
+
         ms = max(1, int(self.busy_timeout_s * 1000))
         try:
+            # the URL's own ``options`` (a shard's ``-c search_path=...``) go with ours, not lost to them
+            own = str(conninfo_to_dict(self.url).get("options") or "")
             self.raw = psycopg.connect(
                 self.url, autocommit=True, connect_timeout=max(1, int(self.connect_timeout_s)),
-                options=f"-c lock_timeout={ms} -c idle_in_transaction_session_timeout=60000",
+                options=f"-c lock_timeout={ms} -c idle_in_transaction_session_timeout=60000 {own}".strip(),
                 row_factory=dict_row if self.dict_rows else tuple_row)  # type: ignore[arg-type]
         except psycopg.Error as e:
             raise StoreUnavailable(f"{self.path}: cannot connect to PostgreSQL: {_one_line(e)}") from None

@@ -1,0 +1,217 @@
+"""Many Leases for one replica: one coordination.k8s.io/v1 Lease per shard plus one per replica
+(membership), stepped together on one thread (the I/O half of ``controller.shards``).
+
+Theory of operation
+- Every ``retry_period_s`` a step: renew this replica's membership Lease, LIST every Lease of the shard
+  set (label ``fleethealth.io/shard-set``) in one call, note each record as observed on the local clock
+  (expiry counts from when a record last changed here, as client-go does, so clock skew does not
+  matter), and hand what it saw to the pure ``controller.shards.plan``: renew the shards held, take the
+  ones the plan gives, release the ones beyond the fair share. Each shard Lease is a ``LeaseElector``
+  (same acquire/renew/409 rules as the single-leader case), stepped with the Lease just listed.
+- A renewal also writes the shard's publication (its confidence counts) into the Lease's annotations,
+  and every listed shard's annotation goes into the ``PeerBook`` (the fleet-wide freeze).
+- ``on_acquired(shard)`` / ``on_lost(shard)`` run on this thread when holding changes; ``holds(shard)`` is
+  what the shard's controller and actuation runner ask before deciding and acting (renew deadline rule:
+  a holder that could not renew for 2/3 of the lease duration stops before anyone else may take over).
+- Take-over after a holder dies: its shards' records stop changing; at most one lease duration plus one
+  retry period later they read free here; the preferred replica with room takes one at once, anyone
+  after ``grace_s`` more. Failures of the API are logged; holdings lapse by themselves at the deadline.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from fleethealth.act.kube_api import Kube, KubeError
+from fleethealth.act.lease import LeaseElector
+from fleethealth.controller.shards import PUBLICATION_ANNOTATION, LeaseView, PeerBook, Plan, plan
+
+log = logging.getLogger("fleethealth.shards")
+
+SET_LABEL = "fleethealth.io/shard-set"
+ROLE_LABEL = "fleethealth.io/role"
+
+
+def lease_name(prefix: str, kind: str, name: str) -> str:
+    """A valid Lease name (DNS subdomain) for a shard or a member."""
+    safe = re.sub(r"[^a-z0-9.-]+", "-", name.lower()).strip("-.") or "x"
+    return f"{prefix}-{kind}-{safe}"[:253]
+
+
+class ShardLeases:
+    def __init__(self, kube: Kube, identity: str, shards: Sequence[str], *, prefix: str = "fleethealth",
+                 namespace: str = "fleethealth-system", lease_duration_s: float = 15.0,
+                 retry_period_s: float | None = None, grace_s: float | None = None,
+                 stale_after_s: float | None = None, clock: Callable[[], float] = time.monotonic,
+                 publication: Callable[[str], str | None] | None = None,
+                 on_acquired: Callable[[str], None] | None = None,
+                 on_lost: Callable[[str], None] | None = None) -> None:
+        self.kube = kube
+        self.identity = identity
+        self.shards = list(shards)
+        self.prefix = prefix
+        self.namespace = namespace
+        self.lease_duration_s = lease_duration_s
+        self.retry_period_s = retry_period_s if retry_period_s is not None else max(0.05, lease_duration_s / 7.5)
+        self.grace_s = grace_s if grace_s is not None else 2 * self.retry_period_s
+        self.clock = clock
+        self.publication = publication
+        self.on_acquired = on_acquired
+        self.on_lost = on_lost
+        self.peers = PeerBook(stale_after_s if stale_after_s is not None else 3 * lease_duration_s)
+        self._labels = {SET_LABEL: prefix}
+        self.member = LeaseElector(kube, identity, lease_name(prefix, "member", identity), namespace,
+                                   lease_duration_s=lease_duration_s, clock=clock,
+                                   labels={**self._labels, ROLE_LABEL: "member"})
+        self.electors: dict[str, LeaseElector] = {
+            s: LeaseElector(kube, identity, lease_name(prefix, "shard", s), namespace,
+                            lease_duration_s=lease_duration_s, clock=clock,
+                            labels={**self._labels, ROLE_LABEL: "shard"}, annotations=self._annotations(s))
+            for s in self.shards}
+        self._others: dict[str, LeaseElector] = {}  # other replicas' member Leases, as observed
+        self._free_since: dict[str, float] = {}
+        self._held: set[str] = set()
+        self.last_plan = Plan()
+        self.lock = threading.Lock()  # held while stepping; readers of the PeerBook take it too
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _annotations(self, shard: str) -> Callable[[], dict[str, str]]:
+        def get() -> dict[str, str]:
+            text = self.publication(shard) if self.publication is not None else None
+            return {PUBLICATION_ANNOTATION: text} if text else {}
+        return get
+
+    # -- reads ---------------------------------------------------------------------------------------
+    def holds(self, shard: str) -> bool:
+        e = self.electors.get(shard)
+        return e is not None and e.is_leader()
+
+    def held(self) -> list[str]:
+        return sorted(s for s in self.shards if self.holds(s))
+
+    def peer_counts(self, shard: str) -> tuple[int, int]:
+        with self.lock:
+            return self.peers.peer_counts(shard, self.shards, self.clock())
+
+    def stale(self) -> list[str]:
+        with self.lock:
+            return self.peers.stale(self.shards, self.clock())
+
+    # -- one step ----------------------------------------------------------------------------------------
+    def _list(self) -> list[dict[str, Any]]:
+        path = f"/apis/coordination.k8s.io/v1/namespaces/{self.namespace}/leases"
+        return list(self.kube.api.request("GET", path, query={"labelSelector": f"{SET_LABEL}={self.prefix}"})
+                    .get("items", []))
+
+    def _live(self, e: LeaseElector, lease: dict[str, Any], now: float) -> str | None:
+        """The Lease's holder while its record is live as observed here, else None."""
+        seen = e.observe(lease, now)
+        spec = lease.get("spec") or {}
+        holder = spec.get("holderIdentity") or None
+        duration = float(spec.get("leaseDurationSeconds") or self.lease_duration_s)
+        return holder if holder and seen + duration > now else None
+
+    def step(self) -> Plan:
+        with self.lock:
+            return self._step()
+
+    def _step(self) -> Plan:
+        self.member.step()
+        now = self.clock()
+        try:
+            items = self._list()
+        except KubeError as err:
+            log.error("cannot list the shard Leases: %s", err)
+            items = []
+            listed_ok = False
+        else:
+            listed_ok = True
+        by_name: dict[str, dict[str, Any]] = {str((it.get("metadata") or {}).get("name")): it for it in items}
+        members = [self.identity]
+        for name, it in by_name.items():
+            labels = (it.get("metadata") or {}).get("labels") or {}
+            if labels.get(ROLE_LABEL) != "member" or name == self.member.name:
+                continue
+            other = self._others.get(name)
+            if other is None:
+                other = self._others[name] = LeaseElector(self.kube, "?", name, self.namespace,
+                                                          lease_duration_s=self.lease_duration_s, clock=self.clock)
+            holder = self._live(other, it, now)
+            if holder:
+                members.append(holder)
+        views: dict[str, LeaseView] = {}
+        for s, el in self.electors.items():
+            lease = by_name.get(el.name)
+            holder = self._live(el, lease, now) if lease is not None else None
+            if holder == self.identity and not el.is_leader():
+                holder = None  # past this replica's own renew deadline: treat as free, take it again
+            if lease is not None:
+                ann = ((lease.get("metadata") or {}).get("annotations") or {}).get(PUBLICATION_ANNOTATION)
+                self.peers.observe(s, ann, now)
+            if holder is None:
+                self._free_since.setdefault(s, now)
+            else:
+                self._free_since.pop(s, None)
+            views[s] = LeaseView(holder, now - self._free_since.get(s, now))
+        if not listed_ok:  # without a view of the others only renew what is held (never take blindly)
+            p = Plan(renew=tuple(s for s in self.shards if self.electors[s].is_leader()))
+        else:
+            p = plan(self.identity, self.shards, views, members, self.grace_s)
+        for s in p.release:
+            log.warning("%s gives shard %s up (holds more than its share of %d)", self.identity, s, p.fair_share)
+            self.electors[s].release()
+        for s in (*p.renew, *p.acquire):
+            self.electors[s].step(by_name.get(self.electors[s].name))
+        self.last_plan = p
+        self._notify()
+        return p
+
+    def _notify(self) -> None:
+        now_held = {s for s in self.shards if self.holds(s)}
+        for s in sorted(now_held - self._held):
+            log.warning("%s holds shard %s now", self.identity, s)
+            if self.on_acquired is not None:
+                self.on_acquired(s)
+        for s in sorted(self._held - now_held):
+            log.warning("%s lost shard %s", self.identity, s)
+            if self.on_lost is not None:
+                self.on_lost(s)
+        self._held = now_held
+
+    # -- the thread ---------------------------------------------------------------------------------
+    def start(self) -> ShardLeases:
+        if self._thread is None:
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._loop, name="shard-leases", daemon=True)
+            self._thread.start()
+        return self
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.step()
+            except Exception:  # a bug here must not end the shard leases silently
+                log.exception("shard lease step failed")
+                with self.lock:
+                    self._notify()
+            self._stop.wait(self.retry_period_s)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(10)
+            self._thread = None
+
+    def release_all(self) -> None:
+        """Clean shutdown: give every shard (and the membership) up, so others take over at once."""
+        with self.lock:
+            for e in self.electors.values():
+                e.release()
+            self.member.release()
+            self._notify()
