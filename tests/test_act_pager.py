@@ -32,6 +32,13 @@ def am() -> Iterator[tuple[AlertmanagerServer, Webhook]]:
         yield pair
 
 
+@pytest.fixture(scope="module")
+def am_hb() -> Iterator[tuple[AlertmanagerServer, Webhook]]:
+    """An Alertmanager of its own for the heartbeat tests (their pages stay active a while)."""
+    with alertmanager_with_webhook() as pair:
+        yield pair
+
+
 def test_page_kinds_and_alert_labels() -> None:
     fail = Intent(10.0, IntentKind.PAGE, "node-a", "gate:xid_79", {"severity": "page", "state": "FAILED", "n": 3})
     assert page_kind(fail) == "failed"
@@ -48,6 +55,98 @@ def test_page_kinds_and_alert_labels() -> None:
     resolved = Intent(9, IntentKind.FLEET_ALERT, "fleet", "fleet_confidence_restored", {"state": "resolved"})
     assert alert_for(fleet, 0)["labels"] == alert_for(resolved, 9)["labels"]  # same alert, so it resolves
     assert "endsAt" in alert_for(resolved, 9) and "endsAt" not in alert_for(fleet, 0)
+    # A page that promises a resolution ends hold_s after it is *sent* (not after the intent's time: an
+    # intent replayed from the outbox must not arrive already ended); a one-off page has no endsAt.
+    assert alert_for(fleet, 500.0, hold_s=300.0)["endsAt"] == "1970-01-01T00:13:20.000000Z"
+    assert "endsAt" not in alert_for(fail, 500.0, hold_s=300.0)
+    assert alert_for(resolved, 500.0, hold_s=300.0)["endsAt"] == "1970-01-01T00:00:09.000000Z"
+
+
+def _incident(ts: float, state: str, n: int, **extra: object) -> Intent:
+    return Intent(ts, IntentKind.PAGE, "pool/pool-hb", "budget_exhausted",
+                  {"severity": "page", "pool": "pool-hb", "state": state, "incident": "budget:node:pool-hb",
+                   "n": n, **extra})
+
+
+def _active(server: AlertmanagerServer, entity: str) -> list[dict[str, object]]:
+    return [a for a in server.alerts() if a["labels"].get("entity") == entity]
+
+
+def test_a_firing_page_stays_firing_until_its_incident_resolves(am_hb: tuple[AlertmanagerServer, Webhook],
+                                                                 tmp_path: Path) -> None:
+    """Real Alertmanager: a page sent once per incident would end at its endsAt (or, without one, at
+    resolve_timeout); the pager's heartbeat keeps it firing well past that until the resolved page."""
+    import time
+
+    server, hook = am_hb
+    hold_s = 2.0
+    pager = AlertmanagerPager(server.url, heartbeat_s=0.4, hold_s=hold_s)
+    cfg = ActuationConfig(mode="enforce", enforce=frozenset({IntentKind.PAGE}))
+    ledger = Ledger(tmp_path / "l.db")
+    runner = ActuationRunner({IntentKind.PAGE: [pager]}, ledger, cfg)
+    assert [r.status for r in runner.submit(_incident(100.0, "firing", 1))] == ["applied"]
+    wait_until(lambda: len(_active(server, "pool/pool-hb")) == 1, 20, what="page active")
+    first_end = _active(server, "pool/pool-hb")[0]["endsAt"]
+    # Heartbeats (each controller cycle calls retry_due) for three times the hold: still one firing alert.
+    t_end = time.monotonic() + 3 * hold_s
+    ends = {first_end}
+    while time.monotonic() < t_end:
+        runner.retry_due()
+        active = _active(server, "pool/pool-hb")
+        assert len(active) == 1 and active[0]["status"]["state"] == "active"
+        ends.add(active[0]["endsAt"])
+        time.sleep(0.2)
+    assert len(ends) > 3 and max(ends) > first_end  # endsAt moved on with each heartbeat
+    assert pager.heartbeats_total >= 3 and not ledger.actions(status="retrying")  # no intents, no retries
+    # One notification for the whole incident: heartbeats are deduplicated by label set.
+    fired = [a for a in hook.alerts() if a["labels"].get("entity") == "pool/pool-hb"]
+    assert {a["status"] for a in fired} == {"firing"}
+    # The resolution ends it at once and stops its heartbeat.
+    assert [r.status for r in runner.submit(_incident(200.0, "resolved", 2))] == ["applied"]
+    wait_until(lambda: not _active(server, "pool/pool-hb"), 20, what="page resolved")
+    wait_until(lambda: any(a["labels"].get("entity") == "pool/pool-hb" and a["status"] == "resolved"
+                           for a in hook.alerts()), 20, what="resolved notification")
+    assert pager.held == {}
+
+
+def test_without_heartbeats_a_page_ends_at_its_bounded_endsat(am_hb: tuple[AlertmanagerServer, Webhook],
+                                                             tmp_path: Path) -> None:
+    """The bound: a controller that stops (no leader left) does not leave a page firing for ever."""
+    server, _ = am_hb
+    pager = AlertmanagerPager(server.url, heartbeat_s=0.5, hold_s=1.5)
+    cfg = ActuationConfig(mode="enforce", enforce=frozenset({IntentKind.PAGE}))
+    runner = ActuationRunner({IntentKind.PAGE: [pager]}, Ledger(tmp_path / "l.db"), cfg)
+    it = Intent(300.0, IntentKind.PAGE, "pool/pool-end", "budget_exhausted",
+                {"pool": "pool-end", "state": "firing", "incident": "budget:node:pool-end", "n": 1})
+    assert [r.status for r in runner.submit(it)] == ["applied"]
+    wait_until(lambda: len(_active(server, "pool/pool-end")) == 1, 20, what="page active")
+    wait_until(lambda: not _active(server, "pool/pool-end"), 30, what="page ended at its endsAt")
+
+
+def test_a_new_pager_on_the_same_ledger_keeps_the_pages_firing(am_hb: tuple[AlertmanagerServer, Webhook],
+                                                              tmp_path: Path) -> None:
+    """After a restart or a failover the held pages come back from the ledger: the new leader's first
+    heartbeat refreshes them at once; a page already resolved is not revived."""
+    server, _ = am_hb
+    cfg = ActuationConfig(mode="enforce", enforce=frozenset({IntentKind.PAGE}))
+    old = ActuationRunner({IntentKind.PAGE: [AlertmanagerPager(server.url, heartbeat_s=30, hold_s=60)]},
+                          Ledger(tmp_path / "l.db"), cfg)
+    kept = Intent(400.0, IntentKind.PAGE, "pool/pool-kept", "budget_exhausted",
+                  {"pool": "pool-kept", "state": "firing", "incident": "budget:node:pool-kept", "n": 1})
+    done = Intent(400.0, IntentKind.PAGE, "pool/pool-done", "budget_exhausted",
+                  {"pool": "pool-done", "state": "firing", "incident": "budget:node:pool-done", "n": 2})
+    closed = Intent(401.0, IntentKind.PAGE, "pool/pool-done", "budget_exhausted",
+                    {"pool": "pool-done", "state": "resolved", "incident": "budget:node:pool-done", "n": 3})
+    assert [r.status for r in old.submit_all([kept, done, closed])] == ["applied"] * 3
+    wait_until(lambda: len(_active(server, "pool/pool-kept")) == 1 and not _active(server, "pool/pool-done"),
+               20, what="one page firing, one resolved")
+    before = _active(server, "pool/pool-kept")[0]["endsAt"]
+    new_pager = AlertmanagerPager(server.url, heartbeat_s=30, hold_s=600)
+    new = ActuationRunner({IntentKind.PAGE: [new_pager]}, Ledger(tmp_path / "l.db"), cfg)
+    new.retry_due()  # the new leader's first cycle
+    assert set(new_pager.held) == {tuple(sorted(alert_for(kept, 0)["labels"].items()))}
+    wait_until(lambda: _active(server, "pool/pool-kept")[0]["endsAt"] > before, 20, what="refreshed endsAt")
+    assert not _active(server, "pool/pool-done")
 
 
 def test_pages_reach_the_webhook_deduplicated(am: tuple[AlertmanagerServer, Webhook], tmp_path: Path) -> None:

@@ -5,6 +5,11 @@ intent writes nothing (the node's resourceVersion does not move). Node spec patc
 resourceVersion they were computed from, so a concurrent writer yields 409 (retried), never a lost
 update. Drain honours PodDisruptionBudgets through the Eviction API: a 429 is retried with backoff until
 the drain limit, then the pods still there are reported (deleted only if the config allows it).
+
+Fencing (act.fence): with a fence bound (``bind_fence``), every node write also records the leader's epoch
+in the annotation ``<prefix>/leader-epoch``, carries the resourceVersion it was computed from, and is
+refused (``StaleEpoch``: nothing written) when the node already carries a newer epoch, i.e. a newer leader
+wrote it; the runner also checks the Lease itself before every call.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from fleethealth.act.config import ActuationConfig
+from fleethealth.act.fence import EPOCH_ANNOTATION, Fence, StaleEpoch, stale_epoch
 from fleethealth.act.kube_api import Kube, KubeError
 from fleethealth.act.outcome import Outcome, is_retryable_status, node_of
 from fleethealth.decide.model import Intent, IntentKind, State, Tier
@@ -215,6 +221,25 @@ class KubeNodeActuator:
         self.active_tests = active_tests
         self.event_namespace = event_namespace
         self._drain_started: dict[str, float] = {}
+        self.fence: Fence | None = None
+
+    def bind_fence(self, fence: Fence) -> None:
+        """The runner's fence: its epoch goes into every node write, and a node a newer leader wrote is
+        left alone."""
+        self.fence = fence
+
+    def _epoch(self) -> int | None:
+        return None if self.fence is None else self.fence.epoch
+
+    def _check_epoch(self, node: str, md: dict[str, Any]) -> dict[str, str]:
+        """Raise StaleEpoch when the node carries a newer leader's epoch; else the annotation to write
+        with this change ({} when there is no epoch or it is already there)."""
+        mine = self._epoch()
+        key = f"{self.cfg.label_prefix}/{EPOCH_ANNOTATION}"
+        have = (md.get("annotations") or {}).get(key)
+        if stale_epoch(have, mine):
+            raise StaleEpoch(f"node {node} was written by a newer leader (epoch {have}, this one {mine})")
+        return {} if mine is None or have == str(mine) else {key: str(mine)}
 
     def should_stop(self) -> bool:
         return self._should_stop() if self._should_stop is not None else False
@@ -338,8 +363,11 @@ class KubeNodeActuator:
                 new = without_taints(taints, cfg.taint_key)
                 if len(new) != len(taints):
                     patch_spec["taints"] = new
+            epoch_ann = self._check_epoch(node, md)
             if not patch_md and not patch_spec:
                 break
+            if epoch_ann:
+                patch_md.setdefault("annotations", {}).update(epoch_ann)
             body: dict[str, Any] = {"metadata": {**patch_md, "resourceVersion": md.get("resourceVersion")}}
             if patch_spec:
                 body["spec"] = patch_spec
@@ -354,26 +382,53 @@ class KubeNodeActuator:
             break
         else:
             raise KubeError(409, "Conflict", f"node {node} kept changing under us")
-        obj = self.kube.get_node(node)
         msg = f"state={state} score={'unknown' if value is None else f'{value:.3f}'}"
         if conf is not None:
             msg += f" confidence={conf:.2f}"
         msg += f" reason={reason or intent.reason} intent={intent.key}"
-        cond = condition(obj, condition_type or cfg.condition_type, healthy, reason or str(intent.kind), msg,
-                         self.clock())
-        if cond is not None:
-            self.kube.patch_node_status(node, {"status": {"conditions": [cond]}})
+        for _ in range(3):
+            obj = self.kube.get_node(node)
+            cond = condition(obj, condition_type or cfg.condition_type, healthy, reason or str(intent.kind), msg,
+                             self.clock())
+            if cond is None:
+                break
+            md = obj.get("metadata", {})
+            self._check_epoch(node, md)
+            try:
+                # conditional on the version just read: a newer leader's write in between is a 409
+                self.kube.patch_node_status(node, {"metadata": {"resourceVersion": md.get("resourceVersion")},
+                                                   "status": {"conditions": [cond]}})
+            except KubeError as e:
+                if e.status == 409:
+                    continue  # the kubelet's status update, or another writer: recompute
+                raise
             changed["condition"] = True
+            break
+        else:
+            raise KubeError(409, "Conflict", f"node {node} status kept changing under us")
         if changed["spec"] or changed["condition"]:
             self._event(obj, intent, msg)
         return changed
 
     def _annotate(self, node: str, ann: dict[str, str]) -> dict[str, Any]:
-        obj = self.kube.get_node(node)
-        have = obj.get("metadata", {}).get("annotations") or {}
-        diff = {k: v for k, v in ann.items() if have.get(k) != v}
-        if diff:
-            self.kube.patch_node(node, {"metadata": {"annotations": diff}})
+        for _ in range(3):
+            obj = self.kube.get_node(node)
+            md = obj.get("metadata", {})
+            have = md.get("annotations") or {}
+            diff = {k: v for k, v in ann.items() if have.get(k) != v}
+            epoch_ann = self._check_epoch(node, md)
+            if not diff:
+                break
+            try:
+                self.kube.patch_node(node, {"metadata": {"annotations": {**diff, **epoch_ann},
+                                                         "resourceVersion": md.get("resourceVersion")}})
+            except KubeError as e:
+                if e.status == 409:
+                    continue  # written meanwhile: recompute from the fresh object
+                raise
+            break
+        else:
+            raise KubeError(409, "Conflict", f"node {node} kept changing under us")
         return {"node": node, "annotations": sorted(diff)}
 
     def _event(self, node_obj: dict[str, Any], intent: Intent, message: str, reason: str | None = None) -> None:

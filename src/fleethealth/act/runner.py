@@ -21,6 +21,15 @@ Theory of operation
   settled is never attempted again (``duplicate``); the only re-apply is after a process died between an
   actuator's call and its ledger record (the ledger says ``started``), and the actuators are idempotent
   (they write the difference from what is there, name Jobs and bundles by the key), so it changes nothing.
+- Fencing (act.fence): with a ``fence``, every external write is preceded by its check (the Lease still
+  held at this leader's epoch, the store's claim still ours). A refused write is ``fenced``: nothing is
+  attempted or recorded, the intent stays pending for the new leader, and the log gets one line per
+  episode (``fenced_total`` counts refusals). Actuators that write objects carry the epoch in them
+  (``bind_fence``: the node actuator's ``leader-epoch`` annotation) and refuse an object a newer leader
+  wrote (``StaleEpoch``, also ``fenced``).
+- Heartbeats: once per cycle (``retry_due``) the leader asks each actuator with a ``heartbeat()`` (the
+  pager: firing pages re-sent before Alertmanager's endsAt) to refresh what it keeps alive, behind the
+  same fence. A heartbeat is no intent: nothing in the ledger or the outbox.
 """
 
 from __future__ import annotations
@@ -34,6 +43,7 @@ from typing import Any, Protocol
 
 from fleethealth.act.config import ActuationConfig
 from fleethealth.act.failpoint import Failpoints
+from fleethealth.act.fence import Fence, Fenced
 from fleethealth.act.ledger import FINAL_STATUSES, Ledger, intent_from_dict
 from fleethealth.act.outcome import Actuator, Outcome
 from fleethealth.decide.model import Intent, IntentKind, Tier
@@ -62,6 +72,7 @@ class ActionResult:
     entity: str
     actuator: str
     # advised | applied | retrying | failed | killed | duplicate | waiting | not_leader | unrouted | breaker
+    # | fenced
     status: str
     attempts: int = 0
     error: str = ""
@@ -84,6 +95,7 @@ class ActuationRunner:
         is_leader: Callable[[], bool] | None = None,
         on_result: Callable[[ActionResult], None] | None = None,
         failpoints: Failpoints | None = None,
+        fence: Fence | None = None,
     ) -> None:
         if config is None:
             config = ActuationConfig()
@@ -108,6 +120,9 @@ class ActuationRunner:
         self.failpoints = failpoints or Failpoints()
         self.outbox_failed_total = 0
         self.outbox_settled_total = 0
+        self.fence = fence
+        self.fenced_total = 0  # writes refused because the lease was lost
+        self._fenced_why: str | None = None  # the refusal already logged (one line per episode)
         self._bind()
 
     def _bind(self) -> None:
@@ -122,6 +137,46 @@ class ActuationRunner:
             bind_evidence = getattr(a, "bind_evidence", None)
             if callable(bind_evidence) and links:
                 bind_evidence(links[0])
+            bind_fence = getattr(a, "bind_fence", None)
+            if callable(bind_fence) and self.fence is not None:
+                bind_fence(self.fence)
+            bind_recall = getattr(a, "bind_recall", None)
+            if callable(bind_recall):
+                bind_recall(self._recall_for(a.name))
+
+    def _recall_for(self, actuator: str) -> Callable[[], list[Intent]]:
+        """The intents ``actuator`` applied, oldest first (what a pager must keep firing after a restart)."""
+        def recall() -> list[Intent]:
+            try:
+                recs = [r for r in self.ledger.actions(status="applied", limit=100_000) if r.actuator == actuator]
+            except StoreError as e:
+                log.error("cannot recall what %s applied: %s", actuator, e)
+                return []
+            out: list[Intent] = []
+            for r in sorted(recs, key=lambda r: (float(r.intent.get("ts", 0.0)), r.first_ts)):
+                try:
+                    out.append(intent_from_dict(r.intent))
+                except (KeyError, ValueError, TypeError):
+                    continue
+            return out
+        return recall
+
+    # -- fencing -------------------------------------------------------------------------------------
+    def fenced(self) -> str | None:
+        """Why this replica must not write now (None: it may). Logged once per episode."""
+        if self.fence is None:
+            return None
+        why = self.fence.check()
+        if why is None:
+            if self._fenced_why is not None:
+                log.warning("actuation fence holds again (epoch %s)", self.fence.epoch)
+            self._fenced_why = None
+            return None
+        self.fenced_total += 1
+        if why != self._fenced_why:
+            log.warning("not acting: %s; pending intents stay for the leader", why)
+        self._fenced_why = why
+        return why
 
     # -- kill switch ---------------------------------------------------------------------------------
     def kill(self, reason: str = "") -> None:
@@ -165,7 +220,7 @@ class ActuationRunner:
     def drain(self, outbox: Outbox) -> list[ActionResult]:
         """Carry out every pending intent of the outbox (the store), oldest first; mark each one that
         settled. Call at start-up and once per cycle, after the cycle's commit."""
-        if not self.is_leader():
+        if not self.is_leader() or self.fenced() is not None:
             return []
         try:
             rows = outbox.intents(status="pending")
@@ -219,10 +274,14 @@ class ActuationRunner:
     def retry_due(self) -> list[ActionResult]:
         """Try again every action whose backoff has elapsed (call once per controller cycle)."""
         if not self.is_leader():
+            self._forget_held()
             return []
         now = self.clock()
-        out = []
-        for rec in self.ledger.due(now):
+        out: list[ActionResult] = []
+        due = self.ledger.due(now)
+        if due and self.fenced() is not None:
+            return out
+        for rec in due:
             intent = intent_from_dict(rec.intent)
             act = next((a for a in self.routes.get(intent.kind, []) if a.name == rec.actuator), None)
             if act is None:
@@ -237,7 +296,29 @@ class ActuationRunner:
                 out.append(self._hold(intent, act.name, held, rec.attempts, now))
                 continue
             out.append(self._attempt(intent, act, rec.attempts))
+        self._heartbeats()
         return out
+
+    def _heartbeats(self) -> None:
+        """Refresh what actuators keep alive (firing pages), as the fenced leader; failures are logged by
+        the actuator and retried next cycle."""
+        for a in self._actuators():
+            beat = getattr(a, "heartbeat", None)
+            if not callable(beat):
+                continue
+            try:
+                beat(fenced=self.fenced)  # the fence is asked only when something is due
+            except Exception:  # a heartbeat bug must not stop the cycle's actuation
+                log.exception("heartbeat of %s failed", a.name)
+
+    def _forget_held(self) -> None:
+        for a in self._actuators():
+            forget = getattr(a, "forget_held", None)
+            if callable(forget):
+                forget()
+
+    def _actuators(self) -> list[Actuator]:
+        return list({id(a): a for route in self.routes.values() for a in route}.values())
 
     def status(self) -> dict[str, Any]:
         kill = self.ledger.get_setting(KILL_SETTING)
@@ -247,6 +328,8 @@ class ActuationRunner:
             "killed": self.killed, "kill": json.loads(kill) if kill else None,
             "kill_switch_config": self.config.kill_switch, "leader": self.is_leader(), "actions": counts,
             "outbox": {"settled_total": self.outbox_settled_total, "failed_total": self.outbox_failed_total},
+            "fenced_total": self.fenced_total, "fenced": self._fenced_why,
+            "epoch": None if self.fence is None else self.fence.epoch,
         }
 
     # -- internals -----------------------------------------------------------------------------------
@@ -298,6 +381,9 @@ class ActuationRunner:
                 return self._emit(intent, act.name, "killed", attempts=done, record=done == 0)
             if not self.is_leader():
                 return self._emit(intent, act.name, "not_leader", attempts=done, record=False)
+            why = self.fenced()
+            if why is not None:  # nothing written, nothing recorded: pending for the new leader
+                return ActionResult(intent.key, str(intent.kind), intent.entity, act.name, "fenced", done, why)
             prev = self.ledger.get(intent.key, act.name)
             if prev is not None and prev.status == "started":
                 # the process (or the leader before a failover) died between this call and its record
@@ -307,6 +393,11 @@ class ActuationRunner:
                                       detail={"attempt": done + tries + 1})
             try:
                 outcome = act.apply(intent)
+            except Fenced as e:  # the object carries a newer leader's epoch: this one must not touch it
+                self.fenced_total += 1
+                log.warning("not acting on %s %s: %s", intent.kind, intent.entity, e)
+                self.ledger.record_status(intent, act.name, "fenced", self.clock(), error=str(e))
+                return ActionResult(intent.key, str(intent.kind), intent.entity, act.name, "fenced", done, str(e))
             except Exception as e:  # an actuator bug must not lose the intent: record it, retry later
                 log.exception("actuator %s raised on %s", act.name, intent.key)
                 outcome = Outcome.failure(f"{type(e).__name__}: {e}", retry=True)

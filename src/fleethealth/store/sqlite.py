@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -27,7 +28,7 @@ from typing import Any
 
 from fleethealth.decide.model import IntentKind
 from fleethealth.decide.state import Decision, DecisionState, EntityLifecycle
-from fleethealth.store.base import StoreError, StoreFenced
+from fleethealth.store.base import StoreBusy, StoreError, StoreFenced
 from fleethealth.store.db import DEFAULT_BUSY_TIMEOUT_S, Conn, SqliteConn
 
 SCHEMA_VERSION = 1
@@ -96,6 +97,9 @@ class SqliteStore:
         self.fence: str | None = None  # set by claim(): every commit checks the database still says so
         self._inbox_upto: int | None = None  # the last inbox event handed to the cycle being committed
         self._lock = threading.RLock()
+        self.stats: dict[str, float] = {"commits_total": 0, "commit_seconds_total": 0.0,
+                                        "commit_seconds_last": 0.0, "busy_total": 0, "fenced_total": 0,
+                                        "errors_total": 0}
 
     def _connect(self, busy_timeout_s: float) -> Conn:
         """A short busy timeout: a database locked by another writer skips a cycle (StoreBusy), it does
@@ -174,8 +178,45 @@ class SqliteStore:
         self.db.execute("INSERT OR REPLACE INTO meta VALUES ('fence', ?)", (token,))
         self.fence = token
 
+    def holds_fence(self) -> bool:
+        """Whether the database still names this writer's claim (True when it never claimed): the
+        actuation runner's check before each external write (act.fence.StoreFence)."""
+        if self.fence is None:
+            return True
+        with self._lock:
+            row = self.db.execute("SELECT value FROM meta WHERE key='fence'").fetchone()
+        return row is not None and row[0] == self.fence
+
+    def outbox_summary(self, now: float) -> dict[str, Any]:
+        """Intents per outbox status and the age of the oldest pending one (``None``: none pending), for
+        ``/metrics``. Ages are on the intents' own clock (the cycle's ``now``)."""
+        with self._lock:
+            rows = self.db.execute("SELECT status, COUNT(*), MIN(ts) FROM intents GROUP BY status").fetchall()
+        counts = {str(st): int(n) for st, n, _ in rows}
+        oldest = next((float(t) for st, _, t in rows if st == "pending" and t is not None), None)
+        return {"counts": counts, "oldest_pending_age_s": None if oldest is None else max(0.0, now - oldest)}
+
     def commit(self, decision: Decision) -> None:
-        """Persist one cycle atomically: the new state and what it said."""
+        """Persist one cycle atomically: the new state and what it said. Timed and counted for
+        ``/metrics`` (``stats``): the last and total commit seconds, commits, busy and other errors."""
+        t0 = time.perf_counter()
+        try:
+            self._commit(decision)
+        except StoreBusy:
+            self.stats["busy_total"] += 1
+            raise
+        except StoreFenced:
+            self.stats["fenced_total"] += 1
+            raise
+        except StoreError:
+            self.stats["errors_total"] += 1
+            raise
+        dt = time.perf_counter() - t0
+        self.stats["commits_total"] += 1
+        self.stats["commit_seconds_total"] += dt
+        self.stats["commit_seconds_last"] = dt
+
+    def _commit(self, decision: Decision) -> None:
         st = decision.state
         with self._tx() as db:
             if self.fence is not None:
