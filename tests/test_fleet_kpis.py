@@ -121,7 +121,7 @@ def test_compare_says_better_or_worse_per_figure() -> None:
     assert rows["lost_gpu_h"]["verdict"] == "worse" and rows["precision"]["verdict"] == "n/a"
     assert rows["detect_median_s"]["verdict"] == "same" and rows["pages"]["verdict"] == "better"
     table = compare_table(compare(before, after))
-    good = next(r for r in table if r[1] == "training goodput")
+    good = next(r for r in table if r[1] == "GPU goodput")
     assert good[2:] == ["90.0%", "95.0%", "+5.0 pt", "better"]
     lost = next(r for r in table if r[1] == "GPU-hours lost")
     assert lost[2:] == ["30.0", "40.0", "+10.0", "worse"]
@@ -130,7 +130,7 @@ def test_compare_says_better_or_worse_per_figure() -> None:
 def test_summary_table_rounds_for_people() -> None:
     k = pool_kpis(TRANSITIONS, INTENTS, ENTS, start=0, end=DAY, slo={"serve-a": 0.9})
     rows = summary_table({p: v.to_dict() for p, v in k.items()})
-    assert rows[0][:3] == ["pool", "GPUs", "training goodput"]
+    assert rows[0][:3] == ["pool", "GPUs", "GPU goodput"]
     assert [r[0] for r in rows[1:]] == ["serve-a", "train-a", "all pools"]
     train = rows[2]
     assert train[2] == "93.4%" and train[3] == "25.3" and train[5] == "100.0%"

@@ -1,8 +1,9 @@
 """The backtest's HTML report: one self-contained file (inline CSS and SVG, no script, nothing fetched).
 
-Sections: the verdict (targets), the baseline comparison table, the injected faults against what each arm
-did, score timelines of the affected entities (state bands, thresholds, fault onsets), and a fleet
-heatmap (every node and replica over time).
+Sections: the verdict (targets), the baseline comparison table, the fleet KPIs per pool, the injected
+faults against what each arm did, what fleethealth decided (every intent and state change with its
+reason), score timelines of the affected entities (state bands, thresholds, fault onsets), a fleet
+heatmap (every node and replica over time), and the definitions of every figure.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ import numpy as np
 
 from fleethealth.backtest.arms import BASELINE_HELP, PRODUCT
 from fleethealth.backtest.runner import BacktestRun
-from fleethealth.decide.model import State
+from fleethealth.decide.model import IntentKind, State
+from fleethealth.review.kpis import summary_table
 
 STATE_COLOURS = {
     State.READY: "#e8f5e9", State.DEGRADED: "#fff3c4", State.DRAINING: "#ffd8a8", State.QUARANTINED: "#ffc9c9",
@@ -291,6 +293,7 @@ def render_report(run: BacktestRun, result: dict[str, Any]) -> str:
     out.append("</table>")
     out.append("<p class='note'>" + "<br>".join(f"<b>{_esc(k)}</b>: {_esc(v)}" for k, v in BASELINE_HELP.items()
                                                 if k in result.get("baselines", {})) + "</p>")
+    out.append(_kpi_section(result))
     # incidents
     out.append("<h2>Injected faults and what each arm did</h2>")
     out.append("<table id='incidents'><tr><th class='l'>fault</th><th class='l'>where</th><th>onset</th>"
@@ -325,6 +328,7 @@ def render_report(run: BacktestRun, result: dict[str, Any]) -> str:
         if len(fq) > 60:
             out.append(f"<tr><td class='l' colspan='4'>... and {len(fq) - 60} more</td></tr>")
         out.append("</table>")
+    out.append(_decisions_section(run))
     # timelines
     out.append("<h2>Score timelines of the affected entities (fleethealth)</h2><div class='legend'>")
     for st in (State.READY, State.DEGRADED, State.DRAINING, State.QUARANTINED, State.RECOVERING, State.FAILED):
@@ -341,9 +345,103 @@ def render_report(run: BacktestRun, result: dict[str, Any]) -> str:
         f"<span><i style='background:{_colour(v)}'></i>{v:.1f}</span>" for v in (1.0, 0.85, 0.7, 0.5, 0.3, 0.0))
         + "<span><i style='background:#adb5bd'></i>unknown</span></div>")
     out.append(f"<div style='overflow-x:auto'>{_heatmap_svg(run, mat)}</div>")
+    out.append(_definitions_section())
     out.append(f"<p class='note'>fleethealth backtest; {run.steps} telemetry steps, "
                f"{result.get('cycles', 0)} decision cycles; {run.cpu_s:.1f} CPU s.</p></body></html>")
     return "".join(out)
+
+
+# What each figure means, in the words the report uses (backtest.metrics and review.kpis define them).
+DEFINITIONS: list[tuple[str, str]] = [
+    ("precision", "true quarantines / all quarantines judged one by one; a quarantine is true when ground truth "
+                  "says the node (or a GPU or replica on it) had a fault wanting removal, active at the time "
+                  "(or ended under 30 min before). n/a when nothing was quarantined."),
+    ("recall", "faults wanting removal that were quarantined while active / all such faults; 100% when none "
+               "was due."),
+    ("detect (median)", "from a fault's onset to the first response: DEGRADED, DRAINING, QUARANTINED or "
+                        "FAILED, a router weight below 1, or a remediation intent (a page, for faults that "
+                        "want a page)."),
+    ("remove (median)", "from onset to the node, or a replica on it, leaving service (QUARANTINED or "
+                        "DRAINING), over caught faults."),
+    ("quarantines / false", "entries into QUARANTINED; false: those no fault justified (members of a "
+                            "correlated event are judged as a group: budget held and a human paged)."),
+    ("flaps/node/day", "returns to the state a node just left, within an hour, per node per simulated day."),
+    ("pages / budget exhausted", "pages that open something (an incident's updates and resolution do not "
+                                 "count); budget exhausted: pages sent because a quarantine budget ran out."),
+    ("GPU-h lost (baseline table)", "GPU-hours the jobs lost while a truly faulty node's ranks ran slow and "
+                                    "the node was not yet removed (a synchronous job runs at its slowest "
+                                    "rank's pace)."),
+    ("GPU goodput (training goodput)", "1 - GPU-hours lost / GPU-hours, where a node's GPU-hours are lost while it is "
+                         "isolated (DRAINING, QUARANTINED, RECOVERING, FAILED), else while its health is "
+                         "unknown, else while DEGRADED (slow); each hour counted once."),
+    ("serving SLO attainment", "share of replica time, among replicas with known SLO signals, in which every "
+                               "SLO signal (TTFT, inter-token latency, errors) was within its error budget "
+                               "on every burn-rate window."),
+    ("quarantine precision (KPIs)", "the live figure: quarantines confirmed by an active test failing, a "
+                                    "hard gate or FAILED / all decided quarantines, as `fleethealth review` "
+                                    "counts them from the controller's own records (no ground truth)."),
+    ("time to detect / repair (KPIs)", "from an entity's first bad transition to its first isolation / to "
+                                       "READY again."),
+    ("mean node health", "the mean of known node scores over the run."),
+]
+
+# Intents that are bookkeeping, not decisions a person reads about (listed by count only).
+ROUTINE_INTENTS = frozenset({IntentKind.SET_WEIGHT, IntentKind.ALLOW_NEW_WORK})
+
+
+def _kpi_section(result: dict[str, Any]) -> str:
+    kpis = result.get("kpis")
+    if not kpis:
+        return ""
+    rows = summary_table(kpis)
+    out = ["<h2>Fleet KPIs per pool (fleethealth)</h2><table id='kpis'><tr>"
+           + "".join(f"<th class='{'l' if i == 0 else ''}'>{_esc(h)}</th>" for i, h in enumerate(rows[0])) + "</tr>"]
+    for r in rows[1:]:
+        out.append("<tr>" + "".join(f"<td class='{'l' if i == 0 else ''}'>{_esc(c)}</td>" for i, c in enumerate(r))
+                   + "</tr>")
+    out.append("</table><p class='note'>Compare two runs (before and after a change) with "
+               "<code>fleethealth backtest --compare before.json after.json</code>.</p>")
+    return "".join(out)
+
+
+def _decisions_section(run: BacktestRun, limit: int = 300) -> str:
+    """Every state change and every intent fleethealth decided, in time order, with its reason."""
+    log = run.arms[PRODUCT]
+    rows: list[tuple[float, str, str, str, str]] = []
+    for t in log.transitions:
+        if t.from_state in (State.STARTING, State.WARMING):
+            continue
+        rows.append((t.ts, t.entity, f"{t.from_state} &#8594; {t.to_state}", t.reason, t.detail))
+    routine: dict[str, int] = {}
+    for i in log.intents:
+        if i.kind in ROUTINE_INTENTS:
+            routine[str(i.kind)] = routine.get(str(i.kind), 0) + 1
+            continue
+        rows.append((i.ts, i.entity, _esc(str(i.kind)) + (" (fallback)" if i.soft else ""), i.reason,
+                     ", ".join(f"{k}={v}" for k, v in sorted(i.params.items())
+                               if k not in ("n",) and not isinstance(v, dict | list))[:160]))
+    rows.sort(key=lambda r: r[0])
+    out = ["<h2>What fleethealth decided, with reasons</h2>"
+           "<table id='decisions'><tr><th>when</th><th class='l'>entity</th><th class='l'>action</th>"
+           "<th class='l'>reason</th><th class='l'>detail</th></tr>"]
+    for ts, ent, what, reason, detail in rows[:limit]:
+        out.append(f"<tr><td>{_dur(ts - run.start)}</td><td class='l'>{_esc(ent)}</td><td class='l'>{what}</td>"
+                   f"<td class='l'>{_esc(reason)}</td><td class='l note'>{_esc(detail)}</td></tr>")
+    if not rows:
+        out.append("<tr><td class='l' colspan='5'>no state change and no action</td></tr>")
+    elif len(rows) > limit:
+        out.append(f"<tr><td class='l' colspan='5'>... and {len(rows) - limit} more (the JSON output has "
+                   "them all)</td></tr>")
+    out.append("</table>")
+    if routine:
+        out.append("<p class='note'>Not listed: " + ", ".join(f"{n} {_esc(k)}" for k, n in sorted(routine.items()))
+                   + " (router weights and returns to scheduling that follow the state changes above).</p>")
+    return "".join(out)
+
+
+def _definitions_section() -> str:
+    return ("<h2>What the figures mean</h2><dl id='definitions'>"
+            + "".join(f"<dt><b>{_esc(k)}</b></dt><dd>{_esc(v)}</dd>" for k, v in DEFINITIONS) + "</dl>")
 
 
 def write_report(run: BacktestRun, result: dict[str, Any], path: str | Path) -> Path:

@@ -1,15 +1,20 @@
 """The backtest's result: the product's metrics at the top level (the JSON contract: ``precision``,
 ``recall``, ``detection_s``, ``removal_s``, ``quarantines``, ``false_quarantines``,
-``flaps_per_node_day``, ``pages``), the same object per baseline, the per-incident outcomes, and the
-scenario's targets checked."""
+``flaps_per_node_day``, ``pages``), the same object per baseline, the per-incident outcomes, the
+scenario's targets checked, and the fleet KPIs per pool (``kpis``: review.kpis, the same figures the
+controller exports, so a backtest before and after a change compares with ``backtest --compare``)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
-from fleethealth.backtest.arms import PRODUCT
+import numpy as np
+
+from fleethealth.backtest.arms import PRODUCT, ArmLog
 from fleethealth.backtest.metrics import ArmScore, score_arm
 from fleethealth.backtest.runner import BacktestRun
+from fleethealth.review.kpis import EntityInfo, pool_kpis
 
 # Scenarios where nothing is faulty: any quarantine is a false one (issue 4's targets).
 NO_QUARANTINE = frozenset({"exporter-outage", "rack-partition", "xid13-bad-kernel", "serving-build-regression",
@@ -60,7 +65,42 @@ def _outcome_rows(score: ArmScore, start: float) -> list[dict[str, Any]]:
     return rows
 
 
-def evaluate(run: BacktestRun) -> dict[str, Any]:
+def _timeline_figures(run: BacktestRun) -> tuple[dict[str, float], dict[str, float | None]]:
+    """From the product's per-cycle scores: seconds each node's health was unknown (a cycle's score holds
+    until the next cycle), and the mean known node health per pool over the run."""
+    tl = run.timeline
+    if not tl.ts:
+        return {}, {}
+    m = tl.matrix()
+    ts = np.asarray(tl.ts, np.float64)
+    dt = np.diff(np.append(ts, run.end))
+    cols = [k for k, n in enumerate(tl.names) if tl.kinds.get(n) == "node"]
+    unknown = {tl.names[k]: float(dt[np.isnan(m[:, k])].sum()) for k in cols}
+    health: dict[str, float | None] = {}
+    for pool in sorted(set(run.node_pool.values())):
+        mine = [k for k in cols if run.node_pool.get(tl.names[k]) == pool]
+        vals = m[:, mine]
+        known = vals[~np.isnan(vals)]
+        health[pool] = float(known.mean()) if known.size else None
+    return unknown, health
+
+
+def fleet_kpis(run: BacktestRun, log: ArmLog, slo: Mapping[str, float | None] | None = None,
+               with_timeline: bool = True) -> dict[str, dict[str, Any]]:
+    """One arm's fleet KPIs per pool (review.kpis) over the run. ``slo``: the product's SLO attainment per
+    pool (measured per cycle by the caller, ``review.kpis.SloSampler``); unknown time and mean health come
+    from the product's timeline (``with_timeline``)."""
+    gpn = run.gpus // max(len(run.nodes), 1)
+    ents = {n: EntityInfo("node", run.node_pool.get(n, "default"), gpn) for n in run.nodes}
+    ents |= {r: EntityInfo("replica", run.node_pool.get(n, "default")) for r, n in run.replica_node.items()}
+    unknown, health = _timeline_figures(run) if with_timeline else ({}, {})
+    k = pool_kpis([t.to_dict() for t in log.transitions], [i.to_dict() for i in log.intents], ents,
+                  start=run.start, end=run.end, unknown_s=unknown, slo=slo, health_mean=health)
+    return {p: v.to_dict() for p, v in k.items()}
+
+
+def evaluate(run: BacktestRun, slo: Mapping[str, float | None] | None = None) -> dict[str, Any]:
+    """``slo``: the product's serving SLO attainment per pool, if the caller sampled it."""
     scores = score_all(run)
     prod = scores[PRODUCT]
     out: dict[str, Any] = {
@@ -72,6 +112,7 @@ def evaluate(run: BacktestRun) -> dict[str, Any]:
         "cycle_s": run.cycle_s,
         **prod.metrics,
         "targets": targets(run, prod.metrics, prod.outcomes),
+        "kpis": fleet_kpis(run, run.arms[PRODUCT], slo),
         "incidents": _outcome_rows(prod, run.start),
         "false_quarantine_list": [{"ts_s": round(ts - run.start, 1), "entity": e, "why": w}
                                   for ts, e, w in prod.false_quarantines],
@@ -90,6 +131,7 @@ def evaluate(run: BacktestRun) -> dict[str, Any]:
             **sc.metrics,
             "world_actions": run.world_actions.get(name, 0),
             "targets": targets(run, sc.metrics, sc.outcomes),
+            "kpis": fleet_kpis(run, run.arms[name], with_timeline=False),
             "incidents": _outcome_rows(sc, run.start),
             "false_quarantine_list": [{"ts_s": round(ts - run.start, 1), "entity": e, "why": w}
                                       for ts, e, w in sc.false_quarantines],

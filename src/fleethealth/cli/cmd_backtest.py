@@ -4,6 +4,9 @@ ground truth."""
 from __future__ import annotations
 
 import json
+import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -82,10 +85,72 @@ def print_table(result: dict[str, Any]) -> None:
         typer.echo(f"  false quarantine {q['entity']} at {q['ts_s'] / 3600:.2f}h: {q['why']}")
 
 
+def print_kpis(result: dict[str, Any]) -> None:
+    from fleethealth.review.kpis import summary_table, text_table
+
+    kpis = result.get("kpis")
+    if kpis:
+        typer.echo("\nfleet KPIs (fleethealth):")
+        typer.echo(text_table(summary_table(kpis)))
+
+
+def load_result(path: Path) -> dict[str, Any]:
+    """A backtest's JSON output (``--format json``); a file that is not one is a one-line error."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as e:
+        fail(f"{path}: cannot read: {e.strerror or e}")
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        fail(f"{path}: not a backtest JSON file ({e.__class__.__name__}: {str(e).splitlines()[0][:120]})")
+    if not isinstance(data, dict) or not isinstance(data.get("kpis"), dict):
+        fail(f"{path}: no fleet KPIs in it (write it with `fleethealth backtest -s NAME --format json`)")
+    return data
+
+
+def compare_results(before: Path, after: Path, fmt: str) -> None:
+    from fleethealth.review.kpis import compare, compare_table, text_table
+
+    a, b = load_result(before), load_result(after)
+    rows = compare(a["kpis"], b["kpis"])
+    if not rows:
+        fail(f"{before} and {after} have no pool in common")
+    if fmt == "json":
+        typer.echo(json.dumps({"before": str(before), "after": str(after), "rows": rows}, indent=1))
+        return
+    typer.echo(f"before: {before} (scenario {a.get('scenario', '?')}, policy {a.get('policy_version', '?')})")
+    typer.echo(f"after:  {after} (scenario {b.get('scenario', '?')}, policy {b.get('policy_version', '?')})")
+    typer.echo(text_table(compare_table(rows)))
+    worse = sum(1 for r in rows if r["verdict"] == "worse")
+    better = sum(1 for r in rows if r["verdict"] == "better")
+    typer.echo(f"\n{better} figures better, {worse} worse")
+
+
+def progress_printer(total_s: float, label: str, every_s: float = 3600.0) -> Callable[[float], None]:
+    """Prints to stderr (never into --format json's stdout) each time another ``every_s`` of simulated
+    time has passed: how far, and how long it has taken so far."""
+    t0 = time.monotonic()
+    state: dict[str, float | None] = {"first": None, "next": every_s}
+
+    def tick(now: float) -> None:
+        if state["first"] is None:
+            state["first"] = now
+        done = now - float(state["first"] or now)
+        nxt = float(state["next"] or every_s)
+        if done + 1e-9 >= nxt:
+            state["next"] = (done // every_s + 1) * every_s
+            pct = 100.0 * done / total_s if total_s > 0 else 0.0
+            sys.stderr.write(f"backtest {label}: {done / 3600:.0f} h of {total_s / 3600:.3g} h simulated "
+                             f"({pct:.0f}%), {time.monotonic() - t0:.0f} s so far\n")
+            sys.stderr.flush()
+
+    return tick
+
+
 def register(app: typer.Typer) -> None:
     @app.command("backtest")
     def backtest(
-        scenario: Annotated[str, typer.Option("--scenario", "-s", help="built-in scenario name or YAML file")],
+        scenario: Annotated[str | None, typer.Option("--scenario", "-s", help="built-in scenario name or YAML file")]
+        = None,
         policy: Annotated[Path | None, typer.Option("--policy", help="policy YAML (default: the shipped one)")]
         = None,
         baseline: Annotated[list[str] | None, typer.Option(
@@ -93,6 +158,11 @@ def register(app: typer.Typer) -> None:
             help="baselines to compare (repeat or comma-separate): static-rules, liveness-only, weighted-mean, "
                  "no-confidence; 'all' (default) or 'none'")] = None,
         fmt: Annotated[str, typer.Option("--format", help="table | json")] = "table",
+        compare_files: Annotated[tuple[Path, Path] | None, typer.Option(
+            "--compare", help="compare the fleet KPIs of two earlier runs' JSON outputs (before, after), pool "
+                              "by pool; no scenario is run")] = None,
+        progress: Annotated[bool, typer.Option(
+            "--progress/--no-progress", help="report progress on stderr every simulated hour")] = True,
         report: Annotated[Path | None, typer.Option("--report", help="write a self-contained HTML report")] = None,
         duration: Annotated[str | None, typer.Option("--duration", help="override the scenario's duration")]
         = None,
@@ -112,10 +182,16 @@ def register(app: typer.Typer) -> None:
         GPU-hours lost; baselines side by side on the same telemetry."""
         if fmt not in ("table", "json"):
             fail(f"--format must be table or json, not {fmt!r}")
+        if compare_files is not None:
+            compare_results(compare_files[0], compare_files[1], fmt)
+            return
+        if scenario is None:
+            fail("give a scenario (--scenario NAME or FILE), or --compare BEFORE.json AFTER.json")
         if cycle <= 0:
             fail("--cycle must be positive")
         from fleethealth.backtest import evaluate, run_backtest
         from fleethealth.backtest.report import write_report
+        from fleethealth.review.kpis import SloSampler
 
         sc, pol = load_inputs(scenario, policy, duration, seed)
         if compress_gaps is not None:
@@ -128,11 +204,22 @@ def register(app: typer.Typer) -> None:
                 fail(f"--compress: {e}")
             sc = compress(sc, tail_s=gap, gap_s=gap)
         bl = parse_baselines(baseline)
+        from fleethealth.sim.fleet import build_fleet
+
+        fleet = build_fleet(sc.fleet, sc.seed)  # the same fleet the run builds: replicas and their pools
+        slo = SloSampler({r.name: fleet.node_pool[r.node] for r in fleet.replicas})
+        tick = progress_printer(sc.duration, sc.name) if progress else None
+
+        def on_cycle(now: float, res: Any, _log: Any) -> None:
+            slo.observe(now, res.health)
+            if tick is not None:
+                tick(now)
+
         try:
-            run = run_backtest(sc, pol, bl, cycle_s=cycle, closed_loop=not open_loop)
+            run = run_backtest(sc, pol, bl, cycle_s=cycle, closed_loop=not open_loop, on_cycle=on_cycle)
         except ValueError as e:
             fail(f"{sc.name}: {e}")
-        result = evaluate(run)
+        result = evaluate(run, slo=slo.attainment())
         if report is not None:
             try:
                 p = write_report(run, result, report)
@@ -143,5 +230,6 @@ def register(app: typer.Typer) -> None:
             typer.echo(json.dumps(result, indent=1, default=str))
         else:
             print_table(result)
+            print_kpis(result)
             if report is not None:
                 typer.echo(f"\nreport: {result['report']}")

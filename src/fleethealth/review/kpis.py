@@ -96,7 +96,7 @@ DIRECTION: dict[str, int] = {
     "repair_median_s": -1, "flaps_per_entity_day": -1, "pages": -1,
 }
 LABELS: dict[str, str] = {
-    "goodput": "training goodput", "slo_attainment": "serving SLO attainment", "precision": "quarantine precision",
+    "goodput": "GPU goodput", "slo_attainment": "serving SLO attainment", "precision": "quarantine precision",
     "health_mean": "mean node health", "lost_gpu_h": "GPU-hours lost", "lost_isolated_gpu_h": "  to isolated nodes",
     "lost_unknown_gpu_h": "  to unknown nodes", "lost_slow_gpu_h": "  to slow nodes",
     "detect_median_s": "time to detect (median)", "repair_median_s": "time to repair (median)",
