@@ -1,0 +1,297 @@
+"""Label strings of the exposition parser: `{k="v", ...}` into sorted label pairs, fast and exact.
+
+Theory of operation. Parsing a label string is the costly part of a cold parse, so every parsed raw string
+is memoised (``_LABEL_CACHE``: raw bytes -> label set, or the reason it is invalid; scrapes of the same
+exporters repeat the same strings every cycle). New strings arrive in bulk (a first scrape of 100k GPUs)
+and are parsed together through a bytes template regex built from the first one (``_parse_labels_bulk``:
+exporters print every series with the same keys in the same order, so only the values vary); strings of
+another shape, with escapes or invalid ones take the careful ``_split_labels``. Label sets are built
+column by column (``_column_label_sets``) so that shared pairs are one object. The scraper's own labels
+are merged the way Prometheus merges them (``_merge_extra``: its labels win, a page's own value moves to
+``exported_<name>``), memoised per (scraper labels, raw string) in ``_MERGED_CACHE``.
+Both caches are pure memos of pure functions, bounded, and cleared by ``clear_label_cache``.
+"""
+
+from __future__ import annotations
+
+import re
+from bisect import bisect_left
+from collections.abc import Mapping
+from itertools import repeat
+from operator import itemgetter
+from typing import Any
+
+from fleethealth.signals.snapshot import LabelSet
+
+_LNAME = r'[a-zA-Z_][a-zA-Z0-9_]*|"[^"\\]*(?:\\.[^"\\]*)*"'
+_LVALUE = r'"([^"\\]*(?:\\.[^"\\]*)*)"'
+_PAIR = rf"[ \t]*({_LNAME})[ \t]*=[ \t]*{_LVALUE}[ \t]*"
+_PAIR_RE = re.compile(_PAIR)
+_ESCAPE_RE = re.compile(r'\\[\\n"]')
+_ESCAPES = {"\\\\": "\\", "\\n": "\n", '\\"': '"'}
+
+
+# Raw label string -> parsed, sorted label pairs (or the reason it is invalid). Parsing a label string is
+# the costly part of a cold parse; scrapes of the same exporters repeat the same strings every cycle
+# (Prometheus keeps the same kind of cache per target). Pure memo of a pure function; bounded.
+_LABEL_CACHE: dict[bytes, LabelSet | str] = {}
+_LABEL_CACHE_MAX = 500_000  # a 100k-GPU fleet has ~100k GPU label sets
+
+
+# (extra labels, raw label string) -> merged label set, for parse_many: every scrape cycle merges the same
+# target labels into the same label strings. Same memo rules as _LABEL_CACHE.
+_MERGED_CACHE: dict[tuple[LabelSet, bytes], LabelSet] = {}
+
+
+def clear_label_cache() -> None:
+    """Forget parsed label strings (benchmarks use it to time a cold parse)."""
+    _LABEL_CACHE.clear()
+    _MERGED_CACHE.clear()
+
+
+def _unescape(s: str) -> str:
+    return _ESCAPE_RE.sub(lambda m: _ESCAPES[m.group(0)], s) if "\\" in s else s
+
+
+def _parse_labels(raw: bytes) -> LabelSet | str:
+    """Parse `{k="v", ...}` into sorted pairs, or return why it is invalid."""
+    hit = _LABEL_CACHE.get(raw)
+    if hit is not None:
+        return hit
+    result: LabelSet | str
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        result = "invalid UTF-8 in labels"
+    else:
+        result = _split_labels(text)
+    if len(_LABEL_CACHE) >= _LABEL_CACHE_MAX:
+        _LABEL_CACHE.clear()
+    _LABEL_CACHE[raw] = result
+    return result
+
+
+_NUL_REASON = "NUL byte in a metric or label name or value"
+
+
+def _split_labels(text: str) -> LabelSet | str:
+    # One regex pass: re.split leaves what lies between well-formed pairs in the gaps, so the text is a
+    # valid label list exactly when the gaps are "", ",", ..., "," and a last "" or "," (trailing comma).
+    inner = text[1:-1] if text[:1] == "{" and text[-1:] == "}" else None
+    if inner is None:
+        return "invalid label set"
+    if "\0" in inner:  # (NUL is never part of a label name or value: Prometheus rejects it)
+        return _NUL_REASON
+    if not inner.strip() or inner.strip(" \t") == ",":  # `{}`, and `{,}` as Prometheus reads it
+        return ()
+    pieces = _PAIR_RE.split(inner)
+    gaps = pieces[0::3]
+    n = len(gaps) - 1
+    if (
+        n == 0
+        or gaps[0].strip()
+        or gaps[1:n].count(",") != n - 1
+        or gaps[n].strip() not in ("", ",")
+    ):
+        return "invalid label set"
+    keys = pieces[1::3]
+    values = pieces[2::3]
+    if "\\" in inner:
+        values = [_unescape(v) for v in values]
+    if inner.count('"') > 2 * n:  # quoted (UTF-8) label names, or escaped quotes in values
+        keys = [_unescape(k[1:-1]) if k[:1] == '"' else k for k in keys]
+    if len(set(keys)) != len(keys):
+        return "duplicate label name"
+    if "__name__" in keys:
+        return "metric name given as a label"
+    # Prometheus treats an empty label value as an absent label (dcgm-exporter prints pod="" for GPUs with
+    # no workload); store it the way Prometheus does.
+    return tuple(sorted((k, v) for k, v in zip(keys, values, strict=True) if v))
+
+
+def _parse_labels_bulk(raws: list[bytes], depth: int = 0) -> None:
+    """Parse many new label strings into the cache at once.
+
+    Exporters print every series with the same keys in the same order and spacing (dcgm-exporter: gpu,
+    UUID, pci_bus_id, ...), so the first string, parsed carefully, becomes a template regex whose only
+    variables are the values. One findall over all strings (joined by newlines, as bytes: no decode of
+    the whole text) then yields every value tuple. Strings of another shape (a histogram's `_sum` next to
+    its `_bucket`s with `le`) get their own template, a few shapes deep; text with escapes takes the str
+    template below.
+
+    Why this is exact: with no backslash in the text, a label value is ``"[^"]*"`` in ``_split_labels``'
+    grammar, which is what the template's groups match (a NOT_LITERAL loop, several times faster in
+    ``re`` than a character class). Every match runs from a line start (``^``) to a line end (``$``)
+    and the catch-all ``(.+)`` takes any other line, so matches are whole lines, disjoint, at least one
+    line each: as many matches as strings means one match per string, even though ``[^"]*`` could cross
+    a newline. A string that fits has the first string's keys, separators and spacing byte for byte and
+    values without quotes or escapes, so ``_split_labels`` would give the same pairs.
+    """
+    todo = [r for r in raws if r not in _LABEL_CACHE] if _LABEL_CACHE else list(raws)
+    if len(todo) < 8 or depth >= 6:
+        for r in todo:
+            _parse_labels(r)
+        return
+    joined = b"\n".join(todo)
+    if b"\0" in joined:  # the templates' value groups would take a NUL: each string on its own
+        for r in todo:
+            _parse_labels(r)
+        return
+    if b"\\" in joined or joined.count(b"\n") != len(todo) - 1:
+        _parse_labels_bulk_str(todo, depth)
+        return
+    shape = _template_of(todo[0])
+    if shape is None:
+        _parse_labels(todo[0])
+        _parse_labels_bulk(todo[1:], depth + 1)
+        return
+    segs, keys = shape
+    template = re.compile(
+        rb"^(?:\{" + rb'([^"]*)'.join(re.escape(x.encode("utf-8")) for x in segs) + rb"\}|(.+))$", re.M
+    )
+    found = template.findall(joined)
+    if not _cache_found(todo, found, keys, depth):
+        for r in todo:
+            _parse_labels(r)
+
+
+def _template_of(first_raw: bytes) -> tuple[list[str], list[str]] | None:
+    """The text between the values of a label string (its separators, keys and spacing) and its keys,
+    from a careful parse; None when the string is invalid, empty, escaped or repeats a key."""
+    try:
+        first = first_raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    parsed = _split_labels(first)
+    if isinstance(parsed, str) or not parsed or "\\" in first:
+        return None
+    inner = first[1:-1]
+    segs: list[str] = []
+    keys: list[str] = []
+    pos = 0
+    for m in _PAIR_RE.finditer(inner):
+        k = m.group(1)
+        keys.append(_unescape(k[1:-1]) if k[:1] == '"' else k)
+        segs.append(inner[pos : m.start(2)])
+        pos = m.end(2)
+    segs.append(inner[pos:])
+    if len(set(keys)) != len(keys):
+        return None
+    return segs, keys
+
+
+def _cache_found(
+    todo: list[bytes], found: list[tuple[Any, ...]], keys: list[str], depth: int
+) -> bool:
+    """Cache the label sets of the strings that fit the template (``found[i]``: their values, and a last
+    group holding the whole string when it does not fit); other shapes go round again. False, having
+    cached nothing, when the matches are not one per string or a value is not UTF-8."""
+    if len(found) != len(todo):
+        return False
+    nk = len(keys)
+    other = [raw for raw, f in zip(todo, found, strict=True) if f[nk]] if any(map(itemgetter(nk), found)) else []
+    if other:
+        fits = [(raw, f) for raw, f in zip(todo, found, strict=True) if not f[nk]]
+        todo = [raw for raw, _ in fits]
+        found = [f for _, f in fits]
+    try:
+        sets = _label_sets(found, keys)
+    except UnicodeDecodeError:
+        return False
+    if len(_LABEL_CACHE) + len(todo) >= _LABEL_CACHE_MAX:
+        _LABEL_CACHE.clear()
+    _LABEL_CACHE.update(zip(todo, sets, strict=True))
+    if other:
+        _parse_labels_bulk(other, depth + 1)
+    return True
+
+
+def _parse_labels_bulk_str(todo: list[bytes], depth: int) -> None:
+    """``_parse_labels_bulk`` for text with backslashes: the same template on decoded text, with value
+    groups that refuse escapes (a string with one takes the careful path)."""
+    try:
+        first = todo[0].decode("utf-8")
+        joined = b"\n".join(todo).decode("utf-8")
+    except UnicodeDecodeError:
+        first = ""
+    shape = _template_of(todo[0]) if first else None
+    if shape is None:
+        _parse_labels(todo[0])
+        _parse_labels_bulk(todo[1:], depth + 1)
+        return
+    segs, keys = shape
+    # Each line either fits the template (value groups) or is captured whole by the last group.
+    template = re.compile(r"^(?:\{" + r'([^"\\\n]*)'.join(re.escape(x) for x in segs) + r"\}|(.+))$", re.M)
+    if not _cache_found(todo, template.findall(joined), keys, depth):
+        for r in todo:
+            _parse_labels(r)
+
+
+def _label_sets(found: list[tuple[Any, ...]], keys: list[str]) -> list[LabelSet]:
+    """``_column_label_sets`` for value tuples (one per string, in ``keys`` order); ``itemgetter``
+    columns (``zip(*found)`` over 100k tuples made 100k iterators and cost five times more)."""
+    if not found:
+        return []
+    return _column_label_sets([list(map(itemgetter(j), found)) for j in range(len(keys))], keys)
+
+
+def _column_label_sets(columns: list[list[Any]], keys: list[str]) -> list[LabelSet]:
+    """Sorted label sets from value columns (``columns[j]``: the values of ``keys[j]``, one per string;
+    bytes are decoded as UTF-8), built column by column with C-level loops: the pairs of a value shared
+    by many strings (gpu="0", modelName, the driver) are one tuple object, and zip() assembles the label
+    sets. Fewer new objects also means fewer garbage collector passes. Empty values mean an absent label
+    and are dropped (a Python loop for those only). Raises UnicodeDecodeError on a value that is not
+    UTF-8."""
+    n = len(columns[0]) if columns else 0
+    if n == 0:
+        return []
+    cols: list[list[tuple[str, str]]] = []
+    empty = False
+    for j in sorted(range(len(keys)), key=keys.__getitem__):
+        k = keys[j]
+        col = columns[j]
+        # A column whose first values are mostly distinct (UUIDs) is not worth a set of all its values.
+        uniq = set(col) if len(set(col[:64])) <= 16 else None
+        if uniq is not None and len(uniq) * 4 <= n:
+            pair_of = {v: (k, v.decode("utf-8") if isinstance(v, bytes) else v) for v in uniq}
+            cols.append(list(map(pair_of.__getitem__, col)))
+            empty = empty or "" in uniq or b"" in uniq
+        else:
+            strs = list(map(bytes.decode, col)) if isinstance(col[0], bytes) else col
+            cols.append(list(zip(repeat(k), strs)))
+            empty = empty or not all(strs)
+    sets: list[LabelSet] = list(zip(*cols, strict=True))
+    if empty:
+        sets = [tuple(p for p in ls if p[1]) for ls in sets]
+    return sets
+
+
+def _merge_extra(parsed: LabelSet, extra: LabelSet) -> LabelSet:
+    """A sample's labels with the scraper's: as Prometheus does by default (honor_labels: false), the
+    scraper's labels win, and a sample's own value of such a label is kept as exported_<name>."""
+    out = parsed
+    for pair in extra:  # the usual case, no shared name: insert each pair at its sorted place (C-level)
+        i = bisect_left(out, (pair[0],))
+        if i < len(out) and out[i][0] == pair[0]:
+            break
+        out = out[:i] + (pair,) + out[i:]
+    else:
+        return out
+    # Prometheus' mutateSampleLabels and resolveConflictingExposedLabels: every own label a scraper
+    # label overrides (even with the same value) moves to exported_<name>, shortest names first, adding
+    # prefixes until the name is free.
+    merged = dict(parsed)
+    conflicts = [(k, merged[k]) for k, _ in extra if merged.get(k)]
+    merged.update(extra)
+    for k, own in sorted(conflicts, key=lambda p: len(p[0])):
+        name = k
+        while True:
+            name = "exported_" + name
+            if not merged.get(name):
+                merged[name] = own
+                break
+    return tuple(sorted(merged.items()))
+
+
+def _extra_key(extra_labels: Mapping[str, str] | None) -> LabelSet:
+    return tuple(sorted((str(k), str(v)) for k, v in (extra_labels or {}).items()))
