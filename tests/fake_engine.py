@@ -207,14 +207,14 @@ class FakeEngine:
 class ServerThread:
     """Runs an ASGI app with uvicorn on a free loopback port in a background thread."""
 
-    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0, http: Any = "auto") -> None:
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind((host, port))
         self.port = self.sock.getsockname()[1]
         self.url = f"http://{host}:{self.port}"
         cfg = uvicorn.Config(app, log_level="warning", lifespan="on", proxy_headers=False,
-                             timeout_graceful_shutdown=2, limit_concurrency=None, backlog=1024)
+                             timeout_graceful_shutdown=2, limit_concurrency=None, backlog=1024, http=http)
         self.server = uvicorn.Server(cfg)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -270,6 +270,7 @@ class Pair:
 def running_pair(clock: Any = None, gpu_reader: Any = None, **cfg: Any) -> Iterator[Pair]:
     from fleethealth.serve.app import create_app
     from fleethealth.serve.config import SidecarConfig
+    from fleethealth.serve.server import http_protocol
 
     engine = FakeEngine()
     with ServerThread(engine.app) as esrv:
@@ -277,7 +278,8 @@ def running_pair(clock: Any = None, gpu_reader: Any = None, **cfg: Any) -> Itera
                                     "liveness_timeout_s": 1.0, "max_drain_seconds": 5.0, "retry_after_s": 3}
         defaults.update(cfg)
         app = create_app(SidecarConfig(upstream=esrv.url, **defaults), clock=clock, gpu_reader=gpu_reader)
-        with ServerThread(app) as ssrv:
+        # The sidecar's own server protocol (its lean proxy front), as `fleethealth sidecar` runs it.
+        with ServerThread(app, http=http_protocol(app.state.sidecar)) as ssrv:
             pair = Pair(engine, esrv, ssrv, app)
             from fleethealth.decide.model import State
 

@@ -1,14 +1,16 @@
 """Running the sidecar as a process: uvicorn with signal handling that drains before exiting.
 
-The sidecar sits in every token's path, so the process runs on uvloop (libuv event loop) with httptools
-(llhttp parser) when they are installed (they are dependencies; uvicorn's pure-Python asyncio + h11 is the
-fallback): measured by benchmarks/bench_sidecar.py, this alone takes about a third off the sidecar's CPU per
-streamed token.
+The sidecar sits in every token's path, so the process runs on uvloop (libuv event loop) with the sidecar's
+own httptools protocol (``front.SidecarProtocol``: proxied paths bypass ASGI and relay the engine's bytes
+from callback to socket; every other path is uvicorn's ASGI cycle and the FastAPI app). Without uvloop or
+httptools installed (both are dependencies) it falls back to asyncio + h11 and the FastAPI proxy routes:
+slower, same behaviour. benchmarks/bench_sidecar.py measures the difference.
 """
 
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import uvicorn
 
@@ -54,12 +56,21 @@ def _fast(module: str, fallback: str) -> str:
     return module
 
 
+def http_protocol(sc: Sidecar) -> Any:
+    """uvicorn's ``http=`` for this sidecar: the lean front when httptools is there, else uvicorn's h11."""
+    if _fast("httptools", "h11") == "h11":
+        return "h11"
+    from fleethealth.serve.front import protocol_for
+
+    return protocol_for(sc)
+
+
 def run_sidecar(cfg: SidecarConfig, host: str, port: int, log_level: str = "info") -> None:
     # proxy_headers off: the admin loopback check must see the real peer, not X-Forwarded-For.
     app = create_app(cfg)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, proxy_headers=False,
                             timeout_graceful_shutdown=int(cfg.max_drain_seconds) + 5,
-                            loop=_fast("uvloop", "asyncio"), http=_fast("httptools", "h11"))
+                            loop=_fast("uvloop", "asyncio"), http=http_protocol(app.state.sidecar))
     from fleethealth.auth.redact import install_log_redaction
 
     install_log_redaction()  # uvicorn's logging is configured by now: no URL credentials in any line

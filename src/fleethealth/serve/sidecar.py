@@ -1,17 +1,17 @@
-"""The sidecar's imperative shell: the proxy, drain, probes, OOM handling and canary, around the pure parts
-(lifecycle table, canary, progress watch, OOM classifier, GPU verdict).
+"""The sidecar's imperative shell for one inference replica: its lifecycle, the background loop (engine health
+and metrics, GPU check, engine log), drain, canary, evidence and probes, around the pure parts (lifecycle
+table, canary, progress watch, OOM classifier, GPU verdict).
 
-Request phases, which decide what a drain does to a request:
-- QUEUED: waiting in the proxy's admission queue. A drain answers it at once: 503 + Retry-After.
-- SENT: forwarded, no byte of answer yet (for a stream: no first token). Nothing reached the client, so a
-  drain cancels it upstream and answers 503 + Retry-After: the gateway retries elsewhere.
-- DECODING: the first chunk went to the client. A drain lets it finish until ``max_drain_seconds``; then
-  it ends cleanly with a final SSE ``data: {"error": ...}`` event and ``data: [DONE]``.
-A non-streaming request has no visible first token: it stays SENT until its whole answer arrives, so it
-runs until the drain deadline and then gets a 503 (still retryable: the client saw nothing).
-
-Every upstream chunk goes through a per-request queue filled by a reader task; an abort is just one more
-item in that queue, so ending a stream never races with the chunk being written.
+Theory of operation. ``Sidecar`` holds every piece of state that outlives a request; the proxy path lives
+elsewhere and reports back through ``_finish`` (one call per request, with its outcome):
+- ``records``: the request record and its phases (QUEUED, SENT, DECODING), drain progress, helpers;
+- ``proxy``: admission and the exchange with the engine, OOM classification of error answers;
+- ``upstream``: pooled raw HTTP/1.1 connections to the engine;
+- ``front``: the lean HTTP front that parses proxied requests itself and hands every other path (probes,
+  admin, metrics) to the FastAPI app in ``app``.
+The background loop (``tick``, every ``probe_interval_s``) polls the engine through httpx (off the hot
+path), scores the GPU, reads the engine log and moves the lifecycle; a drain runs as a task that waits for
+in-flight requests up to the deadline, then aborts the rest (``RequestRecord.abort``).
 """
 
 from __future__ import annotations
@@ -19,182 +19,42 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import hashlib
 import itertools
 import json
 import logging
 import re
 from collections import Counter, deque
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
-from enum import StrEnum
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import Response
 
 from fleethealth.decide.model import Intent, IntentKind, State, Tier, Transition
-from fleethealth.decide.oom import (
-    OomClass,
-    OomEvent,
-    classify_oom,
-    context_errors_in,
-    fatal_xids,
-    is_oom_text,
-    oom_intents,
-    parse_torch_oom,
-    xids_in,
-)
-from fleethealth.serve.admission import Admission, Rejected
+from fleethealth.decide.oom import context_errors_in, fatal_xids, is_oom_text, xids_in
+from fleethealth.serve.admission import Admission
 from fleethealth.serve.canary import Canary, Observation, ShareGate, Verdict, recent_failures
 from fleethealth.serve.config import Clock, SidecarConfig, as_clock
 from fleethealth.serve.gpu import GpuCheck, GpuReader, GpuVerdict
 from fleethealth.serve.lifecycle import Event, ReplicaLifecycle, admits
 from fleethealth.serve.progress import ProgressWatch
+from fleethealth.serve.proxy import Proxy
+from fleethealth.serve.records import (
+    HOP_BY_HOP,
+    Answer,
+    DrainProgress,
+    Phase,
+    RequestRecord,
+    engine_values,
+    error_json,
+    json_answer,
+)
+
+__all__ = ["HOP_BY_HOP", "DrainProgress", "Phase", "RequestRecord", "Sidecar", "engine_values"]
 
 log = logging.getLogger("fleethealth.sidecar")
-
-HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailers",
-              "transfer-encoding", "upgrade", "host", "content-length", "accept-encoding"}
-ENGINE_METRICS = ("vllm:generation_tokens_total", "vllm:num_requests_running", "vllm:num_requests_waiting",
-                  "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:num_running_reqs",
-                  "sglang:num_queue_reqs", "sglang:token_usage")
-
-
-class Phase(StrEnum):
-    QUEUED = "queued"
-    SENT = "sent"
-    DECODING = "decoding"
-    DONE = "done"
-
-
-@dataclass(frozen=True, slots=True)
-class _Abort:
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class _Failure:
-    error: str
-
-
-_END = object()
-
-
-@dataclass(eq=False)
-class RequestRecord:
-    id: int
-    path: str
-    stream: bool
-    model: str
-    max_tokens: int | None
-    prompt_tokens_est: int
-    prompt_digest: str
-    prompt_chars: int
-    prompt_text: str | None
-    canary: bool
-    started: float
-    phase: Phase = Phase.QUEUED
-    sent_at: float | None = None
-    first_at: float | None = None
-    last_chunk_at: float | None = None
-    chunks: int = 0
-    itl_sum: float = 0.0
-    status: int | None = None
-    outcome: str = ""
-    abort_reason: str | None = None
-    queue: asyncio.Queue[Any] = field(default_factory=asyncio.Queue)
-    released: bool = False
-    task: asyncio.Task[Any] | None = None  # the task writing its response (cancelled if a client stalls it)
-
-    def abort(self, reason: str) -> None:
-        if self.abort_reason is None:
-            self.abort_reason = reason
-            self.queue.put_nowait(_Abort(reason))
-
-    def sample(self) -> dict[str, Any]:
-        d: dict[str, Any] = {
-            "id": self.id, "path": self.path, "stream": self.stream, "model": self.model,
-            "max_tokens": self.max_tokens, "prompt_tokens_est": self.prompt_tokens_est,
-            "prompt_sha256": self.prompt_digest, "prompt_chars": self.prompt_chars, "canary": self.canary,
-            "started": self.started, "phase": str(self.phase), "status": self.status, "outcome": self.outcome,
-            "ttft_s": None if self.first_at is None or self.sent_at is None else round(self.first_at - self.sent_at, 6),
-            "chunks": self.chunks,
-        }
-        if self.prompt_text is not None:
-            d["prompt"] = self.prompt_text
-        return d
-
-
-@dataclass
-class DrainProgress:
-    started: float
-    deadline: float
-    reason: str
-    fault: bool
-    tier: Tier | None
-    at_start: dict[str, int] = field(default_factory=dict)
-    outcomes: Counter[str] = field(default_factory=Counter)
-    finished: float | None = None
-    evidence_path: str | None = None
-    task: asyncio.Task[None] | None = None
-
-    def to_dict(self, now: float, remaining: int) -> dict[str, Any]:
-        return {
-            "reason": self.reason, "fault": self.fault, "tier": None if self.tier is None else str(self.tier),
-            "started": self.started, "deadline": self.deadline, "elapsed_s": round((self.finished or now) - self.started, 3),
-            "finished": self.finished, "remaining": remaining, "at_start": dict(self.at_start),
-            "outcomes": dict(self.outcomes), "evidence_path": self.evidence_path,
-        }
-
-
-def _estimate_tokens(text: str) -> int:
-    # No tokenizer in the sidecar: about 4 characters per token for English text; used only to compare
-    # requests with each other (the oversize limit is learned with the same estimate).
-    return max(1, (len(text) + 3) // 4)
-
-
-def _prompt_text(payload: dict[str, Any]) -> str:
-    if "messages" in payload and isinstance(payload["messages"], list):
-        parts = []
-        for m in payload["messages"]:
-            c = m.get("content") if isinstance(m, dict) else None
-            if isinstance(c, str):
-                parts.append(c)
-            elif isinstance(c, list):
-                parts.extend(str(p.get("text", "")) for p in c if isinstance(p, dict))
-        return "\n".join(parts)
-    p = payload.get("prompt")
-    if isinstance(p, list):
-        return "\n".join(str(x) for x in p)
-    return str(p) if p is not None else ""
-
-
-def engine_values(text: str) -> dict[str, float]:
-    """Sum per metric name of the few engine metrics the sidecar watches (classic text format)."""
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        if not line or line[0] == "#":
-            continue
-        name_end = min((i for i in (line.find("{"), line.find(" ")) if i >= 0), default=-1)
-        if name_end <= 0:
-            continue
-        name = line[:name_end]
-        if name not in ENGINE_METRICS:
-            continue
-        rest = line[line.rfind("}") + 1:] if "{" in line[:name_end + 1] else line[name_end:]
-        try:
-            val = float(rest.split()[0])
-        except (ValueError, IndexError):
-            continue
-        out[name] = out.get(name, 0.0) + val
-    return out
-
-
-def _error_json(message: str, etype: str, code: str) -> dict[str, Any]:
-    return {"error": {"message": message, "type": etype, "code": code}}
 
 
 class Sidecar:
@@ -248,6 +108,7 @@ class Sidecar:
         self.evidence_last: dict[str, Any] | None = None
         self._log_pos: int | None = None
         self._client: httpx.AsyncClient | None = None
+        self.proxy_core = Proxy(self)  # the request path (admission, exchange with the engine)
         self._loop_task: asyncio.Task[None] | None = None
         self._warming = False
         self._probe_inflight = False
@@ -292,14 +153,13 @@ class Sidecar:
                 base_url=c.upstream.rstrip("/"),
                 timeout=httpx.Timeout(connect=c.upstream_connect_timeout_s, read=c.upstream_read_timeout_s,
                                       write=30.0, pool=c.queue_timeout_s),
-                limits=httpx.Limits(max_connections=c.max_concurrency + 16,
-                                    max_keepalive_connections=c.max_concurrency + 16),
+                # The background loop's calls only (health, metrics, models, warm-up and canary probes):
+                # proxied requests use the proxy's own pool (serve/upstream.py).
+                limits=httpx.Limits(max_connections=8, max_keepalive_connections=8),
                 transport=self._transport,
                 # Plain-http upstreams (the usual pod-local engine) need no CA bundle: loading one costs
                 # a noticeable fraction of a second at start.
                 verify=not c.upstream.startswith("http://"),
-                # Bytes are relayed as they come (aiter_raw): ask the engine not to compress them.
-                headers={"accept-encoding": "identity"},
             )
         return self._client
 
@@ -317,6 +177,7 @@ class Sidecar:
             self.drain.task.cancel()
         if self._client is not None:
             await self._client.aclose()
+        self.proxy_core.close()
         aclose = getattr(self.gpu_reader, "aclose", None)
         if aclose is not None:
             with contextlib.suppress(Exception):
@@ -638,15 +499,13 @@ class Sidecar:
             await asyncio.sleep(0.02)
         for r in list(self.active):
             r.abort(f"drain deadline ({self.config.max_drain_seconds:g}s) reached")
-        # Give the handlers a moment to send their final events; a client that stops reading must not hold
-        # the drain open, so a writer still stuck after that is cancelled (its connection is closed).
+        # A stream ends at once (its final event is queued on the client's connection, which a client that
+        # stopped reading does not keep: the front closes it); a request still waiting on the engine ends
+        # when its forwarder wakes up. Give those a moment, in real time even under an injected clock.
         loop = asyncio.get_running_loop()
-        grace_end = loop.time() + 1.0  # real time, even under an injected clock
+        grace_end = loop.time() + 1.0
         while self.active and loop.time() < grace_end:
             await asyncio.sleep(0.01)
-        for r in list(self.active):
-            if r.task is not None and not r.task.done():
-                r.task.cancel()
         d.finished = self.clock.now()
         self.drain_history.append(d.to_dict(d.finished, len(self.active)))
         d.evidence_path = self.write_evidence(d)
@@ -747,295 +606,24 @@ class Sidecar:
         self.progress.set_proxy_active(
             sum(1 for r in self.active if (r.stream or counted) and r.phase in (Phase.SENT, Phase.DECODING)), now)
 
-    def _unavailable(self, message: str, code: str = "replica_unavailable") -> JSONResponse:
+    def _unavailable(self, message: str, code: str = "replica_unavailable") -> Answer:
+        """503 + Retry-After: the gateway retries the request on another replica."""
         self.outcomes[f"rejected_{code}"] += 1
-        return JSONResponse(_error_json(message, "service_unavailable", code), status_code=503,
-                            headers={"Retry-After": str(self.config.retry_after_s)})
+        return json_answer(503, error_json(message, "service_unavailable", code),
+                           [(b"retry-after", str(self.config.retry_after_s).encode())])
 
-    # ---- the proxy -------------------------------------------------------------------------------
+    # ---- the proxy (the FastAPI routes' way in; the lean front calls self.proxy_core directly) ------
+
+    async def proxy(self, request: Request, path: str) -> Response:
+        from fleethealth.serve.front import asgi_proxy
+
+        return await asgi_proxy(self, request, "/" + path, inference=True)
 
     async def passthrough(self, request: Request, path: str) -> Response:
         """Non-inference endpoints (e.g. /v1/models): forwarded without admission."""
-        try:
-            r = await self.client.request(request.method, "/" + path, content=await request.body(),
-                                          headers=self._fwd_headers(request), params=request.query_params,
-                                          timeout=self.config.health_timeout_s)
-        except httpx.HTTPError as e:
-            return self._unavailable(f"engine unreachable: {type(e).__name__}", "engine_unreachable")
-        return Response(r.content, r.status_code, headers=self._resp_headers(r.headers))
+        from fleethealth.serve.front import asgi_proxy
 
-    @staticmethod
-    def _fwd_headers(request: Request) -> dict[str, str]:
-        return {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
-
-    @staticmethod
-    def _resp_headers(h: httpx.Headers) -> dict[str, str]:
-        return {k: v for k, v in h.items() if k.lower() not in HOP_BY_HOP and k.lower() != "content-encoding"}
-
-    async def proxy(self, request: Request, path: str) -> Response:
-        raw = await request.body()
-        try:
-            payload = json.loads(raw) if raw else {}
-        except ValueError:
-            payload = None
-        if not isinstance(payload, dict):
-            return JSONResponse(_error_json("request body must be a JSON object", "invalid_request_error",
-                                            "invalid_json"), status_code=400)
-        c = self.config
-        stream = bool(payload.get("stream"))
-        mt = payload.get("max_tokens", payload.get("max_completion_tokens"))
-        max_tokens = int(mt) if isinstance(mt, int | float) else None
-        text = _prompt_text(payload)
-        est = _estimate_tokens(text)
-        st = self.state
-        if not admits(st):
-            return self._unavailable(f"replica {c.replica} is {st}; retry on another replica")
-        canary = st is State.RECOVERING
-        if canary:
-            short = max_tokens is not None and max_tokens <= c.canary.short_max_tokens
-            if not short or not self.share_gate.admit(self._canary_weight):
-                return self._unavailable(f"replica {c.replica} is RECOVERING (canary at weight "
-                                         f"{self._canary_weight:.2f}); retry on another replica", "canary")
-        if st is State.DEGRADED and c.degraded_max_tokens is not None \
-                and (max_tokens is None or max_tokens > c.degraded_max_tokens):
-            return self._unavailable(f"replica {c.replica} is DEGRADED and takes no new long requests "
-                                     f"(max_tokens above {c.degraded_max_tokens}); retry on another replica",
-                                     "degraded_long_request")
-        if self.oversize_limit_tokens is not None and est + (max_tokens or 0) >= self.oversize_limit_tokens:
-            allowed = self.oversize_limit_tokens - est - 1
-            if c.oom_clip_max_tokens and allowed > 0:
-                payload["max_tokens"] = allowed
-                payload.pop("max_completion_tokens", None)
-                max_tokens = allowed
-                raw = json.dumps(payload).encode()
-            else:
-                self.outcomes["rejected_oversized"] += 1
-                return JSONResponse(_error_json(
-                    f"request too large for this replica: about {est} prompt tokens + max_tokens {max_tokens} "
-                    f"reached {self.oversize_limit_tokens} tokens, where it ran out of GPU memory before"
-                    + (f"; lower max_tokens to at most {allowed}" if allowed > 0 else "; shorten the prompt"),
-                    "invalid_request_error", "oom_oversized_request"), status_code=400)
-        rec = RequestRecord(
-            id=next(self._ids), path="/" + path, stream=stream, model=str(payload.get("model", "")),
-            max_tokens=max_tokens, prompt_tokens_est=est,
-            prompt_digest=hashlib.sha256(text.encode()).hexdigest()[:16], prompt_chars=len(text),
-            prompt_text=None if c.redact_prompts else text, canary=canary, started=self.clock.now(),
-        )
-        self.active.add(rec)
-        try:
-            await self.admission.acquire(c.queue_timeout_s)
-        except Rejected as e:
-            self.active.discard(rec)
-            self.outcomes["rejected_queue"] += 1
-            rec.outcome, rec.status = "rejected_queue", 503
-            self.samples.append(rec.sample())
-            return self._unavailable(f"not admitted: {e.reason}; retry on another replica", "not_admitted")
-        except asyncio.CancelledError:
-            self.active.discard(rec)
-            raise
-        rec.phase = Phase.SENT
-        rec.sent_at = self.clock.now()
-        if rec.abort_reason is not None:  # a drain started while it was being admitted
-            self._finish(rec, "rejected_draining", 503, False)
-            return self._unavailable(f"{rec.abort_reason}; retry on another replica", "draining")
-        self._update_active(rec.sent_at)
-        try:
-            req = self.client.build_request("POST", "/" + path, content=raw, headers=self._fwd_headers(request),
-                                            params=request.query_params)
-            resp = await self.client.send(req, stream=True)
-        except httpx.HTTPError as e:
-            self._record_error("upstream", f"{type(e).__name__}: {e}")
-            self._finish(rec, "engine_unreachable", 503, True)
-            return self._unavailable(f"engine unreachable: {type(e).__name__}", "engine_unreachable")
-        except asyncio.CancelledError:
-            self._finish(rec, "client_gone", 499, False)
-            raise
-        if resp.status_code >= 400:
-            try:
-                body = await resp.aread()
-            finally:
-                await resp.aclose()
-            return self._upstream_error(rec, payload, resp, body)
-        pump = asyncio.create_task(self._pump(rec, resp))
-        try:
-            first = await rec.queue.get()
-        except asyncio.CancelledError:
-            pump.cancel()
-            self._finish(rec, "client_gone", 499, False)
-            raise
-        if isinstance(first, _Abort) or rec.abort_reason is not None:
-            pump.cancel()
-            self._finish(rec, "rejected_draining", 503, False)
-            return self._unavailable(f"{rec.abort_reason}; retry on another replica", "draining")
-        if isinstance(first, _Failure):
-            self._record_error("upstream", first.error)
-            self._finish(rec, "upstream_failed", 502, True)
-            return JSONResponse(_error_json(f"engine failed: {first.error}", "upstream_error", "engine_failed"),
-                                status_code=502)
-        headers = self._resp_headers(resp.headers)
-        if not stream or "text/event-stream" not in resp.headers.get("content-type", ""):
-            return await self._collect(rec, first, pump, resp.status_code, headers)
-        now = self.clock.now()
-        rec.phase = Phase.DECODING
-        rec.first_at = rec.last_chunk_at = now
-        rec.chunks = 1
-        self.progress.progress(now)
-        return StreamingResponse(self._stream_body(rec, first, pump), status_code=resp.status_code,
-                                 headers=headers, media_type="text/event-stream")
-
-    async def _pump(self, rec: RequestRecord, resp: httpx.Response) -> None:
-        try:
-            async for chunk in resp.aiter_raw():
-                if chunk:
-                    rec.queue.put_nowait(chunk)
-            rec.queue.put_nowait(_END)
-        except asyncio.CancelledError:
-            raise
-        except Exception as e:
-            rec.queue.put_nowait(_Failure(f"{type(e).__name__}: {e}"))
-        finally:
-            with contextlib.suppress(Exception):
-                await resp.aclose()
-
-    async def _collect(self, rec: RequestRecord, first: Any, pump: asyncio.Task[None], status: int,
-                       headers: dict[str, str]) -> Response:
-        parts: list[bytes] = []
-        item = first
-        try:
-            while True:
-                if item is _END:
-                    break
-                if isinstance(item, _Abort):
-                    pump.cancel()
-                    self._finish(rec, "cut_at_deadline", 503, False)
-                    return self._unavailable(f"{item.reason}; retry on another replica", "draining")
-                if isinstance(item, _Failure):
-                    self._record_error("upstream", item.error)
-                    self._finish(rec, "upstream_failed", 502, True)
-                    return JSONResponse(_error_json(f"engine failed: {item.error}", "upstream_error",
-                                                    "engine_failed"), status_code=502)
-                parts.append(item)
-                item = await rec.queue.get()
-        except asyncio.CancelledError:
-            pump.cancel()
-            self._finish(rec, "client_gone", 499, False)
-            raise
-        now = self.clock.now()
-        rec.first_at = rec.last_chunk_at = now
-        self.progress.progress(now)
-        body = b"".join(parts)
-        if b'"error"' in body[:200]:
-            self._inspect_error_text(body[:2000].decode("utf-8", "replace"))
-        self._finish(rec, "completed", status, False)
-        return Response(body, status, headers=headers)
-
-    async def _stream_body(self, rec: RequestRecord, first: bytes, pump: asyncio.Task[None]) -> AsyncIterator[bytes]:
-        ended_clean = first.endswith(b"\n\n")
-        outcome, status, error = "client_gone", 499, False
-        rec.task = asyncio.current_task()
-        try:
-            yield first
-            while True:
-                item = await rec.queue.get()
-                if rec.abort_reason is not None and not isinstance(item, _Abort | _Failure):
-                    # Past the drain deadline: chunks still queued behind a slow client are dropped.
-                    item = _Abort(rec.abort_reason)
-                if item is _END:
-                    outcome, status = "completed", 200
-                    break
-                if isinstance(item, _Abort | _Failure):
-                    msg = item.reason if isinstance(item, _Abort) else f"engine failed: {item.error}"
-                    if isinstance(item, _Failure):
-                        self._record_error("upstream", item.error)
-                        outcome, error = "upstream_failed", True
-                    else:
-                        outcome = "cut_at_deadline"
-                    status = 200
-                    ev = json.dumps(_error_json(msg, "service_unavailable", "stream_ended_by_sidecar"))
-                    yield (b"" if ended_clean else b"\n\n") + f"data: {ev}\n\ndata: [DONE]\n\n".encode()
-                    break
-                now = self.clock.now()
-                if rec.last_chunk_at is not None:
-                    rec.itl_sum += now - rec.last_chunk_at
-                rec.last_chunk_at = now
-                rec.chunks += 1
-                self.progress.progress(now)
-                if b'"error"' in item:
-                    self._inspect_error_text(item.decode("utf-8", "replace"))
-                ended_clean = item.endswith(b"\n\n")
-                yield item
-        finally:
-            pump.cancel()
-            if outcome == "client_gone" and rec.abort_reason is not None:
-                outcome = "cut_at_deadline"
-            self._finish(rec, outcome, status, error)
-
-    def _upstream_error(self, rec: RequestRecord, payload: dict[str, Any], resp: httpx.Response,
-                        body: bytes) -> Response:
-        text = body.decode("utf-8", "replace")
-        status = resp.status_code
-        if is_oom_text(text):
-            return self._on_oom(rec, payload, text)
-        self._inspect_error_text(text)
-        self._record_error("upstream", f"HTTP {status}: {text[:300]}")
-        self._finish(rec, f"http_{status}", status, status >= 500)
-        if self.cuda_errors and self.cuda_errors[-1][0] >= (rec.sent_at or 0):
-            tier = Tier.NODE if context_errors_in(text) or xids_in(text) else Tier.POD
-            self.start_drain(f"CUDA error in engine response: {text[:200]}", fault=True, tier=tier)
-            return self._unavailable("the engine hit a CUDA error; retry on another replica", "cuda_error")
-        return Response(body, status, headers=self._resp_headers(resp.headers))
-
-    def _on_oom(self, rec: RequestRecord, payload: dict[str, Any], text: str) -> Response:
-        now = self.clock.now()
-        c = self.config
-        nums = parse_torch_oom(text)
-        m = re.search(r"prompt[_ ]tokens\D{0,3}(\d+)", text)
-        prompt_tokens = int(m.group(1)) if m else rec.prompt_tokens_est
-        kv = self.engine.get("vllm:kv_cache_usage_perc", self.engine.get("vllm:gpu_cache_usage_perc"))
-        running = self.engine.get("vllm:num_requests_running")
-        self._inspect_error_text(text)
-        ev = OomEvent(
-            ts=now, prompt_tokens=prompt_tokens, max_tokens=rec.max_tokens, max_batch_tokens=c.max_batch_tokens,
-            kv_capacity_tokens=c.kv_capacity_tokens,
-            running_requests=int(running) if running is not None else self.admission.active,
-            kv_cache_usage=kv, requested_bytes=nums.requested_bytes, free_bytes=nums.free_bytes,
-            reserved_bytes=nums.reserved_unallocated_bytes, allocated_bytes=nums.allocated_bytes,
-            total_bytes=nums.total_bytes,
-            recent_xids=tuple(x for t, x in self.recent_xids if now - t <= c.cuda_error_window_s),
-            cuda_errors=tuple(e for t, e in self.cuda_errors if now - t <= c.cuda_error_window_s),
-            model_max_len=self.model_max_len, entity=c.replica, model=self.model or rec.model,
-        )
-        v = classify_oom(ev, c.oom)
-        intents = oom_intents(ev, now, c.oom, current_limit=self.admission.limit,
-                              policy_version=self.lifecycle.policy_version)
-        for i in intents:
-            self._record_intent(i)
-        self.ooms[str(v.cls)] += 1
-        self.last_oom_at = now
-        # ``event`` has OomEvent's fields: the decisions layer's "oom" events take exactly this payload.
-        self.oom_events.append({"ts": now, "class": str(v.cls), "explanation": v.explanation,
-                                "event": {k: (list(x) if isinstance(x, tuple) else x)
-                                          for k, x in dataclasses.asdict(ev).items()},
-                                "evidence": list(v.evidence), "request": rec.sample(), "text": text[:500]})
-        self._record_error("oom", f"{v.cls}: {v.explanation}")
-        self._finish(rec, f"oom_{v.cls}", 400 if v.cls is OomClass.OVERSIZED_REQUEST else 503,
-                     v.cls is not OomClass.OVERSIZED_REQUEST)
-        if v.cls is OomClass.OVERSIZED_REQUEST:
-            req_tokens = prompt_tokens + (rec.max_tokens or 0)
-            self.oversize_limit_tokens = min(self.oversize_limit_tokens or req_tokens, req_tokens)
-            return JSONResponse(_error_json(f"request too large for this replica: {v.explanation}",
-                                            "invalid_request_error", "oom_oversized_request"), status_code=400)
-        if v.cls is OomClass.BATCH_OVERLOAD:
-            for i in intents:
-                if "max_concurrency" in i.params:
-                    self.admission.set_limit(int(i.params["max_concurrency"]))
-            self.last_limit_raise = now
-        elif v.cls is OomClass.FRAGMENTATION:
-            self.start_drain(f"OOM: {v.explanation}", fault=True, tier=Tier.POD)
-        else:
-            self.start_drain(f"OOM: {v.explanation}", fault=True, tier=Tier.NODE)
-        return self._unavailable(f"the engine ran out of GPU memory ({v.cls}); retry on another replica",
-                                 f"oom_{v.cls}")
+        return await asgi_proxy(self, request, "/" + path, inference=False)
 
     # ---- probes ----------------------------------------------------------------------------------
 
