@@ -93,6 +93,10 @@ class LeaseElector:
             self._thread.join(10)
             self._thread = None
 
+    def renewed_ago(self) -> float | None:
+        """Seconds since this replica last renewed the Lease (None: it does not hold it)."""
+        return None if self._last_renew is None else max(0.0, self.clock() - self._last_renew)
+
     def is_leader(self) -> bool:
         return self._last_renew is not None and self.clock() - self._last_renew < self.renew_deadline_s
 

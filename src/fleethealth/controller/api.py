@@ -206,6 +206,10 @@ def render_metrics(controller: Controller, runner: Any = None) -> str:
                  [({}, 1.0 if killed else 0.0)])
         m.family("fleethealth_actuation_mode", "gauge", "Actuation mode (1 for the current one).",
                  [({"mode": mode}, 1.0)])
+    from fleethealth.controller.control_metrics import control_plane_families
+
+    for name, kind, help_, rows in control_plane_families(controller, runner, pub.ts):  # leader, outbox, store
+        m.family(name, kind, help_, rows)
     return m.text()
 
 
@@ -288,7 +292,7 @@ def create_app(controller: Controller, runner: Any = None, *, guard: Guard | Non
         pub = controller.published
         killed = None if runner is None else bool(getattr(runner, "killed", False))
         if cache["pub"] is not pub or cache["killed"] != killed:
-            cache["text"] = render_metrics(controller, runner)
+            cache["text"] = render_metrics(controller, runner) + live_kpis.metrics_text()
             cache["pub"], cache["killed"] = pub, killed
         m = _Metrics()
         m.family("fleethealth_api_refused_total", "counter",
@@ -455,7 +459,8 @@ def create_app(controller: Controller, runner: Any = None, *, guard: Guard | Non
 
     from fleethealth.controller.view import add_view_routes
 
-    add_view_routes(app, controller, runner, may_read)  # GET / and /entity/NAME: the fleet view (read-only)
+    # GET / and /entity/NAME: the fleet view (read-only); GET /api/v1/pools: the fleet KPIs (also in /metrics)
+    live_kpis = add_view_routes(app, controller, runner, may_read)
     app.add_middleware(BodyLimit, max_bytes=api.max_body_bytes, hint=" (api.max_body_bytes in the controller config)")
     return app
 
