@@ -1,6 +1,6 @@
 """kubectl-style client verbs against a running controller's HTTP API:
 
-    fleethealth get nodes|replicas|intents [--state S] [-o wide|json]
+    fleethealth get nodes|replicas|intents|pools [--state S] [-o wide|json]
     fleethealth describe node NAME
     fleethealth ack|ready|quarantine NODE --reason "..."
     fleethealth kill --reason "..." | fleethealth resume
@@ -25,7 +25,7 @@ from fleethealth.cli.common import err_console, fail
 from fleethealth.runbooks import reason_path, url
 
 DEFAULT_SERVER = "http://127.0.0.1:9108"
-RESOURCES = ("nodes", "replicas", "intents")
+RESOURCES = ("nodes", "replicas", "intents", "pools")
 OUTPUTS = ("table", "wide", "json")
 STATES = ("STARTING", "WARMING", "READY", "DEGRADED", "DRAINING", "QUARANTINED", "RECOVERING", "FAILED")
 
@@ -95,7 +95,7 @@ def _check(value: str | None, allowed: tuple[str, ...], what: str) -> str | None
     return v
 
 
-def get(resource: str = typer.Argument(..., help="nodes | replicas | intents"),
+def get(resource: str = typer.Argument(..., help="nodes | replicas | intents | pools (the fleet KPIs per pool)"),
         state: str = typer.Option(None, "--state", help="Only entities in this lifecycle state (e.g. quarantined)."),
         output: str = typer.Option("table", "--output", "-o", help="table | wide | json"),
         server: str = ServerOpt, token: str = TokenOpt) -> None:
@@ -104,6 +104,9 @@ def get(resource: str = typer.Argument(..., help="nodes | replicas | intents"),
     st = _check(state, STATES, "state")
     out = _check(output, OUTPUTS, "output format")
     c = _Client(server, token)
+    if res == "pools":
+        _pools(c.call("GET", "/api/v1/pools"), out)
+        return
     if res == "intents":
         body = c.call("GET", "/api/v1/intents")
         rows_i = body["intents"]
@@ -136,6 +139,27 @@ def get(resource: str = typer.Argument(..., help="nodes | replicas | intents"),
     if states.get("frozen"):
         typer.echo("remediation frozen: fleet-wide confidence is low (a telemetry problem)")
     _table(rows, header)
+
+
+def _pools(body: dict[str, Any], out: str | None) -> None:
+    """The per-pool fleet summary: KPIs since the controller started."""
+    from fleethealth.review.kpis import summary_table
+
+    if out == "json":
+        typer.echo(json.dumps(body, indent=2))
+        return
+    pools = body.get("pools") or {}
+    if not pools:
+        typer.echo("no cycle yet")
+        return
+    rows = summary_table(pools)
+    if out != "wide":  # the narrow table: the figures compared before and after an upgrade
+        keep = [0, 1, 2, 3, 4, 5, 7, 8]
+        rows = [[r[i] for i in keep] for r in rows]
+    since, ts = body.get("since"), body.get("ts")
+    if since is not None and ts is not None:
+        typer.echo(f"over the last {_ago(ts, since)} (since the controller started)")
+    _table([r for r in rows[1:]], [h.upper() for h in rows[0]])
 
 
 def describe(resource: str = typer.Argument(..., help="node | replica"), name: str = typer.Argument(...),

@@ -19,8 +19,10 @@ from collections.abc import Callable
 from typing import Any
 
 from fastapi import FastAPI, HTTPException, Request
-from fastapi.responses import HTMLResponse
+from fastapi.responses import HTMLResponse, JSONResponse
 
+from fleethealth.controller.fleet_kpis import LiveKpis
+from fleethealth.review.kpis import summary_table
 from fleethealth.runbooks import reason_path, url
 
 CSS = """
@@ -40,6 +42,7 @@ h1{font-size:20px;margin:4px 0} h2{font-size:16px;margin:18px 0 6px} a{color:#06
 .wrap{overflow-x:auto}
 table.t{border-collapse:collapse;width:100%;background:#fff} table.t td,table.t th{border-bottom:1px solid #ddd;padding:4px 6px;text-align:left;vertical-align:top}
 .legend span{display:inline-block;padding:1px 6px;margin-right:4px;font-size:12px}
+.note{font-size:12px;color:#555;margin:4px 0}
 @media (max-width:640px){body{padding:6px;font-size:13px} .hm td.c{width:14px;height:18px;font-size:9px} .hide-narrow{display:none}}
 """
 
@@ -80,7 +83,7 @@ def _runbook(reason: str) -> str:
     return f' <a href="{_e(link)}">runbook</a>' if link else ""
 
 
-def render_fleet(controller: Any, runner: Any = None, now: float | None = None) -> str:
+def render_fleet(controller: Any, runner: Any = None, now: float | None = None, kpis: LiveKpis | None = None) -> str:
     from fleethealth.controller.api import budget_remaining
 
     pub = controller.published
@@ -153,6 +156,8 @@ def render_fleet(controller: Any, runner: Any = None, now: float | None = None) 
                          f'<td>{_num(e.last_value)}</td><td>{_num(e.weight)}</td>'
                          f'<td class="hide-narrow">{_e(e.last_reason if str(e.state) != "READY" else "")}</td></tr>')
         parts.append("</table></div>")
+    if kpis is not None:
+        parts.append(_kpi_table(kpis))
     parts.append(_feed(pub, now, None))
     return _page("fleethealth: fleet", "".join(parts))
 
@@ -221,11 +226,36 @@ def render_entity(controller: Any, name: str) -> str | None:
     return _page(f"fleethealth: {name}", "".join(parts))
 
 
-def add_view_routes(app: FastAPI, controller: Any, runner: Any, may_read: Callable[[Request], None]) -> None:
+def _kpi_table(kpis: LiveKpis) -> str:
+    k = kpis.kpis()
+    if not k:
+        return ""
+    rows = summary_table({p: v.to_dict() for p, v in k.items()})
+    out = ['<h2>Fleet KPIs since the controller started</h2><div class="wrap"><table class="t" id="kpis"><tr>'
+           + "".join(f"<th>{_e(h)}</th>" for h in rows[0]) + "</tr>"]
+    for r, pool in zip(rows[1:], sorted(k, key=lambda p: (p == "all", p)), strict=True):
+        out.append(f'<tr data-pool="{_e(pool)}">' + "".join(f"<td>{_e(c)}</td>" for c in r) + "</tr>")
+    out.append('</table></div><div class="note">GPU goodput: GPU-hours not lost to isolated, unknown or '
+               "DEGRADED nodes; SLO attainment: replica time within every SLO's error budget; precision: "
+               "quarantines an active test, a hard gate or FAILED confirmed; detect / repair: first bad "
+               "transition to isolation / to READY. Also at /api/v1/pools and `fleethealth get pools`.</div>")
+    return "".join(out)
+
+
+def add_view_routes(app: FastAPI, controller: Any, runner: Any, may_read: Callable[[Request], None]) -> LiveKpis:
+    """The fleet view's routes, and GET /api/v1/pools; returns the app's ``LiveKpis`` (for /metrics)."""
+    kpis = LiveKpis(controller)
+
     @app.get("/", response_class=HTMLResponse)
     def fleet(request: Request) -> HTMLResponse:
         may_read(request)
-        return HTMLResponse(render_fleet(controller, runner))
+        return HTMLResponse(render_fleet(controller, runner, kpis=kpis))
+
+    @app.get("/api/v1/pools")
+    def pools(request: Request) -> JSONResponse:
+        """Per pool: the fleet KPIs since the controller started (full precision)."""
+        may_read(request)
+        return JSONResponse(kpis.as_json())
 
     @app.get("/entity/{name:path}", response_class=HTMLResponse)
     def entity(request: Request, name: str) -> HTMLResponse:
@@ -234,3 +264,5 @@ def add_view_routes(app: FastAPI, controller: Any, runner: Any, may_read: Callab
         if page is None:
             raise HTTPException(404, f"no entity {name!r}")
         return HTMLResponse(page)
+
+    return kpis
