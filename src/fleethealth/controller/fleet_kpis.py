@@ -137,6 +137,12 @@ class LiveKpis:
                 x = getattr(v, key)
                 if x is not None and not (isinstance(x, float) and math.isnan(x)):
                     lines.append(f'{name}{{pool="{_label(pool)}"}} {float(x)!r}')
+        name = "fleethealth_kpi_quarantine_outcomes"
+        lines += [f"# HELP {name} Quarantines since the controller started by outcome (confirmed, cleared, released, "
+                  "false, pending); precision = confirmed / all but pending.", f"# TYPE {name} gauge"]
+        for pool, v in sorted(k.items()):
+            for outcome, n in sorted(v.outcomes.items()):
+                lines.append(f'{name}{{pool="{_label(pool)}",outcome="{outcome}"}} {float(n)!r}')
         name = "fleethealth_kpi_gpu_hours_lost"
         lines += [f"# HELP {name} GPU-hours lost since the controller started, by cause (each hour once).",
                   f"# TYPE {name} gauge"]

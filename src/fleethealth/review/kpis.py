@@ -33,7 +33,7 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -80,6 +80,7 @@ class PoolKpis:
     flaps_per_entity_day: float
     pages: int
     health_mean: float | None = None  # mean known node health at the end (or over the run, as given)
+    outcomes: dict[str, int] = field(default_factory=dict)  # quarantines per outcome (review.incidents.OUTCOMES)
 
     @property
     def lost_gpu_h(self) -> float:
@@ -251,6 +252,7 @@ def pool_kpis(
             precision=fig.precision, detect_median_s=fig.detect_median_s, repair_median_s=_median(repair),
             flaps=n_flaps, flaps_per_entity_day=n_flaps / ent_days,
             pages=sum(v for e, v in pages_by_entity.items() if e in members), health_mean=hm,
+            outcomes=dict(fig.outcomes),
         )
 
     out = {p: build(p, {n for n, i in entities.items() if i.pool == p}) for p in pools}
