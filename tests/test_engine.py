@@ -185,12 +185,12 @@ def test_peers_are_chosen_by_labels() -> None:
 
 def test_serving_consumer_uses_geometric_mean() -> None:
     b = fleet()
-    b.add("DCGM_FI_DEV_GPU_TEMP", gpu_labels("n1", 1), 90, NOW - 1)  # thermal 0.5
-    b.add("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", gpu_labels("n1", 1), 0, NOW - 61)
-    b.add("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", gpu_labels("n1", 1), 25.5 * 60, NOW - 1)  # pcie 0.5
+    b.add("DCGM_FI_DEV_GPU_TEMP", gpu_labels("n1", 9), 90, NOW - 1)  # thermal 0.5
+    for i, t in enumerate((NOW - 61, NOW - 31, NOW - 1)):  # pcie 0.5: 25.5/s on its long and short window
+        b.add("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", gpu_labels("n1", 9), 25.5 * 30 * i, t)
     snap = b.build(NOW)
-    t_min = score_snapshot(snap, POL, NOW, consumer="training").tuples["n1/gpu1"]
-    t_g = score_snapshot(snap, POL, NOW, consumer="serving").tuples["n1/gpu1"]
+    t_min = score_snapshot(snap, POL, NOW, consumer="training").tuples["n1/gpu9"]
+    t_g = score_snapshot(snap, POL, NOW, consumer="serving").tuples["n1/gpu9"]
     assert t_min.value == pytest.approx(0.5)
     assert t_g.reason.startswith("gmean:")
     n_cats = sum(1 for v in t_g.categories.values() if v is not None)

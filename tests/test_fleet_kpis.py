@@ -135,3 +135,33 @@ def test_summary_table_rounds_for_people() -> None:
     train = rows[2]
     assert train[2] == "93.4%" and train[3] == "25.3" and train[5] == "100.0%"
     assert "None" not in " ".join(" ".join(r) for r in rows)
+
+
+def test_kpis_of_a_store_and_two_ranges_compared(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    from typer.testing import CliRunner
+
+    from fleethealth.cli.main import app
+    from test_review import T0, make_store
+
+    db = tmp_path / "s.db"
+    make_store(db).close()
+    r = CliRunner().invoke(app, ["kpis", "--db", str(db), "--format", "json"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    assert (d["since"], d["until"]) == (T0 + 100, T0 + 3600)  # first transition to the latest cycle
+    train = d["pools"]["train"]
+    assert train["gpu_hours"] == pytest.approx(24 * 3500 / 3600)
+    assert train["lost_isolated_gpu_h"] == pytest.approx(8 * (1200 + 2800 + 1200) / 3600)  # node-a, b, c
+    assert train["lost_slow_gpu_h"] == pytest.approx(8 * (600 + 600) / 3600)  # node-b and node-c DEGRADED
+    assert train["precision"] == pytest.approx(2 / 3) and train["outcomes"]["cleared"] == 1  # as `review` says
+    text = CliRunner().invoke(app, ["kpis", "--db", str(db)])
+    assert text.exit_code == 0 and "train" in text.stdout and "66.7%" in text.stdout and "None" not in text.stdout
+    # the last half hour against the half hour before: train's goodput went from 16% to 61%
+    r = CliRunner().invoke(app, ["kpis", "--db", str(db), "--since", "-30m", "--compare", "..-30m"])
+    assert r.exit_code == 0, r.output
+    row = next(ln for ln in r.stdout.splitlines() if ln.startswith("train") and "GPU goodput" in ln)
+    assert row.split()[-5:] == ["15.7%", "61.1%", "+45.4", "pt", "better"], row
+    bad = CliRunner().invoke(app, ["kpis", "--db", str(db), "--compare", "-30m"])
+    assert bad.exit_code == 2 and "SINCE..UNTIL" in bad.stderr

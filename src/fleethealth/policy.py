@@ -95,6 +95,10 @@ class SignalSpec(Strict):
     expected: bool = True  # absent => lowers confidence; False for optional fields (ECC, NVLink, ...)
     max_age_s: float | None = Field(default=None, gt=0)  # default: freshness.max_age_s
     rate_window_s: float | None = Field(default=None, gt=0)  # counters: default freshness.rate_window_s
+    # counter ramps: a short window read beside the long one (rate_window_s), as burn rates are: once the
+    # long window's rate is past `warn` (the count is significant), the worse of the two rates is scored,
+    # so a storm reaches its critical level within the short window while sparse noise stays unscored
+    short_window_s: float | None = Field(default=None, gt=0)
     worse_if: Direction = "higher"
     # gate: value > above (or value in values) forces 0
     above: float | None = None
@@ -168,6 +172,12 @@ class SignalSpec(Strict):
             raise ValueError("a flag signal needs 'flag' or 'value_flags'")
         if self.shape == "slo" and self.requests_metric is None:
             raise ValueError("an slo signal needs 'requests_metric' (the request counter)")
+        if self.short_window_s is not None:
+            if self.kind != "counter" or self.shape != "ramp":
+                raise ValueError("short_window_s is for counter ramps (kind: counter, shape: ramp)")
+            if self.rate_window_s is not None and not self.short_window_s < self.rate_window_s:
+                raise ValueError(f"short_window_s ({self.short_window_s:g}) must be shorter than rate_window_s "
+                                 f"({self.rate_window_s:g})")
         return self
 
 
@@ -223,6 +233,11 @@ class Lifecycle(Strict):
     ready_dwell_s: float = Field(default=600.0, ge=0)
     quarantine_below: float = Field(default=0.3, ge=0, le=1)
     quarantine_dwell_s: float = Field(default=300.0, ge=0)
+    # fast path: a score at or below floor_at (a critical sub-score: a counter past crit on both its
+    # windows, a peer z past k_crit) for floor_dwell_s quarantines without the degraded-then-quarantine
+    # dwell chain; None: off
+    floor_at: float = Field(default=0.0, ge=0, le=1)
+    floor_dwell_s: float | None = Field(default=None, ge=0)
     min_confidence: float = Field(default=0.5, ge=0, le=1)  # never act below this
     drain_timeout_s: float = Field(default=900.0, gt=0)
     recovering_dwell_s: float = Field(default=1800.0, ge=0)
@@ -244,6 +259,8 @@ class Lifecycle(Strict):
             raise ValueError("ready_above must be higher than degraded_below (hysteresis)")
         if not self.ready_dwell_s >= self.degraded_dwell_s:
             raise ValueError("ready_dwell_s must be at least degraded_dwell_s (the way back is slower)")
+        if not self.floor_at < self.quarantine_below:
+            raise ValueError("floor_at must be lower than quarantine_below (the fast path is for the floor)")
         return self
 
 
@@ -282,6 +299,57 @@ class Attribution(Strict):
     version_fraction: float = Field(default=0.5, gt=0, le=1)
 
 
+class Domains(Strict):
+    """Failure domains (README: Failure domains): nodes that share a rack, an NVLink / NVL72 domain, a
+    switch, a power or cooling zone (the node labels named in ``labels``, copied onto tuples: each must
+    be in ``metadata_labels``). When at least ``min_nodes`` nodes and at least ``fraction`` of one
+    domain's nodes degrade or fail within ``window_s`` of each other, the domain is the suspect: one
+    incident (``domain_correlation``) with the domain's evidence, and no signal-driven quarantine or
+    drain of its nodes while it is open. ``action``: what a held node gets instead (``no_new_work``:
+    the scheduler stops placing work on it; ``hold``: nothing, the node keeps its work). A confirmed
+    hard gate (a GPU off the bus, a DBE) is hardware and is handled as such inside a domain event."""
+
+    labels: list[str] = Field(default_factory=lambda: ["rack", "nvlink_domain", "switch", "power_zone",
+                                                       "cooling_zone"])
+    min_nodes: int = Field(default=3, ge=2)
+    fraction: float = Field(default=0.3, gt=0, le=1)
+    window_s: float = Field(default=1800.0, gt=0)
+    action: Literal["hold", "no_new_work"] = "no_new_work"
+
+    @field_validator("labels")
+    @classmethod
+    def _distinct(cls, v: list[str]) -> list[str]:
+        for i, name in enumerate(v):
+            if not name.strip():
+                raise ValueError(f"label [{i}] is empty")
+            if name in v[:i]:
+                raise ValueError(f"label '{name}' is named twice")
+        return v
+
+
+class Recurring(Strict):
+    """Recurring faults (README: Recurring faults): an *episode* is one isolation (QUARANTINED or
+    DRAINING) or one DEGRADED spell of an entity, counted per signal family (the reason's family, e.g.
+    ``nvlink``) and per GPU where the reason names one. At the ``max_episodes``-th episode of one family
+    within ``window_s``, the entity is not released again: FAILED with reason ``recurring:<family>``
+    and one page suggesting repair. ``max_episodes: 0`` turns the rule off."""
+
+    window_s: float = Field(default=7 * 86400.0, gt=0)
+    max_episodes: int = Field(default=3, ge=0)
+
+
+class Expectation(Strict):
+    """Peers in the expectation model: a signal most members of an entity's peer group carry is expected of
+    every member (``missing:<family or signals>`` when it lacks it). GPUs group by their node's pool and
+    their training job, replicas by pool, model and role; a group smaller than ``min_group`` falls back to
+    the pool, a pool smaller than that to the whole kind."""
+
+    min_group: int = Field(default=3, ge=1)
+    carried_share: float = Field(default=0.5, ge=0, lt=1)  # carried by more than this share of the group
+    gpu_group_by: list[str] = Field(default_factory=lambda: ["pool", "job"])
+    replica_group_by: list[str] = Field(default_factory=lambda: ["pool", "model", "role"])
+
+
 class Router(Strict):
     hold_s: float = Field(default=120.0, ge=0)  # hold last weight while confidence is low
     drain_step: float = Field(default=0.1, gt=0, le=1)  # then lower by this much per cycle
@@ -305,6 +373,7 @@ class Policy(Strict):
     fleet: Fleet = Field(default_factory=Fleet)
     attribution: Attribution = Field(default_factory=Attribution)
     router: Router = Field(default_factory=Router)
+    expectation: Expectation = Field(default_factory=Expectation)  # peer groups of the expectation model
     remediation: Remediation = Field(default_factory=Remediation)  # repair ladders (repair_policy.py)
     # Labels that name the node of a sample, in order of preference.
     # Labels copied from samples onto tuples (what decisions correlate on: pool, version, job ...).
@@ -312,11 +381,25 @@ class Policy(Strict):
         default_factory=lambda: [
             "pool", "rack", "tp_group", "driver_version", "DCGM_FI_DRIVER_VERSION", "kernel_version",
             "build", "job", "pod", "namespace", "modelName", "model_name", "model", "UUID", "pci_bus_id",
-            "node", "zone",
+            "node", "zone", "nvlink_domain", "switch", "power_zone", "cooling_zone",
         ]
     )
     node_labels: list[str] = Field(default_factory=lambda: ["Hostname", "node", "hostname", "instance"])
     replica_labels: list[str] = Field(default_factory=lambda: ["replica", "pod", "instance"])
+    # after metadata_labels: a domain label must be one of them (validated against it)
+    domains: Domains = Field(default_factory=Domains)
+    recurring: Recurring = Field(default_factory=Recurring)
+
+    @field_validator("domains")
+    @classmethod
+    def _domain_labels_reach_tuples(cls, v: Domains, info: ValidationInfo) -> Domains:
+        meta = info.data.get("metadata_labels")
+        if meta is not None:
+            missing = [x for x in v.labels if x not in meta]
+            if missing:
+                raise ValueError(f"labels {missing} are not in metadata_labels: only labels copied onto tuples "
+                                 "can group nodes into domains")
+        return v
 
     @field_validator("signals")
     @classmethod

@@ -51,6 +51,10 @@ def _open(db: str) -> Any:
         fail(str(e))
 
 
+def _when(ts: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(ts))
+
+
 def _duration(text: str) -> float:
     from fleethealth.sim.scenario import parse_duration
 
@@ -101,6 +105,78 @@ def register(app: typer.Typer) -> None:
             typer.echo(f"review of {rv.overall.incidents} incidents -> {out}")
         else:
             typer.echo(text, nl=False)
+
+    @app.command("kpis")
+    def kpis_cmd(
+        db: str = typer.Option(..., "--db", help="State store: a SQLite path or a database URL."),
+        since: str | None = typer.Option(None, "--since", help="Start: unix seconds, a date, or -7d (back from the"
+                                                                 " store's latest cycle; default: the first cycle)."),
+        until: str | None = typer.Option(None, "--until", help="End, as --since (default: the latest cycle)."),
+        before: str | None = typer.Option(None, "--compare", help="Compare with an earlier range SINCE..UNTIL (each"
+                                                                  " as --since), e.g. -14d..-7d against -7d.."),
+        gpus_per_node: int = typer.Option(8, "--gpus-per-node", min=1, help="GPUs of each node (the store keeps"
+                                                                            " no GPU counts)."),
+        fmt: str = typer.Option("text", "--format", "-f", help="text or json."),
+    ) -> None:
+        """The fleet KPIs per pool over a period of the store (goodput, quarantine precision, detect and repair
+        times, flaps, pages), or two periods side by side with better/worse per figure (before and after an
+        upgrade). From the store: unknown-health hours and SLO attainment are live figures only."""
+        from fleethealth.review.kpis import (
+            EntityInfo,
+            compare,
+            compare_table,
+            pool_kpis,
+            summary_table,
+            text_table,
+        )
+
+        if fmt not in ("text", "json"):
+            fail(f"--format {fmt!r}: expected text or json")
+        store = _open(db)
+        try:
+            state = store.load()
+            if state is None:
+                fail(f"{db}: no cycle in this store yet")
+            latest = state.last_ts
+            trs, ints = store.transitions(), store.intents()
+        finally:
+            store.close()
+        first = min([float(t["ts"]) for t in trs] + [latest])
+        ents = {e: EntityInfo(es.kind, es.labels.get("pool", "default"), gpus_per_node if es.kind == "node" else 0,
+                              str(es.state)) for e, es in state.entities.items() if es.kind in ("node", "replica")}
+
+        def period(a: str | None, b: str | None) -> tuple[float, float]:
+            t0, t1 = parse_when(a, latest), parse_when(b, latest)
+            t0 = first if t0 is None else t0
+            t1 = latest if t1 is None else t1
+            if t1 <= t0:
+                fail(f"empty period: {a or 'start'}..{b or 'latest'} ends before it begins")
+            return t0, t1
+
+        def figures(t0: float, t1: float) -> dict[str, dict[str, Any]]:
+            k = pool_kpis(trs, ints, ents, start=t0, end=t1)
+            return {p: v.to_dict() for p, v in k.items()}
+
+        now_range = period(since, until)
+        after = figures(*now_range)
+        if before is None:
+            if fmt == "json":
+                typer.echo(json.dumps({"since": now_range[0], "until": now_range[1], "pools": after}, indent=2))
+                return
+            typer.echo(f"fleet KPIs {_when(now_range[0])} .. {_when(now_range[1])} ({len(ents)} entities)")
+            typer.echo(text_table(summary_table(after)))
+            return
+        if ".." not in before:
+            fail(f"--compare {before!r}: expected SINCE..UNTIL, e.g. -14d..-7d")
+        a, b = before.split("..", 1)
+        old_range = period(a or None, b or None)
+        rows = compare(figures(*old_range), after)
+        if fmt == "json":
+            typer.echo(json.dumps({"before": old_range, "after": now_range, "rows": rows}, indent=2))
+            return
+        typer.echo(f"before: {_when(old_range[0])} .. {_when(old_range[1])}")
+        typer.echo(f"after:  {_when(now_range[0])} .. {_when(now_range[1])}")
+        typer.echo(text_table(compare_table(rows)))
 
     @app.command("review-label")
     def review_label(

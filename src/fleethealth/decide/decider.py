@@ -29,7 +29,7 @@ from collections import defaultdict
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from typing import Any
 
-from fleethealth.decide import incidents, ladder
+from fleethealth.decide import chronic, incidents, ladder
 from fleethealth.decide.cycle import (
     ABSENT_GRACE_S,
     DRAIN_FLAGS,
@@ -42,8 +42,11 @@ from fleethealth.decide.cycle import (
     REMEDIATION_KINDS,
     WORSE_STATES,
     Cycle,
+    budget_key,
     choose_tier,
+    is_hard_gate_reason,
 )
+from fleethealth.decide.domains import FailureDomains, quiet_hold
 from fleethealth.decide.lifecycle import (
     ISOLATED_STATES,
     REMEDIATION_TARGETS,
@@ -58,7 +61,7 @@ from fleethealth.decide.lifecycle import (
 )
 from fleethealth.decide.model import IntentKind, State, Tier, Transition
 from fleethealth.decide.repairs import Repairs
-from fleethealth.decide.safety import SafetyRules, budget_key, is_hard_gate_reason
+from fleethealth.decide.safety import SafetyRules
 from fleethealth.decide.state import Decision, DecisionState, EntityLifecycle, Event
 from fleethealth.decide.tuples import (
     LIFECYCLE_KINDS,
@@ -89,7 +92,7 @@ __all__ = [
     "budget_key", "choose_tier", "decide", "is_hard_gate_reason", "node_of",
 ]
 
-class Decider(SafetyRules, Repairs):
+class Decider(SafetyRules, Repairs, FailureDomains):
     """``fast`` (the default) reuses, from one cycle to the next, what cannot have changed: the tuple and
     observation objects of entities whose scores are bit-for-bit the same, the verdict that a steady
     entity's (unchanged) lifecycle and observation need nothing, and it skips the per-entity work of the
@@ -108,7 +111,7 @@ class Decider(SafetyRules, Repairs):
         # fast path caches (answers, never state: a decider handed any other state answers the same)
         self._rows: dict[str, _Rows] = {}
         self._serving_rows: list[Any] = []
-        self._obs_of: dict[str, tuple[HealthTuple, bool, Observation]] = {}
+        self._obs_of: dict[str, tuple[HealthTuple, tuple[bool, bool], Observation]] = {}
         self._labels_ok: dict[str, tuple[dict[str, str], dict[str, str]]] = {}
         self._steady_ok: dict[str, tuple[EntityLifecycle, Observation]] = {}
         self._app_flags = frozenset(f"xid:{x}" for x in self.policy.xid.app_xids)
@@ -182,15 +185,16 @@ class Decider(SafetyRules, Repairs):
                 continue
             fl = node_flags.get(eid)
             drain = bool((fl and not DRAIN_FLAGS.isdisjoint(fl)) or (ht.flags and not DRAIN_FLAGS.isdisjoint(ht.flags)))
+            floor = chronic.at_floor(fl, ht.flags)  # the lifecycle's fast path
             if fast:
                 hit = obs_of.get(eid)
-                if hit is not None and hit[0] is ht and hit[1] == drain:
+                if hit is not None and hit[0] is ht and hit[1] == (drain, floor):
                     obs[eid] = hit[2]
                     continue
             made = obs[eid] = Observation(ht.value, ht.confidence, ht.reason, gate=ht.reason.startswith("gate:"),
-                                          drain_reset=drain)
+                                          drain_reset=drain, floor=floor)
             if fast:
-                obs_of[eid] = (ht, drain, made)
+                obs_of[eid] = (ht, (drain, floor), made)
 
         self._fleet_confidence(c, obs)
         blamed = self._app_xids(c, life, flagged_gpus)
@@ -199,6 +203,7 @@ class Decider(SafetyRules, Repairs):
             if o is not None and o.usable(lc) and not o.gate:
                 obs[n] = Observation(o.value, o.confidence, why, gate=True, drain_reset=o.drain_reset)
         suspects = self._versions(c, obs)
+        self._domains(c, obs, suspects)
         self._row_remaps(c, obs, node_flags, gpu_by_node)
 
         ev_by_entity: dict[str, list[Event]] = defaultdict(list)
@@ -468,7 +473,7 @@ class Decider(SafetyRules, Repairs):
         """Training scheduler: no new work on a node that is not READY, or whose health is unknown."""
         lc = self.policy.lifecycle
         usable = o is not None and o.usable(lc)
-        held = es.blocked is not None and not es.blocked.startswith("frozen")
+        held = es.blocked is not None and not quiet_hold(es.blocked, self.policy)
         if es.state == State.READY and not held:
             if usable:
                 want = False
@@ -499,7 +504,7 @@ class Decider(SafetyRules, Repairs):
         if es.state not in serving_states:
             w = 0.0
             reason = f"state:{es.state}"
-        elif es.blocked and not es.blocked.startswith("frozen"):
+        elif es.blocked and not quiet_hold(es.blocked, self.policy):
             return  # the soft fallback set it
         elif o is not None and o.usable(lc) and o.value is not None:
             w = max(r.min_weight, min(1.0, o.value))

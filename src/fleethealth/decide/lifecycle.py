@@ -10,9 +10,13 @@ state, the first rule (in table order) whose condition holds fires, at most one 
 
 Conditions come in two kinds:
 
-* signal conditions (``below_degraded``, ``below_quarantine``, ``above_ready``, ``recovering_ok``,
-  ``warm_ok``) compare the value with a policy threshold and must hold for a *dwell* (``policy.lifecycle``)
-  before they fire. Each has a timer; ``hard_gate`` (reason ``gate:*``, or a node blamed by attribution)
+* signal conditions (``at_floor``, ``below_degraded``, ``below_quarantine``, ``above_ready``,
+  ``recovering_ok``, ``warm_ok``) compare the value with a policy threshold and must hold for a *dwell*
+  (``policy.lifecycle``) before they fire. ``at_floor`` is the fast path: a score at or below
+  ``floor_at`` that a counter at its critical rate on both windows causes (the observation's ``floor``,
+  from the scorer's ``floor:<signal>`` flag) quarantines after ``floor_dwell_s`` (about two decision
+  cycles) instead of the degraded-then-quarantine chain; off when ``floor_dwell_s`` is unset. Peer and
+  SLO scores at 0 keep the chain: they are statistical readings whose noise the dwell absorbs. Each has a timer; ``hard_gate`` (reason ``gate:*``, or a node blamed by attribution)
   and ``drain_reset`` (Xid 154 asks to drain and reset) fire at once.
 * event conditions (``test_passed``, ``test_failed``, ``too_many_recoveries``, ``reset_passed``,
   ``reset_failed``, ``repair_exhausted``, ``human_ready``, ``human_quarantine``) and ``drain_timeout`` (time in state, checked
@@ -55,6 +59,7 @@ from fleethealth.policy import Lifecycle
 class Cond(StrEnum):
     HARD_GATE = "hard_gate"
     DRAIN_RESET = "drain_reset"
+    AT_FLOOR = "at_floor"
     BELOW_QUARANTINE = "below_quarantine"
     BELOW_DEGRADED = "below_degraded"
     ABOVE_READY = "above_ready"
@@ -74,6 +79,7 @@ class Cond(StrEnum):
 
 # Signal conditions with a threshold (lifecycle attribute) and a comparison; they need a dwell.
 SIGNAL_CONDS: dict[Cond, tuple[str, str]] = {
+    Cond.AT_FLOOR: ("floor_at", "<="),
     Cond.BELOW_QUARANTINE: ("quarantine_below", "<"),
     Cond.BELOW_DEGRADED: ("degraded_below", "<"),
     Cond.ABOVE_READY: ("ready_above", ">"),
@@ -102,10 +108,12 @@ RULES: tuple[Rule, ...] = (
     Rule(State.WARMING, Cond.WARM_OK, State.READY, "warming_s"),
     Rule(State.READY, Cond.DRAIN_RESET, State.DRAINING, note="Xid 154 drain and reset"),
     Rule(State.READY, Cond.HARD_GATE, State.QUARANTINED, note="at once"),
+    Rule(State.READY, Cond.AT_FLOOR, State.QUARANTINED, "floor_dwell_s", "fast path, a counter at crit on both windows"),
     Rule(State.READY, Cond.BELOW_QUARANTINE, State.QUARANTINED, "quarantine_dwell_s"),
     Rule(State.READY, Cond.BELOW_DEGRADED, State.DEGRADED, "degraded_dwell_s"),
     Rule(State.DEGRADED, Cond.DRAIN_RESET, State.DRAINING, note="Xid 154 drain and reset"),
     Rule(State.DEGRADED, Cond.HARD_GATE, State.QUARANTINED, note="at once"),
+    Rule(State.DEGRADED, Cond.AT_FLOOR, State.QUARANTINED, "floor_dwell_s", "fast path, a counter at crit on both windows"),
     Rule(State.DEGRADED, Cond.BELOW_QUARANTINE, State.QUARANTINED, "quarantine_dwell_s"),
     Rule(State.DEGRADED, Cond.ABOVE_READY, State.READY, "ready_dwell_s"),
     Rule(State.DRAINING, Cond.RESET_PASSED, State.RECOVERING, note="reset done"),
@@ -165,6 +173,7 @@ class Observation:
     reason: str
     gate: bool = False  # reason gate:* or blamed by attribution
     drain_reset: bool = False  # Xid 154 recovery action DRAIN_AND_RESET / DRAIN_P2P
+    floor: bool = False  # a counter at its critical rate on both windows (flag floor:*): the fast path
 
     def usable(self, lc: Lifecycle) -> bool:
         return self.value is not None and self.confidence >= lc.min_confidence
@@ -178,8 +187,10 @@ def holding_conds(obs: Observation | None, lc: Lifecycle) -> set[Cond]:
     out: set[Cond] = set()
     for cond, (attr, op) in SIGNAL_CONDS.items():
         t = float(getattr(lc, attr))
-        if (op == "<" and v < t) or (op == ">" and v > t) or (op == ">=" and v >= t):
+        if (op == "<" and v < t) or (op == ">" and v > t) or (op == ">=" and v >= t) or (op == "<=" and v <= t):
             out.add(cond)
+    if lc.floor_dwell_s is None or not obs.floor:  # the fast path is off, or not a counter at the floor
+        out.discard(Cond.AT_FLOOR)
     if obs.gate:
         out.add(Cond.HARD_GATE)
     if obs.drain_reset:
@@ -222,7 +233,10 @@ def timers_after_transition(timers: dict[str, Timer], src: State, dst: State) ->
 
 
 def dwell_of(rule: Rule, lc: Lifecycle) -> float:
-    return 0.0 if rule.dwell is None else float(getattr(lc, rule.dwell))
+    if rule.dwell is None:
+        return 0.0
+    dwell = getattr(lc, rule.dwell)
+    return float("inf") if dwell is None else float(dwell)  # None: the rule is off
 
 
 def rule_holds(rule: Rule, conds: set[Cond], timers: dict[str, Timer], in_state_s: float,
@@ -249,7 +263,7 @@ def candidate_rules(state: State, conds: set[Cond], timers: dict[str, Timer], in
 def _cond_label(rule: Rule, lc: Lifecycle | None) -> str:
     if rule.cond in SIGNAL_CONDS:
         attr, op = SIGNAL_CONDS[rule.cond]
-        op = {"<": "below", ">": "above", ">=": "at least"}[op]
+        op = {"<": "below", ">": "above", ">=": "at least", "<=": "at or below"}[op]
         thr = f"{attr}" if lc is None else f"{getattr(lc, attr):g}"
         dw = rule.dwell or ""
         dws = dw if lc is None else f"{dwell_of(rule, lc):g}s"

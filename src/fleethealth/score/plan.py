@@ -163,6 +163,9 @@ class _Plan:
                     if cols is None and (mid is None or mid not in ctx.bounds):
                         self.absent_any.append(spec.metric)  # no sample, no matrix: unseen, NaN
                         continue
+                    if spec.short_window_s is not None:  # two windows: the per-signal path reads both
+                        self.rest.append((kind, j))
+                        continue
                     # one column per entity: every column of the metric's (cols.single), or those with
                     # samples when some have none (a vanished exporter's, while remembered)
                     if (cols is None or not cols.series.size or code == 4 or not (

@@ -86,16 +86,14 @@ def score_reference(snap: Snapshot, policy: Policy, now: float, how: str = "min"
                 continue
             if spec.kind == "counter":
                 window = spec.rate_window_s or policy.freshness.rate_window_s
-                win = [(t, v) for t, v in pts if t > now - window]
-                if len(win) < 2 or now - win[-1][0] > max_age:
+                rate = _rate(pts, now, window, max_age)
+                if rate is None:
                     continue
-                inc = 0.0
-                for (_, a), (_, b) in zip(win, win[1:], strict=False):
-                    inc += b - a if b >= a else b
-                dt = win[-1][0] - win[0][0]
-                if dt <= 0:
-                    continue
-                per_gpu[gpu].append((inc / dt, labels, win[-1][0]))
+                if spec.short_window_s is not None and spec.warn is not None and rate > spec.warn:
+                    short = _rate(pts, now, spec.short_window_s, max_age)
+                    if short is not None:  # the long window confirms: the worse of the two
+                        rate = max(rate, short)
+                per_gpu[gpu].append((rate, labels, pts[-1][0]))
             else:
                 ts, v = pts[-1]
                 if now - ts <= max_age:
@@ -133,6 +131,21 @@ def score_reference(snap: Snapshot, policy: Policy, now: float, how: str = "min"
             w = min(known, key=lambda h: h.value)  # type: ignore[arg-type,return-value]
             out[node] = RefHealth(w.value, conf, w.worst, w.reason)
     return out
+
+
+def _rate(pts: list[tuple[float, float]], now: float, window: float, max_age: float) -> float | None:
+    """Reset-aware rate of one counter series over the samples in the window (None: fewer than two, or
+    the last one stale)."""
+    win = [(t, v) for t, v in pts if t > now - window]
+    if len(win) < 2 or now - win[-1][0] > max_age:
+        return None
+    inc = 0.0
+    for (_, a), (_, b) in zip(win, win[1:], strict=False):
+        inc += b - a if b >= a else b
+    dt = win[-1][0] - win[0][0]
+    if dt <= 0:
+        return None
+    return inc / dt
 
 
 def _shape(spec: SignalSpec, x: float) -> float:

@@ -3,7 +3,8 @@
 Theory of operation
 -------------------
 Per signal and kind: the latest fresh sample per series (gauges) or a reset-aware rate over the window
-(counters), reduced per entity (the worst), then shaped into a sub-score (gate, ramp, flag, peer robust z
+(counters; a counter ramp with ``short_window_s`` also reads a short window, which counts once the long
+window's rate is past ``warn``: ``_confirmed_short``), reduced per entity (the worst), then shaped into a sub-score (gate, ramp, flag, peer robust z
 with grouped median/MAD, Xid classes; SLOs in score/slo.py). Missing or stale data is NaN: never a score.
 ``_evaluate`` is the reference per-signal path; on a history's view it reads gauge rows and counter
 matrices directly (``_evaluate_gauge_rows``, ``_evaluate_counter_columns``) with the same numbers. Peer
@@ -87,6 +88,10 @@ def _evaluate(ctx: _Ctx, spec: SignalSpec, kind: EntityKind, table: _KindTable,
         ent_of_series = np.full(int(ser.max()) + 1, -1, np.int64)
         ent_of_series[ser] = ent
         _counter_rates(res, ent_of_series[s_ids], inc, t0, t1, last_v, last_t, now, max_age)
+        if spec.short_window_s is not None:
+            s_ids, inc, t0, t1, _, _ = _counter_runs(ser, vals, ts, now - spec.short_window_s)
+            short = _entity_rates(ent_of_series[s_ids], inc, t0, t1, now, max_age, n)
+            res.rate[:] = _confirmed_short(res.rate, short, spec)
         x = res.rate
     else:
         lp = _latest_per_series(ser, ts)
@@ -97,6 +102,8 @@ def _evaluate(ctx: _Ctx, spec: SignalSpec, kind: EntityKind, table: _KindTable,
         res.raw[:] = _reduce_worst(ent[lpf], vals[lpf], n, higher_worse)
         x = res.raw
     res.sub[:] = _shape(ctx, spec, kind, x, ser, ent, lp if not _is_counter(spec) else None, res, n)
+    if spec.short_window_s is not None:
+        _floor_flags(res, spec)
     return res
 
 
@@ -136,23 +143,43 @@ def _evaluate_gauge_rows(ctx: _Ctx, spec: SignalSpec, kind: EntityKind, rows: _G
     return res
 
 
-def _counter_rates(res: _SignalResult, e: np.ndarray, inc: np.ndarray, t0: np.ndarray, t1: np.ndarray,
-                   last_v: np.ndarray, last_t: np.ndarray, now: float, max_age: float) -> None:
-    """A counter's rate, raw (latest value) and age per entity from its per-series window (``e``: the
-    entity of each series)."""
-    n = res.rate.size
+def _entity_rates(e: np.ndarray, inc: np.ndarray, t0: np.ndarray, t1: np.ndarray, now: float, max_age: float,
+                  n: int) -> np.ndarray:
+    """A counter's rate per entity (NaN: none fresh) from its per-series window (``e``: the entity of each
+    series); the series of one entity add up (e.g. per-link NVLink counters)."""
+    out = np.full(n, np.nan)
     rate = _fresh_rate(inc, t0, t1, now, max_age)
     good = ~np.isnan(rate)
     one_per_entity = e.size == 0 or np.bincount(e).max() <= 1
     if good.any():
         if one_per_entity:
-            res.rate[e[good]] = rate[good]
+            out[e[good]] = rate[good]
         else:
             acc = np.zeros(n)
             cnt = np.zeros(n)
             np.add.at(acc, e[good], rate[good])
             np.add.at(cnt, e[good], 1)
-            res.rate[:] = np.where(cnt > 0, acc, np.nan)
+            out[:] = np.where(cnt > 0, acc, np.nan)
+    return out
+
+
+def _confirmed_short(long_rate: np.ndarray, short_rate: np.ndarray, spec: SignalSpec) -> np.ndarray:
+    """The rate a counter ramp with ``short_window_s`` scores: the long window's, or the short window's
+    where that is worse and the long window confirms it (its rate past ``warn``: enough events that the
+    short window is not reading noise). Only ever worse than the long window alone, so onset is the
+    short window's and recovery the long window's."""
+    assert spec.warn is not None
+    with np.errstate(invalid="ignore"):
+        confirmed = long_rate > spec.warn
+    return np.where(confirmed, np.fmax(long_rate, short_rate), long_rate)
+
+
+def _counter_rates(res: _SignalResult, e: np.ndarray, inc: np.ndarray, t0: np.ndarray, t1: np.ndarray,
+                   last_v: np.ndarray, last_t: np.ndarray, now: float, max_age: float) -> None:
+    """A counter's rate, raw (latest value) and age per entity from its per-series window (``e``: the
+    entity of each series)."""
+    n = res.rate.size
+    res.rate[:] = _entity_rates(e, inc, t0, t1, now, max_age, n)
     # the latest sample of a series is its latest in the window whenever it has one in the window
     res.raw[:] = _reduce_worst(e, last_v, n, True)
     res.age[:] = _reduce_worst(e, now - last_t, n, False)
@@ -175,8 +202,26 @@ def _evaluate_counter_columns(ctx: _Ctx, spec: SignalSpec, kind: EntityKind, col
     else:
         inc, t0, t1, last_v, last_t, _ = cols.window(now - window)
         _counter_rates(res, cols.ent, inc, t0, t1, last_v, last_t, now, max_age)
+    if spec.short_window_s is not None:
+        n = res.rate.size
+        if cols.single:
+            short = np.full(n, np.nan)
+            short[cols.ent] = ctx.rates(cols.mat, spec.short_window_s, max_age)[0][cols.cols]
+        else:
+            inc, t0, t1, *_ = cols.window(now - spec.short_window_s)
+            short = _entity_rates(cols.ent, inc, t0, t1, now, max_age, n)
+        res.rate[:] = _confirmed_short(res.rate, short, spec)
     res.sub[:] = _shape(ctx, spec, kind, res.rate, cols.series, cols.ent, None, res, res.sub.size)
+    if spec.short_window_s is not None:
+        _floor_flags(res, spec)
     return res
+
+
+def _floor_flags(res: _SignalResult, spec: SignalSpec) -> None:
+    """Flag ``floor:<signal>`` on every entity a two-window counter ramp scores 0: its critical rate,
+    confirmed by the long window. The lifecycle's fast path (``lifecycle.floor_dwell_s``) acts on it."""
+    for e in np.flatnonzero(res.sub == 0).tolist():
+        res.flags.append((e, f"floor:{spec.name}"))
 
 
 def _shape(
