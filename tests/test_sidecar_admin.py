@@ -21,14 +21,26 @@ from fleethealth.serve.config import SidecarConfig
 
 def test_admin_refuses_without_the_right_token() -> None:
     with running_pair() as p:
-        for method, path in (("POST", "/admin/drain"), ("POST", "/admin/undrain"), ("GET", "/admin/state"),
-                             ("GET", "/admin/evidence")):
-            assert httpx.request(method, p.url + path).status_code == 401
+        for method, path in (("POST", "/admin/drain"), ("POST", "/admin/undrain")):
+            r = httpx.request(method, p.url + path)
+            assert r.status_code == 401 and r.json()["detail"].startswith("authentication required")
             r = httpx.request(method, p.url + path, headers={"Authorization": "Bearer wrong"})
             assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer"
+            assert r.json()["detail"] == "the bearer token is not valid"
         assert p.sc.state.value == "READY"  # nothing happened
+        # Reads are open to loopback clients by default (admin_read="loopback")
+        for path in ("/admin/state", "/admin/evidence"):
+            assert httpx.get(p.url + path).status_code == 200
         r = httpx.get(p.url + "/admin/state", headers=p.auth)
         assert r.status_code == 200 and r.json()["state"] == "READY"
+        metrics = httpx.get(p.url + "/metrics").text
+        assert 'fleethealth_sidecar_admin_refused_total{code="401",replica="replica-0"} 4.0' in metrics
+
+
+def test_reads_need_a_token_when_configured() -> None:
+    with running_pair(admin_read="authenticated") as p:
+        assert httpx.get(p.url + "/admin/state").status_code == 401
+        assert httpx.get(p.url + "/admin/state", headers=p.auth).status_code == 200
 
 
 def test_admin_refuses_everything_when_no_token_is_configured() -> None:

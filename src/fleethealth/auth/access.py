@@ -17,6 +17,9 @@ Theory of operation
   ``kill``, ``resume``  ``fleet``               the actuation kill switch
   ``get``               ``fleet``               read endpoints, where the config requires a token
   ``label``             ``incidents``           an operator's verdict on an incident (``review``)
+  ``drain``             ``replicas``            the sidecar's ``/admin/drain`` of its replica (name: the pod)
+  ``undrain``           ``replicas``            the sidecar's ``/admin/undrain``
+  ``get``               ``replicas``            the sidecar's ``/admin/state`` and ``/admin/evidence``
   ====================  ======================  ==========================================================
 
 - ``Guard.check`` returns the caller (a ``Principal``) or raises ``Denied`` with the HTTP status and one
@@ -43,7 +46,7 @@ from typing import Any, Literal, Protocol
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 GROUP = "fleethealth.io"
-VERBS = ("ack", "ready", "report", "kill", "resume", "get", "label")
+VERBS = ("ack", "ready", "report", "kill", "resume", "get", "label", "drain", "undrain")
 MAX_ENTITY_LEN = 512
 
 
@@ -133,7 +136,7 @@ class _TokenEntry(BaseModel):
     token: str | None = Field(default=None, min_length=16)
     token_sha256: str | None = Field(default=None, pattern=r"^[0-9a-fA-F]{64}$")
     groups: list[str] = Field(default_factory=list)
-    verbs: list[Literal["ack", "ready", "report", "kill", "resume", "get", "*"]]
+    verbs: list[Literal["ack", "ready", "report", "kill", "resume", "get", "label", "drain", "undrain", "*"]]
 
     @model_validator(mode="after")
     def _one(self) -> _TokenEntry:
@@ -172,6 +175,13 @@ class StaticTokens:
         doc = validate_yaml(text, source, _TokenFile, TokenFileError, what="token file",
                             hint="a token file is a mapping with a 'tokens' list of {user, token|token_sha256, verbs}")
         return cls(doc.tokens)
+
+    @classmethod
+    def single(cls, user: str, token: str, verbs: Sequence[str] = ("*",)) -> StaticTokens:
+        """One credential given directly (the sidecar's legacy ``--admin-token-file``: any length, all
+        verbs), checked like a token file's entries."""
+        return cls([_TokenEntry.model_construct(user=user, token=token, token_sha256=None, groups=[],
+                                                verbs=list(verbs))])
 
     @classmethod
     def load(cls, path: str | Path) -> StaticTokens:

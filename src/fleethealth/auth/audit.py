@@ -5,7 +5,8 @@ Theory of operation: an allowed action is recorded in the state store *before* i
 or the runner; if the store cannot take the record, the action is refused (503) rather than done
 unaudited. A refusal of an authenticated caller (403) is recorded too; refusals without a valid token (401)
 are only counted (``fleethealth_api_refused_total``), so a flood of anonymous requests cannot fill the
-database or the log. Each record is also a Kubernetes Event
+database or the log. The sidecar uses the same auditor with a local append-only JSON Lines file
+(``auth.audit_log``) as its store and Events on its own Pod. Each record is also a Kubernetes Event
 (best effort, like the node actuator's events: the store is the record) on the entity's Node, or on the
 controller's Lease for fleet-wide actions, so ``kubectl get events`` shows who acknowledged a node.
 """
@@ -32,12 +33,14 @@ def _rfc3339(ts: float) -> str:
 
 class Auditor:
     def __init__(self, store: Any = None, kube: Any = None, namespace: str = "fleethealth-system",
-                 lease_name: str = "fleethealth-controller", clock: Callable[[], float] = time.time) -> None:
+                 lease_name: str = "fleethealth-controller", clock: Callable[[], float] = time.time,
+                 component: str = "fleethealth-controller") -> None:
         self.store = store  # anything with .audit(ts, actor, verb, target, remote, allowed, detail)
         self.kube = kube  # act.kube_api.Kube, for Events
         self.namespace = namespace
         self.lease_name = lease_name
         self.clock = clock
+        self.component = component  # the Event's source: the controller, or the sidecar of a replica
 
     def record(self, who: Principal, verb: str, target: str, remote: str, allowed: bool,
                detail: dict[str, Any] | None = None) -> None:
@@ -82,7 +85,7 @@ class Auditor:
             "involvedObject": obj,
             "reason": "FleetHealthOperator" + verb.capitalize() + ("" if allowed else "Refused"),
             "message": msg[:1024], "type": "Normal" if allowed else "Warning",
-            "source": {"component": "fleethealth-controller"}, "firstTimestamp": now, "lastTimestamp": now,
+            "source": {"component": self.component}, "firstTimestamp": now, "lastTimestamp": now,
             "count": 1,
         }
         try:

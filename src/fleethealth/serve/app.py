@@ -6,18 +6,25 @@ run it in-process on a real loopback port. /docs, /redoc and /openapi.json are s
 (Content-Length) or as soon as a chunked body crosses the limit (fleethealth.auth.http.BodyLimit, outside
 the proxy's own code).
 
-Admin endpoints need ``Authorization: Bearer <token>`` (token from a file or FLEETHEALTH_ADMIN_TOKEN;
-with no token configured they always refuse) and, by default, a loopback client address: the pod's
+Admin endpoints (serve.admin_security): state-changing ones (``POST /admin/drain``, ``/admin/undrain``)
+need ``Authorization: Bearer <token>``, checked by the same ``auth`` module as the controller's API: the
+static admin token (a file or FLEETHEALTH_ADMIN_TOKEN), a token file, or the cluster (TokenReview, then
+SubjectAccessReview on the verb ``drain``/``undrain`` of ``replicas/<replica>`` in ``fleethealth.io``);
+401/403/503 with one line, and every action audited (JSON Lines file, Kubernetes Event on the Pod) before
+it is done. Reads (``/admin/state``, ``/admin/evidence``) are open to loopback clients by default
+(``admin_read``). By default the admin endpoints also answer only a loopback client address: the pod's
 preStop hook calls them on localhost, while the gateway and other pods reach only the proxy and probes.
 The check is on the TCP peer address (uvicorn's proxy-headers handling is turned off by the CLI, so an
 X-Forwarded-For header cannot fake a loopback client). ``admin_loopback_only=False`` opens them to the
-network for a controller that holds the token.
+network, where the token and its permission still decide. Auth and audit do blocking I/O (the API
+server, fsync), so they run in a worker thread, never on the event loop that relays tokens.
 """
 
 from __future__ import annotations
 
-import hmac
+import asyncio
 import logging
+import threading
 from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -29,9 +36,11 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from fleethealth.auth.access import entity_problem, is_loopback
+from fleethealth.auth.access import Denied, Principal, entity_problem, is_loopback
+from fleethealth.auth.audit import AuditFailed
 from fleethealth.auth.http import BodyLimit
 from fleethealth.decide.model import State
+from fleethealth.serve.admin_security import build_admin_security
 from fleethealth.serve.config import Clock, SidecarConfig
 from fleethealth.serve.gpu import ExporterGpuReader, GpuReader, NvmlGpuReader, nvml_present
 from fleethealth.serve.sidecar import Phase, Sidecar
@@ -111,15 +120,37 @@ class SidecarCollector(Collector):
         yield err
 
 
+class AdminCollector(Collector):
+    """Admin calls refused, by status (401 no valid token, 403 no permission or not loopback, 503 could
+    not check or audit)."""
+
+    def __init__(self, replica: str, refused: dict[int, int]) -> None:
+        self.replica = replica
+        self.refused = refused
+
+    def collect(self) -> Iterable[Any]:
+        c = CounterMetricFamily("fleethealth_sidecar_admin_refused", "admin calls refused, by HTTP status",
+                                labels=["replica", "code"])
+        for code in (401, 403, 503):
+            c.add_metric([self.replica, str(code)], float(self.refused.get(code, 0)))
+        yield c
+
+
 def create_app(config: SidecarConfig, clock: Clock | Callable[[], float] | None = None, gpu_reader: GpuReader | None = None,
-               transport: httpx.AsyncBaseTransport | None = None) -> FastAPI:
+               transport: httpx.AsyncBaseTransport | None = None, kube_api: Any = None) -> FastAPI:
+    """``kube_api``: a KubeApi for admin auth and audit Events instead of one made from the config (tests).
+    Raises TokenFileError / AuditLogError / ValueError (one line) for an unusable admin setup."""
     if gpu_reader is None and config.gpu_metrics_url:
         gpu_reader = ExporterGpuReader(config.gpu_metrics_url, node=config.gpu_node)
     elif gpu_reader is None and (config.use_nvml or (config.use_nvml is None and nvml_present())):
         gpu_reader = NvmlGpuReader(config.gpu_node or config.replica)
+    security = build_admin_security(config, kube_api)
+    guard, auditor = security.guard, security.auditor
+    refused: dict[int, int] = {}
     sc = Sidecar(config, clock=clock, gpu_reader=gpu_reader, transport=transport)
     registry = CollectorRegistry(auto_describe=False)
     registry.register(SidecarCollector(sc))
+    registry.register(AdminCollector(config.replica, refused))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -162,21 +193,61 @@ def create_app(config: SidecarConfig, clock: Clock | Callable[[], float] | None 
         # Classic text format 0.0.4 (what every Prometheus parses; prometheus-client's "latest" is 1.0.0).
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_0_0_4)
 
-    def admin(request: Request) -> None:
+    target = f"replica/{config.replica}"
+
+    def peer(request: Request) -> str:
+        c = request.client
+        return "unknown" if c is None else f"{c.host}:{c.port}"
+
+    refused_lock = threading.Lock()  # counted from worker threads
+
+    def refuse(status: int, reason: str) -> HTTPException:
+        with refused_lock:
+            refused[status] = refused.get(status, 0) + 1
+        return HTTPException(status, reason, headers={"WWW-Authenticate": "Bearer"} if status == 401 else None)
+
+    def network_gate(request: Request) -> None:
         if config.admin_loopback_only and not _is_loopback(request.client.host if request.client else None):
-            raise HTTPException(403, "admin endpoints answer loopback clients only")
-        auth = request.headers.get("authorization", "")
-        token = auth[7:].strip() if auth.lower().startswith("bearer ") else ""
-        if not config.admin_token or not token or not hmac.compare_digest(token.encode(), config.admin_token.encode()):
-            raise HTTPException(401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"})
+            raise refuse(403, "admin endpoints answer loopback clients only (--admin-allow-remote opens them)")
+
+    async def admin_read(request: Request) -> None:
+        network_gate(request)
+        try:
+            await asyncio.to_thread(guard.check, request.headers.get("authorization"),
+                                    request.client.host if request.client else None, "get", "replicas",
+                                    config.replica)
+        except Denied as e:
+            raise refuse(e.status, e.reason) from None
+
+    def authorise_and_audit(request: Request, verb: str, detail: dict[str, Any]) -> Principal:
+        """Runs in a worker thread: TokenReview/SubjectAccessReview and the audit write may block."""
+        try:
+            who = guard.authenticate(request.headers.get("authorization"))
+        except Denied as e:
+            raise refuse(e.status, e.reason) from None
+        try:
+            guard.authorize(who, verb, "replicas", config.replica)
+        except Denied as e:
+            if e.status == 403:
+                auditor.record(who, verb, target, peer(request), False, {**detail, "refused": e.reason})
+            raise refuse(e.status, e.reason) from None
+        try:
+            auditor.record(who, verb, target, peer(request), True, detail)
+        except AuditFailed as e:
+            raise refuse(503, f"{e}; nothing was done") from None
+        return who
+
+    async def admin_act(request: Request, verb: str, detail: dict[str, Any]) -> Principal:
+        network_gate(request)
+        return await asyncio.to_thread(authorise_and_audit, request, verb, detail)
 
     @app.post("/admin/drain", tags=["admin"], summary="Stop admitting; finish decoding requests; 503 the rest")
     async def admin_drain(request: Request, wait: bool = Query(False, description="block until drained"),
                           reason: str = Query("admin drain")) -> JSONResponse:
-        admin(request)
         if (why := entity_problem(reason)) is not None:
             raise HTTPException(400, why.replace("entity", "reason", 1))
-        log.info("admin drain from %s: %s", request.client.host if request.client else "?", reason)
+        who = await admin_act(request, "drain", {"reason": reason, "wait": wait})
+        log.info("admin drain by %s from %s: %s", who.user, peer(request), reason)
         sc.start_drain(reason, fault=False)
         if wait:
             await sc.wait_drained(config.max_drain_seconds + 5)
@@ -184,19 +255,19 @@ def create_app(config: SidecarConfig, clock: Clock | Callable[[], float] | None 
 
     @app.post("/admin/undrain", tags=["admin"], summary="Admit again (through the canary after a fault)")
     async def admin_undrain(request: Request) -> JSONResponse:
-        admin(request)
-        log.info("admin undrain from %s", request.client.host if request.client else "?")
+        who = await admin_act(request, "undrain", {})
+        log.info("admin undrain by %s from %s", who.user, peer(request))
         sc.undrain()
         return JSONResponse(sc.state_dict())
 
     @app.get("/admin/state", tags=["admin"], summary="State, drain progress, canary, intents, errors")
     async def admin_state(request: Request) -> JSONResponse:
-        admin(request)
+        await admin_read(request)
         return JSONResponse(sc.state_dict())
 
     @app.get("/admin/evidence", tags=["admin"], summary="The last evidence bundle (or a fresh one)")
     async def admin_evidence(request: Request) -> JSONResponse:
-        admin(request)
+        await admin_read(request)
         return JSONResponse(sc.evidence_last or sc.evidence(sc.drain))
 
     @app.post("/v1/completions", tags=["proxy"])

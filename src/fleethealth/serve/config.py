@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Literal, Protocol
 
 from fleethealth.decide.oom import DEFAULT_THRESHOLDS, OomThresholds
 from fleethealth.policy import Policy, default_policy
@@ -50,8 +50,29 @@ def default_replica_name() -> str:
 class SidecarConfig:
     upstream: str  # the engine's base URL, e.g. http://127.0.0.1:8000
     replica: str = field(default_factory=default_replica_name)
-    admin_token: str | None = field(default_factory=lambda: os.environ.get("FLEETHEALTH_ADMIN_TOKEN") or None)
+    admin_token: str | None = field(default_factory=lambda: os.environ.get("FLEETHEALTH_ADMIN_TOKEN") or None,
+                                    repr=False)  # never in a log line
     admin_loopback_only: bool = True  # admin endpoints answer only clients on 127.0.0.0/8 or ::1
+    # Who may call /admin/* (serve.admin_security): the static admin_token above (all verbs), a token file
+    # (auth.access.StaticTokens: user, token or token_sha256, verbs drain/undrain/get), and/or the cluster
+    # (TokenReview + SubjectAccessReview on fleethealth.io replicas/<replica>). Reads: admin_read.
+    admin_tokens_file: Path | None = None
+    admin_kubernetes_auth: bool = False
+    admin_audiences: tuple[str, ...] = ()
+    admin_read: Literal["loopback", "open", "authenticated"] = "loopback"
+    # The audit trail of admin actions: a local append-only JSON Lines file (rotated at audit_max_bytes,
+    # audit_keep files kept) and, when a Kubernetes API is configured, Events on this replica's Pod.
+    audit_log: Path | None = None
+    audit_max_bytes: int = 10 << 20
+    audit_keep: int = 3
+    audit_events: bool = True
+    namespace: str = field(default_factory=lambda: os.environ.get("POD_NAMESPACE") or "default")
+    # The Kubernetes API (for TokenReview/SubjectAccessReview and Events): "auto" = in-cluster when the pod
+    # has a service account and something needs it; "off"; or kube_host + kube_token (tests, out of cluster).
+    kubernetes: Literal["auto", "off"] = "auto"
+    kube_host: str | None = None
+    kube_token: str | None = field(default=None, repr=False)
+    kube_verify_ssl: bool = True
     docs: bool = False  # /docs, /redoc and /openapi.json (off: nothing about the API is served)
     max_body_bytes: int = 16 << 20  # larger request bodies (prompts included) are refused with 413
     max_drain_seconds: float = 30.0
