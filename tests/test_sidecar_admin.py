@@ -137,6 +137,12 @@ def test_cli_errors_are_one_line() -> None:
     assert "cannot read --admin-token-file" in r.output and "Traceback" not in r.output
     r = CliRunner().invoke(app, ["sidecar", "--upstream", "http://x:1", "--listen", "nonsense"])
     assert r.exit_code == 2 and "HOST:PORT" in r.output
+    r = CliRunner().invoke(app, ["sidecar", "--upstream", "http://x:1", "--admin-tokens-file", "/nonexistent/t.yaml"])
+    assert r.exit_code == 2 and "cannot read token file" in r.output and "Traceback" not in r.output
+    r = CliRunner().invoke(app, ["sidecar", "--upstream", "http://x:1", "--admin-kubernetes-auth"])
+    assert r.exit_code == 2 and "needs a Kubernetes API" in r.output and "Traceback" not in r.output
+    r = CliRunner().invoke(app, ["sidecar", "--upstream", "http://x:1", "--admin-read", "everyone"])
+    assert r.exit_code == 2 and "--admin-read" in r.output
 
 
 def test_deployment_example_is_consistent() -> None:
@@ -147,8 +153,18 @@ def test_deployment_example_is_consistent() -> None:
     pod = docs["Deployment"]["spec"]["template"]["spec"]
     containers = {c["name"]: c for c in pod["containers"]}
     side = containers["fleethealth-sidecar"]
-    args = dict(a.split("=", 1) for a in side["command"][2:])
+    args = dict((a.split("=", 1) + [""])[:2] for a in side["command"][2:])
     drain_s = float(args["--max-drain-seconds"])
+    # admin: the cluster's RBAC decides who may drain, every action audited to a file and as Events
+    assert "--admin-kubernetes-auth" in args and args["--audit-log"].startswith("/var/lib/fleethealth/audit/")
+    assert pod["serviceAccountName"] == docs["ServiceAccount"]["metadata"]["name"]
+    granted = {(g, r, v) for rule in docs["ClusterRole"]["rules"] for g in rule["apiGroups"]
+               for r in rule["resources"] for v in rule["verbs"]}
+    assert granted == {("authentication.k8s.io", "tokenreviews", "create"),
+                       ("authorization.k8s.io", "subjectaccessreviews", "create")}
+    assert docs["Role"]["rules"] == [{"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}]
+    env = {e["name"] for e in side["env"]}
+    assert {"POD_NAME", "POD_NAMESPACE"} <= env
     assert pod["terminationGracePeriodSeconds"] > drain_s
     engine = containers["vllm"]
     assert engine["startupProbe"]["httpGet"]["path"] == "/readyz"

@@ -38,6 +38,18 @@ def register(app: typer.Typer) -> None:
             None, help="File holding the admin bearer token (else env FLEETHEALTH_ADMIN_TOKEN; none: admin refuses)"),
         admin_allow_remote: bool = typer.Option(
             False, help="Let non-loopback clients call /admin/* (they still need the token)"),
+        admin_tokens_file: Path | None = typer.Option(
+            None, help="Token file for /admin/*: tokens: [{user, token|token_sha256, verbs: [drain, undrain, get]}]"),
+        admin_kubernetes_auth: bool = typer.Option(
+            False, help="Check /admin/* bearer tokens with TokenReview and the cluster's RBAC (SubjectAccessReview: "
+                        "verbs drain/undrain/get on fleethealth.io replicas/<replica>)"),
+        admin_read: str = typer.Option("loopback", help="Who may read /admin/state: loopback, open or authenticated"),
+        audit_log: Path | None = typer.Option(
+            None, help="Append-only JSON Lines audit log of admin actions (rotated at --audit-max-bytes)"),
+        audit_max_bytes: int = typer.Option(10 << 20, min=1024, help="Rotate the audit log at this size"),
+        audit_keep: int = typer.Option(3, min=1, help="Rotated audit log files kept"),
+        kube_events: bool = typer.Option(
+            True, help="Audit admin actions as Kubernetes Events on this pod (in a cluster)"),
         max_drain_seconds: float = typer.Option(30.0, min=0.0, help="After this, streams still running are ended"),
         policy: Path | None = typer.Option(None, help="Policy file (default: the shipped policy)"),
         replica: str | None = typer.Option(None, help="Replica name (default: $POD_NAME or the hostname)"),
@@ -71,9 +83,14 @@ def register(app: typer.Typer) -> None:
         pol = load_policy_or_fail(policy)
         if not upstream.startswith(("http://", "https://")):
             fail(f"--upstream must be an http(s) URL, got {upstream!r}")
+        if admin_read not in ("loopback", "open", "authenticated"):
+            fail(f"--admin-read must be loopback, open or authenticated, got {admin_read!r}")
         cfg = SidecarConfig(
             upstream=upstream, replica=replica or default_replica_name(), admin_token=_token(admin_token_file),
-            admin_loopback_only=not admin_allow_remote, max_drain_seconds=max_drain_seconds,
+            admin_loopback_only=not admin_allow_remote, admin_tokens_file=admin_tokens_file,
+            admin_kubernetes_auth=admin_kubernetes_auth, admin_read=admin_read,  # type: ignore[arg-type]
+            audit_log=audit_log, audit_max_bytes=audit_max_bytes, audit_keep=audit_keep, audit_events=kube_events,
+            max_drain_seconds=max_drain_seconds,
             max_concurrency=max_concurrency, queue_limit=queue_limit, ready_queue_limit=ready_queue_limit,
             liveness_timeout_s=liveness_timeout, gpu_metrics_url=gpu_metrics_url,
             gpu_node=gpu_node or os.environ.get("NODE_NAME"), use_nvml=nvml, engine_log=engine_log,
@@ -82,7 +99,15 @@ def register(app: typer.Typer) -> None:
             degraded_max_tokens=degraded_max_tokens, docs=docs, max_body_bytes=max_body_bytes,
             gpu_fail_below=pol.lifecycle.quarantine_below, policy=pol,
         )
-        if cfg.admin_token is None:
-            typer.echo("warning: no admin token (--admin-token-file or FLEETHEALTH_ADMIN_TOKEN): /admin/* will "
-                       "refuse every call", err=True)
+        from fleethealth.auth.access import TokenFileError
+        from fleethealth.auth.audit_log import AuditLogError
+        from fleethealth.serve.admin_security import build_admin_security
+
+        try:
+            build_admin_security(cfg)  # the same checks create_app makes, as one line before anything starts
+        except (TokenFileError, AuditLogError, ValueError) as e:
+            fail(str(e))
+        if cfg.admin_token is None and cfg.admin_tokens_file is None and not cfg.admin_kubernetes_auth:
+            typer.echo("warning: no admin credential (--admin-token-file, FLEETHEALTH_ADMIN_TOKEN, --admin-tokens-file "
+                       "or --admin-kubernetes-auth): /admin/drain and /admin/undrain will refuse every call", err=True)
         run_sidecar(cfg, host, port, log_level)
