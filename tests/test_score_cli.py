@@ -151,5 +151,5 @@ def test_the_readme_explain_example_shows_real_values(tmp_path: Path) -> None:
     assert head.startswith("node-37 (node) value ") and "value unknown" not in head
     gpu_lines = [line for line in out.splitlines() if "node-37/gpu" in line]
     assert len(gpu_lines) == 8 and not any(" unknown " in line for line in gpu_lines)
-    assert "gpu_temp  raw=" in out and "age=0s" in out  # the last scrape is the time scored
+    assert "gpu_temp [ramp] raw=" in out and "age=0s" in out  # the last scrape is the time scored
     assert "clock skew" not in res.output

@@ -13,6 +13,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 from rich.tree import Tree
 
@@ -286,7 +287,7 @@ def _add_categories(root: Tree, t: HealthTuple) -> None:
         mark = " <- worst" if cat == t.worst else ""
         c = root.add(f"{cat}: {_fmt(score)}{mark}")
         for d in by_cat.get(cat, []):
-            parts = [f"{d.signal} [{d.shape}]"]
+            parts = [escape(f"{d.signal} [{d.shape}]")]  # the shape in brackets, not a style tag
             if d.raw is not None:
                 parts.append(f"raw={d.raw:g}")
             if d.rate is not None:
@@ -298,4 +299,6 @@ def _add_categories(root: Tree, t: HealthTuple) -> None:
                 parts.append(f"age={d.age_s:.0f}s")
             if d.note:
                 parts.append(f"({d.note})")
+            if d.score is None and d.expected_by:  # a missing signal: why it is expected at all
+                parts.append(f"expected: {d.expected_by}")
             c.add(" ".join(parts))

@@ -22,6 +22,15 @@ import numpy as np
 
 from fleethealth.policy import SignalSpec
 from fleethealth.score.context import _Mats, _SignalResult
+from fleethealth.score.expect import (
+    WHY_FRESH,
+    WHY_INVENTORY,
+    WHY_OWN,
+    WHY_PEERS,
+    WHY_PENDING,
+    WHY_PRIOR,
+    KindExpect,
+)
 from fleethealth.score.health import REASON_NO_FRESH_DATA, EntityKind
 
 if TYPE_CHECKING:
@@ -52,6 +61,13 @@ class KindScores:
     gated: np.ndarray | None = None  # bool per entity: a hard gate decided it
     n_expected: np.ndarray = field(default_factory=lambda: np.zeros(0))  # per entity: expected signals
     n_fresh: np.ndarray = field(default_factory=lambda: np.zeros(0))  # per entity: fresh ones
+    # why each expected signal is expected (entities x signals, ``score.expect.WHY_*``), the kind's
+    # expectation inputs (peer groups, prior, declared) and each group's carriers per signal
+    expected_by: np.ndarray | None = None
+    expect: KindExpect | None = None
+    carry: np.ndarray | None = None  # signals x groups
+    fams: list[str] = field(default_factory=list)
+    fam_fresh: np.ndarray | None = None  # families x entities: reported fresh (what FamilyMemory learns)
     _stacked: dict[str, np.ndarray] = field(default_factory=dict)
     # what its scores were made from (the kind's derived scores, this consumer's entry of them): equal
     # tokens, equal scores (the node roll-up keeps its results by them)
@@ -139,19 +155,22 @@ class _Base:
     by_how: dict[str, tuple[list[str], np.ndarray, np.ndarray]] = field(default_factory=dict)
     # entity -> ``pending:<signals>``: signals that need two samples, expected and not yet fresh
     pending: dict[int, str] = field(default_factory=dict)
+    why_t: np.ndarray | None = None  # signals x entities: WHY_* codes
+    carry: np.ndarray | None = None
+    fam_fresh: np.ndarray | None = None
 
 
 def _aggregate(
     kind: EntityKind, names: list[str], specs: list[SignalSpec], results: list[_SignalResult], how: str,
     categories: list[str], critical_zeroes: bool = True, cache: dict[str, _Base] | None = None,
-    mats: _Mats | None = None, kept: Kept | None = None,
+    mats: _Mats | None = None, kept: Kept | None = None, expect: KindExpect | None = None,
 ) -> KindScores:
     """Scores of one kind for one cross-category function ``how``. Everything before the cross-category
     step is the same for every consumer: kept in ``cache`` (per evaluation) and shared, read-only; what
     a caller may change in place (per-entity vectors, flags, category list) is its own copy."""
     base = cache.get(kind) if cache is not None else None
     if base is None:
-        base = _aggregate_base(names, specs, results, categories, critical_zeroes, mats, kept, peers=kind == "gpu")
+        base = _aggregate_base(names, specs, results, categories, critical_zeroes, mats, kept, expect)
         if cache is not None:
             cache[kind] = base
     m = len(specs)
@@ -177,6 +196,8 @@ def _aggregate(
         value.copy(), base.confidence.copy(), worst.copy(), list(reason),
         {e: list(f) for e, f in base.flags.items()}, dict(base.notes), gated=base.gated,
         n_expected=base.n_exp_f, n_fresh=base.n_fresh_f,
+        expected_by=base.why_t.T if base.why_t is not None else None, expect=expect, carry=base.carry,
+        fams=_spec_plan(kept, specs, categories).fams, fam_fresh=base.fam_fresh,
     )
     if mats is not None and m:  # the results are rows of these: nothing to stack
         ks._stacked.update(raw=mats.raw.T, rate=mats.rate.T, z=mats.z.T, age=mats.age.T)
@@ -273,7 +294,7 @@ def _spec_plan_of(kept: Kept | None, specs: list[SignalSpec], categories: list[s
 
 def _aggregate_base(
     names: list[str], specs: list[SignalSpec], results: list[_SignalResult], categories: list[str],
-    critical_zeroes: bool, mats: _Mats | None = None, kept: Kept | None = None, peers: bool = False,
+    critical_zeroes: bool, mats: _Mats | None = None, kept: Kept | None = None, expect: KindExpect | None = None,
 ) -> _Base:
     # Signals x entities: each signal's column is one contiguous row, so stacking is a memcpy per signal
     # and a category is a block of rows; the entities x signals views handed out are transposes. With
@@ -290,32 +311,14 @@ def _aggregate_base(
     # What depends only on which signals are seen and fresh (expected signals, confidence, each
     # category's weight sum) is as last cycle's while those masks are: the steady state.
     fixed = plan.fixed
-    if fixed is None or not (np.array_equal(fixed[0], seen_t) and np.array_equal(fixed[1], fresh_t)):
+    if fixed is None or fixed[-1] is not expect or not (
+            np.array_equal(fixed[0], seen_t) and np.array_equal(fixed[1], fresh_t)):
         fam_seen = np.zeros((len(plan.fam_rows), n), bool)
         fam_fresh = np.zeros((len(plan.fam_rows), n), bool)
         for fi, rows in enumerate(plan.fam_rows):
             fam_seen[fi] = seen_t[rows[0]] if rows.size == 1 else seen_t[rows].any(axis=0)
             fam_fresh[fi] = fresh_t[rows[0]] if rows.size == 1 else fresh_t[rows].any(axis=0)
-        # Peers (GPUs): a family most of the kind's entities carry is expected of every one of them, so a
-        # GPU whose dcgm-exporter is gone while its training rank reports is not confident.
-        peer_missing: dict[int, str] = {}
-        if peers and n and m:
-            carried = np.asarray(fam_seen.mean(axis=1) > 0.5, bool)
-            has_data = np.asarray(fam_seen.any(axis=0), bool)
-            lacking = carried[:, None] & ~fam_seen & has_data[None, :]
-            for e in np.flatnonzero(lacking.any(axis=0)).tolist():
-                peer_missing[e] = "missing:" + ",".join(plan.fams[fi] for fi in np.flatnonzero(lacking[:, e]).tolist())
-            fam_seen = fam_seen | carried[:, None]
-        expected_t = (plan.exp_flag[:, None] & fam_seen[plan.fam_ix]) | fresh_t if m else np.zeros((0, n), bool)
-        # A signal that needs two samples (a rate, a burn rate) seen on an entity whose exporter reports
-        # fresh (its family has a fresh signal) is expected and not yet fresh, optional or not.
-        pending_t = (plan.two[:, None] & seen_t & ~fresh_t & fam_fresh[plan.fam_ix]) if m and plan.two.size \
-            else np.zeros((m, n), bool)
-        expected_t = expected_t | pending_t
-        pending: dict[int, str] = {}
-        for e in np.flatnonzero((pending_t & ~plan.exp_flag[:, None]).any(axis=0)).tolist():
-            pending[e] = "pending:" + ",".join(plan.names[j] for j in np.flatnonzero(pending_t[:, e]).tolist())
-        pending.update(peer_missing)
+        expected_t, why_t, carry, pending = _expected(plan, seen_t, fresh_t, fam_seen, fam_fresh, expect)
         n_exp = expected_t.sum(axis=0)
         n_fresh = fresh_t.sum(axis=0)  # fresh implies expected
         with np.errstate(invalid="ignore", divide="ignore"):
@@ -324,11 +327,11 @@ def _aggregate_base(
         for _, rows, wr in plan.multi:
             ws = (wr[:, None] * fresh_t[rows]).sum(axis=0)
             weights.append((ws > 0, np.where(ws > 0, ws, 1.0)))
-        for a in (expected_t, n_exp, n_fresh, confidence):
+        for a in (expected_t, n_exp, n_fresh, confidence, why_t, fam_fresh):
             a.setflags(write=False)  # shared by every cycle while the masks hold
         fixed = plan.fixed = (seen_t.copy(), fresh_t.copy(), expected_t, n_exp, n_fresh, confidence, weights,
-                              pending)
-    _, _, expected_t, n_exp, n_fresh, confidence, weights, pending = fixed
+                              pending, why_t, carry, fam_fresh, expect)
+    _, _, expected_t, n_exp, n_fresh, confidence, weights, pending, why_t, carry, fam_fresh, _ = fixed
 
     flags: dict[int, list[str]] = {}
     notes: dict[tuple[int, int], str] = {}
@@ -350,7 +353,75 @@ def _aggregate_base(
         plan.memo = (fixed, critical_zeroes, sub_t.copy(), derived)
     cat_t, gated, first_gate, low, worst, any_gated, conf, n_exp_f, n_fresh_f, by_how = derived
     return _Base(sub_t, expected_t, n_exp, n_fresh, conf, cat_t, plan.cat_ix, gated, first_gate, flags, notes,
-                 low, worst, any_gated, n_exp_f, n_fresh_f, by_how, pending)
+                 low, worst, any_gated, n_exp_f, n_fresh_f, by_how, pending, why_t, carry, fam_fresh)
+
+
+def _expected(plan: _SpecPlan, seen_t: np.ndarray, fresh_t: np.ndarray, fam_seen: np.ndarray,
+              fam_fresh: np.ndarray, expect: KindExpect | None,
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, dict[int, str]]:
+    """Which signals are expected of each entity, and why (the expectation model, README):
+
+    * its own: a policy-expected signal of a family the entity reports (``WHY_OWN``), or any fresh one;
+    * its past (``WHY_PRIOR``): a family it reported before (``KindExpect.prior``) and lacks now, all
+      of that family's signals;
+    * its peers (``WHY_PEERS``): a signal more than ``carried_share`` of its peer group carries and it
+      lacks; for an entity declared by inventory with no sample at all, ``WHY_INVENTORY``;
+    * a signal that needs two samples, seen while its family reports fresh (``WHY_PENDING``).
+
+    Returns the expected mask, the codes (signals x entities), each group's carriers per signal, and the
+    reasons of entities that lack something (``missing:<families or signals>``, ``pending:<signals>``)."""
+    m, n = seen_t.shape
+    if m == 0:
+        return np.zeros((0, n), bool), np.zeros((0, n), np.int8), None, {}
+    has_data: np.ndarray = np.asarray(seen_t.any(axis=0), bool)
+    own_t = plan.exp_flag[:, None] & fam_seen[plan.fam_ix]
+    prior_sig = np.zeros((m, n), bool)
+    prior_gone = None
+    lacking = np.zeros((m, n), bool)
+    carry = None
+    declared_only = np.zeros(n, bool)
+    if expect is not None and n:
+        if expect.declared is not None:
+            declared_only = expect.declared & ~has_data
+        prior = expect.prior_matrix(plan.fams, n)
+        if prior is not None:
+            # a family it reported before and lacks now: every signal of it is expected
+            prior_gone = prior & ~fam_seen & (has_data | declared_only)[None, :]
+            prior_sig = prior_gone[plan.fam_ix]
+        g = expect.groups
+        if g is not None and g.grp.size == n:
+            carry = g.counts(seen_t)
+            carried = carry > expect.carried_share * g.sizes[None, :]
+            lacking = carried[:, g.grp] & ~seen_t
+    pending_t = (plan.two[:, None] & seen_t & ~fresh_t & fam_fresh[plan.fam_ix]) if plan.two.size \
+        else np.zeros((m, n), bool)
+    expected_t = own_t | fresh_t | prior_sig | lacking | pending_t
+    why_t = np.zeros((m, n), np.int8)
+    why_t[lacking] = WHY_PEERS
+    why_t[prior_sig] = WHY_PRIOR
+    why_t[pending_t] = WHY_PENDING
+    why_t[own_t] = WHY_OWN
+    why_t[fresh_t] = WHY_FRESH
+    if declared_only.any():
+        why_t[:, declared_only] = np.where(why_t[:, declared_only] > 0, WHY_INVENTORY, 0)
+    reasons: dict[int, str] = {}
+    for e in np.flatnonzero((pending_t & ~plan.exp_flag[:, None]).any(axis=0)).tolist():
+        reasons[e] = "pending:" + ",".join(plan.names[j] for j in np.flatnonzero(pending_t[:, e]).tolist())
+    # what an entity with data lacks beyond its own policy-expected signals (those are counted missing by
+    # their family already): a family it lacks entirely by its name, else the signals
+    gone = (lacking | prior_sig) & ~own_t & has_data[None, :]
+    for e in np.flatnonzero(gone.any(axis=0)).tolist():
+        items: list[str] = []
+        for fi, rows in enumerate(plan.fam_rows):
+            miss = rows[gone[rows, e]]
+            if miss.size == 0:
+                continue
+            if not fam_seen[fi, e]:
+                items.append(plan.fams[fi])
+            else:
+                items.extend(plan.names[j] for j in miss.tolist())
+        reasons[e] = "missing:" + ",".join(items)
+    return expected_t, why_t, carry, reasons
 
 
 def _derive(plan: _SpecPlan, sub_t: np.ndarray, fresh_t: np.ndarray, weights: list[tuple[np.ndarray, np.ndarray]],

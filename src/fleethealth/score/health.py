@@ -25,12 +25,15 @@ class SignalDetail:
     age_s: float | None
     weight: float
     note: str = ""
+    # why the signal is expected of this entity (the expectation model: its own exporter, its past, its
+    # peers, declared inventory); "" when it is not expected
+    expected_by: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "signal": self.signal, "category": self.category, "shape": self.shape, "raw": self.raw,
             "rate": self.rate, "z": self.z, "score": self.score, "age_s": self.age_s, "weight": self.weight,
-            "note": self.note,
+            "note": self.note, "expected_by": self.expected_by,
         }
 
 

@@ -24,7 +24,8 @@ Bounds (what one scorer holds at most):
   64 entries each, cleared when full (a policy has a few dozen signals);
 * ``policy_kinds``: 16 policies, cleared when full;
 * ``roll_up_c``: 8 consumer entries, cleared when full;
-* ``last_evaluation``, ``last_tables``, ``last_plan``, ``roll_up``, ``roll_up_a``: the last one only.
+* ``last_evaluation``, ``last_tables``, ``last_plan``, ``roll_up``, ``roll_up_a``, ``peer_groups``,
+  ``kind_expect``: the last one only.
 
 So a scorer's memory is a small multiple of one snapshot's per-series arrays (one plan, one evaluation,
 the resolver's per-label-set lists), however long the stream.
@@ -41,6 +42,7 @@ if TYPE_CHECKING:
     from fleethealth.policy import Policy, SignalSpec
     from fleethealth.score.aggregate import _SpecPlan
     from fleethealth.score.context import _GaugeRows
+    from fleethealth.score.expect import KindExpect, PeerGroups
     from fleethealth.score.plan import _Plan, _ShapePlan
     from fleethealth.score.resolve import _KindTable, _Resolver
     from fleethealth.score.scorer import _Evaluation
@@ -89,6 +91,10 @@ class Kept:
         self.last_tables: list[tuple[Hashable, Policy, Any, _Resolver, int, dict[str, _KindTable], np.ndarray]] = []
         # (the tables it was built with, the plan): how the last history view was evaluated
         self.last_plan: list[tuple[dict[str, _KindTable], _Plan]] = []
+        # the expectation model's peer groups: (tables, label sets resolved, policy section, groups per kind)
+        self.peer_groups: list[tuple[dict[str, _KindTable], int, Any, dict[str, PeerGroups]]] = []
+        # (groups, expectations, per kind: KindExpect): the last cycle's, while both are the same objects
+        self.kind_expect: list[tuple[dict[str, PeerGroups], Any, dict[str, KindExpect]]] = []
 
     def forget_evaluations(self) -> None:
         """Drop the kept evaluation and every score kept because the inputs were equal last time

@@ -91,6 +91,15 @@ class _Resolver:
             self._groups[labels] = (len(self.labelsets), keys, ids, arr)
         return arr
 
+    def group_values(self, labels: tuple[str, ...]) -> list[tuple[str, ...]]:
+        """The label values of each id ``group_ids(labels)`` hands out, by id (``""``: label absent)."""
+        self.group_ids(labels)
+        keys = self._groups[labels][1]
+        out: list[tuple[str, ...]] = [()] * len(keys)
+        for key, i in keys.items():
+            out[i] = key
+        return out
+
     def _kid(self, name: str, node_kid: int = -1) -> int:
         ix = self.key_ix.get(name)
         if ix is None:

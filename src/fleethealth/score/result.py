@@ -20,6 +20,7 @@ import numpy as np
 from fleethealth.policy import Policy
 from fleethealth.score.aggregate import KindScores, _aggregate
 from fleethealth.score.context import _Ctx
+from fleethealth.score.expect import expected_by
 from fleethealth.score.health import HealthTuple, SignalDetail
 from fleethealth.score.kept import Kept
 from fleethealth.score.resolve import KINDS, _KindTable, _uniq
@@ -52,7 +53,7 @@ class _Kinds(Mapping[str, KindScores]):
         kind_cats = ev.kind_cats[kind]
         return _aggregate(
             table.kind, table.names, specs if table.names else [], results, self._how, kind_cats,
-            ev.policy.critical_zeroes_category, ev.bases, ev.mats.get(kind), self._kept(),
+            ev.policy.critical_zeroes_category, ev.bases, ev.mats.get(kind), self._kept(), ev.expect.get(kind),
         )
 
     def _kept(self) -> Kept:
@@ -158,6 +159,8 @@ class FleetHealth:
                 SignalDetail(
                     s.name, s.category, s.shape, f(ks.raw), f(ks.rate), f(ks.z), f(ks.sub), f(ks.age), s.weight,
                     ks.notes.get((i, j), "" if not np.isnan(ks.sub[i, j]) else ("stale" if not np.isnan(ks.age[i, j]) else "missing")),
+                    expected_by(int(ks.expected_by[i, j]), ks.expect, i, j, ks.carry)
+                    if ks.expected_by is not None else "",
                 )
             )
         cats = {c: (None if np.isnan(ks.cat[i, k]) else float(ks.cat[i, k])) for k, c in enumerate(ks.categories)}

@@ -36,6 +36,7 @@ import numpy as np
 from fleethealth.policy import Policy, SignalSpec
 from fleethealth.score.aggregate import _Base
 from fleethealth.score.context import _Ctx, _entity_tables, _Mats, _SignalResult
+from fleethealth.score.expect import Expectations, KindExpect, kind_expect, peer_groups
 from fleethealth.score.kept import Kept
 from fleethealth.score.plan import _Plan
 from fleethealth.score.resolve import KINDS, _KindTable
@@ -62,17 +63,19 @@ class Scorer:
         consumer: str = "remediation",
         inventory: Mapping[str, Sequence[str]] | None = None,
         aggregation: str | None = None,
+        expectations: Expectations | None = None,
     ) -> FleetHealth:
         """Score every entity in ``snapshot`` as of ``now`` for one consumer.
 
         ``inventory`` names entities that must get a tuple even with no samples at all (known nodes whose
         exporter vanished): they come out unknown, never healthy. ``aggregation`` overrides the consumer's
-        cross-category function (min, gmean, mean) for baselines.
+        cross-category function (min, gmean, mean) for baselines. ``expectations``: what entities
+        reported before and why declared ones are expected (score/expect.py).
         """
         if consumer not in CONSUMERS:
             raise ValueError(f"unknown consumer {consumer!r}: expected one of {', '.join(CONSUMERS)}")
         how = aggregation or policy.aggregation.get(consumer, "min")  # type: ignore[call-overload]
-        ev = _evaluation(self.kept, snapshot, policy, now, inventory)
+        ev = _evaluation(self.kept, snapshot, policy, now, inventory, expectations)
         kinds = _Kinds(ev, how)
         if consumer != "serving":
             # Scores are made here, not on first access: a remediation or training reader takes every
@@ -96,10 +99,11 @@ def score_snapshot(
     consumer: str = "remediation",
     inventory: Mapping[str, Sequence[str]] | None = None,
     aggregation: str | None = None,
+    expectations: Expectations | None = None,
 ) -> FleetHealth:
     """``Scorer().score(...)``: one snapshot scored with nothing kept from, or for, another call.
     A caller scoring a stream holds a ``Scorer`` instead (what it keeps makes a cycle cheap)."""
-    return Scorer().score(snapshot, policy, now, consumer, inventory, aggregation)
+    return Scorer().score(snapshot, policy, now, consumer, inventory, aggregation, expectations)
 
 
 def forget_evaluations() -> None:
@@ -128,6 +132,8 @@ class _Evaluation:
     kind_cats: dict[str, list[str]] = field(default_factory=dict)
     mats: dict[str, _Mats] = field(default_factory=dict)  # per kind: the results as matrices
     roll_up: dict[str, Any] = field(default_factory=dict)  # the node roll-up's consumer-independent part
+    expectations: Expectations | None = None
+    expect: dict[str, KindExpect] = field(default_factory=dict)  # per kind: peer groups, prior, declared
 
 
 def _policy_kinds(kept: Kept, policy: Policy) -> tuple[dict[str, list[SignalSpec]], list[str], dict[str, list[str]]]:
@@ -147,14 +153,15 @@ def _policy_kinds(kept: Kept, policy: Policy) -> tuple[dict[str, list[SignalSpec
 
 
 def _evaluation(
-    kept: Kept, snapshot: Snapshot, policy: Policy, now: float, inventory: Mapping[str, Sequence[str]] | None
+    kept: Kept, snapshot: Snapshot, policy: Policy, now: float, inventory: Mapping[str, Sequence[str]] | None,
+    expectations: Expectations | None = None,
 ) -> _Evaluation:
     if kept.last_evaluation:
         last = kept.last_evaluation[0]
         if (
             last.snapshot is snapshot and last.policy is policy and last.now == now
             and (last.inventory is inventory or last.inventory == inventory)
-            and len(last.snapshot) == len(snapshot)
+            and len(last.snapshot) == len(snapshot) and last.expectations is expectations
         ):
             return last
     ctx = _Ctx(snapshot, policy, now, kept)
@@ -199,7 +206,27 @@ def _evaluation(
     meta = _MetaIndex(ctx, policy, tables, gpu_node)
     ev = _Evaluation(
         snapshot, policy, now, inventory, specs, tables, results, categories, gpu_node, meta, ctx.issues,
-        weakref.ref(kept), kind_cats=kind_cats, mats=mats,
+        weakref.ref(kept), kind_cats=kind_cats, mats=mats, expectations=expectations,
+        expect=_kind_expects(ctx, kept, tables, gpu_node, policy, expectations),
     )
     kept.last_evaluation[:] = [ev]
     return ev
+
+
+def _kind_expects(ctx: _Ctx, kept: Kept, tables: dict[str, _KindTable], gpu_node: np.ndarray, policy: Policy,
+                  expectations: Expectations | None) -> dict[str, KindExpect]:
+    """Per peer kind (GPUs, replicas), what aggregation reads beyond the signals: the same objects while
+    the groups and the expectations are (so that what aggregation keeps by them holds)."""
+    groups = peer_groups(ctx, tables, gpu_node, policy, kept)
+    hit = kept.kind_expect[0] if kept.kind_expect else None
+    if hit is not None and hit[0] is groups and hit[1] is expectations:
+        return hit[2]
+    node_names = tables["node"].names
+    owner = [node_names[i] for i in gpu_node.tolist()] if expectations is not None and expectations.families else None
+    share = policy.expectation.carried_share
+    made = {
+        "gpu": kind_expect("gpu", tables["gpu"].names, groups["gpu"], expectations, owner, share),
+        "replica": kind_expect("replica", tables["replica"].names, groups["replica"], expectations, None, share),
+    }
+    kept.kind_expect[:] = [(groups, expectations, made)]
+    return made
