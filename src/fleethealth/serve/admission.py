@@ -29,6 +29,13 @@ class Admission:
     def queued(self) -> int:
         return sum(1 for f in self._waiters if not f.done())
 
+    def try_acquire(self) -> bool:
+        """A slot now if one is free and nobody waits before us (no await: the proxy's fast path)."""
+        if self.active < self.limit and not self.queued:
+            self.active += 1
+            return True
+        return False
+
     async def acquire(self, timeout_s: float) -> None:
         if self.active < self.limit and not self.queued:
             self.active += 1

@@ -68,7 +68,7 @@ class SidecarProtocol(HttpToolsProtocol):
         path = target if q < 0 else target[:q]
         inference = LEAN_ROUTES.get((method, path))
         if inference is None or self.parser.should_upgrade():
-            super().on_headers_complete()
+            self._asgi_headers_complete()
             return
         version = self.parser.get_http_version()
         cycle = LeanCycle(self, inference, method, path, target, self.headers,
@@ -85,7 +85,7 @@ class SidecarProtocol(HttpToolsProtocol):
         existing = self.cycle
         self.cycle = cycle  # type: ignore[assignment]
         if existing is None or existing.response_complete:
-            self._start_asgi_task(cycle, self.app)  # type: ignore[arg-type]
+            cycle.begin()  # no task: the request is dispatched from on_message_complete
         else:  # pipelined behind an answer still being written: as uvicorn queues its own cycles
             self.flow.pause_reading()
             self.pipeline.appendleft((cycle, self.app))  # type: ignore[arg-type]
@@ -101,6 +101,8 @@ class SidecarProtocol(HttpToolsProtocol):
         if len(cycle.body) > self.sidecar.config.max_body_bytes:
             cycle.too_large = True
             cycle.body = bytearray()
+            if cycle.started:
+                cycle.answer_too_large()
             cycle.message_event.set()
 
     def on_message_complete(self) -> None:
@@ -110,6 +112,22 @@ class SidecarProtocol(HttpToolsProtocol):
             return
         cycle.more_body = False
         cycle.message_event.set()
+        if cycle.started:
+            cycle.dispatch()
+
+    def on_message_begin(self) -> None:
+        # uvicorn builds the ASGI scope here; a proxied request never needs it, so it is built only when the
+        # request turns out to be for the app (``_asgi_headers_complete``).
+        self.url = b""
+        self.expect_100_continue = False
+        self.headers = []
+
+    def _asgi_headers_complete(self) -> None:
+        url, headers, expect = self.url, self.headers, self.expect_100_continue
+        super().on_message_begin()
+        self.url, self.headers, self.expect_100_continue = url, headers, expect
+        self.scope["headers"] = headers
+        super().on_headers_complete()
 
     def pause_writing(self) -> None:
         super().pause_writing()
@@ -144,6 +162,7 @@ class LeanCycle:
         self.message_event = asyncio.Event()
         self.response_started = False
         self.response_complete = False
+        self.started = False  # dispatched when its body is complete (False while pipelined)
         self.write_paused = False
         self.exchange: Exchange | None = None
         self.task: asyncio.Task[Any] | None = None
@@ -166,37 +185,54 @@ class LeanCycle:
         elif self.task is not None and not self.task.done() and self.task is not asyncio.current_task():
             self.task.cancel()  # queued for admission, or reading the body: nothing to answer anymore
 
-    async def run_asgi(self, app: Any) -> None:  # ``app`` is uvicorn's; the proxy does not use it
-        self.task = asyncio.current_task()
+    def begin(self) -> None:
+        """The connection's current request: answered as soon as its body is complete."""
+        self.started = True
+        if self.too_large:
+            self.answer_too_large()
+        elif self.expect_100 and not self.transport.is_closing():
+            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+
+    async def run_asgi(self, app: Any) -> None:  # a pipelined request's turn; ``app`` is unused
+        if self.more_body and not self.too_large:
+            if self.expect_100 and not self.transport.is_closing():
+                self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            await self.message_event.wait()
+        self.started = True
+        if self.too_large:
+            self.answer_too_large()
+        else:
+            self.dispatch()
+
+    def dispatch(self) -> None:
+        if self._disconnected or self.response_started:
+            return
+        body, self.body = bytes(self.body), bytearray()
+        core = self.proto.sidecar.proxy_core
         try:
-            if self.too_large:
-                self._answer_too_large()
-                return
-            if self.more_body:
-                if self.expect_100 and not self.transport.is_closing():
-                    self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-                await self.message_event.wait()
-            if self._disconnected:
-                return
-            if self.too_large:
-                self._answer_too_large()
-                return
-            body, self.body = bytes(self.body), bytearray()
-            core = self.proto.sidecar.proxy_core
             if self.inference:
-                await core.inference(self.path.decode("latin-1"), self.target, self.headers, body, self)
+                core.inference(self.path.decode("latin-1"), self.target, self.headers, body, self)
             else:
-                await core.passthrough(self.method, self.target, self.headers, body, self)
+                self.task = asyncio.get_running_loop().create_task(self._passthrough(body))
+        except Exception:
+            self._failed()
+
+    async def _passthrough(self, body: bytes) -> None:
+        try:
+            await self.proto.sidecar.proxy_core.passthrough(self.method, self.target, self.headers, body, self)
         except asyncio.CancelledError:
             if not self._disconnected:
                 raise
         except Exception:
-            log.exception("proxying %s failed", self.path.decode("latin-1"))
-            if not self.response_started:
-                self.answer(json_answer(500, error_json("the sidecar failed on this request", "internal_error",
-                                                        "sidecar_error")))
-            else:
-                self.transport.close()
+            self._failed()
+
+    def _failed(self) -> None:
+        log.exception("proxying %s failed", self.path.decode("latin-1"))
+        if not self.response_started:
+            self.answer(json_answer(500, error_json("the sidecar failed on this request", "internal_error",
+                                                    "sidecar_error")))
+        else:
+            self.transport.close()
 
     def set_write_paused(self, paused: bool) -> None:
         self.write_paused = paused
@@ -274,7 +310,7 @@ class LeanCycle:
             self.transport.close()
         self.on_response()
 
-    def _answer_too_large(self) -> None:
+    def answer_too_large(self) -> None:
         self.keep_alive = False
         start, body = _too_large(self.proto.sidecar.config.max_body_bytes, BODY_LIMIT_HINT)
         headers = [(k, v) for k, v in start["headers"] if k not in (b"content-length", b"connection")]
@@ -295,16 +331,22 @@ class QueueSink:
         self._paused = False
         self._ended = False
         self._writer: asyncio.Task[Any] | None = None
+        self.decided: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
     def answer(self, a: Answer) -> None:
         r = Response(a.body, a.status)
         r.raw_headers.extend(a.headers)
-        self.response = r
+        self._decide(r)
 
     def begin_stream(self, status: int, headers: Headers) -> None:
         r = StreamingResponse(self._body(), status_code=status)
         r.raw_headers.extend(headers)
-        self.response = r
+        self._decide(r)
+
+    def _decide(self, r: Response) -> None:
+        if self.response is None:
+            self.response = r
+            self.decided.set_result(None)
 
     def chunk(self, data: bytes) -> None:
         self._queue.put_nowait(data)
@@ -349,7 +391,8 @@ async def asgi_proxy(sc: Sidecar, request: Request, path: str, inference: bool) 
     headers: Headers = list(request.scope["headers"])
     sink = QueueSink()
     if inference:
-        await sc.proxy_core.inference(path, target, headers, body, sink)
+        sc.proxy_core.inference(path, target, headers, body, sink)
+        await sink.decided
     else:
         await sc.proxy_core.passthrough(request.method.encode(), target, headers, body, sink)
     if sink.response is None:  # the client left before anything was decided

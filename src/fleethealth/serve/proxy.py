@@ -67,7 +67,7 @@ if TYPE_CHECKING:
 _HOP = frozenset(h.encode() for h in HOP_BY_HOP)
 
 # Exchange stages (ints: compared once per streamed chunk).
-_WAIT_HEAD, _WAIT_FIRST, _FIRST, _STREAM, _COLLECT, _OVER = range(6)
+_QUEUED, _WAIT_HEAD, _WAIT_FIRST, _STREAM, _COLLECT, _OVER = range(6)
 
 
 class Sink(Protocol):
@@ -115,7 +115,9 @@ class Proxy:
 
     # ---- inference: admission, then the exchange --------------------------------------------------
 
-    async def inference(self, path: str, target: bytes, headers: Headers, raw: bytes, sink: Sink) -> None:
+    def inference(self, path: str, target: bytes, headers: Headers, raw: bytes, sink: Sink) -> None:
+        """Answers at once (refused), or starts the exchange; its answer reaches ``sink`` later. Runs in the
+        caller's callback: a task exists only while the request waits for admission or a new connection."""
         sc = self.sc
         c = sc.config
         try:
@@ -170,26 +172,11 @@ class Proxy:
             prompt_text=None if c.redact_prompts else text, canary=canary, started=self.now(),
         )
         sc.active.add(rec)
-        try:
-            await sc.admission.acquire(c.queue_timeout_s)
-        except Rejected as e:
-            sc.active.discard(rec)
-            sc.outcomes["rejected_queue"] += 1
-            rec.outcome, rec.status = "rejected_queue", 503
-            sc.samples.append(rec.sample())
-            sink.answer(sc._unavailable(f"not admitted: {e.reason}; retry on another replica", "not_admitted"))
-            return
-        except asyncio.CancelledError:
-            sc.active.discard(rec)
-            raise
-        rec.phase = Phase.SENT
-        rec.sent_at = self.now()
-        if rec.abort_reason is not None:  # a drain started while it was being admitted
-            sc._finish(rec, "rejected_draining", 503, False)
-            sink.answer(sc._unavailable(f"{rec.abort_reason}; retry on another replica", "draining"))
-            return
-        sc._update_active(rec.sent_at)
-        await Exchange(self, rec, payload, sink).run(b"POST", target, forward_headers(headers), raw)
+        ex = Exchange(self, rec, payload, sink, pool_request(self.pool, target, headers, raw))
+        if sc.admission.try_acquire():
+            ex.admitted()
+        else:
+            ex.task = asyncio.get_running_loop().create_task(ex.queue_for_admission())
 
     # ---- passthrough ------------------------------------------------------------------------------
 
@@ -316,21 +303,28 @@ class _Whole:
         self.on_end()
 
 
+def pool_request(pool: Pool, target: bytes, headers: Headers, body: bytes) -> bytes:
+    return pool.request_head(b"POST", target, forward_headers(headers), len(body)) + body
+
+
 class Exchange:
-    """One admitted request's round trip to the engine (the upstream connection's listener)."""
+    """One inference request from admission to its end: the upstream connection's listener, the sink's
+    ``exchange`` (client gone, slow client) and the record's ``on_abort`` (drain). Every event is a plain
+    call; the only awaits are the admission queue and opening a new engine connection (``task``)."""
 
-    __slots__ = ("proxy", "sc", "rec", "payload", "sink", "conn", "stage", "wake", "status", "headers", "parts",
-                 "upstream_done", "fail_error", "ended_clean", "now", "watch")
+    __slots__ = ("proxy", "sc", "rec", "payload", "sink", "data", "conn", "stage", "task", "status", "headers",
+                 "parts", "upstream_done", "fail_error", "ended_clean", "now", "watch", "retried")
 
-    def __init__(self, proxy: Proxy, rec: RequestRecord, payload: dict[str, Any], sink: Sink) -> None:
+    def __init__(self, proxy: Proxy, rec: RequestRecord, payload: dict[str, Any], sink: Sink, data: bytes) -> None:
         self.proxy = proxy
         self.sc = proxy.sc
         self.rec = rec
         self.payload = payload
         self.sink = sink
+        self.data = data  # the request as sent upstream
         self.conn: Connection | None = None
-        self.stage = _WAIT_HEAD
-        self.wake: asyncio.Future[str] | None = None
+        self.stage = _QUEUED
+        self.task: asyncio.Task[None] | None = None
         self.status: int | None = None
         self.headers: Headers = []
         self.parts: list[bytes] = []
@@ -339,56 +333,83 @@ class Exchange:
         self.ended_clean = True
         self.now = proxy.now
         self.watch = proxy.sc.progress
+        self.retried = False
+        sink.exchange = self
 
-    async def run(self, method: bytes, target: bytes, headers: Headers, body: bytes) -> None:
-        sc, rec, pool = self.sc, self.rec, self.proxy.pool
-        data = pool.request_head(method, target, headers, len(body)) + body
-        loop = asyncio.get_running_loop()
-        self.sink.exchange = self
+    # ---- admission and sending --------------------------------------------------------------------
+
+    async def queue_for_admission(self) -> None:
+        sc, rec = self.sc, self.rec
+        try:
+            await sc.admission.acquire(sc.config.queue_timeout_s)
+        except Rejected as e:
+            self.task = None
+            self._over()
+            sc.active.discard(rec)
+            sc.outcomes["rejected_queue"] += 1
+            rec.outcome, rec.status = "rejected_queue", 503
+            sc.samples.append(rec)
+            self.sink.answer(sc._unavailable(f"not admitted: {e.reason}; retry on another replica", "not_admitted"))
+            return
+        except asyncio.CancelledError:  # the client went away while queued
+            self._over()
+            sc.active.discard(rec)
+            return
+        self.task = None
+        self.admitted()
+
+    def admitted(self) -> None:
+        sc, rec = self.sc, self.rec
+        rec.phase = Phase.SENT
+        rec.sent_at = now = self.now()
+        sc._busy(rec, 1, now)
+        if rec.abort_reason is not None:  # a drain started while it was being admitted
+            self._over()
+            sc._finish(rec, "rejected_draining", 503, False)
+            self.sink.answer(sc._unavailable(f"{rec.abort_reason}; retry on another replica", "draining"))
+            return
         rec.on_abort = self.abort
-        what = "fail"
-        for attempt in (0, 1):
-            try:
-                conn = await pool.acquire(fresh=attempt > 0)
-            except UpstreamError as e:
-                self._over()
-                sc._record_error("upstream", str(e))
-                sc._finish(rec, "engine_unreachable", 503, True)
-                self.sink.answer(sc._unavailable(f"engine unreachable: {e}", "engine_unreachable"))
-                return
-            except asyncio.CancelledError:
-                self._over()
-                sc._finish(rec, "client_gone", 499, False)
-                raise
-            if self.stage == _OVER:  # the client left or a drain came while connecting
-                pool.release(conn)
-                what = "gone" if rec.abort_reason is None else "abort"
-                break
+        self.stage = _WAIT_HEAD
+        self._send(fresh=False)
+
+    def _send(self, fresh: bool) -> None:
+        conn = None if fresh else self.proxy.pool.take()
+        if conn is None:
+            self.task = asyncio.get_running_loop().create_task(self._connect_and_send())
+        else:
             self.conn = conn
-            self.wake = loop.create_future()
-            conn.send(data, self)
-            try:
-                what = await self.wake
-            except asyncio.CancelledError:
-                self._close_upstream()
-                self._over()
-                sc._finish(rec, "client_gone", 499, False)
-                raise
-            if what == "fail" and self.status is None and conn.reused and conn.received == 0 and attempt == 0 \
-                    and rec.abort_reason is None:
-                continue  # a pooled connection the engine had just closed: once more on a fresh one
-            break
-        self._settle(what)
+            conn.send(self.data, self)
+
+    async def _connect_and_send(self) -> None:
+        try:
+            conn = await self.proxy.pool.connect()
+        except UpstreamError as e:
+            self.task = None
+            if self.stage != _OVER:
+                self.fail_error = str(e)
+                self._settle("fail")
+            return
+        except asyncio.CancelledError:  # ended meanwhile (client gone, drain)
+            return
+        self.task = None
+        if self.stage == _OVER:
+            self.proxy.pool.release(conn)
+            return
+        self.conn = conn
+        conn.send(self.data, self)
+
+    # ---- how it ends, unless it streams -----------------------------------------------------------
 
     def _settle(self, what: str) -> None:
         sc, rec, sink = self.sc, self.rec, self.sink
+        stage = self.stage
         if what == "first" and rec.abort_reason is None:
             self._begin_stream()
             return
         self._over()
         if what in ("abort", "first"):
             self._close_upstream()
-            outcome = "cut_at_deadline" if self.parts and self.stage != _FIRST else "rejected_draining"
+            outcome = "cut_at_deadline" if stage == _COLLECT and self.parts else "rejected_draining"
             sc._finish(rec, outcome, 503, False)
             sink.answer(sc._unavailable(f"{rec.abort_reason}; retry on another replica", "draining"))
         elif what == "gone":
@@ -424,6 +445,7 @@ class Exchange:
         rec.first_at = rec.last_chunk_at = now
         rec.chunks = len(self.parts)
         sc.progress.progress(now)
+        self.stage = _STREAM
         self.sink.begin_stream(self.status or 200, answer_headers(self.headers))
         for part in self.parts:
             if b'"error"' in part:
@@ -431,11 +453,6 @@ class Exchange:
             self.sink.chunk(part)
         self.ended_clean = self.parts[-1].endswith(b"\n\n")
         self.parts = []
-        self.stage = _STREAM
-        if self.fail_error is not None:
-            self._end_stream(f"engine failed: {self.fail_error}", "upstream_failed", True)
-        elif self.upstream_done:
-            self._end_stream(None, "completed", False)
 
     # ---- the connection's callbacks ---------------------------------------------------------------
 
@@ -458,10 +475,11 @@ class Exchange:
             self.ended_clean = data.endswith(b"\n\n")
             self.sink.chunk(data)
             return
+        if self.stage == _OVER:
+            return
         self.parts.append(data)
         if self.stage == _WAIT_FIRST:
-            self.stage = _FIRST
-            self._wake("first")
+            self._settle("first")
 
     def on_end(self) -> None:
         self.upstream_done = True
@@ -470,17 +488,23 @@ class Exchange:
             self.proxy.pool.release(conn)
         if self.stage == _STREAM:
             self._end_stream(None, "completed", False)
-        else:
-            self._wake("end")
+        elif self.stage != _OVER:
+            self._settle("end")
 
     def on_fail(self, error: str) -> None:
         self.fail_error = error
-        self.conn = None  # the connection closed itself
+        conn, self.conn = self.conn, None  # the connection closed itself
         if self.stage == _STREAM:
             self.sc._record_error("upstream", error)
             self._end_stream(f"engine failed: {error}", "upstream_failed", True)
+        elif self.stage == _OVER:
+            return
+        elif self.status is None and conn is not None and conn.reused and conn.received == 0 and not self.retried:
+            self.retried = True  # a pooled connection the engine had just closed: once more on a fresh one
+            self.fail_error = None
+            self._send(fresh=True)
         else:
-            self._wake("fail")
+            self._settle("fail")
 
     # ---- from the drain and the front -------------------------------------------------------------
 
@@ -489,16 +513,18 @@ class Exchange:
             self._close_upstream()
             self._end_stream(reason, "cut_at_deadline", False, cut=True)
         elif self.stage != _OVER:
-            self._wake("abort")
+            self._settle("abort")
 
     def client_gone(self) -> None:
-        if self.stage == _STREAM:
+        if self.stage == _QUEUED:
+            if self.task is not None:
+                self.task.cancel()
+        elif self.stage == _STREAM:
             self._close_upstream()
             self._over()
             self.sc._finish(self.rec, "client_gone" if self.rec.abort_reason is None else "cut_at_deadline", 499, False)
         elif self.stage != _OVER:
-            self._wake("gone")
-            self.stage = _OVER
+            self._settle("gone")
 
     def pause(self) -> None:
         if self.conn is not None:
@@ -510,14 +536,13 @@ class Exchange:
 
     # ---- helpers ----------------------------------------------------------------------------------
 
-    def _wake(self, what: str) -> None:
-        if self.wake is not None and not self.wake.done():
-            self.wake.set_result(what)
-
     def _over(self) -> None:
         self.stage = _OVER
         self.rec.on_abort = None
         self.sink.exchange = None
+        task, self.task = self.task, None
+        if task is not None and task is not asyncio.current_task():
+            task.cancel()
 
     def _close_upstream(self) -> None:
         conn, self.conn = self.conn, None

@@ -76,7 +76,7 @@ class Sidecar:
         self.transitions: deque[Transition] = deque(maxlen=200)
         self.intents: deque[Intent] = deque(maxlen=200)
         self.last_errors: deque[dict[str, Any]] = deque(maxlen=50)
-        self.samples: deque[dict[str, Any]] = deque(maxlen=100)
+        self.samples: deque[RequestRecord] = deque(maxlen=100)  # finished requests (as dicts in evidence)
         self.metrics_window: deque[dict[str, Any]] = deque(maxlen=120)
         self.engine_log_tail: deque[str] = deque(maxlen=200)
         self.cuda_errors: deque[tuple[float, str]] = deque(maxlen=50)
@@ -87,6 +87,8 @@ class Sidecar:
         self.requests_total = 0
         self.errors_total = 0
         self.active: set[RequestRecord] = set()
+        self._busy_streams = 0  # requests at the engine (SENT or DECODING), streams and whole answers
+        self._busy_whole = 0
         self._ids = itertools.count(1)
         self.engine: dict[str, float] = {}
         self.engine_up = False
@@ -195,6 +197,7 @@ class Sidecar:
 
     async def tick(self) -> None:
         """One round of observation: engine health and metrics, GPU, engine log, state changes, canary."""
+        self.proxy_core.pool.sweep()  # engine connections silent past the read timeout
         await self._poll_engine()
         now = self.clock.now()
         self._read_engine_log()
@@ -550,7 +553,7 @@ class Sidecar:
             "ooms": list(self.oom_events),
             "gpu": self.gpu.last.to_dict(),
             "metrics_window": list(self.metrics_window),
-            "request_samples": list(self.samples) + [r.sample() for r in self.active],
+            "request_samples": [r.sample() for r in self.samples] + [r.sample() for r in self.active],
             "prompts_redacted": self.config.redact_prompts,
             "engine_log_tail": list(self.engine_log_tail),
         }
@@ -584,11 +587,12 @@ class Sidecar:
         rec.released = True
         rec.outcome = outcome
         rec.status = status
+        if rec.phase is Phase.SENT or rec.phase is Phase.DECODING:
+            self._busy(rec, -1, self.clock.now())
         rec.phase = Phase.DONE
         if rec.sent_at is not None:
             self.admission.release()
         self.active.discard(rec)
-        self._update_active(self.clock.now())
         self.outcomes[outcome] += 1
         self.requests_total += 1
         if error:
@@ -596,15 +600,22 @@ class Sidecar:
         if self.drain is not None and self.drain.finished is None:
             self.drain.outcomes[outcome] += 1
         self._canary_observe(rec, not error)
-        self.samples.append(rec.sample())
+        self.samples.append(rec)
+
+    def _busy(self, rec: RequestRecord, delta: int, now: float) -> None:
+        """A request reached the engine (+1, SENT) or ended (-1): counted, not searched for, per request."""
+        if rec.stream:
+            self._busy_streams += delta
+        else:
+            self._busy_whole += delta
+        self._update_active(now)
 
     def _update_active(self, now: float) -> None:
         # A long non-streaming request shows no chunk until it ends: when the engine exports a token
         # counter its progress comes from there, and only streams count as proxy-visible work. Without a
         # counter, a non-streaming request running past the timeout is the only sign of a hang left.
         counted = self.progress.last_gen_tokens is None
-        self.progress.set_proxy_active(
-            sum(1 for r in self.active if (r.stream or counted) and r.phase in (Phase.SENT, Phase.DECODING)), now)
+        self.progress.set_proxy_active(self._busy_streams + (self._busy_whole if counted else 0), now)
 
     def _unavailable(self, message: str, code: str = "replica_unavailable") -> Answer:
         """503 + Retry-After: the gateway retries the request on another replica."""

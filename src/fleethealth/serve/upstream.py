@@ -13,13 +13,15 @@ closed by the engine's keep-alive timeout); anything else closes it. A pooled co
 closed by the engine at the moment it is reused; ``Connection.reused`` and ``received`` let the caller
 retry such a request once on a fresh connection (nothing of it reached the engine's application).
 
-Timeouts: connecting is bounded by ``connect_timeout_s``; a silent engine by ``read_timeout_s`` (no byte
-for that long, checked by one timer per connection that re-arms itself, so reads do not touch timers).
+Timeouts: connecting is bounded by ``connect_timeout_s``; a silent engine by ``read_timeout_s``: no byte
+for that long on a connection with an exchange in flight, found by ``Pool.sweep`` (the sidecar's background
+loop calls it), so neither a request nor a read arms a timer.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import ssl
 import time
 from typing import Protocol
@@ -28,6 +30,8 @@ from urllib.parse import urlsplit
 import httptools
 
 from fleethealth.serve.records import Headers
+
+log = logging.getLogger("fleethealth.sidecar")
 
 
 class UpstreamError(Exception):
@@ -48,7 +52,7 @@ class Listener(Protocol):
 
 class Connection(asyncio.Protocol):
     __slots__ = ("pool", "transport", "parser", "listener", "headers", "closed", "reused", "received",
-                 "keep_alive", "_last_rx", "_timer", "_in_message")
+                 "keep_alive", "last_rx", "_in_message")
 
     def __init__(self, pool: Pool) -> None:
         self.pool = pool
@@ -60,8 +64,7 @@ class Connection(asyncio.Protocol):
         self.reused = False
         self.received = 0  # bytes of the current exchange's answer
         self.keep_alive = True
-        self._last_rx = 0.0
-        self._timer: asyncio.TimerHandle | None = None
+        self.last_rx = 0.0
         self._in_message = False
 
     # ---- asyncio.Protocol ------------------------------------------------------------------------
@@ -71,9 +74,12 @@ class Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.received += len(data)
-        self._last_rx = time.monotonic()
+        self.last_rx = time.monotonic()
         try:
             self.parser.feed_data(data)
+        except httptools.HttpParserCallbackError:
+            log.exception("handling the engine's answer failed")
+            self._fail("the sidecar failed while relaying the answer")
         except httptools.HttpParserError as e:
             self._fail(f"bad HTTP from the engine: {e}")
 
@@ -82,7 +88,7 @@ class Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
-        self._stop_timer()
+        self.pool.busy.discard(self)
         if self._in_message or self.listener is not None:
             why = f"{type(exc).__name__}: {exc}" if exc is not None else "the engine closed the connection"
             self._fail(f"{why} before the answer ended")
@@ -115,7 +121,7 @@ class Connection(asyncio.Protocol):
     def on_message_complete(self) -> None:
         self._in_message = False
         listener, self.listener = self.listener, None
-        self._stop_timer()
+        self.pool.busy.discard(self)
         if listener is not None:
             listener.on_end()  # may hand this connection back to the pool (``release``)
 
@@ -125,10 +131,9 @@ class Connection(asyncio.Protocol):
         assert self.transport is not None
         self.listener = listener
         self.received = 0
-        self._last_rx = time.monotonic()
+        self.last_rx = time.monotonic()
+        self.pool.busy.add(self)
         self.transport.write(data)
-        if self.pool.read_timeout_s > 0:
-            self._arm(self.pool.read_timeout_s)
 
     def pause(self) -> None:
         if self.transport is not None and not self.closed:
@@ -143,7 +148,7 @@ class Connection(asyncio.Protocol):
         self.listener = None
         self._in_message = False
         self.closed = True
-        self._stop_timer()
+        self.pool.busy.discard(self)
         if self.transport is not None:
             self.transport.close()
 
@@ -154,24 +159,8 @@ class Connection(asyncio.Protocol):
         if listener is not None:
             listener.on_fail(error)
 
-    def _arm(self, delay: float) -> None:
-        self._timer = asyncio.get_running_loop().call_later(delay, self._check_idle)
-
-    def _stop_timer(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-
-    def _check_idle(self) -> None:
-        self._timer = None
-        if self.listener is None:
-            return
-        quiet = time.monotonic() - self._last_rx
-        limit = self.pool.read_timeout_s
-        if quiet >= limit:
-            self._fail(f"ReadTimeout: no byte from the engine for {limit:g}s")
-        else:
-            self._arm(limit - quiet)
+    def fail(self, error: str) -> None:
+        self._fail(error)
 
 
 class Pool:
@@ -192,6 +181,7 @@ class Pool:
         self.read_timeout_s = read_timeout_s
         self.max_idle = max_idle
         self._idle: list[Connection] = []
+        self.busy: set[Connection] = set()  # an exchange in flight
 
     def request_head(self, method: bytes, target: bytes, headers: Headers, body_len: int) -> bytes:
         """The request line and headers for ``target`` (path and query, from the client)."""
@@ -202,12 +192,20 @@ class Pool:
         parts.append(b"\r\n")
         return b"".join(parts)
 
-    async def acquire(self, fresh: bool = False) -> Connection:
-        while self._idle and not fresh:
+    def take(self) -> Connection | None:
+        """An idle pooled connection, or None (then ``connect``)."""
+        while self._idle:
             conn = self._idle.pop()
             if not conn.closed:
                 conn.reused = True
                 return conn
+        return None
+
+    async def acquire(self, fresh: bool = False) -> Connection:
+        conn = None if fresh else self.take()
+        return conn if conn is not None else await self.connect()
+
+    async def connect(self) -> Connection:
         loop = asyncio.get_running_loop()
         try:
             _, conn = await asyncio.wait_for(
@@ -227,6 +225,14 @@ class Pool:
     def forget(self, conn: Connection) -> None:
         if conn in self._idle:
             self._idle.remove(conn)
+
+    def sweep(self) -> None:
+        """Fail every exchange whose engine has sent nothing for ``read_timeout_s``."""
+        if self.read_timeout_s <= 0:
+            return
+        now = time.monotonic()
+        for conn in [c for c in self.busy if now - c.last_rx >= self.read_timeout_s]:
+            conn.fail(f"ReadTimeout: no byte from the engine for {self.read_timeout_s:g}s")
 
     def close(self) -> None:
         while self._idle:
