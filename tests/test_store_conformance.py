@@ -221,12 +221,15 @@ def test_a_writer_fenced_off_by_a_later_claim_cannot_commit(url: str) -> None:
     a.claim("ctl-a:1")
     dec = d.decide(st, [tup("n1", 0.9)], 0)
     a.commit(dec)
+    assert a.holds_fence() and b.holds_fence()  # b never claimed: nothing to lose
     b.claim("ctl-b:2")  # the standby takes over: claim, then load
+    assert not a.holds_fence() and b.holds_fence()  # what the actuation runner checks before each write
     loaded = b.load()
     assert loaded is not None and loaded.last_ts == 0
     stale = d.decide(dec.state, [tup("n1", 0.0, reason="gate:xid")], 15)
     with pytest.raises(StoreFenced, match="another controller took over"):
         a.commit(stale)
+    assert a.stats["fenced_total"] == 1 and a.stats["commits_total"] == 1
     b.commit(d.decide(loaded, [tup("n1", 0.9)], 15))
     after = open_store(url).load()
     assert after is not None and after.last_ts == 15 and after.entities["n1"].state == State.READY
@@ -300,6 +303,13 @@ def test_a_database_locked_by_another_writer_is_store_busy_in_one_line(url: str)
         release()
     store.commit(dec)  # the lock gone, the same cycle commits
     assert store.load() is not None
+    stats: Any = store.stats  # type: ignore[attr-defined]
+    assert stats["busy_total"] == 1 and stats["commits_total"] == 1 and stats["commit_seconds_last"] > 0
+    # the outbox figures of /metrics: the gate's intents are pending, committed at 0, so 60 s old at 60
+    summary = store.outbox_summary(60.0)  # type: ignore[attr-defined]
+    assert summary["counts"]["pending"] == len(dec.intents) > 0 and summary["oldest_pending_age_s"] == 60.0
+    store.mark_intent(dec.intents[0].key, "applied")  # type: ignore[attr-defined]
+    assert store.outbox_summary(60.0)["counts"]["applied"] == 1  # type: ignore[attr-defined]
     store.close()
 
 
