@@ -291,12 +291,13 @@ def test_three_replicas_share_the_fleet_a_killed_ones_shard_is_taken_over_and_th
     # samples older than 8 s are stale here (90 s by default), so a lost exporter reads low within a test
     (d / "policy.yaml").write_text(default_policy_text().replace("max_age_s: 90", "max_age_s: 8"))
     shards_yaml = "".join(f"    - {{name: {n}, {spec}}}\n" for n, spec in SHARDS.items())
+    ports = {w: free_port() for w in REPLICAS}
     for who in REPLICAS:
         (d / f"{who}.yaml").write_text(f"""
 interval_s: {CYCLE_S}
 policy: policy.yaml
 state_db: {db}
-listen: null
+listen: 127.0.0.1:{ports[who]}
 sources:
   prometheus: {{url: {vm.url}, timeout_s: 10}}
 kubernetes:
@@ -368,13 +369,20 @@ shards:
         held = holders()
         assert set(held.values()) <= set(survivors) and all(held.values())
         assert max(list(held.values()).count(w) for w in survivors) <= math.ceil(len(SHARDS) / len(survivors))
+        # what the survivors serve: every shard held once, healthy
+        import httpx
+
+        held_here = {}
+        for w in survivors:
+            assert httpx.get(f"http://127.0.0.1:{ports[w]}/healthz", timeout=10).status_code == 200
+            text = httpx.get(f"http://127.0.0.1:{ports[w]}/metrics", timeout=10).text
+            held_here[w] = sorted(m for m in re.findall(r'fleethealth_shard_held\{shard="(\w+)"\} 1', text))
+        assert sorted(s for v in held_here.values() for s in v) == sorted(SHARDS), held_here
         # the take-over alone froze nothing: a stale publication counts only after stale_after_s
         for s in SHARDS:
             assert not _sql(schema_db(s), "SELECT key FROM intents WHERE reason='fleet_confidence_low'"), s
 
         # -- telemetry lost in s1's pool: every shard freezes ----------------------------------------------
-        import httpx
-
         t_fault = time.time()
         r = httpx.post(f"{stack['sim_url']}/control/fault", json={"kind": "exporter_outage", "target": "pool:p1",
                                                                    "onset": 0}, timeout=10)

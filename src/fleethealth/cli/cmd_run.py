@@ -130,4 +130,16 @@ def _run_sharded(cfg: Any, bounded: bool) -> None:
     logging.getLogger("fleethealth.controller").info(
         "fleethealth controller: sharded replica %s, every %gs, shards %s (Lease prefix %s)",
         replica.identity, cfg.interval_s, names, cfg.shards.lease_prefix)
-    replica.run()
+    hp = cfg.listen_host_port
+    server = None
+    if hp is not None:
+        try:
+            server = replica.serve(hp[0], hp[1])
+        except OSError as e:
+            fail(f"cannot listen on {cfg.listen}: {e.strerror or e}")
+        logging.getLogger("fleethealth.controller").info("serving /healthz and /metrics on %s", cfg.listen)
+    try:
+        replica.run()
+    finally:
+        if server is not None:
+            server.shutdown()

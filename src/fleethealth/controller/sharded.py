@@ -19,8 +19,10 @@ Theory of operation
   each cycle the other shards' counts (a stale shard's as all low confidence) are handed to the shard's
   decider, which adds them to its own before applying ``fleet.low_confidence_fraction``. So every shard
   freezes when the fleet's share crosses the threshold, whichever shard lost its telemetry.
-- A replica has no HTTP API yet in this mode (``listen`` is not served; ``fleethealth_*`` metrics per
-  shard are future work); its log lines carry the shard (thread ``shard-<name>``).
+- On ``listen`` a replica serves ``/healthz`` (503 while a shard it holds has not completed a cycle for
+  three intervals) and ``/metrics`` (per shard: held here, cycles, last cycle's CPU, the published counts
+  and whether each shard's publication is stale as seen here). The per-entity API (``/api/v1/*``) of the
+  one-controller mode is not served here yet. Log lines carry the shard (thread ``shard-<name>``).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import logging
 import os
 import socket
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -128,6 +131,7 @@ class ShardRun:
     stop: threading.Event = field(default_factory=threading.Event)
     thread: threading.Thread | None = None
     assembly: Any = None
+    started_at: float = field(default_factory=time.time)
 
 
 class ShardedReplica:
@@ -233,6 +237,78 @@ class ShardedReplica:
         finally:
             asm.close()
             log.warning("shard %s: controller stopped", run.shard)
+
+    # -- what it serves ---------------------------------------------------------------------------------
+    def health(self, now: float) -> tuple[bool, str]:
+        """Unhealthy while a shard held here has not completed a cycle for three intervals (a stuck
+        controller keeps its Lease renewed by the lease thread, so the probe is what replaces it)."""
+        late = []
+        with self._lock:
+            runs = list(self._runs.values())
+        for r in runs:
+            asm = r.assembly
+            last = asm.controller.published.ts if asm is not None else 0.0
+            started = r.started_at
+            if now - max(last, started) > 3 * self.cfg.interval_s + 30.0:
+                late.append(r.shard)
+        if late:
+            return False, f"no cycle completed lately in shard(s) {', '.join(late)}"
+        return True, "ok"
+
+    def metrics_text(self) -> str:
+        held = set(self.held())
+        stale = set(self.leases.stale())
+        lines = ["# TYPE fleethealth_shard_held gauge", "# TYPE fleethealth_shard_publication_stale gauge",
+                 "# TYPE fleethealth_shard_cycles_total counter", "# TYPE fleethealth_shard_last_cycle_cpu_seconds gauge",
+                 "# TYPE fleethealth_shard_in_service gauge", "# TYPE fleethealth_shard_low_confidence gauge",
+                 f"fleethealth_shard_fair_share {self.leases.last_plan.fair_share}"]
+        with self._lock:
+            runs = dict(self._runs)
+        for s in self.specs:
+            lab = f'{{shard="{s.name}"}}'
+            lines.append(f"fleethealth_shard_held{lab} {int(s.name in held)}")
+            lines.append(f"fleethealth_shard_publication_stale{lab} {int(s.name in stale)}")
+            pub = Publication.from_annotation(self._publications.get(s.name))
+            if pub is not None and s.name in held:
+                lines.append(f"fleethealth_shard_in_service{lab} {pub.in_service}")
+                lines.append(f"fleethealth_shard_low_confidence{lab} {pub.low_confidence}")
+            r = runs.get(s.name)
+            ctl = r.assembly.controller if r is not None and r.assembly is not None else None
+            if ctl is not None:
+                rep = ctl.published.report
+                lines.append(f"fleethealth_shard_cycles_total{lab} {ctl.cycles_total}")
+                lines.append(f"fleethealth_shard_last_cycle_cpu_seconds{lab} {rep.cpu_s if rep else 0.0}")
+        return "\n".join(lines) + "\n"
+
+    def serve(self, host: str, port: int) -> Any:
+        """/healthz and /metrics on a daemon thread; returns the server (``shutdown()`` stops it)."""
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        replica = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+            def do_GET(self) -> None:  # noqa: N802
+                if self.path == "/healthz":
+                    ok, why = replica.health(time.time())
+                    code, body, ctype = (200 if ok else 503), why + "\n", "text/plain"
+                elif self.path == "/metrics":
+                    code, body, ctype = 200, replica.metrics_text(), "text/plain; version=0.0.4"
+                else:
+                    code, body, ctype = 404, "not found\n", "text/plain"
+                data = body.encode()
+                self.send_response(code)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        httpd = ThreadingHTTPServer((host, port), Handler)
+        httpd.daemon_threads = True
+        threading.Thread(target=httpd.serve_forever, name="shard-http", daemon=True).start()
+        return httpd
 
     # -- the process ----------------------------------------------------------------------------------------
     def start(self) -> ShardedReplica:
