@@ -220,12 +220,14 @@ class ActuationRunner:
     def drain(self, outbox: Outbox) -> list[ActionResult]:
         """Carry out every pending intent of the outbox (the store), oldest first; mark each one that
         settled. Call at start-up and once per cycle, after the cycle's commit."""
-        if not self.is_leader() or self.fenced() is not None:
+        if not self.is_leader():
             return []
         try:
             rows = outbox.intents(status="pending")
         except StoreError as e:
             log.error("outbox not drained this cycle: %s", e)
+            return []
+        if rows and self.fenced() is not None:  # asked only when there is something to write
             return []
         out: list[ActionResult] = []
         for row in rows:
