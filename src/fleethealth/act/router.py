@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from fleethealth.act.config import ActuationConfig
+from fleethealth.act.fence import EPOCH_ANNOTATION, Fence, StaleEpoch, stale_epoch
 from fleethealth.act.kube import rfc3339
 from fleethealth.act.kube_api import Kube, KubeError
 from fleethealth.act.outcome import Outcome
@@ -138,6 +139,12 @@ class RouterActuator:
         self.board = board
         self.kube = kube
         self.cfg = config or ActuationConfig()
+        self.fence: Fence | None = None
+
+    def bind_fence(self, fence: Fence) -> None:
+        """The runner's fence: pod writes carry its epoch (``<prefix>/leader-epoch``) and the pod's
+        resourceVersion, and a pod a newer leader wrote is left alone (act.fence.StaleEpoch)."""
+        self.fence = fence
 
     def apply(self, intent: Intent) -> Outcome:
         w = weight_from_intent(intent)
@@ -166,15 +173,26 @@ class RouterActuator:
                 changed = self.board.set(w) or changed
         p = self.cfg.label_prefix
         want = {f"{p}/healthy": "true" if yes else "false", f"{p}/state": w.state}
-        labels = cur.get("metadata", {}).get("labels") or {}
+        md = cur.get("metadata", {})
+        labels = md.get("labels") or {}
+        mine = None if self.fence is None else self.fence.epoch
+        epoch_key = f"{p}/{EPOCH_ANNOTATION}"
+        if stale_epoch((md.get("annotations") or {}).get(epoch_key), mine):
+            raise StaleEpoch(f"pod {w.namespace}/{pod} was written by a newer leader "
+                             f"(epoch {(md.get('annotations') or {}).get(epoch_key)}, this one {mine})")
+        # conditional on the version read: a write in between is a 409, retried by the runner
+        pre = {"resourceVersion": md.get("resourceVersion")} if mine is not None else {}
         try:
             if any(labels.get(k) != v for k, v in want.items()):
-                self.kube.patch_pod(w.namespace, pod, {"metadata": {"labels": want}})
+                ann = {"annotations": {epoch_key: str(mine)}} if mine is not None else {}
+                self.kube.patch_pod(w.namespace, pod, {"metadata": {"labels": want, **ann, **pre}})
+                pre = {}  # the version moved on: the status patch below follows our own write
             status = "True" if yes else "False"
             old = next((c for c in (cur.get("status") or {}).get("conditions") or []
                         if c.get("type") == self.cfg.readiness_condition), None)
             if old is None or old.get("status") != status:
-                self.kube.patch_pod_status(w.namespace, pod, {"status": {"conditions": [{
+                self.kube.patch_pod_status(w.namespace, pod, {**({"metadata": pre} if pre else {}),
+                                                              "status": {"conditions": [{
                     "type": self.cfg.readiness_condition, "status": status,
                     "reason": "HealthWeight" if yes else "Unhealthy",
                     "message": f"weight={w.weight:.3f} state={w.state}",
