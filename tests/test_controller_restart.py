@@ -5,6 +5,7 @@ same database file, as a new process would be; the sources are the in-process fl
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +13,7 @@ import numpy as np
 from fleethealth.controller.loop import Controller
 from fleethealth.decide.model import IntentKind, State
 from fleethealth.policy import default_policy
-from fleethealth.signals.snapshot import Snapshot
+from fleethealth.signals.snapshot import Snapshot, SnapshotBuilder
 from fleethealth.store.sqlite import SqliteStore
 from test_controller import FakeClock, FleetSource, run_for
 
@@ -82,4 +83,57 @@ def test_gpu_removed_while_the_controller_was_down_is_detected_at_start(tmp_path
     rep = ctl2.cycle()
     assert [(t.entity, t.to_state) for t in rep.transitions] == [("n4", State.QUARANTINED)]
     assert store2.expectations()[("n4", "gpus")].startswith('{"count": 8')
+    store2.close()
+
+
+class _RankedSource(FleetSource):
+    """``FleetSource`` plus a training rank's step timing on every GPU; ``no_dcgm``: nodes whose
+    dcgm-exporter is gone (their ranks still report)."""
+
+    def __init__(self, nodes: int) -> None:
+        super().__init__(nodes)
+        self.no_dcgm: set[str] = set()
+
+    def read(self, now: float) -> Snapshot:
+        base = super().read(now)
+        b = SnapshotBuilder()
+        for mid, sid, v, t in zip(base.metric_ids.tolist(), base.series_ids.tolist(), base.values.tolist(),
+                                  base.ts.tolist(), strict=True):
+            lab = dict(base.labelsets[sid])
+            if lab.get("Hostname") not in self.no_dcgm:
+                b.add(base.metrics[mid], lab, v, t)
+        for n in range(self.nodes):
+            for g in range(8):
+                b.add("fleethealth_rank_compute_seconds", {"job": "train", "rank": str(8 * n + g), "node": f"n{n}",
+                                                           "gpu": str(g), "peer_group": "s0"}, 0.5, now)
+        return b.build(now)
+
+
+def test_a_signal_family_gone_while_the_controller_was_down_is_missing_not_forgotten(tmp_path: Path) -> None:
+    """Two nodes: too few for peers to tell (8 of 16 GPUs is no majority), so only the stored prior says
+    n1's GPUs reported DCGM fields before. Before the families were kept, n1 read 1.0 at confidence 1.0
+    after the restart (its ranks alone)."""
+    db = tmp_path / "state.db"
+    clock = FakeClock()
+    src = _RankedSource(2)
+    ctl, store = _controller(db, src, clock)
+    run_for(ctl, clock, 60)
+    assert json.loads(store.expectations()[("n1", "families")])["families"].keys() == {"DCGM", "rank"}
+    store.close()
+    clock.t += 1800  # down for half an hour; meanwhile n1's dcgm-exporter is gone
+    src.no_dcgm.add("n1")
+    ctl2, store2 = _controller(db, src, clock)
+    ctl2.cycle()  # warm-up: scored and shown, not decided
+    h = ctl2.published.health
+    assert h is not None
+    g = h.tuples["n1/gpu0"]
+    assert g.reason == "missing:DCGM" and g.confidence < ctl2.policy.lifecycle.min_confidence
+    d = {x.signal: x for x in g.details}["gpu_temp"]
+    assert d.score is None and d.expected_by.startswith("it reported this family before")
+    n0 = h.tuples["n0/gpu0"]  # its PCIe replay counter needs a second sample: 4 of 5 fresh
+    assert n0.reason == "min:hardware" and n0.confidence > ctl2.policy.lifecycle.min_confidence
+    # a standby taking over restores the same prior (the take-over path reads the store again)
+    ctl2.families.seen.clear()
+    ctl2._restore_expectations()
+    assert "DCGM" in ctl2.families.expectations(clock.t).families["n1"]
     store2.close()

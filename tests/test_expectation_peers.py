@@ -164,18 +164,24 @@ def test_declared_gpu_and_prior_family_say_why_they_are_expected() -> None:
         for g in range(8):
             if (node, g) != ("n1", 7):
                 _gpu(b, node, g, NOW)
-    exp = Expectations(families={"n2": frozenset({"DCGM", "rank"})},
+    for g in range(8):  # a lone node whose dcgm-exporter is gone: only its training ranks report
+        b.add("fleethealth_rank_compute_seconds", {"job": "solo", "rank": str(g), "node": "solo", "gpu": str(g),
+                                                   "peer_group": "s0"}, 0.5, NOW)
+    exp = Expectations(families={"solo": frozenset({"DCGM", "rank"})},
                        declared={"n1/gpu7": "nvidia.com/gpu capacity 8"})
     fh = score_snapshot(b.build(NOW), POL, NOW, inventory={"gpu": ["n1/gpu7"]}, expectations=exp)
     g7 = fh.tuples["n1/gpu7"]
     assert g7.value is None and fh.tuples["n1"].reason == "missing:gpu7"
     d = {x.signal: x for x in g7.details}
     assert d["gpu_temp"].expected_by == "declared by inventory (nvidia.com/gpu capacity 8); " \
-                                        "its peers (all GPUs) carry it: 23 of 24"
-    n2 = fh.tuples["n2/gpu0"]
-    assert n2.reason == "missing:rank" and n2.confidence < 1.0
-    assert {x.signal: x for x in n2.details}["rank_compute_time"].expected_by.startswith("it reported this family")
+                                        "its peers (all GPUs) carry it: 23 of 32"
+    solo = fh.tuples["solo/gpu0"]
+    assert solo.reason == "missing:DCGM" and solo.confidence < POL.lifecycle.min_confidence
+    assert {x.signal: x for x in solo.details}["gpu_temp"].expected_by.startswith("it reported this family")
     assert fh.tuples["n3/gpu0"].reason == "min:hardware"
+    # without the prior, the lone rank-only node reads confident: nothing else says DCGM belongs there
+    fh = score_snapshot(b.build(NOW), POL, NOW, inventory={"gpu": ["n1/gpu7"]})
+    assert fh.tuples["solo/gpu0"].confidence == 1.0
 
 
 def test_explain_prints_why_a_missing_signal_is_expected(tmp_path: Path) -> None:

@@ -59,6 +59,7 @@ from fleethealth.decide.model import Intent, Transition
 from fleethealth.decide.state import DecisionState, Event
 from fleethealth.policy import Policy
 from fleethealth.score.engine import FleetHealth, Scorer
+from fleethealth.score.expect import FamilyMemory
 from fleethealth.signals.history import SignalHistory
 from fleethealth.signals.snapshot import InputIssue, Snapshot
 from fleethealth.sources.base import Source
@@ -221,6 +222,10 @@ class Controller:
         # so a restart (or a standby taking over) still expects a GPU that fell off the bus before.
         self._memory_saved: dict[str, tuple[int, list[str]]] = {}
         self._memory_version = -1
+        # ... and which signal families each node's GPUs and each replica reported (the prior), and why
+        # GPUs that report nothing are expected (declared: capacity, or the node's past)
+        self.families = FamilyMemory()
+        self._declared: dict[str, str] = {}
         self._restore_expectations()
         self._inventory = inventory
         self._events = events
@@ -364,7 +369,8 @@ class Controller:
     def _score(self, view: Snapshot, policy: Policy, now: float, consumer: str) -> FleetHealth:
         t0, c0 = time.perf_counter(), time.thread_time()
         try:
-            return self._scorer.score(view, policy, now, consumer=consumer, inventory=self._inventory_now)
+            return self._scorer.score(view, policy, now, consumer=consumer, inventory=self._inventory_now,
+                                      expectations=self.families.expectations(now, self._declared))
         finally:
             self._score_s += time.perf_counter() - t0
             self._score_cpu_s += time.thread_time() - c0
@@ -405,6 +411,7 @@ class Controller:
                 log.error("inventory lookup failed: %s", e)
         # GPUs a node is known to have had and that do not all report now: shown, unknown, never dropped
         short = self.structural.expected_gpus(structural)
+        self._declared = _declared_gpus(short, structural.gpus_expected, self._capacity_now())
         if short:
             inv = {k: list(v) for k, v in (self._inventory_now or {}).items()}
             inv.setdefault("gpu", []).extend(f"{nm}/gpu{g}" for nm, gs in short.items() for g in gs)
@@ -443,6 +450,8 @@ class Controller:
                 log.error("cycle at %.3f skipped, its decisions not saved: %s", now, e)
             else:
                 decision, health = result.decision, result.health
+                if health is not None:
+                    self.families.learn(health, now)
                 self._save_expectations(now)
         core, core_cpu = time.perf_counter() - t0, time.thread_time() - c0
         stage["score"], cpu["score"] = self._score_s, self._score_cpu_s
@@ -506,6 +515,8 @@ class Controller:
         except StoreError as e:
             log.error("cannot read what nodes are expected to report, state store: %s", e)
             return
+        for entity in self.families.restore(rows):
+            log.error("state store: unreadable signal families of %s", entity)
         mem: dict[str, tuple[int, list[str]]] = {}
         for (entity, what), value in rows.items():
             if what == "gpus":
@@ -522,17 +533,22 @@ class Controller:
         memory may have changed)."""
         store = self.loop.store
         tr = self.structural
-        if store is None or not hasattr(store, "save_expectations") or tr.memory_version == self._memory_version:
+        if store is None or not hasattr(store, "save_expectations"):
+            return
+        fam_rows = self.families.rows()
+        if tr.memory_version == self._memory_version and not fam_rows:
             return
         mem = tr.memory()
         rows = {(nm, "gpus"): json.dumps({"count": n, "ids": ids}) for nm, (n, ids) in mem.items()
                 if self._memory_saved.get(nm) != (n, ids)}
         rows.update({(nm, "gpus"): "" for nm in self._memory_saved if nm not in mem})
+        rows.update(fam_rows)
         try:
             if rows:
                 store.save_expectations(rows, now)
         except StoreError as e:  # kept in memory; saved with the next cycle that reaches the store
             log.error("what nodes are expected to report not saved: %s", e)
+            self.families.undo_rows(fam_rows)
             return
         self._memory_saved = mem
         self._memory_version = tr.memory_version
@@ -660,3 +676,18 @@ class Controller:
         self._wake.set()
         if isinstance(self.clock, SystemClock):
             self.clock.stop.set()  # a clock shared with another controller wakes too
+
+
+def _declared_gpus(short: Mapping[str, Sequence[str]], expected: Mapping[str, int],
+                   capacity: Mapping[str, int] | None) -> dict[str, str]:
+    """Why each GPU of a node short of GPUs is expected (shown by explain): the node's declared capacity
+    when that says so, else the node's own past (kept in the state store)."""
+    out: dict[str, str] = {}
+    for nm, gpus in short.items():
+        n = int(expected.get(nm, 0))
+        cap = int((capacity or {}).get(nm, 0))
+        why = (f"GPU capacity {cap} (nvidia.com/gpu or gpu_capacity)" if cap and cap >= n
+               else f"the node had {n} GPUs (prior, kept in the state store)")
+        for g in gpus:
+            out[f"{nm}/gpu{g}"] = why
+    return out

@@ -362,8 +362,8 @@ def _expected(plan: _SpecPlan, seen_t: np.ndarray, fresh_t: np.ndarray, fam_seen
     """Which signals are expected of each entity, and why (the expectation model, README):
 
     * its own: a policy-expected signal of a family the entity reports (``WHY_OWN``), or any fresh one;
-    * its past (``WHY_PRIOR``): a family it reported before (``KindExpect.prior``) and lacks now, all
-      of that family's signals;
+    * its past (``WHY_PRIOR``): a family it reported before (``KindExpect.prior``) and lacks now counts
+      as seen: its policy-expected signals;
     * its peers (``WHY_PEERS``): a signal more than ``carried_share`` of its peer group carries and it
       lacks; for an entity declared by inventory with no sample at all, ``WHY_INVENTORY``;
     * a signal that needs two samples, seen while its family reports fresh (``WHY_PENDING``).
@@ -385,9 +385,10 @@ def _expected(plan: _SpecPlan, seen_t: np.ndarray, fresh_t: np.ndarray, fam_seen
             declared_only = expect.declared & ~has_data
         prior = expect.prior_matrix(plan.fams, n)
         if prior is not None:
-            # a family it reported before and lacks now: every signal of it is expected
+            # a family it reported before and lacks now counts as seen (as it does in the history while
+            # its samples are kept): its policy-expected signals are expected
             prior_gone = prior & ~fam_seen & (has_data | declared_only)[None, :]
-            prior_sig = prior_gone[plan.fam_ix]
+            prior_sig = prior_gone[plan.fam_ix] & plan.exp_flag[:, None]
         g = expect.groups
         if g is not None and g.grp.size == n:
             carry = g.counts(seen_t)

@@ -6,7 +6,8 @@ What an entity should report comes from three places (README, "Expectation model
 
 * **its own past** (prior): the signal families it reported, kept by ``FamilyMemory`` (held by the
   controller, saved in the state store's ``expectations`` table, restored at start and on take-over) and
-  handed to the scorer in an ``Expectations``; a family remembered and absent now is expected and missing;
+  handed to the scorer in an ``Expectations``; a family remembered and absent now counts as seen, as it
+  does while the history keeps its samples: its policy-expected signals are expected and missing;
 * **its peers**: a signal that more than ``expectation.carried_share`` of its peer group carries is
   expected of every member. GPUs group by their node's ``pool`` and their training ``job``, replicas by
   ``pool``, model and ``role`` (``expectation.*_group_by``); a group smaller than
@@ -294,6 +295,7 @@ class FamilyMemory:
         self.seen: dict[str, dict[str, float]] = {}  # entity -> family -> last seen fresh
         self._dirty: set[str] = set()
         self._last: dict[str, tuple[list[str], np.ndarray, list[str]]] = {}  # kind -> (names, mask, fams)
+        self._raw: dict[str, tuple[list[str], list[str], np.ndarray]] = {}  # kind -> the scores' own
         self._swept = -np.inf
         self._expect: tuple[float, Expectations] | None = None
         self.version = 0
@@ -306,6 +308,10 @@ class FamilyMemory:
             if ks is None or ks.fam_fresh is None or not ks.names:
                 continue
             mask, fams = ks.fam_fresh, ks.fams
+            raw = self._raw.get(kind)
+            if not sweep and raw is not None and raw[0] is ks.names and raw[1] == fams and np.array_equal(raw[2], mask):
+                continue  # the steady state: the same families fresh as last cycle
+            self._raw[kind] = (ks.names, list(fams), mask.copy())
             names = list(ks.names)
             if kind == "gpu":
                 node = health.kinds["node"]
