@@ -68,7 +68,7 @@ ACTION_INTENT = {
 WARMUP_STATES = frozenset({State.STARTING, State.WARMING})
 _RANK = {"none": 0, "quarantine": 4, "schedule_reset": 3, "page": 2}
 # Pages about a correlated event (as opposed to one node failing its active test).
-CORRELATED_PAGES = frozenset({"budget_exhausted", "version_correlation", "tp_group_limit"})
+CORRELATED_PAGES = frozenset({"budget_exhausted", "version_correlation", "tp_group_limit", "domain_correlation"})
 
 
 FLAP_WINDOW_S = 3600.0

@@ -47,6 +47,15 @@ EVENT_CONDS = {
 }
 
 
+def is_hard_gate_reason(reason: str, policy: Policy) -> bool:
+    """``gate:<signal>`` for a signal named in ``budgets.hard_gates``."""
+    return reason.startswith("gate:") and reason[5:] in policy.budgets.hard_gates
+
+
+def budget_key(kind: str, pool: str, hard: bool) -> str:
+    """The ledger's key: confirmed hard gates spend their own budget (``hard:`` prefix)."""
+    return f"hard:{kind}:{pool}" if hard else f"{kind}:{pool}"
+
 
 def choose_tier(kind: str, obs_reason: str, worst: str | None) -> Tier:
     """Smallest isolation that fits: a node's faults isolate the node; a replica's own faults drain the
@@ -70,6 +79,7 @@ class Cycle:
         self.pool_sizes: dict[str, int] | None = None  # computed on the first budget check of a cycle
         self.copied: set[str] = set()
         self.gpu_by_node: Mapping[str, list[HealthTuple]] = {}  # this cycle's flagged GPUs per node
+        self.domains: dict[tuple[str, str], str] = {}  # (label, value) -> open domain incident (decide.domains)
 
     def incident(self, key: str, entity: str, reason: str, params: dict[str, Any], sig: Any = None) -> None:
         """The condition ``key`` holds this cycle: one PAGE when it opens, an update when ``sig``

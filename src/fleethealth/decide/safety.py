@@ -43,7 +43,10 @@ from fleethealth.decide.cycle import (
     FORGETTABLE_STATES,
     WORSE_STATES,
     Cycle,
+    budget_key,
+    is_hard_gate_reason,
 )
+from fleethealth.decide.domains import domain_hold, quiet_hold
 from fleethealth.decide.lifecycle import (
     ISOLATED_STATES,
     REMEDIATION_TARGETS,
@@ -57,17 +60,6 @@ from fleethealth.decide.state import EntityLifecycle
 from fleethealth.decide.tuples import LIFECYCLE_KINDS, node_of
 from fleethealth.policy import Policy
 from fleethealth.score.health import HealthTuple
-
-
-def is_hard_gate_reason(reason: str, policy: Policy) -> bool:
-    """``gate:<signal>`` for a signal named in ``budgets.hard_gates``."""
-    return reason.startswith("gate:") and reason[5:] in policy.budgets.hard_gates
-
-
-def budget_key(kind: str, pool: str, hard: bool) -> str:
-    """The ledger's key: confirmed hard gates spend their own budget (``hard:`` prefix)."""
-    return f"hard:{kind}:{pool}" if hard else f"{kind}:{pool}"
-
 
 
 class SafetyRules:
@@ -265,6 +257,10 @@ class SafetyRules:
         b = p.budgets
         hard = self._hard_gate(rule, es.last_reason)
         if es.kind == "node" and not hard:
+            # a domain event (decide.domains): the domain is the suspect, its nodes are held, not drained
+            held = domain_hold(c, es, p.domains.labels)
+            if held is not None:
+                return held
             # a confirmed hard gate's node already costs its group its capacity: isolating it costs nothing
             g = es.labels.get("tp_group")
             if g:
@@ -311,8 +307,8 @@ class SafetyRules:
         if es.blocked is None:
             es.blocked_since = c.now
         es.blocked = why
-        if why.startswith("frozen"):
-            return  # a metrics outage: no action at all
+        if quiet_hold(why, self.policy):
+            return  # a metrics outage, or a domain held without changing its work: no action at all
         if es.kind == "node":
             es.no_new_work = True
             c.emit(IntentKind.NO_NEW_WORK, es.entity, f"held:{why}", {"instead_of": "quarantine"}, Tier.NODE, soft=True)

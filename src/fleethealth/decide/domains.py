@@ -1,0 +1,154 @@
+"""Failure domains: nodes of one rack, NVLink / NVL72 domain, switch, power or cooling zone that go bad
+together are one event, not many faults. Pure; a mixin of ``Decider`` (reads ``self.policy``).
+
+Theory of operation
+-------------------
+A rack whose cooling fails, a power shelf that browns out, a switch that drops packets: every node
+behind it looks unhealthy at once, and each one alone would be quarantined. Draining them one per budget
+window takes the whole domain out over hours and pages for every budget and tensor-parallel group it
+hits, while the fix (the cooling, the power, the switch) is one ticket for the facility. The rule
+treats the domain like a suspect driver version (``decide.safety``'s version correlation):
+
+* Each cycle (``_domains``), for every node label named in ``policy.domains.labels`` (``rack``,
+  ``nvlink_domain``, ...), the nodes that went bad within ``window_s`` are counted per label value.
+  A *member* is a node whose observation is usable and unhealthy (a gate, or a value below
+  ``lifecycle.degraded_below``) and that is either still in service (READY) or entered its current
+  state within ``window_s`` (so a node broken for days does not make a new event with two fresh
+  ones). Not members: a confirmed hard gate (a GPU off the bus, a DBE: that is hardware and is
+  handled as such, inside a domain event too), FAILED nodes (a human's), and nodes whose version
+  label is suspect this cycle (the version correlation explains them). A node the app-Xid
+  attribution blames (distinct jobs crashing on it) is a member: an Xid storm across a domain goes to
+  the jobs and the domain, not to each node.
+* A domain with at least ``min_nodes`` members that are at least ``fraction`` of its nodes is an
+  event: one incident (``decide.incidents``, key ``domain:<label>=<value>``, reason
+  ``domain_correlation``: one firing page, an update when the membership changes, one resolution
+  ``incident_clear_s`` after it stops holding) with its evidence: which nodes, which reasons, its size,
+  and the action taken. While the incident is open, every member is kept as a member even past
+  ``window_s`` (a three-hour cooling failure stays one event).
+* While a domain's incident is open, the safety vetoes (``SafetyRules._veto``) hold every signal-driven
+  quarantine or drain of a node in that domain (reason ``domain:<label>=<value>``), confirmed hard
+  gates excepted; the held node gets ``policy.domains.action``: ``no_new_work`` (the soft fallback's
+  NO_NEW_WORK) or ``hold`` (nothing: the node keeps its work, as during a telemetry freeze).
+
+Cost: a pass over the nodes' observations to count unhealthy ones; the per-domain grouping runs only
+when at least ``min_nodes`` nodes are unhealthy or a domain incident is open.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Mapping
+
+from fleethealth.decide.cycle import Cycle, is_hard_gate_reason
+from fleethealth.decide.lifecycle import Observation
+from fleethealth.decide.model import State
+from fleethealth.decide.state import EntityLifecycle
+from fleethealth.policy import Policy
+
+INCIDENT_PREFIX = "domain:"
+REASON = "domain_correlation"
+EVIDENCE_NODES = 20  # nodes listed by name in a page (the count is always there)
+
+
+def domain_key(label: str, value: str) -> str:
+    """The incident key and the veto's reason for one domain: ``domain:rack=rack-02``."""
+    return f"{INCIDENT_PREFIX}{label}={value}"
+
+
+def quiet_hold(why: str, policy: Policy) -> bool:
+    """A hold that changes nothing on the node: a telemetry freeze, or a domain hold whose policy action
+    is ``hold``. Other holds get the soft fallback (NO_NEW_WORK, a lowered weight)."""
+    return why.startswith("frozen") or (why.startswith(INCIDENT_PREFIX) and policy.domains.action == "hold")
+
+
+class FailureDomains:
+    """Domain events: detection, incidents and the veto's lookup."""
+
+    policy: Policy
+
+    def _domains(self, c: Cycle, obs: Mapping[str, Observation | None],
+                 suspects: Mapping[tuple[str, str], str]) -> None:
+        """Find this cycle's domain events, assert their incidents and fill ``c.domains`` (label, value)
+        -> veto reason for every domain whose incident is open."""
+        p = self.policy
+        dm = p.domains
+        lc = p.lifecycle
+        ents = c.s.entities
+        open_domains = [k for k in c.s.incidents if k.startswith(INCIDENT_PREFIX)]
+        if not dm.labels:
+            return
+        minc, deg = lc.min_confidence, lc.degraded_below
+        unhealthy: list[str] = []
+        for eid, o in obs.items():
+            if (o is not None and o.value is not None and o.confidence >= minc and (o.gate or o.value < deg)
+                    and ents[eid].kind == "node"):
+                unhealthy.append(eid)
+        if len(unhealthy) < dm.min_nodes and not open_domains:
+            return
+        vlabels = p.attribution.version_labels
+        members: dict[tuple[str, str], list[str]] = defaultdict(list)
+        for eid in unhealthy:
+            es = ents[eid]
+            o = obs[eid]
+            assert o is not None
+            if not self._domain_member(c, es, o, open_domains):
+                continue
+            if any((lab, es.labels[lab]) in suspects for lab in vlabels if lab in es.labels):
+                continue  # a suspect version explains it
+            for label in dm.labels:
+                v = es.labels.get(label)
+                if v:
+                    members[(label, v)].append(eid)
+        if not members and not open_domains:
+            return
+        size: dict[tuple[str, str], int] = defaultdict(int)
+        for es in ents.values():
+            if es.kind != "node":
+                continue
+            for label in dm.labels:
+                v = es.labels.get(label)
+                if v and (label, v) in members:
+                    size[(label, v)] += 1
+        for (label, v), nodes in sorted(members.items()):
+            n, total = len(nodes), size[(label, v)]
+            if n < dm.min_nodes or n < dm.fraction * total:
+                continue
+            key = domain_key(label, v)
+            nodes.sort()
+            reasons = sorted({obs[e].reason for e in nodes if obs[e] is not None})  # type: ignore[union-attr]
+            c.incident(key, f"domain/{label}={v}", REASON, {
+                "domain_label": label, "domain": v, "nodes": nodes[:EVIDENCE_NODES], "n_nodes": n,
+                "domain_size": total, "signals": reasons[:10], "action": dm.action, "page_kind": "domain",
+                "summary": (f"{label} {v}: {n} of {total} nodes unhealthy together ({', '.join(reasons[:3])}"
+                            f"{', ...' if len(reasons) > 3 else ''}); the domain is the suspect (cooling, power, "
+                            f"switch, fabric): its nodes are held, not drained ({dm.action})"),
+            }, sig=nodes)
+        for key in c.s.incidents:
+            if key.startswith(INCIDENT_PREFIX):
+                label, _, v = key[len(INCIDENT_PREFIX):].partition("=")
+                c.domains[(label, v)] = key
+
+    def _domain_member(self, c: Cycle, es: EntityLifecycle, o: Observation, open_domains: list[str]) -> bool:
+        """An unhealthy node that belongs to a domain event: not a confirmed hard gate (hardware), not a
+        human's (FAILED), and gone bad recently (still READY, or in its state since within window_s), or
+        in a domain whose incident is already open."""
+        if es.state == State.FAILED or (o.gate and is_hard_gate_reason(o.reason, self.policy)):
+            return False
+        if es.state == State.READY or c.now - es.since <= self.policy.domains.window_s:
+            return True
+        return any(es.labels.get(label) and domain_key(label, es.labels[label]) in open_domains
+                   for label in self.policy.domains.labels)
+
+
+def domain_hold(c: Cycle, es: EntityLifecycle, labels: list[str]) -> str | None:
+    """The open domain incident that holds this node's remediation, if any (``labels``: the policy's
+    domain labels)."""
+    if not c.domains:
+        return None
+    for label in labels:
+        v = es.labels.get(label)
+        if v is not None:
+            why = c.domains.get((label, v))
+            if why is not None:
+                return why
+    return None

@@ -1,0 +1,135 @@
+"""Failure domains (issue 16 item 1): nodes of one rack (NVLink domain, switch, power or cooling zone)
+that go bad together are one incident and one page for the domain, held instead of drained one per
+budget window; a confirmed hard gate inside the event is still hardware; an Xid storm across a domain
+goes to the jobs and the domain, not to each node."""
+
+from __future__ import annotations
+
+import pytest
+
+from decide_support import Run, tup
+from fleethealth.decide import incidents
+from fleethealth.decide.model import IntentKind, State
+from fleethealth.policy import PolicyError, default_policy, default_policy_text, parse_policy
+
+RACKS, PER_RACK = 6, 8  # 48 nodes in one pool: the rate budget is max(1, 2% of 48) = 1 an hour
+
+
+def _fleet(bad: dict[int, tuple[float, str]], labels: dict[int, dict[str, str]] | None = None,
+           flags: dict[int, tuple[str, ...]] | None = None) -> list:
+    out = []
+    for i in range(RACKS * PER_RACK):
+        lab = {"pool": "h100", "rack": f"r{i // PER_RACK}", "tp_group": f"tp{i // 2}", **(labels or {}).get(i, {})}
+        v, why = bad.get(i, (0.97, "min:performance"))
+        out.append(tup(f"n{i:02d}", v, reason=why, labels=lab, flags=(flags or {}).get(i, ())))
+    return out
+
+
+def _new_pages(r: Run, reason: str | None = None) -> list:
+    return [i for i in r.of(IntentKind.PAGE) if incidents.is_new_page(i.params)
+            and (reason is None or i.reason == reason)]
+
+
+def _cooling(onsets: dict[int, float], end: float = 3 * 3600.0):
+    """Rack r2's nodes (16-23) run hot and slow from their onset until ``end``: score 0.2 (below
+    quarantine_below), as a thermal slowdown scores."""
+    def make(t: float) -> list:
+        return _fleet({n: (0.2, "min:thermal") for n, t0 in onsets.items() if t0 <= t < end})
+    return make
+
+
+def test_a_rack_that_overheats_is_one_page_for_the_rack_and_no_node_is_drained() -> None:
+    r = Run()
+    onsets = {16 + k: 60.0 * k for k in range(8)}  # one more node every minute
+    r.steps(0, 4 * 3600, 60, _cooling(onsets))
+    assert not r.of(IntentKind.QUARANTINE) and not r.of(IntentKind.DRAIN)
+    (page,) = _new_pages(r)  # no budget, tensor-parallel or per-node page besides it
+    assert (page.entity, page.reason, page.ts) == ("domain/rack=r2", "domain_correlation", 120.0)  # 3rd node
+    assert page.params["nodes"] == ["n16", "n17", "n18"] and page.params["domain_size"] == 8
+    assert page.params["signals"] == ["min:thermal"] and page.params["action"] == "no_new_work"
+    assert page.params["incident"] == "domain:rack=r2" and "rack r2: 3 of 8 nodes" in page.params["summary"]
+    # the page is updated as more of the rack goes (at most every incident_update_s), resolved once after
+    updates = [p for p in r.of(IntentKind.PAGE) if p.params.get("state") == "update"]
+    assert updates and updates[0].params["n_nodes"] == 8 and updates[0].ts == 120.0 + 1800.0
+    resolved = [p for p in r.of(IntentKind.PAGE) if p.params.get("state") == "resolved"]
+    last_seen = 3 * 3600.0 - 60  # the last cycle with the rack hot
+    assert [(p.entity, p.ts) for p in resolved] == [("domain/rack=r2", last_seen + 900.0)]
+    # every node of the rack is held, none gets past DEGRADED, and the held ones get no new work
+    for n in range(16, 24):
+        assert State.QUARANTINED not in {t.to_state for t in r.transitions if t.entity == f"n{n:02d}"}
+    held = {i.entity for i in r.of(IntentKind.NO_NEW_WORK) if i.reason == "held:domain:rack=r2"}
+    assert held == {f"n{n}" for n in range(16, 24)}
+    # after the cooling is back, the rack recovers on its own
+    assert all(r.st(f"n{n}") == State.READY for n in range(16, 24))
+
+
+def test_two_bad_nodes_of_a_rack_are_not_a_domain_event() -> None:
+    r = Run()
+    r.steps(0, 3600, 60, _cooling({16: 0.0, 17: 0.0}))
+    assert not _new_pages(r, "domain_correlation")
+    assert [i.entity for i in r.of(IntentKind.QUARANTINE)] == ["n16"]  # the budget allows one an hour
+
+
+def test_a_dead_gpu_inside_a_domain_event_is_still_hardware() -> None:
+    r = Run()
+    cooling = _cooling({16 + k: 0.0 for k in range(8)})
+
+    def make(t: float) -> list:
+        out = cooling(t)
+        if t >= 900:  # n20's GPU falls off the bus during the event
+            out[20] = tup("n20", 0.0, reason="gate:kernel_fallen_off", labels=out[20].labels, worst="hardware")
+        return out
+
+    r.steps(0, 1800, 60, make)
+    assert [(i.entity, i.ts) for i in r.of(IntentKind.QUARANTINE)] == [("n20", 900.0)]
+    assert len(_new_pages(r, "domain_correlation")) == 1
+
+
+def test_hold_keeps_the_domain_s_work_where_it_is() -> None:
+    text = default_policy_text().replace("  action: no_new_work\n", "  action: hold\n")
+    r = Run(policy=parse_policy(text))
+    r.steps(0, 1800, 60, _cooling({16 + k: 0.0 for k in range(8)}))
+    assert not r.of(IntentKind.QUARANTINE)
+    assert not [i for i in r.intents if i.reason.startswith("held:")]
+    assert r.state.entities["n16"].blocked == "domain:rack=r2"
+    assert _new_pages(r)[0].params["action"] == "hold"
+
+
+def test_an_xid_storm_across_a_rack_goes_to_the_jobs_and_the_rack_not_to_each_node() -> None:
+    """Two jobs on rack r1 are killed (Xid 45 on every node, a job's crash): each node has seen two jobs
+    crash, which alone blames the node; across the rack it is the rack's event."""
+    r = Run()
+
+    def make(t: float) -> list:
+        if t < 600:
+            return _fleet({})
+        job = "train-a" if t < 1200 else "train-b"
+        lab = {n: {"job": job} for n in range(8, 16)}
+        return _fleet({}, labels=lab, flags={n: ("xid:45",) for n in range(8, 16)})
+
+    r.steps(0, 2400, 60, make)
+    assert not r.of(IntentKind.QUARANTINE)
+    jobs = {p.entity for p in _new_pages(r, "app_xid:job")}
+    assert jobs == {"job/train-a", "job/train-b"}
+    (dom,) = _new_pages(r, "domain_correlation")
+    assert dom.entity == "domain/rack=r1" and dom.params["n_nodes"] == 8
+    assert dom.params["signals"] == ["attribution:app_xid:2_jobs"]
+
+
+def test_a_node_isolated_long_before_does_not_make_an_event_with_two_fresh_ones() -> None:
+    r = Run()
+    r.steps(0, 7200, 60, _cooling({16: 0.0, 17: 5400.0, 18: 5400.0}, end=10**9))
+    assert r.st("n16") == State.QUARANTINED
+    assert not _new_pages(r, "domain_correlation")
+
+
+def test_domain_policy_errors_name_the_key_and_the_line() -> None:
+    text = default_policy_text().replace("  labels: [rack, nvlink_domain, switch, power_zone, cooling_zone]\n",
+                                         "  labels: [rack, row]\n")
+    line = text.splitlines().index("domains:") + 1
+    with pytest.raises(PolicyError, match=rf"p.yaml:{line}: domains: .*\['row'\] are not in metadata_labels"):
+        parse_policy(text, "p.yaml")
+    bad = default_policy_text().replace("  action: no_new_work\n", "  action: drain\n")
+    with pytest.raises(PolicyError, match=r"p.yaml:\d+: domains.action: .*'hold' or 'no_new_work'"):
+        parse_policy(bad, "p.yaml")
+    assert default_policy().domains.window_s == 1800.0  # written as 30m
