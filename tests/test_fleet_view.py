@@ -1,7 +1,11 @@
 """The fleet view (GET / and /entity/NAME on the controller's port) in a real headless Chromium, against a
-controller scoring the simulator through a real Prometheus: a GPU off the bus on node-02 (gated,
-QUARANTINED), node-05's exporter dead (unknown), node-06 asked for a drain and reset (DRAINING). DOM checks on what Chromium rendered, and screenshots at a
-laptop and a phone width (kept in $FLEETHEALTH_SHOTS when set)."""
+controller scoring the simulator through a real Prometheus, with a SQLite state store and the real
+evidence collector (only evidence captures are carried out): a GPU off the bus on node-02 (gated,
+QUARANTINED), node-05's exporter dead (unknown), node-06 (serving) asked for a drain and reset (DRAINING),
+so its replicas are being drained. DOM checks on what Chromium rendered (the node states, the draining
+replicas, the KPI table; the entity page's timeline from the store with state bands and intent marks,
+its runbooks and evidence links, the bundle's files), and screenshots at a laptop and a phone width (kept
+in $FLEETHEALTH_SHOTS when set)."""
 
 from __future__ import annotations
 
@@ -35,14 +39,18 @@ def test_fleet_view_in_chromium(tmp_path: Path) -> None:
 
     if PROMETHEUS is None:
         pytest.skip("prometheus binary missing")
+    from fleethealth.act.config import ActuationConfig
+    from fleethealth.act.evidence import EvidenceCollector, EvidenceIndex, PrometheusRange
     from fleethealth.act.ledger import Ledger
     from fleethealth.act.runner import ActuationRunner
     from fleethealth.controller.api import ApiServer
     from fleethealth.controller.loop import Controller
+    from fleethealth.decide.model import IntentKind
     from fleethealth.sim.scenario import Scenario
     from fleethealth.sim.server import SimExporterServer
     from fleethealth.sim.simulation import Simulation
     from fleethealth.sources.prometheus import PrometheusSource
+    from fleethealth.store.sqlite import SqliteStore
     from test_controller_e2e import e2e_policy, wait
 
     scenario = Scenario.model_validate({"name": "view", "seed": 5, "duration": "1d", "fleet": {"pools": [
@@ -55,8 +63,13 @@ def test_fleet_view_in_chromium(tmp_path: Path) -> None:
     try:
         with prometheus([], scrape_interval_s=1.0, http_sd=[f"{exporter.url}/sd"]) as prom:
             prom.wait_for("DCGM_FI_DEV_GPU_TEMP", min_results=64, timeout_s=30)
-            runner = ActuationRunner({}, Ledger(":memory:"))
-            ctl = Controller(policy, [PrometheusSource(prom.url, policy, timeout_s=2)], interval_s=0.5, runner=runner)
+            evidence = EvidenceCollector(tmp_path / "evidence", EvidenceIndex(tmp_path / "evidence-index.db"),
+                                         prometheus=PrometheusRange(prom.url))
+            runner = ActuationRunner([evidence], Ledger(":memory:"),
+                                     ActuationConfig(mode="enforce", enforce=frozenset({IntentKind.CAPTURE_EVIDENCE})))
+            store = SqliteStore(tmp_path / "state.db")
+            ctl = Controller(policy, [PrometheusSource(prom.url, policy, timeout_s=2)], interval_s=0.5, runner=runner,
+                             store=store)
             api = ApiServer(ctl, "127.0.0.1", free_port(), runner=runner).start()
             th = threading.Thread(target=ctl.run, daemon=True)
             th.start()
@@ -80,16 +93,41 @@ def test_fleet_view_in_chromium(tmp_path: Path) -> None:
                 dom = chromium(tmp_path, "--dump-dom", f"{api.url}/")
                 row = {m.group(1): m.group(0) for m in re.finditer(r'<tr data-entity="([^"]+)"[^>]*>', dom)}
                 assert 'data-state="QUARANTINED"' in row["node-02"] and 'data-reason="gate:' in row["node-02"]
-                for d in draining:  # node-06, draining for its GPU reset (a replica's drain is not simulated here)
+                for d in draining:  # node-06, draining for its GPU reset
                     assert 'data-state="DRAINING"' in row[d], row[d]
+                # node-06's replicas go with its drain: shown draining, with why
+                reps = {m.group(1): m.group(0) for m in re.finditer(r'<tr data-entity="([^"]+)"[^>]*data-draining[^>]*>.*?</tr>', dom)}
+                on6 = [r for r, html_ in reps.items() if 'data-node="node-06"' in html_]
+                assert on6 and all('data-draining="1"' in reps[r] and ">draining<" in reps[r]
+                                   and "its node node-06 is DRAINING" in reps[r] for r in on6), reps
+                assert any('data-draining="0"' in h for h in reps.values())  # node-07's replicas serve on
+                kpi = dom[dom.index('id="kpis"'):]
+                assert 'data-pool="train-a"' in kpi and 'data-pool="all"' in kpi and "GPU goodput" in dom
                 assert 'data-known="0"' in row["node-05"] and 'data-known="1"' in row["node-01"]
                 node05 = dom[dom.index('data-entity="node-05"'):]
                 node05 = node05[:node05.index("</tr>")]
                 assert 'class="c unknown"' in node05 and ">?<" in node05  # hatched and marked, not a colour
                 assert 'id="pool-train-a"' in dom and 'id="pool-serve-a"' in dom and 'id="feed"' in dom
                 assert "QUARANTINED" in dom and "kill switch: off" in dom
+                wait(lambda: evidence.index.latest("node-02") is not None, 30, "node-02's evidence bundle")
                 ent = chromium(tmp_path, "--dump-dom", f"{api.url}/entity/node-02")
                 assert "QUARANTINED" in ent and "gate:" in ent and "runbook" in ent and 'id="gpus"' in ent
+                # the timeline from the store: state bands (READY, then QUARANTINED), the score line, intent marks
+                svg = ent[ent.index('id="timeline"'):ent.index("</svg>", ent.index('id="timeline"'))]
+                bands = re.findall(r'class="band" data-state="([A-Z]+)"', svg)
+                assert bands[-1] == "QUARANTINED" and "READY" in bands, bands
+                assert 'class="score"' in svg and 'data-intent="quarantine"' in svg and 'data-intent="capture_evidence"' in svg
+                runbooks = ent[ent.index('id="runbooks"'):]
+                assert "reasons/gate-xid.md" in runbooks and "intents/quarantine.md" in runbooks
+                ev_link = re.search(r'href="/evidence/([0-9a-f]+)"', ent)
+                assert ev_link is not None, ent[ent.index('id="evidence"'):][:500]
+                files = chromium(tmp_path, "--dump-dom", f"{api.url}/evidence/{ev_link.group(1)}")
+                names = re.findall(r'href="/evidence/[0-9a-f]+/([^"]+)"', files)
+                assert "manifest.json" in names or names, files
+                got = httpx.get(f"{api.url}/evidence/{ev_link.group(1)}/{names[0]}")
+                assert got.status_code == 200 and got.text.strip()
+                assert httpx.get(f"{api.url}/evidence/{ev_link.group(1)}/..%2Fstate.db").status_code == 404
+                assert httpx.get(f"{api.url}/entity/node-02", params={"hours": 1}).status_code == 200
                 gpu_rows = re.findall(r'<tr data-gpu="([^"]+)">.*?</tr>', ent)
                 assert len(gpu_rows) >= 7 and any("gpu3" in g or g.endswith("3") for g in gpu_rows), gpu_rows
                 assert httpx.get(f"{api.url}/entity/nope").status_code == 404
@@ -99,11 +137,13 @@ def test_fleet_view_in_chromium(tmp_path: Path) -> None:
                     out = shots / f"fleet-view-{w}.png"
                     chromium(tmp_path, f"--screenshot={out}", f"--window-size={w},{h}", f"{api.url}/")
                     assert out.stat().st_size > 5000
-                chromium(tmp_path, f"--screenshot={shots / 'entity-390.png'}", "--window-size=390,1200",
-                         f"{api.url}/entity/node-02")
+                for w, h in ((1280, 1300), (390, 2000)):
+                    chromium(tmp_path, f"--screenshot={shots / f'entity-{w}.png'}", f"--window-size={w},{h}",
+                             f"{api.url}/entity/node-02")
             finally:
                 ctl.stop()
                 th.join(10)
                 api.stop()
+                store.close()
     finally:
         exporter.stop()

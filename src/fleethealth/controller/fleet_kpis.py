@@ -5,7 +5,9 @@ Theory of operation: a ``LiveKpis`` object, held by the controller's HTTP app, l
 cycle it has not seen yet whenever someone reads the KPIs (a Prometheus scrape, the fleet view, the API):
 it integrates, between two cycles it saw, the time each node's health was unknown and the replica time
 within its SLO (``review.kpis.SloSampler``), holding a cycle's picture until the next one it sees. The
-period is from the first cycle it saw (the API's start) to the last; transitions and intents come from
+period begins where the controller's records do (the oldest lifecycle's start: the first cycle, or a
+restored store's, at most a week back) and ends at the last cycle; unknown time and SLO attainment are
+counted from the first cycle this object saw. Transitions and intents come from
 the state store when the controller has one (all of them, so a state entered before the start is known),
 else from the controller's recent memory. The figures are computed at most once per published cycle.
 GPUs per node: the node's GPU tuples in the last cycle it saw with any (8 when it never saw one).
@@ -23,6 +25,7 @@ import numpy as np
 from fleethealth.review.kpis import EntityInfo, PoolKpis, SloSampler, pool_kpis
 
 DEFAULT_GPUS_PER_NODE = 8
+MAX_PERIOD_S = 7 * 86400.0
 
 
 class LiveKpis:
@@ -45,7 +48,10 @@ class LiveKpis:
         self._seen = pub
         now = float(pub.ts)
         if self._start is None:
-            self._start = now
+            # records begin with the oldest lifecycle (an entity in its first state since the first cycle),
+            # at most a week back; unknown time and SLO attainment are counted from here on
+            first = min((float(e.since) for e in pub.state.entities.values()), default=now)
+            self._start = max(min(first, now), now - MAX_PERIOD_S)
         dt = 0.0 if self._last_ts is None else max(0.0, now - self._last_ts)
         for n in self._unknown_now:  # the previous picture holds until this cycle
             self.unknown_s[n] = self.unknown_s.get(n, 0.0) + dt
@@ -64,9 +70,14 @@ class LiveKpis:
                     node = name.split("/")[0]
                     counts[node] = counts.get(node, 0) + 1
                 self._gpus.update(counts)
-        self._slo.pool_of = {e.entity: e.labels.get("pool", "default") for e in pub.state.entities.values()
+        self._slo.pool_of = {e.entity: pool_of(e, pub.state.entities) for e in pub.state.entities.values()
                              if e.kind == "replica"}
         self._slo.observe(now, h)
+
+    @property
+    def since(self) -> float | None:
+        """The first cycle these KPIs saw (the start of their period)."""
+        return self._start
 
     def kpis(self) -> dict[str, PoolKpis]:
         """The KPIs per pool (and ``all``) as of the last published cycle; {} before the first."""
@@ -77,7 +88,7 @@ class LiveKpis:
                 return self._cache[1]
             if self._start is None or self._last_ts is None:
                 return {}
-            ents = {e.entity: EntityInfo(e.kind, e.labels.get("pool", "default"),
+            ents = {e.entity: EntityInfo(e.kind, pool_of(e, pub.state.entities),
                                          self._gpus.get(e.entity, DEFAULT_GPUS_PER_NODE) if e.kind == "node" else 0,
                                          str(e.state))
                     for e in pub.state.entities.values() if e.kind in ("node", "replica")}
@@ -151,6 +162,15 @@ class LiveKpis:
                              ("slow", v.lost_slow_gpu_h)):
                 lines.append(f'{name}{{pool="{_label(pool)}",cause="{cause}"}} {float(x)!r}')
         return "\n".join(lines) + "\n"
+
+
+def pool_of(es: Any, entities: Mapping[str, Any]) -> str:
+    """An entity's pool: its own label, else (a replica whose series carry no pool) its node's."""
+    pool = es.labels.get("pool")
+    if pool:
+        return str(pool)
+    node = entities.get(es.labels.get("node", ""))
+    return str(node.labels.get("pool", "default")) if node is not None else "default"
 
 
 def _label(v: str) -> str:

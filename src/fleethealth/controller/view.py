@@ -5,25 +5,33 @@ JavaScript, no CDN, inline CSS only, so it works offline and behind any proxy; a
 Per pool, a heatmap of nodes (rows) by GPUs (cells) coloured by score; unknown GPUs are hatched grey with
 a "?" (never a colour of the health scale), and each node's lifecycle state is marked beside it. Above it:
 actuation mode, kill switch, remediation freeze, budgets, and what waits for a human (FAILED entities,
-pages). Below: serving replicas with state and router weight, and the feed of transitions and intents with
-their reasons. The entity page shows the tuple, the signals behind it (the explain detail), recent
-transitions and intents, and the runbook for its reason. Read-only: it follows ``api.read`` like the JSON
+pages). Below: serving replicas with state and router weight (a replica whose node is being drained or
+quarantined, or that is out of routing, is marked draining, with why), the fleet KPIs per pool
+(controller.fleet_kpis), and the feed of transitions and intents with their reasons (a return to READY
+says "healthy", not the least good category). The entity page shows the tuple, its score/state/intent
+timeline of the last hours from the state store (controller.timeline: an inline SVG), the signals behind
+it (the explain detail), its GPUs, its evidence bundles (GET /evidence/KEY lists a bundle's files), the
+runbooks of its reasons and intents, and recent transitions and intents. Read-only: it follows ``api.read`` like the JSON
 API; actions go through the authenticated POST endpoints (or `fleethealth ack|ready|kill|resume`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import html
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
-from fastapi import FastAPI, HTTPException, Request
-from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi import FastAPI, HTTPException, Query, Request
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
 
 from fleethealth.controller.fleet_kpis import LiveKpis
+from fleethealth.controller.timeline import legend, timeline_svg
+from fleethealth.review.incidents import reason_family
 from fleethealth.review.kpis import summary_table
-from fleethealth.runbooks import reason_path, url
+from fleethealth.runbooks import intent_path, reason_path, url
 
 CSS = """
 body{font:14px/1.4 system-ui,sans-serif;margin:0 auto;padding:12px;max-width:1400px;color:#111;background:#fafafa}
@@ -69,6 +77,10 @@ def _ago(now: float, ts: float | None) -> str:
         return "-"
     s = max(0.0, now - ts)
     return f"{s:.0f}s ago" if s < 120 else f"{s / 60:.0f}m ago" if s < 7200 else f"{s / 3600:.1f}h ago"
+
+
+def _span(s: float) -> str:
+    return f"{s / 60:.0f} minutes" if s < 7200 else f"{s / 3600:.0f} hours"
 
 
 def _page(title: str, body: str, refresh: int | None = 15) -> str:
@@ -148,13 +160,18 @@ def render_fleet(controller: Any, runner: Any = None, now: float | None = None, 
         parts.append("</table></div>")
     reps = sorted((e for e in ents.values() if e.kind == "replica"), key=lambda e: e.entity)
     if reps:
+        node_state = {e.entity: str(e.state) for e in ents.values() if e.kind == "node"}
         parts.append('<h2>Serving replicas</h2><div class="wrap"><table class="t" id="replicas"><tr><th>replica</th>'
                      '<th>state</th><th>health</th><th>weight</th><th class="hide-narrow">reason</th></tr>')
         for e in reps:
-            parts.append(f'<tr data-entity="{_e(e.entity)}" data-state="{_e(e.state)}"><td><a href="/entity/{_e(e.entity)}">'
-                         f'{_e(e.entity)}</a></td><td><span class="st st-{_e(e.state)}">{_e(e.state)}</span></td>'
+            why = draining(e, node_state)
+            mark = f' <span class="st st-DRAINING" title="{_e(why)}">draining</span>' if why else ""
+            reason = why or (e.last_reason if str(e.state) != "READY" else "")
+            parts.append(f'<tr data-entity="{_e(e.entity)}" data-state="{_e(e.state)}" data-draining="{"1" if why else "0"}"'
+                         f' data-node="{_e(e.labels.get("node", ""))}"><td><a href="/entity/{_e(e.entity)}">'
+                         f'{_e(e.entity)}</a></td><td><span class="st st-{_e(e.state)}">{_e(e.state)}</span>{mark}</td>'
                          f'<td>{_num(e.last_value)}</td><td>{_num(e.weight)}</td>'
-                         f'<td class="hide-narrow">{_e(e.last_reason if str(e.state) != "READY" else "")}</td></tr>')
+                         f'<td class="hide-narrow">{_e(reason)}</td></tr>')
         parts.append("</table></div>")
     if kpis is not None:
         parts.append(_kpi_table(kpis))
@@ -162,8 +179,31 @@ def render_fleet(controller: Any, runner: Any = None, now: float | None = None, 
     return _page("fleethealth: fleet", "".join(parts))
 
 
+def draining(replica: Any, node_state: dict[str, str]) -> str:
+    """Why a replica is being taken out of service, or "" when it is not: its own lifecycle drains it, its
+    router weight is 0 while it is not READY, or its node is being drained or quarantined (its pods go)."""
+    state = str(replica.state)
+    if state == "DRAINING":
+        return "draining: " + (replica.last_reason or "its lifecycle drains it")
+    node = replica.labels.get("node", "")
+    if node_state.get(node) in ("DRAINING", "QUARANTINED"):
+        return f"draining: its node {node} is {node_state[node]}"
+    if replica.weight is not None and replica.weight <= 0.0 and state != "READY":
+        return f"draining: out of routing (weight 0, {state})"
+    return ""
+
+
+def _transition_reason(t: dict[str, Any]) -> str:
+    """What a transition says to a person: into READY, that it is healthy (its reason code is then only the
+    least good category of a healthy score, which reads like an alarm); otherwise the reason code."""
+    if str(t.get("to")) == "READY":
+        v = t.get("value")
+        return "healthy" + (f" ({float(v):.2f})" if v is not None else "")
+    return str(t.get("reason", ""))
+
+
 def _feed(pub: Any, now: float, entity: str | None) -> str:
-    rows = [("transition", t["ts"], t["entity"], f'{t["from"]} → {t["to"]}', t["reason"])
+    rows = [("transition", t["ts"], t["entity"], f'{t["from"]} → {t["to"]}', _transition_reason(t))
             for t in pub.recent_transitions if entity is None or t["entity"] == entity]
     rows += [("intent", i["ts"], i["entity"], i["intent"], i["reason"])
              for i in pub.recent_intents if entity is None or i["entity"] == entity]
@@ -179,7 +219,79 @@ def _feed(pub: Any, now: float, entity: str | None) -> str:
     return "".join(out)
 
 
-def render_entity(controller: Any, name: str) -> str | None:
+def _store(controller: Any) -> Any:
+    return getattr(getattr(controller, "loop", None), "store", None)
+
+
+def _collector(runner: Any) -> Any:
+    """The evidence collector among the runner's actuators (it keeps its own index of bundles), or None."""
+    from fleethealth.decide.model import IntentKind
+
+    routes = getattr(runner, "routes", None) or {}
+    return next((a for a in routes.get(IntentKind.CAPTURE_EVIDENCE, []) if hasattr(a, "index")), None)
+
+
+def entity_history(controller: Any, name: str, since: float, runner: Any = None
+                   ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+    """The entity's transitions (all: the state before the window counts), its intents since ``since`` and
+    its evidence bundles (``key, ts, reason, location``: the state store's index, and the evidence
+    collector's), from the state store; without one (or when it fails), from recent memory."""
+    pub = controller.published
+    store = _store(controller)
+    trs: list[dict[str, Any]] | None = None
+    ints: list[dict[str, Any]] = []
+    ev: dict[str, dict[str, Any]] = {}
+    if store is not None:
+        try:
+            trs = store.transitions(name)
+            ints = [i for i in store.intents(since=since) if i["entity"] == name]
+            for r in store.evidence(name) if hasattr(store, "evidence") else []:
+                ev[str(r["key"])] = r
+        except Exception:  # the view still answers from memory when the store cannot
+            trs = None
+    if trs is None:
+        trs = [t for t in pub.recent_transitions if t["entity"] == name]
+        ints = [i for i in pub.recent_intents if i["entity"] == name and float(i["ts"]) >= since]
+    col = _collector(runner)
+    if col is not None:
+        for r in col.index.list(name):
+            key = str(r.get("intent_key") or "")
+            if key and (key not in ev or not ev[key].get("location")):
+                ev[key] = {"key": key, "ts": r["ts"], "entity": name, "reason": r["reason"], "location": r["path"]}
+    return trs, ints, list(ev.values())
+
+
+def _runbooks(reason: str | None, intents: list[dict[str, Any]], transitions: list[dict[str, Any]]) -> str:
+    links: dict[str, str] = {}
+    for r in [reason or ""] + [str(t.get("reason", "")) for t in transitions[-5:]]:
+        p = reason_path(r)
+        if p is not None:
+            links.setdefault(p, f"reason {reason_family(r)}")
+    for i in intents:
+        kind = str(i.get("intent", i.get("kind", "")))
+        links.setdefault(intent_path(kind), f"intent {kind}")
+    if not links:
+        return ""
+    return ('<h2>Runbooks</h2><ul id="runbooks">' + "".join(
+        f'<li><a href="{_e(url(p))}">{_e(what)}</a></li>' for p, what in sorted(links.items(), key=lambda x: x[1]))
+        + "</ul>")
+
+
+def _evidence(rows: list[dict[str, Any]], now: float) -> str:
+    if not rows:
+        return '<h2>Evidence</h2><div id="evidence">no evidence bundle captured for it</div>'
+    out = ['<h2>Evidence</h2><div class="wrap"><table class="t" id="evidence"><tr><th>captured</th><th>why</th>'
+           "<th>bundle</th></tr>"]
+    for r in sorted(rows, key=lambda r: -float(r["ts"]))[:20]:
+        link = (f'<a href="/evidence/{_e(r["key"])}">files</a>' if r.get("location")
+                else "not written yet (the actuator has not run, or it runs in advise mode)")
+        out.append(f'<tr><td>{_ago(now, r["ts"])}</td><td>{_e(r["reason"])}</td><td>{link}</td></tr>')
+    out.append("</table></div>")
+    return "".join(out)
+
+
+def render_entity(controller: Any, name: str, hours: float = 6.0, runner: Any = None,
+                  kpis: LiveKpis | None = None) -> str | None:
     pub = controller.published
     es = pub.state.entities.get(name)
     t = pub.health.get(name) if pub.health is not None else None
@@ -197,6 +309,21 @@ def render_entity(controller: Any, name: str) -> str | None:
     if es is not None:
         parts.append(f"<div>in {_e(state)} since {_ago(pub.ts, es.since)}; {es.transitions} transitions; "
                      f'pool {_e(es.labels.get("pool", "default"))}</div>')
+    trs, ints, ev = entity_history(controller, name, pub.ts - hours * 3600.0, runner)
+    # records begin at the controller's first cycle (or this entity's first stored transition, if older);
+    # a young controller's timeline spans its life (at least 5 minutes), not hours of nothing
+    firsts = [float(x["ts"]) for x in trs[:1]] + ([kpis.since] if kpis is not None and kpis.since else [])
+    known_from = min(firsts) if firsts else None
+    start = pub.ts - hours * 3600.0
+    if known_from is not None:
+        start = max(start, min(known_from, pub.ts - 300.0))
+    value_now = t.value if t is not None else (es.last_value if es is not None else None)
+    parts.append(f'<h2>Last {_span(pub.ts - start)}</h2>{legend()}'
+                 + timeline_svg(trs, ints, start=start, end=pub.ts, state_now=state, value_now=value_now,
+                                known_from=known_from)
+                 + f'<div class="note">{len([x for x in trs if float(x["ts"]) >= start])} state changes and '
+                 f'{len(ints)} intents in the window; other windows: '
+                 + " ".join(f'<a href="/entity/{_e(name)}?hours={h}">{h} h</a>' for h in (1, 6, 24, 72)) + "</div>")
     if t is not None:
         parts.append('<h2>Categories</h2><table class="t"><tr><th>category</th><th>score</th></tr>')
         for c, v in t.categories.items():
@@ -222,8 +349,28 @@ def render_entity(controller: Any, name: str) -> str | None:
                              f'<td>{_e(g.reason if g.value is None or g.value < 0.8 else "")}</td>'
                              f'<td class="hide-narrow">{_e(low)}</td></tr>')
             parts.append("</table></div>")
+    parts.append(_evidence(ev, pub.ts))
+    parts.append(_runbooks(t.reason if t is not None and (t.value is None or state != "READY") else None, ints, trs))
     parts.append(_feed(pub, pub.ts, name))
     return _page(f"fleethealth: {name}", "".join(parts))
+
+
+def evidence_files(controller: Any, runner: Any, key: str) -> tuple[dict[str, Any], Path] | None:
+    """The evidence bundle of an intent key and its directory (None: no such bundle on this controller)."""
+    row: dict[str, Any] | None = None
+    store = _store(controller)
+    if store is not None and hasattr(store, "evidence"):
+        with contextlib.suppress(Exception):
+            row = next((r for r in store.evidence() if r["key"] == key and r.get("location")), None)
+    col = _collector(runner)
+    if row is None and col is not None:
+        r = col.index.by_key(key)
+        if r is not None:
+            row = {"key": key, "ts": r["ts"], "entity": r["entity"], "reason": r["reason"], "location": r["path"]}
+    if row is None:
+        return None
+    d = Path(str(row["location"]))
+    return (row, d) if d.is_dir() else None
 
 
 def _kpi_table(kpis: LiveKpis) -> str:
@@ -231,10 +378,16 @@ def _kpi_table(kpis: LiveKpis) -> str:
     if not k:
         return ""
     rows = summary_table({p: v.to_dict() for p, v in k.items()})
+    narrow = {0, 2, 4, 5}  # pool, goodput, SLO attainment, precision: the rest only on wider screens
+
+    def cls(i: int) -> str:
+        return "" if i in narrow else ' class="hide-narrow"'
+
     out = ['<h2>Fleet KPIs since the controller started</h2><div class="wrap"><table class="t" id="kpis"><tr>'
-           + "".join(f"<th>{_e(h)}</th>" for h in rows[0]) + "</tr>"]
+           + "".join(f"<th{cls(i)}>{_e(h)}</th>" for i, h in enumerate(rows[0])) + "</tr>"]
     for r, pool in zip(rows[1:], sorted(k, key=lambda p: (p == "all", p)), strict=True):
-        out.append(f'<tr data-pool="{_e(pool)}">' + "".join(f"<td>{_e(c)}</td>" for c in r) + "</tr>")
+        out.append(f'<tr data-pool="{_e(pool)}">' + "".join(f"<td{cls(i)}>{_e(c)}</td>" for i, c in enumerate(r))
+                   + "</tr>")
     out.append('</table></div><div class="note">GPU goodput: GPU-hours not lost to isolated, unknown or '
                "DEGRADED nodes; SLO attainment: replica time within every SLO's error budget; precision: "
                "quarantines an active test, a hard gate or FAILED confirmed; detect / repair: first bad "
@@ -257,10 +410,36 @@ def add_view_routes(app: FastAPI, controller: Any, runner: Any, may_read: Callab
         may_read(request)
         return JSONResponse(kpis.as_json())
 
-    @app.get("/entity/{name:path}", response_class=HTMLResponse)
-    def entity(request: Request, name: str) -> HTMLResponse:
+    @app.get("/evidence/{key}", response_class=HTMLResponse)
+    def evidence(request: Request, key: str) -> HTMLResponse:
+        """An evidence bundle's files (read-only, on this controller's disk)."""
         may_read(request)
-        page = render_entity(controller, name)
+        found = evidence_files(controller, runner, key)
+        if found is None:
+            raise HTTPException(404, f"no evidence bundle {key!r} on this controller")
+        row, d = found
+        files = sorted(f.name for f in d.iterdir() if f.is_file())
+        body = (f'<a href="/entity/{_e(row["entity"])}">← {_e(row["entity"])}</a><h1>Evidence: {_e(row["entity"])}</h1>'
+                f'<div>captured {_e(time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(float(row["ts"]))))} for '
+                f'{_e(row["reason"])}; bundle {_e(d)}</div><ul id="files">'
+                + "".join(f'<li><a href="/evidence/{_e(key)}/{_e(f)}">{_e(f)}</a></li>' for f in files) + "</ul>")
+        return HTMLResponse(_page(f"evidence {row['entity']}", body, refresh=None))
+
+    @app.get("/evidence/{key}/{file}")
+    def evidence_file(request: Request, key: str, file: str) -> PlainTextResponse:
+        may_read(request)
+        found = evidence_files(controller, runner, key)
+        if found is None or "/" in file or "\\" in file or file.startswith("."):
+            raise HTTPException(404, "no such evidence file")
+        f = found[1] / file
+        if not f.is_file():
+            raise HTTPException(404, "no such evidence file")
+        return PlainTextResponse(f.read_text(encoding="utf-8", errors="replace"))
+
+    @app.get("/entity/{name:path}", response_class=HTMLResponse)
+    def entity(request: Request, name: str, hours: float = Query(6.0, gt=0, le=168)) -> HTMLResponse:
+        may_read(request)
+        page = render_entity(controller, name, hours, runner, kpis)
         if page is None:
             raise HTTPException(404, f"no entity {name!r}")
         return HTMLResponse(page)
