@@ -87,12 +87,17 @@ def test_silent_hang_stops_progress_and_nothing_else_moves() -> None:
     snaps, plain, sim = pair({"kind": "silent_hang", "target": "node-01", "onset": 150}, 40)
     step = [values(s, "fleethealth_rank_step_seconds")[0] for s in snaps]
     assert step[8] < 5 and step[-1] > 300  # the step in flight grows
-    comp = values(snaps[-1], "fleethealth_rank_compute_seconds", node="node-01")
-    assert comp == values(snaps[-2], "fleethealth_rank_compute_seconds", node="node-01")  # frozen
+    # the ranks waiting at the collective report the compute they finished with (frozen); the hung
+    # node's never got there: their compute in flight grows with the hang
+    other = values(snaps[-1], "fleethealth_rank_compute_seconds", node="node-02")
+    assert other == values(snaps[-2], "fleethealth_rank_compute_seconds", node="node-02")
+    comp = np.array(values(snaps[-1], "fleethealth_rank_compute_seconds", node="node-01"))
+    before = np.array(values(snaps[-2], "fleethealth_rank_compute_seconds", node="node-01"))
+    assert np.allclose(comp - before, 15.0) and comp.min() > 300
     assert not [e for e in sim.all_events if e.kind == "xid"]
     for g in ("DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_SM_CLOCK", "DCGM_FI_DEV_XID_ERRORS"):
         assert values(snaps[-1], g) == values(plain[-1], g)
-    assert touched(sim, sim.t + 15) == {"job_hang"}
+    assert touched(sim, sim.t + 15) == {"job_hang", "rank_stuck"}
     assert [r.expected_action for r in sim.ground_truth if r.entity == "node-01"] == ["quarantine"]
 
 

@@ -117,6 +117,11 @@ class SignalSpec(Strict):
     flag: str | None = None
     flag_score: float = Field(default=1.0, ge=0, le=1)
     value_flags: dict[int, str] = Field(default_factory=dict)  # flag name per exact value (enums)
+    # flag: a bitmask field (clock-event reasons): flag name per bit; any of these bits set raises it
+    bits: dict[int, str] = Field(default_factory=dict)
+    # gauges: score the value as a share of another metric of the same entity (the PCIe link generation
+    # of its device maximum); no reference value, no score
+    relative_to: str | None = None
     # slo: error ratio (errors/requests counters) or latency (histogram base name and threshold)
     requests_metric: str | None = None
     threshold_s: float | None = Field(default=None, gt=0)
@@ -168,8 +173,14 @@ class SignalSpec(Strict):
             raise ValueError("a gate needs 'above' or 'values'")
         if self.shape == "peer" and not self.peer_by:
             raise ValueError("a peer signal needs 'peer_by' (labels that pick peers doing the same work)")
-        if self.shape == "flag" and self.flag is None and not self.value_flags:
-            raise ValueError("a flag signal needs 'flag' or 'value_flags'")
+        if self.shape == "flag" and self.flag is None and not self.value_flags and not self.bits:
+            raise ValueError("a flag signal needs 'flag', 'value_flags' or 'bits'")
+        if self.bits and self.shape != "flag":
+            raise ValueError("'bits' is for flag signals")
+        if self.bits and any(b <= 0 or b & (b - 1) for b in self.bits):
+            raise ValueError(f"bits: each key must be one bit (a power of two), got {sorted(self.bits)}")
+        if self.relative_to is not None and (self.kind != "gauge" or self.shape not in ("ramp", "gate", "flag")):
+            raise ValueError("relative_to is for gauges shaped by ramp, gate or flag")
         if self.shape == "slo" and self.requests_metric is None:
             raise ValueError("an slo signal needs 'requests_metric' (the request counter)")
         if self.short_window_s is not None:

@@ -148,7 +148,10 @@ class _Plan:
                     else:
                         self.fixed_slos.append((kind, j, fixed))
                     continue
-                if spec.shape == "xid" or code == 0:
+                # xids, and shapes the batched pass does not do (a flag on values or bits, a ratio of two
+                # metrics): the per-signal path
+                if spec.shape == "xid" or code == 0 or spec.relative_to is not None or (
+                        spec.shape == "flag" and (spec.values or spec.bits)):
                     mid = ctx.metric_ix.get(spec.metric)
                     self.mids[spec.metric] = mid
                     if mid is None or (mid not in ctx.bounds and mid not in ctx.index.counters):

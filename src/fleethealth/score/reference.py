@@ -111,6 +111,12 @@ def score_reference(snap: Snapshot, policy: Policy, now: float, how: str = "min"
             if not vals:
                 continue
             worst = max(vals) if spec.worse_if == "higher" else min(vals)
+            if spec.relative_to is not None:  # a share of the same GPU's reference gauge
+                ref = _latest_worst(by_metric.get(spec.relative_to, []), gpu, spec, policy, now, max_age)
+                if ref is None or not ref > 0:
+                    subs[gpu][spec.name] = None
+                    continue
+                worst = worst / ref
             subs[gpu][spec.name] = _shape(spec, worst)
 
     out: dict[str, RefHealth] = {}
@@ -156,8 +162,27 @@ def _shape(spec: SignalSpec, x: float) -> float:
         bad = (spec.above is not None and x > spec.above) or (spec.values is not None and x in spec.values)
         return 0.0 if bad else 1.0
     if spec.shape == "flag":
-        return spec.flag_score if spec.above is not None and x > spec.above else 1.0
+        raised = (spec.above is not None and x > spec.above) or (spec.values is not None and x in spec.values)
+        raised = raised or (x >= 0 and any(int(x) & b for b in spec.bits))
+        return spec.flag_score if raised else 1.0
     raise ValueError(spec.shape)
+
+
+def _latest_worst(rows: list[tuple[dict[str, str], float, float]], gpu: str, spec: SignalSpec, policy: Policy,
+                  now: float, max_age: float) -> float | None:
+    """The worst latest fresh value among one GPU's series of a gauge (None: none)."""
+    latest: dict[tuple[tuple[str, str], ...], tuple[float, float]] = {}
+    for labels, value, ts in rows:
+        node = _node_of(labels, policy)
+        if not node or f"{node}/gpu{labels.get('gpu', '')}" != gpu or labels.get("gpu", "") == "":
+            continue
+        key = tuple(sorted(labels.items()))
+        if key not in latest or ts > latest[key][0]:
+            latest[key] = (ts, value)
+    vals = [v for ts, v in latest.values() if now - ts <= max_age]
+    if not vals:
+        return None
+    return max(vals) if spec.worse_if == "higher" else min(vals)
 
 
 def _peer(spec: SignalSpec, policy: Policy, per_gpu: dict[str, list[tuple[float, dict[str, str], float]]],
@@ -216,7 +241,7 @@ def _entity_health(sub: dict[str, float | None], fams: set[str], specs: list[Sig
             scores[c] = 0.0
         else:
             scores[c] = sum(w * v for w, v in xs) / sum(w for w, _ in xs)
-    order = list(dict.fromkeys(s.category for s in specs))
+    order = list(dict.fromkeys(s.category for s in policy.signals))  # ties: the policy's category order
     worst = min(sorted(scores, key=order.index), key=lambda c: scores[c])
     if how == "min":
         return RefHealth(scores[worst], conf, worst, f"min:{worst}")

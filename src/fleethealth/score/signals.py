@@ -49,6 +49,8 @@ def _evaluate(ctx: _Ctx, spec: SignalSpec, kind: EntityKind, table: _KindTable,
     snap = ctx.snap
     if spec.shape == "slo":
         return _evaluate_slo(ctx, spec, kind, table, res)
+    if spec.relative_to is not None:
+        return _evaluate_relative(ctx, spec, kind, table, res)
     if _is_counter(spec) and spec.shape != "xid":
         cols = ctx.columns(spec.metric, spec.match, kind, table)
         if cols is not None:
@@ -104,6 +106,22 @@ def _evaluate(ctx: _Ctx, spec: SignalSpec, kind: EntityKind, table: _KindTable,
     res.sub[:] = _shape(ctx, spec, kind, x, ser, ent, lp if not _is_counter(spec) else None, res, n)
     if spec.short_window_s is not None:
         _floor_flags(res, spec)
+    return res
+
+
+def _evaluate_relative(ctx: _Ctx, spec: SignalSpec, kind: EntityKind, table: _KindTable,
+                       res: _SignalResult) -> _SignalResult:
+    """A gauge scored as a share of another metric of the same entity (``relative_to``: the PCIe link
+    generation of its device maximum): both read as plain gauges (the worst series of each entity), the
+    ratio is ``raw``; no fresh reference (or a reference of 0) is no score."""
+    own = _evaluate(ctx, spec.model_copy(update={"relative_to": None}), kind, table)
+    ref = _evaluate(ctx, spec.model_copy(update={"relative_to": None, "metric": spec.relative_to}), kind, table)
+    res.seen[:] = own.seen
+    res.age[:] = own.age
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ratio = np.where(ref.raw > 0, own.raw / np.where(ref.raw > 0, ref.raw, 1.0), np.nan)
+    res.raw[:] = ratio
+    res.sub[:] = _shape(ctx, spec, kind, ratio, np.zeros(0, np.int64), np.zeros(0, np.int64), None, res, ratio.size)
     return res
 
 
@@ -244,6 +262,15 @@ def _shape(
         if spec.above is not None:
             with np.errstate(invalid="ignore"):
                 raised = x > spec.above
+        if spec.values:
+            raised = raised | np.isin(x, np.asarray(spec.values, np.float64))
+        if spec.bits:
+            known = np.isfinite(x) & (x >= 0)
+            xi = np.where(known, x, 0.0).astype(np.int64)
+            for bit, name in sorted(spec.bits.items()):
+                on = known & ((xi & bit) != 0)
+                raised = raised | on
+                res.flags.extend((e, name) for e in np.flatnonzero(on).tolist())
         sub = np.where(raised, spec.flag_score, sub)
         for e in np.flatnonzero(raised).tolist():
             if spec.flag:

@@ -50,6 +50,7 @@ _EFFECT_FIELDS: dict[str, tuple[str, float, type]] = {
     "replica_gone": ("rep", False, np.bool_),
     "rank_mul": ("rank", 1.0, np.float64),
     "job_hang": ("job", False, np.bool_),
+    "rank_stuck": ("rank", False, np.bool_),  # in a hung job: never reaches the collective
     "seq_sigma": ("job", 0.0, np.float64),
     "node_down": ("node", False, np.bool_),
 }
@@ -82,6 +83,7 @@ class Effects:
     replica_gone: np.ndarray
     rank_mul: np.ndarray
     job_hang: np.ndarray
+    rank_stuck: np.ndarray
     seq_sigma: np.ndarray
     node_down: np.ndarray
 

@@ -142,8 +142,10 @@ class Intermittent(Fault):
 
 class SilentHang(Fault):
     """A node hangs without any error: no Xid, no counter, every GPU gauge as before; its job's collective
-    stops completing (compute times freeze, the step in flight grows on every rank of the job). Draining
-    the node lets the job restart without it. Target one node of a training job."""
+    stops completing (the step in flight grows on every rank of the job). The ranks that wait at the
+    collective report the compute time they finished with; the node's own ranks never get there, so their
+    compute time is the one still in flight and grows (the rank timer's in-flight reading). Draining the
+    node lets the job restart without it. Target one node of a training job."""
 
     kind = "silent_hang"
 
@@ -157,6 +159,8 @@ class SilentHang(Fault):
         if all(sim.node_out[n] for n in self.t.nodes):
             return  # drained: the job went on without it
         eff.job_hang[self._jobs] = True
+        ranks = self.fleet.gpu_rank[self.t.gpus]
+        eff.rank_stuck[ranks[ranks >= 0]] = True
 
     def truth(self) -> list[GroundTruth]:
         return [GroundTruth(r.entity, r.kind, r.fault, r.onset, r.end, r.faulty, r.expected_action,

@@ -1383,6 +1383,12 @@ class Simulation:
             # a hung collective: no step completes, compute times freeze, the step in flight grows
             hang_ranks = hung[rj]
             comp = np.where(hang_ranks, self.rank_compute, comp)
+            stuck = eff.get("rank_stuck") if eff is not None else None
+            if stuck is not None:
+                # the ranks that never reach the collective: their compute is still running (the rank
+                # timer's reading in flight), while their peers' ended at the collective they wait in
+                since = self.job_hang_since[rj]
+                comp = np.where(stuck & hang_ranks, self.rank_base + (t - np.nan_to_num(since)), comp)
             step = np.where(hung, t - np.nan_to_num(self.job_hang_since) + self.step_s, step)
         if hung is not None:
             self.job_hang_since[~hung] = np.nan
