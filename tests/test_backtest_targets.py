@@ -109,6 +109,25 @@ faults:
      params: {driver: 560.28.03, rollout_s: 600, delay_s: 300}}
 """
 
+# rack-cooling: the cooling of one rack fails for 100 minutes; its nodes warm, throttle and slow down
+# together. Nothing is broken: one page for the rack (a failure domain), no node drained.
+COOLING = """\
+name: cooling-short
+seed: {seed}
+duration: 150m
+step: 15s
+fleet:
+  nodes_per_rack: 8
+  pools:
+    - name: train-a
+      nodes: 24
+      workload: training
+      jobs:
+        - {name: pretrain, pp: 4, compute_s: 1.82}
+faults:
+  - {kind: cooling_event, target: "rack:rack-01", onset: 20m, end: 120m}
+"""
+
 
 def backtest(text: str, seed: int) -> dict[str, Any]:
     sc = Scenario.model_validate(yaml.safe_load(text.replace("{seed}", str(seed))))
@@ -145,3 +164,13 @@ def test_a_bad_driver_rollout_is_held_by_the_budget_and_paged() -> None:
     g = groups[0]
     assert g["budget_held"] and g["paged"], g
     assert res["false_quarantines"] == 0, res["false_quarantine_list"]
+
+
+@pytest.mark.parametrize("seed", [51, 52])
+def test_a_rack_whose_cooling_fails_is_one_page_for_the_rack_and_no_node_drained(seed: int) -> None:
+    res = backtest(COOLING, seed)
+    assert res["quarantines"] == 0, res["false_quarantine_list"]
+    assert res["targets"]["no_quarantine"] and res["targets"]["cooling:rack:rack-01:paged"]
+    assert res["pages"] == 1  # the rack's incident, not one per node, budget or tensor-parallel group
+    assert all(r["first_response"] == "domain_correlation" and r["action_ok"] for r in res["incidents"]), \
+        res["incidents"]
