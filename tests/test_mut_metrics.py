@@ -344,3 +344,15 @@ def test_incidents_keep_the_first_of_two_unranked_actions_and_let_a_page_displac
     assert a[0].expected == "rebuild_worker"
     b = incidents([gt("node-02", "f", 1, action="rebuild_worker"), gt("node-02", "f", 1, action="page")], REPLICAS)
     assert b[0].expected == "page"
+
+
+def test_a_correlated_event_on_nodes_missing_from_the_pool_map_is_still_held_to_a_budget() -> None:
+    """Nodes the pool map does not know are in the default pool (as the decider counts them): their
+    quarantines count against that pool's budget (they escaped every budget check before)."""
+    ghosts = ["ghost-0", "ghost-1", "ghost-2"]  # in no pool and not in NODES
+    truths = [gt(n, "bad_driver", 600, action="page", group="driver:z") for n in ghosts]
+    three = ArmLog("x", transitions=[tr(1200 + 60 * i, n, State.QUARANTINED) for i, n in enumerate(ghosts)])
+    g = score(three, truths).metrics["groups"][0]
+    assert (g["quarantined"], g["budget_held"]) == (3, False)  # max(1, 2% of 0) = 1 an hour, 3 taken
+    one = ArmLog("x", transitions=[tr(1200, "ghost-0", State.QUARANTINED), tr(1200 + 3600, "ghost-1", State.QUARANTINED)])
+    assert score(one, truths).metrics["groups"][0]["budget_held"] is True

@@ -72,6 +72,7 @@ CORRELATED_PAGES = frozenset({"budget_exhausted", "version_correlation", "tp_gro
 
 
 FLAP_WINDOW_S = 3600.0
+DEFAULT_POOL = "default"  # the decider's pool of a node without a pool label
 
 
 def flap_counts(transitions: Iterable[Any], window_s: float = FLAP_WINDOW_S) -> dict[str, int]:
@@ -266,20 +267,26 @@ def score_arm(
                                         "" if first is None else first[1]))
 
     # correlated groups: budget held and a human paged
+    def pool_of(node: str) -> str:
+        # a node without a pool is in the decider's default pool, for its members, quarantines and size
+        # alike (the members' pool and the quarantines' pool used different defaults, so a missing node's
+        # quarantines were never counted against any budget)
+        return node_pool.get(node, DEFAULT_POOL)
+
     groups: list[dict[str, Any]] = []
     for gname in sorted({i.group for i in incs if i.group is not None}):
         members = [i for i in incs if i.group == gname]
         onset = min(i.onset for i in members)
-        pools = sorted({node_pool.get(i.node, "") for i in members})
+        pools = sorted({pool_of(i.node) for i in members})
         qs = sorted(group_q.get(gname, []))
         held = True
         b = policy.budgets
         for pool in pools:
-            size = sum(1 for n in nodes if node_pool.get(n) == pool)
+            size = sum(1 for n in nodes if pool_of(n) == pool)
             # each quarantine is held to the budget it spent: confirmed hard gates have their own
             for hard, allowed in ((False, max(b.quarantine_min_per_hour, math.floor(b.quarantine_fraction_per_hour * size))),
                                   (True, max(b.hard_gate_min_per_hour, math.floor(b.hard_gate_fraction_per_hour * size)))):
-                times = [ts for ts, e in qs if node_pool.get(node_of(e, replica_node)) == pool
+                times = [ts for ts, e in qs if pool_of(node_of(e, replica_node)) == pool
                          and ((ts, e) in hard_q) == hard]
                 for k, t0 in enumerate(times):
                     if sum(1 for t in times[k:] if t - t0 < b.window_s) > allowed:
