@@ -125,3 +125,35 @@ def test_exposition_files_and_directories_replay(tmp_path: Path) -> None:
     assert res.exit_code == 0, res.output
     summary = _lines(res.stdout)[-1]
     assert summary["cycles"] == 1 and summary["from"] == 1767000000.0  # undated samples: the file's mtime
+
+
+def test_filters_by_kind_entity_and_intent(recording: Path) -> None:
+    def body(res) -> list[str]:  # type: ignore[no-untyped-def]
+        assert res.exit_code == 0, res.output
+        return res.stdout.split("\nsummary\n")[0].strip().splitlines()
+
+    q = body(runner.invoke(app, ["replay", "--intent", "quarantine", str(recording)]))
+    assert [(ln.split()[1], ln.split()[3]) for ln in q] == [("node-03", "quarantine[node]"), ("node-07", "quarantine[node]")]
+    res = runner.invoke(app, ["replay", "--intent", "quarantine,no_new_work", "--entity", "node-0[7]", str(recording)])
+    assert [ln.split()[3] for ln in body(res)] == ["no_new_work[node]", "quarantine[node]"]
+    assert "shown                2 of 11 transitions and intents (filtered)" in res.stdout
+    n7 = body(runner.invoke(app, ["replay", "--entity", "node-07", str(recording)]))
+    assert n7 and all(ln.split()[1] == "node-07" for ln in n7) and "READY -> QUARANTINED" in n7[0]
+    assert body(runner.invoke(app, ["replay", "--kind", "replica", str(recording)])) == []  # only nodes here
+    js = _lines(runner.invoke(app, ["replay", "--format", "json", "--intent", "page", str(recording)]).stdout)
+    assert [r["type"] for r in js] == ["summary"] and js[0]["shown"] == 0 and js[0]["of"] == 11
+    for bad, word in ((["--kind", "gpus"], "node or replica"), (["--intent", "reboot"], "quarantine")):
+        res = runner.invoke(app, ["replay", *bad, str(recording)])
+        assert res.exit_code == 2 and "unknown" in res.stderr and word in res.stderr, res.output
+
+
+def test_table_output_is_for_people(recording: Path) -> None:
+    res = runner.invoke(app, ["replay", str(recording)])
+    assert res.exit_code == 0
+    for literal in ("{'", "['", "None", "True", "False"):
+        assert literal not in res.stdout, literal
+    summary = res.stdout.split("\nsummary\n")[1]
+    assert "entities             8 nodes" in summary and "quarantined          node-03, node-07" in summary
+    assert "states at the end    QUARANTINED 2, READY 6" in summary and "pages                none" in summary
+    # a schedule_reset's list parameters read as words
+    assert "requires=drained" in res.stdout and "trigger=xid:79" in res.stdout

@@ -22,7 +22,7 @@ from typing import Any
 import typer
 
 from fleethealth.cli.common import err_console, fail
-from fleethealth.runbooks import reason_path, url
+from fleethealth.runbooks import intent_path, reason_path, url
 
 DEFAULT_SERVER = "http://127.0.0.1:9108"
 RESOURCES = ("nodes", "replicas", "intents", "pools")
@@ -204,10 +204,19 @@ def describe(resource: str = typer.Argument(..., help="node | replica"), name: s
             typer.echo(f"  {_ago(states['ts'], h.get('ts')):>6} ago  {h.get('action')}: {h.get('result')}")
     typer.echo("Transitions:" if trs else "Transitions: none recent")
     for tr in trs:
-        typer.echo(f"  {_ago(states['ts'], tr['ts']):>6} ago  {tr['from']} -> {tr['to']}  {tr['reason']}")
+        # into READY the reason code is only the least good category of a healthy score: say healthy
+        why = (f"healthy ({_r(tr.get('value'))})" if tr["to"] == "READY" and tr.get("value") is not None
+               else "healthy" if tr["to"] == "READY" else tr["reason"])
+        typer.echo(f"  {_ago(states['ts'], tr['ts']):>6} ago  {tr['from']} -> {tr['to']}  {why}")
     typer.echo("Intents:" if ints else "Intents:     none recent")
     for i in ints:
         typer.echo(f"  {_ago(states['ts'], i['ts']):>6} ago  {i['intent']}  {i['reason']}")
+    books = sorted({str(i["intent"]) for i in ints})
+    if books:
+        typer.echo("Runbooks:")
+        for kind in books:
+            typer.echo(f"  {kind:<18} {url(intent_path(kind))}")
+    typer.echo(f"Page:        {c.server}/entity/{name} (timeline, evidence, runbooks)")
 
 
 def _event(name: str, to: str | None, reason: str, server: str | None, token: str | None) -> None:

@@ -103,13 +103,81 @@ def _when(ts: float) -> str:
     return f"{ts:.0f}"
 
 
+def _value_text(v: Any) -> str:
+    """A parameter for people: lists comma-joined, mappings as k:v, floats rounded (no Python literals)."""
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    if isinstance(v, list | tuple | set):
+        return ",".join(_value_text(x) for x in v)
+    if isinstance(v, dict):
+        return ",".join(f"{k}:{_value_text(x)}" for k, x in v.items())
+    return str(v)
+
+
 def _params_text(p: dict[str, Any]) -> str:
-    return " ".join(f"{k}={v}" for k, v in p.items() if k != "n" and v not in (None, "", [], {}))
+    return " ".join(f"{k}={_value_text(v)}" for k, v in p.items() if k != "n" and v not in (None, "", [], {}))
+
+
+LIFECYCLE_KINDS = ("node", "replica")
+
+
+class Filter:
+    """Which transitions and intents are printed (the summary covers the whole run): ``kinds`` of entity
+    (node, replica; an intent's entity is a node unless it names a known replica), entity name patterns
+    (fnmatch: ``node-0*``; an exact name matches its GPUs too), intent kinds (transitions are shown
+    only when no intent kind is asked for)."""
+
+    def __init__(self, kinds: list[str], entities: list[str], intents: list[str]) -> None:
+        self.kinds = set(kinds)
+        self.entities = entities
+        self.intents = set(intents)
+        self.replicas: set[str] = set()
+        self.shown = 0
+        self.total = 0
+
+    @property
+    def active(self) -> bool:
+        return bool(self.kinds or self.entities or self.intents)
+
+    def _entity(self, entity: str, kind: str | None) -> bool:
+        from fnmatch import fnmatchcase
+
+        if self.kinds:
+            k = kind or ("replica" if entity in self.replicas else "node")
+            if k not in self.kinds:
+                return False
+        return not self.entities or any(fnmatchcase(entity, p) or entity.split("/", 1)[0] == p
+                                        for p in self.entities)
+
+    def transition(self, entity: str, kind: str) -> bool:
+        if kind == "replica":
+            self.replicas.add(entity)
+        self.total += 1
+        ok = not self.intents and self._entity(entity, kind)
+        self.shown += ok
+        return ok
+
+    def intent(self, entity: str, kind: str) -> bool:
+        self.total += 1
+        ok = (not self.intents or kind in self.intents) and self._entity(entity, None)
+        self.shown += ok
+        return ok
+
+
+def _why(t: Any) -> str:
+    """A transition's reason for people: into READY it is healthy (its reason code is then only the least
+    good category of a healthy score, which reads like an alarm)."""
+    if t.to_state == State.READY:
+        return "healthy" + ("" if t.value is None else f" ({t.value:.2f})")
+    return str(t.reason)
 
 
 class Reporter:
-    def __init__(self, fmt: str) -> None:
+    def __init__(self, fmt: str, only: Filter | None = None) -> None:
         self.fmt = fmt
+        self.only = only or Filter([], [], [])
         self.transitions = 0
         self.intents: Counter[str] = Counter()
         self.quarantined: list[str] = []
@@ -127,16 +195,21 @@ class Reporter:
             self.transitions += 1
             if t.to_state == State.QUARANTINED:
                 self.quarantined.append(t.entity)
+            if not self.only.transition(t.entity, t.kind):
+                continue
             if self.fmt == "json":
                 out.write(json.dumps({"type": "transition", **t.to_dict()}) + "\n")
             else:
-                v = "-" if t.value is None else f"{t.value:.2f}"
+                v = "unknown" if t.value is None else f"{t.value:.2f}"
                 out.write(f"{_when(t.ts):>20}  {t.entity:<24} {t.from_state:>11} -> {t.to_state:<11} "
-                          f"{t.reason}  (value {v}, conf {t.confidence:.2f}, {t.detail})\n")
+                          f"{_why(t)}  (score {v}, confidence {t.confidence:.2f}"
+                          + (f", {t.detail})" if t.detail else ")") + "\n")
         for i in r.decision.intents:
             self.intents[str(i.kind)] += 1
             if i.kind == IntentKind.PAGE:
                 self.pages.append(f"{i.entity}:{i.reason}")
+            if not self.only.intent(i.entity, str(i.kind)):
+                continue
             if self.fmt == "json":
                 out.write(json.dumps({"type": "intent", **i.to_dict()}, default=str) + "\n")
             else:
@@ -148,7 +221,7 @@ class Reporter:
     def summary(self, loop: DecisionLoop, wall_s: float, resumed_from: float | None) -> dict[str, Any]:
         ents = loop.state.entities.values()
         flaps = [e.transitions for e in ents]
-        return {
+        out = {
             "cycles": self.cycles, "from": self.first, "to": self.last, "resumed_from": resumed_from,
             "entities": dict(Counter(e.kind for e in ents)),
             "states": dict(sorted(Counter(str(e.state) for e in ents).items())),
@@ -159,14 +232,45 @@ class Reporter:
             "fleet_frozen": loop.state.frozen, "policy_version": loop.policy.version_tag,
             "wall_s": round(wall_s, 3), "cycles_per_s": round(self.cycles / wall_s, 2) if wall_s > 0 else None,
         }
+        if self.only.active:
+            out["shown"] = self.only.shown
+            out["of"] = self.only.total
+        return out
 
     def print_summary(self, s: dict[str, Any]) -> None:
         if self.fmt == "json":
             sys.stdout.write(json.dumps({"type": "summary", **s}) + "\n")
             return
-        sys.stdout.write("\nsummary\n")
-        for k, v in s.items():
-            sys.stdout.write(f"  {k:<28} {v}\n")
+        for line in summary_lines(s):
+            sys.stdout.write(line + "\n")
+
+
+def _counts(d: dict[str, int]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in d.items()) or "none"
+
+
+def summary_lines(s: dict[str, Any]) -> list[str]:
+    """The run's summary for people: words and rounded numbers, no Python literals."""
+    ents = s.get("entities") or {}
+    rows = [("cycles", f"{s['cycles']}" + (f" ({_when(s['from'])} to {_when(s['to'])})" if s.get("from") else "")),
+            ("entities", ", ".join(f"{n} {k}s" if n != 1 else f"1 {k}" for k, n in sorted(ents.items())) or "none"),
+            ("states at the end", _counts(s.get("states") or {})),
+            ("transitions", f"{s['transitions']} (at most {s['max_transitions_per_entity']} per entity)"),
+            ("intents", _counts(s.get("intents") or {})),
+            ("quarantined", ", ".join(s.get("quarantined") or []) or "none"),
+            ("pages", ", ".join(s.get("pages") or []) or "none"),
+            ("remediation", "FROZEN (fleet-wide confidence low)" if s.get("fleet_frozen") else "active"),
+            ("policy", str(s.get("policy_version")))]
+    if s.get("resumed_from") is not None:
+        rows.append(("resumed after", _when(float(s["resumed_from"]))))
+    if "events" in s:
+        skipped = s.get("events_skipped") or {}
+        rows.append(("events", f"{s['events']}" + (f" (skipped: {_counts(skipped)})" if skipped else "")))
+    rate = s.get("cycles_per_s")
+    rows.append(("time", f"{s['wall_s']:.1f} s" + (f", {rate:.0f} cycles/s" if rate else "")))
+    if "shown" in s:
+        rows.append(("shown", f"{s['shown']} of {s['of']} transitions and intents (filtered)"))
+    return ["", "summary"] + [f"  {k:<20} {v}" for k, v in rows]
 
 
 def register(app: typer.Typer) -> None:
@@ -182,10 +286,26 @@ def register(app: typer.Typer) -> None:
         group_s: float = typer.Option(1.0, "--group-s", help="Samples within this many seconds form one scrape."),
         pace: float = typer.Option(0.0, "--pace", help="Sleep this long after each cycle (to watch it)."),
         diagram: bool = typer.Option(False, "--diagram", help="Print the lifecycle as a Mermaid diagram."),
+        kind: list[str] = typer.Option([], "--kind", help="Only entities of this kind: node or replica "
+                                                          "(repeat or comma-separate)."),
+        entity: list[str] = typer.Option([], "--entity", help="Only these entities: a name (a node's name covers "
+                                                              "its GPUs) or a pattern like 'node-0*' (repeatable)."),
+        intent: list[str] = typer.Option([], "--intent", help="Only intents of this kind (e.g. quarantine, page; "
+                                                              "repeat or comma-separate); hides transitions."),
     ) -> None:
         """Run scoring and decisions over recordings and print every transition and intent, then a summary."""
         if fmt not in ("table", "json"):
             fail(f"--format must be table or json, not {fmt!r}")
+        kinds = [k.strip() for v in kind for k in v.split(",") if k.strip()]
+        bad = [k for k in kinds if k not in LIFECYCLE_KINDS]
+        if bad:
+            fail(f"--kind {bad[0]!r} is unknown: expected {' or '.join(LIFECYCLE_KINDS)}")
+        wanted = [k.strip() for v in intent for k in v.split(",") if k.strip()]
+        valid = sorted(str(k) for k in IntentKind)
+        bad = [k for k in wanted if k not in valid]
+        if bad:
+            fail(f"--intent {bad[0]!r} is unknown: expected one of {', '.join(valid)}")
+        only = Filter(kinds, [e for e in entity if e], wanted)
         pol: Policy = load_policy_or_fail(policy)
         if diagram:
             typer.echo(mermaid_diagram(pol.lifecycle), nl=False)
@@ -213,7 +333,7 @@ def register(app: typer.Typer) -> None:
                 fail(str(e))
         loop = DecisionLoop(pol, store)
         resumed = loop.last_ts
-        rep = Reporter(fmt)
+        rep = Reporter(fmt, only)
         t0 = time.perf_counter()
         for res in replay_cycles(loop, snap, evs, group_s, (lambda: time.sleep(pace)) if pace > 0 else None):
             rep.cycle(res)

@@ -12,8 +12,8 @@ from fleethealth.cli.common import fail, load_policy_or_fail
 
 def _host_port(listen: str) -> tuple[str, int]:
     host, sep, port = listen.rpartition(":")
-    if not sep or not port.isdigit():
-        fail(f"--listen must be HOST:PORT, got {listen!r}")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        fail(f"--listen must be HOST:PORT with a port from 0 to 65535, got {listen!r}")
     return (host.strip("[]") or "0.0.0.0"), int(port)
 
 

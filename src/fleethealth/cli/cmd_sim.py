@@ -134,10 +134,12 @@ def register(app: typer.Typer) -> None:
         sim = _sim(sc)
         if speed <= 0:
             fail("--speed must be positive")
+        if not 0 <= port <= 65535:
+            fail(f"--port {port}: a port is 0 to 65535 (0: any free one)")
         try:
             srv = SimExporterServer(sim, host=host, port=port, speed=speed)
-        except OSError as e:
-            fail(f"cannot listen on {host}:{port}: {e.strerror or e}")
+        except (OSError, OverflowError) as e:
+            fail(f"cannot listen on {host}:{port}: {getattr(e, 'strerror', None) or e}")
         typer.echo(f"serving {sc.name} ({sim.fleet.n_nodes} nodes) on {srv.url}/metrics/<node>; "
                    f"targets: {srv.url}/sd; inject: POST {srv.url}/control/fault")
         sys.stdout.flush()  # the address must reach a parent reading our pipe before we block

@@ -45,6 +45,7 @@ from fleethealth.auth.redact import redact_value
 from fleethealth.controller.config import ApiConfig
 from fleethealth.controller.loop import Controller, Published
 from fleethealth.decide.state import Event
+from fleethealth.score.health import ENTITY_KINDS
 
 CONTENT_TYPE_TEXT = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -307,8 +308,15 @@ def create_app(controller: Controller, runner: Any = None, *, guard: Guard | Non
         age = time.time() - pub.ts if pub.report is not None else None
         limit = 3 * controller.interval_s + 30
         ok = age is not None and age < limit
+        # A dead source is reported, not failed on: restarting the controller (liveness) or taking it out
+        # of the Service (readiness) would not bring a Prometheus back, and its data reads unknown anyway.
+        down = sorted(str(x["name"]) for x in pub.sources if not x["up"])
         body = {"ok": ok, "last_cycle_age_s": None if age is None else round(age, 3),
-                "cycles": pub.counters.get("cycles_total", 0)}
+                "cycles": pub.counters.get("cycles_total", 0),
+                "sources": {str(x["name"]): {"up": bool(x["up"]), "age_s": x["age_s"]} for x in pub.sources},
+                "sources_down": down,
+                "status": ("no cycle yet" if pub.report is None else "loop stalled" if not ok
+                           else f"degraded: source {', '.join(down)} down" if down else "ok")}
         return JSONResponse(body, status_code=200 if ok else 503)
 
     @app.get("/api/v1/health")
@@ -325,6 +333,8 @@ def create_app(controller: Controller, runner: Any = None, *, guard: Guard | Non
                 raise HTTPException(404, f"no entity {entity!r}")
             tuples = [t]
         elif kind is not None:
+            if kind not in ENTITY_KINDS:
+                raise HTTPException(400, f"unknown kind {kind!r}: expected one of {', '.join(ENTITY_KINDS)}")
             tuples = h.by_kind(kind)
         else:
             tuples = list(h)
@@ -334,6 +344,8 @@ def create_app(controller: Controller, runner: Any = None, *, guard: Guard | Non
     @app.get("/api/v1/states")
     def states(request: Request, kind: str | None = None) -> JSONResponse:
         may_read(request)
+        if kind is not None and kind not in ("node", "replica"):
+            raise HTTPException(400, f"unknown kind {kind!r}: expected node or replica")
         pub = controller.published
         ents = [e.to_dict() for e in pub.state.entities.values() if kind is None or e.kind == kind]
         return JSONResponse({"ts": pub.ts, "frozen": pub.state.frozen, "entities": ents})
