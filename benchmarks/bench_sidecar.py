@@ -9,8 +9,14 @@ measured.
 
 With ``--old PATH`` (a worktree of an earlier commit, e.g. ``git worktree add /tmp/old HEAD~1``) a second
 sidecar runs from that tree's src/ against the same engine, and every figure is measured for old and new
-alternately (old, new, old, new over ``--rounds``), printed side by side. The old sidecar runs as it shipped:
-uvloop and httptools hidden from it (uvicorn would pick them up by itself) unless ``--old-fast``.
+alternately (old, new, old, new over ``--rounds``), printed side by side; throughput is measured in
+``--slices`` short runs per target, interleaved (direct, old, new, direct, ...). ``--old-h11`` hides uvloop and
+httptools from the old sidecar (for trees before they became dependencies, which ran on asyncio + h11).
+
+Latency and throughput are wall-clock figures and on a shared machine mostly measure the other tenants; the
+CPU figures (from /proc) hold. "chain CPU per request" is the CPU that client, sidecar and engine together
+spent per request under concurrency: when the chain saturates the cores, direct's chain CPU over a target's
+is the throughput ratio, without the other tenants' noise.
 """
 
 from __future__ import annotations
@@ -101,22 +107,21 @@ async def stream_times(base: str, tokens: int, n: int) -> tuple[list[float], lis
     return totals, gaps
 
 
-async def throughput(base: str, concurrency: int, seconds: float) -> float:
+async def throughput(c: httpx.AsyncClient, concurrency: int, seconds: float) -> tuple[float, int]:
     body = {"model": "fake-model", "prompt": "hello", "max_tokens": 1}
     done = 0
     stop = time.perf_counter() + seconds
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    async with httpx.AsyncClient(base_url=base, timeout=30, limits=limits) as c:
-        async def worker() -> None:
-            nonlocal done
-            while time.perf_counter() < stop:
-                r = await c.post("/v1/completions", json=body)
-                if r.status_code == 200:
-                    done += 1
 
-        t0 = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
-        return done / (time.perf_counter() - t0)
+    async def worker() -> None:
+        nonlocal done
+        while time.perf_counter() < stop:
+            r = await c.post("/v1/completions", json=body)
+            if r.status_code == 200:
+                done += 1
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return done / (time.perf_counter() - t0), done
 
 
 HIDE_FAST = """raise ImportError('hidden by bench_sidecar: the old sidecar runs as it shipped')\n"""
@@ -148,6 +153,8 @@ def measure(base: str, pid: int | None, engine_pid: int, a: argparse.Namespace) 
     out["lat_med_ms"] = 1e3 * statistics.median(lat)
     out["lat_p99_ms"] = 1e3 * pct(lat, 0.99)
     out["req_cpu_ms"] = 1e3 * (sum(c1[0]) - sum(c0[0])) / n_req
+    out["req_user_ms"] = 1e3 * (c1[0][0] - c0[0][0]) / n_req
+    out["req_sys_ms"] = 1e3 * (c1[0][1] - c0[0][1]) / n_req
     out["req_engine_cpu_ms"] = 1e3 * (sum(c1[1]) - sum(c0[1])) / n_req
     tot, gap = asyncio.run(stream_times(base, a.tokens, a.streams))
     c2 = cpu_s(me), cpu_s(engine_pid)
@@ -158,8 +165,41 @@ def measure(base: str, pid: int | None, engine_pid: int, a: argparse.Namespace) 
     out["tok_engine_cpu_us"] = 1e6 * (sum(c2[1]) - sum(c1[1])) / n_tok
     out["stream_ms"] = 1e3 * statistics.median(tot)
     out["gap_us"] = 1e6 * statistics.median(gap)
-    out["rps"] = asyncio.run(throughput(base, a.concurrency, a.seconds))
     return out
+
+
+def throughput_slices(targets: dict[str, tuple[str, int | None]], engine_pid: int,
+                      a: argparse.Namespace) -> dict[str, dict[str, float]]:
+    """Throughput, interleaved: every target gets ``--slices`` short runs, one after the other in turn, so a
+    change in the other tenants' load hits all of them alike; each target keeps one warm client (connections
+    are not reopened per slice). Besides requests per second, the CPU the whole chain spent per request
+    (this client, the sidecar if any, the engine): on a machine whose cores the chain saturates, throughput
+    is the inverse of that, so direct's chain CPU over a target's is the throughput ratio that the load of
+    other tenants cannot blur."""
+    rps: dict[str, list[float]] = {k: [] for k in targets}
+    cpu: dict[str, list[float]] = {k: [] for k in targets}
+    slice_s = a.seconds / a.slices
+    limits = httpx.Limits(max_connections=a.concurrency, max_keepalive_connections=a.concurrency)
+
+    async def run() -> None:
+        clients = {k: httpx.AsyncClient(base_url=base, timeout=30, limits=limits) for k, (base, _) in targets.items()}
+        try:
+            for c in clients.values():  # open the connections
+                await throughput(c, a.concurrency, 0.2)
+            for _ in range(a.slices):
+                for name, (_, pid) in targets.items():
+                    procs = [os.getpid(), engine_pid] + ([pid] if pid is not None else [])
+                    c0 = [sum(cpu_s(p)) for p in procs]
+                    r, n = await throughput(clients[name], a.concurrency, slice_s)
+                    c1 = [sum(cpu_s(p)) for p in procs]
+                    rps[name].append(r)
+                    cpu[name].append(1e3 * (sum(c1) - sum(c0)) / max(1, n))
+        finally:
+            for c in clients.values():
+                await c.aclose()
+
+    asyncio.run(run())
+    return {k: {"rps": statistics.median(rps[k]), "chain_cpu_ms": statistics.median(cpu[k])} for k in targets}
 
 
 def main() -> None:
@@ -170,8 +210,9 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--rounds", type=int, default=2, help="alternating rounds per target; medians reported")
+    ap.add_argument("--slices", type=int, default=6, help="interleaved throughput runs per target (of --seconds)")
     ap.add_argument("--old", type=Path, default=None, help="tree of an earlier commit to measure beside this one")
-    ap.add_argument("--old-fast", action="store_true", help="let the old sidecar use uvloop/httptools too")
+    ap.add_argument("--old-h11", action="store_true", help="hide uvloop/httptools from the old sidecar")
     a = ap.parse_args()
 
     import tempfile
@@ -186,7 +227,7 @@ def main() -> None:
     try:
         if a.old is not None:
             ports["old"] = free_port()
-            procs["old"] = start_sidecar(a.old.resolve() / "src", direct, ports["old"], not a.old_fast, tmp)
+            procs["old"] = start_sidecar(a.old.resolve() / "src", direct, ports["old"], a.old_h11, tmp)
         ports["new"] = free_port()
         procs["new"] = start_sidecar(ROOT / "src", direct, ports["new"], False, tmp)
         wait_ok(direct + "/health")
@@ -201,16 +242,23 @@ def main() -> None:
             for name in procs:
                 results[name].append(measure(f"http://127.0.0.1:{ports[name]}", procs[name].pid, engine.pid, a))
         med = {k: {f: statistics.median(r[f] for r in rs) for f in rs[0]} for k, rs in results.items()}
+        targets: dict[str, tuple[str, int | None]] = {"direct": (direct, None)}
+        targets.update({n: (f"http://127.0.0.1:{ports[n]}", procs[n].pid) for n in procs})
+        for k, v in throughput_slices(targets, engine.pid, a).items():
+            med[k].update(v)
         d = med["direct"]
         rows = [
             ("added median latency per request (ms)", lambda m: f"{m['lat_med_ms'] - d['lat_med_ms']:.2f}"),
             ("median latency / p99 (ms)", lambda m: f"{m['lat_med_ms']:.2f} / {m['lat_p99_ms']:.2f}"),
             ("sidecar CPU per request (ms)", lambda m: f"{m['req_cpu_ms']:.3f}"),
+            ("  of which user / system (ms)", lambda m: f"{m['req_user_ms']:.3f} / {m['req_sys_ms']:.3f}"),
             ("sidecar CPU per streamed token (us)", lambda m: f"{m['tok_cpu_us']:.1f}"),
             ("  of which user / system (us)", lambda m: f"{m['tok_user_us']:.1f} / {m['tok_sys_us']:.1f}"),
             ("added per streamed token, wall (us)",
              lambda m: f"{1e3 * (m['stream_ms'] - d['stream_ms']) / a.tokens:.1f}"),
             ("throughput (req/s, % of direct)", lambda m: f"{m['rps']:.0f} ({100 * m['rps'] / d['rps']:.0f}%)"),
+            ("chain CPU per request (ms, direct/this)",
+             lambda m: f"{m['chain_cpu_ms']:.3f} ({100 * d['chain_cpu_ms'] / m['chain_cpu_ms']:.0f}%)"),
         ]
         names = list(procs)
         print(f"{'':40s}" + "".join(f"{n:>18s}" for n in names))
@@ -218,7 +266,7 @@ def main() -> None:
             print(f"{label:40s}" + "".join(f"{fmt(med[n]):>18s}" for n in names))
         print(f"direct to the engine: median latency {d['lat_med_ms']:.2f} ms, engine CPU per request "
               f"{d['req_engine_cpu_ms']:.3f} ms, per streamed token {d['tok_cpu_us']:.1f} us, "
-              f"{d['rps']:.0f} req/s")
+              f"{d['rps']:.0f} req/s, chain CPU (client + engine) {d['chain_cpu_ms']:.3f} ms per request")
     finally:
         for p in (*procs.values(), engine):
             p.send_signal(signal.SIGTERM)

@@ -182,30 +182,39 @@ class Proxy:
 
     async def passthrough(self, method: bytes, target: bytes, headers: Headers, body: bytes, sink: Sink) -> None:
         """Non-inference endpoints (e.g. /v1/models): forwarded without admission, answered whole."""
+        try:
+            status, got_headers, got = await self.fetch(method, target, self.sc.config.health_timeout_s,
+                                                        forward_headers(headers), body)
+        except UpstreamError as e:
+            sink.answer(self.sc._unavailable(f"engine unreachable: {e}", "engine_unreachable"))
+            return
+        sink.answer(Answer(status, got, answer_headers(got_headers)))
+
+    async def fetch(self, method: bytes, target: bytes, timeout_s: float, headers: Headers | None = None,
+                    body: bytes = b"") -> tuple[int, Headers, bytes]:
+        """One whole exchange on the pool (passthrough, and the background loop's health and metrics polls).
+        Raises UpstreamError when the engine cannot be reached or does not answer within ``timeout_s``."""
         pool = self.pool
-        data = pool.request_head(method, target, forward_headers(headers), len(body)) + body
+        data = pool.request_head(method, target, headers or [], len(body)) + body
         for attempt in (0, 1):
             got = _Whole()
-            try:
-                conn = await pool.acquire(fresh=attempt > 0)
-            except UpstreamError as e:
-                sink.answer(self.sc._unavailable(f"engine unreachable: {e}", "engine_unreachable"))
-                return
+            conn = await pool.acquire(fresh=attempt > 0)
             conn.send(data, got)
             try:
-                await asyncio.wait_for(asyncio.shield(got.done), self.sc.config.health_timeout_s)
+                await asyncio.wait_for(asyncio.shield(got.done), timeout_s)
             except TimeoutError:
                 conn.close()
-                sink.answer(self.sc._unavailable("engine unreachable: ReadTimeout", "engine_unreachable"))
-                return
+                raise UpstreamError(f"ReadTimeout: no answer within {timeout_s:g}s") from None
+            except asyncio.CancelledError:
+                conn.close()
+                raise
             if got.error is not None and conn.reused and conn.received == 0 and attempt == 0:
                 continue  # a pooled connection the engine had just closed: once more on a fresh one
             break
         if got.error is not None or got.status is None:
-            sink.answer(self.sc._unavailable(f"engine unreachable: {got.error}", "engine_unreachable"))
-            return
+            raise UpstreamError(got.error or "no answer")
         pool.release(conn)
-        sink.answer(Answer(got.status, b"".join(got.parts), answer_headers(got.headers)))
+        return got.status, got.headers, b"".join(got.parts)
 
     # ---- error answers: OOM classification, CUDA errors ------------------------------------------
 

@@ -51,6 +51,7 @@ from fleethealth.serve.records import (
     error_json,
     json_answer,
 )
+from fleethealth.serve.upstream import UpstreamError
 
 __all__ = ["HOP_BY_HOP", "DrainProgress", "Phase", "RequestRecord", "Sidecar", "engine_values"]
 
@@ -216,30 +217,33 @@ class Sidecar:
         c = self.config
         now = self.clock.now()
         up = False
+        # On the proxy's engine pool (raw HTTP/1.1): polling costs the sidecar about a millisecond of CPU a
+        # second instead of several with httpx.
+        fetch = self.proxy_core.fetch
         try:
-            r = await self.client.get("/health", timeout=c.health_timeout_s)
-            up = r.status_code == 200
-        except httpx.HTTPError:
+            status, _, _ = await fetch(b"GET", b"/health", c.health_timeout_s)
+            up = status == 200
+        except UpstreamError:
             up = False
         if up and self.model is None:
             try:
-                r = await self.client.get("/v1/models", timeout=c.health_timeout_s)
-                data = r.json().get("data") or []
+                _, _, body = await fetch(b"GET", b"/v1/models", c.health_timeout_s)
+                data = json.loads(body).get("data") or []
                 if data:
                     self.model = str(data[0].get("id"))
                     mml = data[0].get("max_model_len")
                     self.model_max_len = int(mml) if isinstance(mml, int | float) else None
-            except (httpx.HTTPError, ValueError, AttributeError):
+            except (UpstreamError, ValueError, AttributeError, TypeError, KeyError, IndexError):
                 pass
         vals: dict[str, float] = {}
         if up:
             try:
-                r = await self.client.get("/metrics", timeout=c.health_timeout_s)
-                if r.status_code == 200:
-                    vals = engine_values(r.text)
+                status, _, body = await fetch(b"GET", b"/metrics", c.health_timeout_s)
+                if status == 200:
+                    vals = engine_values(body.decode("utf-8", "replace"))
                     self.metrics_window.append({"ts": now, **vals, "proxy_in_flight": len(self.active),
                                                 "proxy_queued": self.admission.queued})
-            except httpx.HTTPError:
+            except UpstreamError:
                 pass
         # Engine figures we could not read are unknown, not their last value: a stale "running" would
         # look like a hang, a stale token counter would hide one.
