@@ -62,3 +62,23 @@ def test_bad_ports_and_binary_files_are_one_line_errors(tmp_path: Path) -> None:
     one_line_error(["policy", "check", str(binary)], "binary data")
     one_line_error(["backtest", "-s", "nvlink-down", "--format", "yaml"], "--format")
     one_line_error(["get", "gpus", "--server", "http://127.0.0.1:9"], "unknown resource 'gpus'")
+
+
+def test_healthy_entities_print_no_worst_category_or_min_reason(tmp_path: Path) -> None:
+    from decide_support import scenario_rows, write_jsonl
+
+    rec = tmp_path / "rec.jsonl"
+    write_jsonl(str(rec), scenario_rows(minutes=18, xid_at=12, nodes=8))
+    res = runner.invoke(app, ["score", "--kind", "node", str(rec)])
+    assert res.exit_code == 0, res.output
+    rows = {ln.split("│")[1].strip().split()[0]: [c.strip() for c in ln.split("│")[1:-1]]
+            for ln in res.stdout.splitlines() if ln.startswith("│")}
+    assert rows["node-00"][4:6] == ["-", "healthy"]  # value 1.000: no "hardware", no "min:hardware"
+    assert rows["node-03"][4:6] == ["thermal", "min:thermal"] and rows["node-07"][5] == "gate:xid"
+    summary = next(ln for ln in res.stdout.splitlines() if ln.startswith("summary:"))
+    assert summary == ("summary: 64 gpus (0 unknown, 2 below 0.7, mean confidence 1.00); "
+                       "8 nodes (0 unknown, 2 below 0.7, mean confidence 1.00)")  # the whole fleet, in words
+    tree = runner.invoke(app, ["explain", "node-01", str(rec)]).stdout
+    assert "healthy" in tree.splitlines()[1] and "min:" not in tree and "<- worst" not in tree
+    sick = runner.invoke(app, ["explain", "node-03", str(rec)]).stdout
+    assert "reason min:thermal" in sick and "thermal: 0.000 <- worst" in sick

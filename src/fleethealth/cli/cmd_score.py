@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -18,6 +18,7 @@ from rich.table import Table
 from rich.tree import Tree
 
 from fleethealth.cli.common import fail, load_policy_or_fail
+from fleethealth.decide import chronic
 from fleethealth.policy import Policy
 from fleethealth.score.engine import CONSUMERS, FleetHealth, score_snapshot
 from fleethealth.score.health import HealthTuple
@@ -173,15 +174,17 @@ def register(app: typer.Typer) -> None:
             table = Table(title=f"fleethealth score ({consumer}, policy {pol.version_tag})")
             for col in ("entity", "kind", "value", "confidence", "worst", "reason", "flags"):
                 table.add_column(col, justify="right" if col in ("value", "confidence") else "left")
+            healthy_from = pol.lifecycle.flag_below
             for t in tuples:
+                ok = healthy(t, healthy_from)
                 table.add_row(
-                    t.entity + (f" ({t.worst_member})" if t.worst_member else ""), t.kind,
-                    f"[{_style(t)}]{_fmt(t.value)}[/]", _fmt(t.confidence, 2), t.worst or "-", t.reason,
-                    ",".join(t.flags[:4]),
+                    t.entity + (f" ({t.worst_member})" if t.worst_member and not ok else ""), t.kind,
+                    f"[{_style(t)}]{_fmt(t.value)}[/]", _fmt(t.confidence, 2), "-" if ok else t.worst or "-",
+                    "healthy" if ok else t.reason, ",".join(t.flags[:4]),
                 )
             console.print(_time_line(now, got.recorded), markup=False)
             console.print(table)
-            console.print(f"summary: {json.dumps(fh.summary())}")
+            console.print("summary: " + summary_words(fh.summary()), markup=False)
         print_issues(snap, fh)
 
     @app.command()
@@ -213,16 +216,36 @@ def register(app: typer.Typer) -> None:
             if t.worst_member:
                 d["worst_member_tuple"] = fh.tuples[t.worst_member].to_dict(with_details=True)
             d["scored_at"] = now
+            if t.kind == "node":  # what a slow node costs its job (decide.chronic; no CUSUM in one read)
+                d["chronic"] = chronic.estimate(chronic.node_evidence(fh, pol).get(entity), {}, pol)
             if got.recorded is not None:
                 d["recording"] = {"from": got.recorded[0], "to": got.recorded[1]}
             typer.echo(json.dumps(d, indent=2))
             return
         console.print(_time_line(now, got.recorded), markup=False)
-        console.print(explain_tree(t, fh))
+        console.print(explain_tree(t, fh, pol.lifecycle.flag_below))
         repair = _repair_line(t, fh, pol)
         if repair:
             console.print(repair, markup=False)
+        if t.kind == "node" and (ev := chronic.node_evidence(fh, pol).get(entity)) is not None:
+            console.print("chronic slowness: " + chronic.describe(chronic.estimate(ev, {}, pol)), markup=False)
         print_issues(snap, fh)
+
+
+def healthy(t: HealthTuple, flag_below: float) -> bool:
+    """Known and at or above the policy's flag line: its least good category and ``min:`` reason are then
+    only the weakest part of a healthy score, and printed they would read like an alarm."""
+    return t.value is not None and t.value >= flag_below and not t.flags
+
+
+def summary_words(summary: dict[str, Any]) -> str:
+    """``fh.summary()`` for people: per kind, how many, how many unknown and below 0.7, mean confidence."""
+    parts = []
+    for kind, s in summary.items():
+        conf = s.get("mean_confidence")
+        parts.append(f"{s['entities']} {kind}s ({s['unknown']} unknown, {s['below_0.7']} below 0.7"
+                     + (f", mean confidence {conf:.2f})" if conf is not None else ")"))
+    return "; ".join(parts) or "nothing scored"
 
 
 def _repair_line(t: HealthTuple, fh: FleetHealth, pol: Policy) -> str | None:
@@ -253,17 +276,18 @@ def _time_line(at: float, recorded: tuple[float, float] | None) -> str:
     return line
 
 
-def explain_tree(t: HealthTuple, fh: FleetHealth) -> Tree:
+def explain_tree(t: HealthTuple, fh: FleetHealth, flag_below: float = 0.9) -> Tree:
+    ok = healthy(t, flag_below)
     head = (
         f"[bold]{t.entity}[/] ({t.kind}) value [{_style(t)}]{_fmt(t.value)}[/] confidence {_fmt(t.confidence, 2)} "
-        f"reason [bold]{t.reason}[/]"
+        + ("[green]healthy[/]" if ok else f"reason [bold]{t.reason}[/]")
     )
     root = Tree(head)
     if t.labels:
         root.add("labels: " + ", ".join(f"{k}={v}" for k, v in sorted(t.labels.items())))
     if t.flags:
         root.add("flags: " + ", ".join(t.flags))
-    _add_categories(root, t)
+    _add_categories(root, t, mark_worst=not ok)
     if t.kind == "node":
         ks = fh.kinds["gpu"]
         members = []
@@ -273,18 +297,19 @@ def explain_tree(t: HealthTuple, fh: FleetHealth) -> Tree:
         gl = root.add(f"GPUs ({len(members)}); the node is the weakest of them")
         for i in sorted(members, key=lambda i: (math.isnan(ks.value[i]), ks.value[i])):
             g = fh.tuples[ks.names[i]]
-            branch = gl.add(f"[{_style(g)}]{g.entity}[/] {_fmt(g.value)} conf {_fmt(g.confidence, 2)} {g.reason}")
-            if g.entity == t.worst_member:
-                _add_categories(branch, g)
+            branch = gl.add(f"[{_style(g)}]{g.entity}[/] {_fmt(g.value)} conf {_fmt(g.confidence, 2)} "
+                            f"{'healthy' if healthy(g, flag_below) else g.reason}")
+            if g.entity == t.worst_member:  # its signals: what a person asking to explain wants to see
+                _add_categories(branch, g, mark_worst=not healthy(g, flag_below))
     return root
 
 
-def _add_categories(root: Tree, t: HealthTuple) -> None:
+def _add_categories(root: Tree, t: HealthTuple, mark_worst: bool = True) -> None:
     by_cat: dict[str, list] = {}
     for d in t.details:
         by_cat.setdefault(d.category, []).append(d)
     for cat, score in t.categories.items():
-        mark = " <- worst" if cat == t.worst else ""
+        mark = " <- worst" if cat == t.worst and mark_worst else ""
         c = root.add(f"{cat}: {_fmt(score)}{mark}")
         for d in by_cat.get(cat, []):
             parts = [escape(f"{d.signal} [{d.shape}]")]  # the shape in brackets, not a style tag
