@@ -244,6 +244,26 @@ class SnapshotBuilder:
         self._chunks: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
         self.issues: list[InputIssue] = []
         self.source_errors: list[InputIssue] = []
+        self._shared = False  # see ``sharing``
+
+    @classmethod
+    def sharing(cls, names: SnapshotBuilder) -> SnapshotBuilder:
+        """An empty builder that interns into ``names``' metric and label-set lists (appending to them) and
+        builds snapshots holding those very lists, not copies. A source that builds every scrape this way
+        (``exposition_plan.PagePlans``) hands the history the same lists every time, and the history
+        (which maps ids per list, extending as a list grows) re-interns nothing. Ids stay valid: the lists
+        are only ever appended to."""
+        b = cls()
+        b.metrics, b._metric_ix = names.metrics, names._metric_ix
+        b.labelsets, b._labelset_ix = names.labelsets, names._labelset_ix
+        b._shared = True
+        return b
+
+    def chunks(self) -> list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+        """The rows added so far, as (metric ids, series ids, values, times) arrays."""
+        head = (np.asarray(self._m, np.int32), np.asarray(self._s, np.int32), np.asarray(self._v, np.float64),
+                np.asarray(self._t, np.float64))
+        return [head, *self._chunks] if self._m else list(self._chunks)
 
     def metric_id(self, name: str) -> int:
         ix = self._metric_ix.get(name)
@@ -305,8 +325,8 @@ class SnapshotBuilder:
         parts_t = [np.asarray(self._t, np.float64)] + [c[3] for c in self._chunks]
         return Snapshot(
             at=at,
-            metrics=list(self.metrics),
-            labelsets=list(self.labelsets),
+            metrics=self.metrics if self._shared else list(self.metrics),
+            labelsets=self.labelsets if self._shared else list(self.labelsets),
             metric_ids=np.concatenate(parts_m),
             series_ids=np.concatenate(parts_s),
             values=np.concatenate(parts_v),

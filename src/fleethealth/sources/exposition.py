@@ -40,8 +40,10 @@ names quoted inside the braces (`{"a.b_total",x="y"} 1`) and `{,}` are read on t
 
 Modules: ``exposition_labels`` (label strings and their caches), ``exposition_values`` (value texts and the
 missing-data rules), ``exposition_blocks`` (the parse context and the fast block paths),
-``exposition_careful`` (the line-by-line path), ``exposition_batch`` (``parse_many``'s batched blocks).
-This module holds the page-level driver (which path a block takes) and the public API; every name listed in
+``exposition_careful`` (the line-by-line path), ``exposition_batch`` (``parse_many``'s batched blocks),
+``exposition_plan`` (``PagePlans``: what ``parse_many`` keeps across scrapes of the same pages, so that a
+steady fleet's pages are proved equal to the last scrape's but for their values and read in bulk). This
+module holds the page-level driver (which path a block takes) and the public API; every name listed in
 ``__all__`` is importable from here.
 """
 
@@ -84,6 +86,7 @@ from fleethealth.sources.exposition_labels import (  # noqa: F401  (re-exported)
     _split_labels,
     clear_label_cache,
 )
+from fleethealth.sources.exposition_plan import PagePlans
 from fleethealth.sources.exposition_rules import check_openmetrics
 from fleethealth.sources.exposition_values import (  # noqa: F401
     DCGM_FIELD_PREFIX,
@@ -113,6 +116,7 @@ __all__ = [
     "parse_exposition",
     "parse_many",
     "parse_many_into",
+    "PagePlans",
     "value_problem",
 ]
 
@@ -170,6 +174,7 @@ def parse_many(
     default_ts: float,
     builder: SnapshotBuilder | None = None,
     sample_counts: list[int] | None = None,
+    plans: PagePlans | None = None,
 ) -> Snapshot:
     """Parse many exposition pages, each ``(text, extra_labels, source)``, into one Snapshot: the same
     samples, label sets and issues as ``parse_exposition`` on each page (line numbers per page, issues
@@ -190,22 +195,29 @@ def parse_many(
     `# EOF`) is parsed alone. A broken page only affects its own entities. ``sample_counts``, when
     given, is filled with the number of samples kept per page (in ``pages`` order).
     """
-    b = builder if builder is not None else SnapshotBuilder()
-    parse_many_into(b, pages, default_ts=default_ts, sample_counts=sample_counts)
+    b = builder if builder is not None else plans.builder() if plans is not None else SnapshotBuilder()
+    parse_many_into(b, pages, default_ts=default_ts, sample_counts=sample_counts, plans=plans)
     return b.build(float(default_ts))
 
 
 def parse_many_into(
-    b: SnapshotBuilder, pages: Sequence[Page], *, default_ts: float, sample_counts: list[int] | None = None
+    b: SnapshotBuilder, pages: Sequence[Page], *, default_ts: float, sample_counts: list[int] | None = None,
+    plans: PagePlans | None = None,
 ) -> None:
-    """``parse_many`` into a builder the caller builds (a scraper adding its own `up` samples)."""
+    """``parse_many`` into a builder the caller builds (a scraper adding its own `up` samples). With
+    ``plans`` (best with ``b = plans.builder()``), pages read before are read through their plans."""
     ts = float(default_ts)
     counts = [0] * len(pages)
     extras = [_extra_key(extra) for _, extra, _ in pages]
     sources = [str(src) for _, _, src in pages]
-    raws = [_normalise(data) for data, _, _ in pages]
-    batch = [i for i, raw in enumerate(raws) if raw[:1] == b"#" and not is_openmetrics(raw)]
-    alone = sorted(set(range(len(pages))).difference(batch))
+    todo: Sequence[int] = range(len(pages))
+    if plans is not None:
+        keys = list(zip(sources, extras, strict=True))
+        todo = plans.parse_into(b, [data if isinstance(data, bytes) else None for data, _, _ in pages], keys, ts,
+                                counts)
+    raws = {i: _normalise(pages[i][0]) for i in todo}
+    batch = [i for i, raw in raws.items() if raw[:1] == b"#" and not is_openmetrics(raw)]
+    alone = sorted(set(todo).difference(batch))
     if batch:
         st = _Batch(b, ts, [sources[i] for i in batch], [extras[i] for i in batch], np.zeros(len(batch), np.int64))
         rejected = _parse_batch(st, [_one_newline(raws[i]) for i in batch])
@@ -216,6 +228,8 @@ def parse_many_into(
         ctx = _Ctx(b, sources[i], ts, 1.0 if is_openmetrics(raws[i]) else 1000.0, extras[i])
         _parse_page(ctx, raws[i], is_openmetrics(raws[i]))
         counts[i] = ctx.added
+    if plans is not None:
+        plans.compact(b)
     if sample_counts is not None:
         sample_counts[:] = counts
 

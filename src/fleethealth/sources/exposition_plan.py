@@ -1,0 +1,555 @@
+"""Page plans: what ``parse_many`` keeps between scrapes of the same exporters, so that a steady fleet's
+pages are read as "the same text as last time, new values" instead of being parsed again.
+
+Theory of operation. A dcgm-exporter page changes between scrapes only in its value texts: the comment
+lines, the metric names and the label strings (and so the series, the metric types, which values are
+DCGM fields) stay byte for byte the same. ``PagePlans`` (held by the caller: a scrape source keeps one)
+records, per run of consecutive pages (a chunk of a few MB, keyed by each page's source and scraper
+labels), every line's expected bytes up to its value and the series and metric ids its sample becomes.
+A later scrape of the same pages is then read with a handful of vectorised operations per chunk, no
+Python per line and none per page:
+
+1. the chunk's pages are joined and numpy finds every newline; the count must be the planned one and
+   every page must end where its planned last line ends, so line i of the chunk is line i of the plan;
+2. every line's planned prefix is proved in place: the bytes at each line start (a comment line with its
+   newline, or a sample's metric name) and those after the name (the label string and the space) are
+   gathered as fixed-width rows (``_rows``), grouped by width, and compared with one memcmp per group
+   against the plan's rows (kept compact: a table of the distinct strings and an index per line);
+3. the value texts (each line's rest, between the proved prefix and the newline) are gathered and read
+   at once (``_plan_values``: digits with at most one point, the same double float() gives; anything
+   else through ``_fast_joined``, the bulk path's reader); DCGM blank sentinels, NaN, Inf and negative
+   counters become issues, exactly as the other paths report them.
+
+Why this equals the plain path: the plan is only made from a page that has the plain path's simplest
+shape (every line a `# ` comment that is not `# EOF`, or `name{labels} value` / `name value` with one
+'{' and one '}' at most, the name a valid metric name, the label string valid, no NUL, no CR, no blank
+line, not OpenMetrics, no (metric, series) twice), and steps 1-2 prove that this scrape's page is that
+page with only its value texts changed (no newline inside a prefix, every byte compared). Such a page
+reads, on every path, as one sample per sample line with the line's metric and labels (merged with the
+scraper's as Prometheus merges them), the value float() gives, the scrape's timestamp, and an issue for
+a value that must become missing data. ``tests/test_exposition_plan.py`` checks it against the plain
+path for pages that change between scrapes (structure, values, broken lines) with Hypothesis.
+
+Anything a plan cannot prove (a page whose structure changed, a timestamp, a value float() refuses)
+leaves that chunk's pages to the plain path this scrape, and the chunk's plan is made again from the
+new pages. Pages that cannot be planned at all (OpenMetrics, timestamps, odd shapes) are remembered for
+``RETRY_SCRAPES`` scrapes so that no scrape pays for trying again.
+
+Series and metrics are interned into the plans' own builder (``names``), which the caller's builder
+shares (``SnapshotBuilder.sharing``): the snapshot holds the same label-set list every scrape, so the
+history maps it without re-interning 100k label sets. ``compact`` starts afresh when most of that list
+is no longer scraped (a fleet whose pods come and go).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from itertools import repeat
+
+import numpy as np
+
+from fleethealth.signals.snapshot import InputIssue, LabelSet, SnapshotBuilder
+from fleethealth.sources.exposition_blocks import _NAME_RE, _gather, _rows
+from fleethealth.sources.exposition_labels import (
+    _LABEL_CACHE,
+    _LABEL_CACHE_MAX,
+    _MERGED_CACHE,
+    _merge_extra,
+    _parse_labels,
+    _parse_labels_bulk,
+)
+from fleethealth.sources.exposition_values import (
+    _POW10,
+    DCGM_FIELD_PREFIX,
+    _fast_joined,
+    blank_sentinel_mask,
+    counter_like,
+    is_openmetrics,
+    value_problem,
+)
+
+PageKey = tuple[str, LabelSet]  # (source, scraper labels): which page a plan is for
+RETRY_SCRAPES = 20  # a page that could not be planned is tried again after this many scrapes
+
+
+@dataclass(slots=True)
+class _RowCheck:
+    """Rows of width ``width`` at ``line_start[lines] + shift`` must read ``table[tidx]``, or, when
+    ``tiles`` (every distinct row occurs equally often and the lines are ordered so), the table's bytes
+    ``tiles`` times over: a bytes repeat instead of a gather (which costs ten times more)."""
+
+    width: int
+    lines: np.ndarray
+    shift: np.ndarray | None
+    table: np.ndarray  # distinct rows, np.void of ``width`` bytes
+    tidx: np.ndarray | None
+    tiles: int = 0
+    pattern: bytes = b""  # the table's bytes, when tiled
+
+    def holds(self, got: bytes) -> bool:
+        """Whether the gathered rows read as planned (tiled: one memcmp per tile, in place)."""
+        if self.tidx is not None:
+            return got == self.table[self.tidx].tobytes()
+        size = len(self.pattern)
+        return len(got) == size * self.tiles and all(
+            map(got.startswith, repeat(self.pattern, self.tiles), range(0, size * self.tiles, size)))
+
+
+@dataclass(slots=True)
+class _ChunkPlan:
+    keys: list[PageKey]
+    n_lines: int
+    page_last: np.ndarray  # each page's last line
+    checks: list[_RowCheck]
+    s_lines: np.ndarray  # the sample lines
+    s_pre: np.ndarray  # their prefix widths (name, labels, space): the value starts there
+    mids: np.ndarray  # metric id per sample line (in ``PagePlans.names``)
+    sids: np.ndarray  # series id per sample line
+    dcgm: np.ndarray  # the sample line's metric is a DCGM field
+    per_page: np.ndarray  # sample lines per page
+    page_first: np.ndarray  # each page's first line
+
+
+class PagePlans:
+    """Plans of the pages a caller scrapes again and again (see the module docstring). Pass the same
+    object to every ``parse_many`` call of one source; it never changes what is parsed, only how fast."""
+
+    def __init__(self, chunk_bytes: int = 4 << 20) -> None:
+        self.chunk_bytes = chunk_bytes  # pages per plan: a few MB, read while in the CPU cache
+        self.names = SnapshotBuilder()  # metrics and label sets interned across scrapes
+        self._plans: dict[PageKey, _ChunkPlan] = {}  # by each plan's first page
+        self._failed: dict[PageKey, int] = {}  # page -> the scrape it may be planned again
+        self.scrapes = 0
+        self.planned_pages = 0  # of the last scrape: pages read through a plan (made now or before)
+        self._used = 0  # series the last counted scrape used (see ``compact``)
+
+    def builder(self) -> SnapshotBuilder:
+        """A builder for one scrape that interns into ``names`` (see ``SnapshotBuilder.sharing``)."""
+        return SnapshotBuilder.sharing(self.names)
+
+    def compact(self, b: SnapshotBuilder) -> None:
+        """After a scrape into ``b``: start afresh (every plan made again) when the label-set list holds
+        more than twice the series that scrape used, plus 10,000: series of pages no longer scraped would
+        otherwise be kept for ever. Counted only when the list has grown past the last count's bound."""
+        if len(self.names.labelsets) <= 2 * self._used + 10_000:
+            return
+        ids = [c[1] for c in b.chunks()]
+        self._used = int(np.count_nonzero(np.bincount(np.concatenate(ids)))) if ids else 0
+        if len(self.names.labelsets) > 2 * self._used + 10_000:
+            self.names = SnapshotBuilder()
+            self._plans.clear()
+            self._used = 0
+
+    def parse_into(self, b: SnapshotBuilder, raws: Sequence[bytes | None], keys: list[PageKey], default_ts: float,
+                   counts: list[int]) -> list[int]:
+        """Read every page it can through a plan (making plans for pages that have none) into ``b``;
+        ``raws[i]`` None: not plannable. Fills ``counts`` for those; returns the pages left to the
+        plain path, in order."""
+        self.scrapes += 1
+        shared = b.labelsets is self.names.labelsets and b.metrics is self.names.metrics
+        left: list[int] = []
+        run: list[int] = []  # pages without a plan, consecutive, waiting to be planned
+        run_bytes = 0
+        i, n = 0, len(raws)
+        planned = 0
+
+        def flush_run() -> None:
+            nonlocal run, run_bytes, planned
+            if run:
+                if self._make(b, shared, run, raws, keys, default_ts, counts):
+                    planned += len(run)
+                else:
+                    for p in run:
+                        self._failed[keys[p]] = self.scrapes + RETRY_SCRAPES
+                    left.extend(run)
+            run, run_bytes = [], 0
+
+        while i < n:
+            raw = raws[i]
+            plan = self._plans.get(keys[i])
+            if plan is not None:
+                k = len(plan.keys)
+                if keys[i:i + k] == plan.keys and all(r is not None for r in raws[i:i + k]):
+                    flush_run()
+                    got = _apply(plan, _Text.of([r for r in raws[i:i + k] if r is not None]), self.names, b, shared,
+                                 [keys[p][0] for p in range(i, i + k)], default_ts)
+                    if got is not None:
+                        for p, c in enumerate(got):
+                            counts[i + p] = c
+                        planned += k
+                        i += k
+                        continue
+                del self._plans[keys[i]]  # the pages changed: planned again below, from this scrape
+            if raw is None or not _plannable(raw) or self._failed.get(keys[i], 0) > self.scrapes:
+                flush_run()
+                left.append(i)
+            else:
+                run.append(i)
+                run_bytes += len(raw)
+                if run_bytes >= self.chunk_bytes:
+                    flush_run()
+            i += 1
+        flush_run()
+        self.planned_pages = planned
+        return sorted(left)
+
+    def _make(self, b: SnapshotBuilder, shared: bool, pages: list[int], raws: Sequence[bytes | None],
+              keys: list[PageKey], default_ts: float, counts: list[int]) -> bool:
+        tx = _Text.of([r for r in (raws[p] for p in pages) if r is not None])
+        sources = [keys[p][0] for p in pages]
+        # First on the likely layout (rows equal to the row they most likely equal, unchecked: the apply
+        # right after proves every byte of it); when that does not prove, on rows read one by one.
+        got = None
+        for exact in (False, True):
+            plan = _build([keys[p] for p in pages], tx, self.names, exact)
+            if plan is None:
+                return False
+            got = _apply(plan, tx, self.names, b, shared, sources, default_ts)
+            if got is not None:
+                break
+        if got is None or plan is None:
+            return False
+        for p, c in zip(pages, got, strict=True):
+            counts[p] = c
+            self._failed.pop(keys[p], None)
+        self._plans[plan.keys[0]] = plan
+        return True
+
+
+@dataclass(slots=True)
+class _Text:
+    """A chunk's pages joined, with every newline's offset and each page's last byte."""
+
+    text: bytes
+    arr: np.ndarray
+    nls: np.ndarray
+    ends: np.ndarray
+
+    @staticmethod
+    def of(texts: list[bytes]) -> _Text:
+        text = b"".join(texts)
+        arr = np.frombuffer(text, np.uint8)
+        return _Text(text, arr, _newlines(arr), np.cumsum(np.fromiter(map(len, texts), np.int64, len(texts))) - 1)
+
+
+def _newlines(arr: np.ndarray) -> np.ndarray:
+    """Offsets of every newline, found piece by piece into a reused scratch buffer (a whole-text compare
+    writes and reads back a temporary the size of the text)."""
+    scratch = np.empty(min(arr.shape[0], _PIECE), bool)
+    parts = []
+    for c0 in range(0, arr.shape[0], _PIECE):
+        c1 = min(c0 + _PIECE, arr.shape[0])
+        m = scratch[: c1 - c0]
+        np.equal(arr[c0:c1], 10, out=m)
+        parts.append(np.flatnonzero(m) + c0)
+    return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+
+
+_PIECE = 1 << 18
+
+
+def _plannable(raw: bytes) -> bool:
+    """The page-wide part of the plan's shape: starts with a comment, ends with one newline, no CR, no
+    NUL, not OpenMetrics."""
+    return (raw[:2] == b"# " and raw[-1:] == b"\n" and raw[-2:-1] != b"\n" and b"\r" not in raw
+            and b"\0" not in raw and not is_openmetrics(raw))
+
+
+def _line_starts(nls: np.ndarray) -> np.ndarray:
+    ls = np.empty(nls.shape[0], np.int64)
+    if ls.shape[0]:
+        ls[0] = 0
+        ls[1:] = nls[:-1] + 1
+    return ls
+
+
+def _build(keys: list[PageKey], tx: _Text, names: SnapshotBuilder, exact: bool) -> _ChunkPlan | None:
+    """The plan of pages already found ``_plannable``, or None when a line has another shape.
+
+    Lines are not read one by one: a page's label strings repeat in every block, a block's lines share
+    their metric name and pages of one exporter share their comment lines, so each such row is taken to
+    equal the row it most likely equals (same width), and only the others are read as bytes objects (for
+    a dcgm-exporter page: its first block's label strings, each block's name and the first page's comment
+    lines). Not ``exact``, that is assumed: the caller applies the plan to the same text at once, which
+    proves every row. ``exact``: each row is compared (vectorised) with its likely equal first."""
+    text, arr, nls = tx.text, tx.arr, tx.nls
+    n = nls.shape[0]
+    ls = _line_starts(nls)
+    if n == 0 or bool((nls == ls).any()):
+        return None  # (a blank line)
+    page_last = np.searchsorted(nls, tx.ends)
+    page_first = np.concatenate(([0], page_last[:-1] + 1))
+    n_pages = tx.ends.shape[0]
+    line_page = np.repeat(np.arange(n_pages), page_last - page_first + 1)
+    is_c = arr[ls] == 35
+    if bool((is_c & (arr[ls + 1] != 32)).any()):
+        return None  # "#foo": not a comment the formats define
+    c_lines = np.flatnonzero(is_c)
+    s_lines = np.flatnonzero(~is_c)
+    # Sample lines: `name{labels} value` (one '{', one '}') or `name value`. (A value text with a space,
+    # a timestamp or an exemplar, is refused by the value readers of the apply that follows.)
+    a, e = ls[s_lines], nls[s_lines]
+    ob, cb = np.flatnonzero(arr == 123), np.flatnonzero(arr == 125)
+    i_ob, i_cb = np.searchsorted(ob, a), np.searchsorted(cb, a)
+    n_ob, n_cb = np.searchsorted(ob, e) - i_ob, np.searchsorted(cb, e) - i_cb
+    has_lab = n_ob == 1
+    if not bool((((n_ob == 1) & (n_cb == 1)) | ((n_ob == 0) & (n_cb == 0))).all()):
+        return None
+    o = ob[np.minimum(i_ob, max(ob.shape[0] - 1, 0))] if ob.shape[0] else np.zeros(a.shape[0], np.int64)
+    c = cb[np.minimum(i_cb, max(cb.shape[0] - 1, 0))] if cb.shape[0] else np.zeros(a.shape[0], np.int64)
+    bare = np.flatnonzero(~has_lab)  # `name value`: the name ends at the line's first space
+    first_sp = np.zeros(a.shape[0], np.int64)
+    first_sp[bare] = [text.find(b" ", x, y) for x, y in zip(a[bare].tolist(), e[bare].tolist(), strict=True)]
+    name_end = np.where(has_lab, o, first_sp)
+    vs = np.where(has_lab, c + 2, first_sp + 1)
+    after_c = arr[np.minimum(c + 1, arr.shape[0] - 1)]
+    if not bool(((name_end > a) & (vs < e) & (~has_lab | ((o < c) & (after_c == 32)))).all()):
+        return None
+    # Blocks: the sample lines after each comment line. A line's label string is likely its page's first
+    # block's at the same place; its name likely its block's first line's.
+    s_page = line_page[s_lines]
+    blk = np.cumsum(is_c)[s_lines]
+    _, b_first = np.unique(blk, return_index=True)
+    b_len = np.diff(np.append(b_first, s_lines.shape[0]))
+    b_of = np.repeat(np.arange(b_first.shape[0]), b_len)
+    pos = np.arange(s_lines.shape[0]) - b_first[b_of]
+    _, pb = np.unique(s_page[b_first], return_index=True)  # each page's first block (pages with samples)
+    page_fb = np.full(n_pages, -1, np.int64)
+    page_fb[s_page[b_first[pb]]] = pb
+    fb = page_fb[s_page]
+    lab_cand = np.where((b_of != fb) & (pos < b_len[fb]), b_first[fb] + pos, -1)
+    name_cand = np.where(pos > 0, b_first[b_of], -1)
+    c_page = line_page[c_lines]
+    c_ord = np.arange(c_lines.shape[0]) - np.searchsorted(c_page, c_page)
+    n0 = int(np.count_nonzero(c_page == 0))
+    com_cand = np.where((c_page > 0) & (c_ord < n0), c_ord, -1)
+    lab_ids, labs = _row_ids(text, arr, name_end, vs - name_end, lab_cand, exact)
+    name_ids, name_rows = _row_ids(text, arr, a, name_end - a, name_cand, exact)
+    com_ids, comments = _row_ids(text, arr, ls[c_lines], nls[c_lines] - ls[c_lines] + 1, com_cand, exact)
+    for cm in comments:
+        if cm[1:].split(None, 3) == [b"EOF"]:
+            return None
+    mid_of = []
+    for nm in name_rows:
+        if _NAME_RE.fullmatch(nm) is None:
+            return None
+        mid_of.append(names.metric_id(nm.decode("ascii")))
+    mids = np.asarray(mid_of, np.int32)[name_ids]
+    # series ids: (page's scraper labels, raw label string), as the batched path interns them
+    pair, inverse = np.unique(s_page * len(labs) + lab_ids, return_inverse=True)
+    pages_of, lab_of = np.divmod(pair, len(labs))
+    keyed = [(keys[p][1], labs[k][:-1] if len(labs[k]) > 1 else b"{}")
+             for p, k in zip(pages_of.tolist(), lab_of.tolist(), strict=True)]
+    sets = _label_sets(dict.fromkeys(keyed))
+    if sets is None:
+        return None
+    sids = np.asarray(names.series_ids([sets[k] for k in keyed]), np.int32)[inverse]
+    # no (metric, series) twice in a page (the plain path would report the repeat)
+    key = (s_page * (len(names.metrics) + 1) + mids) * (len(names.labelsets) + 1) + sids
+    if np.unique(key).shape[0] != key.shape[0]:
+        return None
+    dcgm_of = np.array([nm.startswith(DCGM_FIELD_PREFIX) for nm in names.metrics], bool)
+    checks = _checks(np.concatenate((c_lines, s_lines)), np.concatenate((nls[c_lines] - ls[c_lines] + 1, name_end - a)),
+                     np.concatenate((com_ids + len(name_rows), name_ids)), name_rows + comments, None)
+    checks += _checks(s_lines, vs - name_end, lab_ids, labs, name_end - a)
+    return _ChunkPlan(
+        keys=list(keys), n_lines=n, page_last=page_last, checks=checks, s_lines=s_lines,
+        s_pre=vs - a, mids=mids, sids=sids, dcgm=dcgm_of[mids],
+        per_page=np.bincount(s_page, minlength=n_pages), page_first=page_first,
+    )
+
+
+def _row_ids(text: bytes, arr: np.ndarray, at: np.ndarray, width: np.ndarray, cand: np.ndarray, exact: bool
+             ) -> tuple[np.ndarray, list[bytes]]:
+    """Ids of the rows text[at[i] : at[i] + width[i]] (equal rows, equal ids) and the distinct rows. Row
+    i with ``cand[i] >= 0`` and the width of row ``cand[i]`` (which has ``cand == -1``) is taken to equal
+    it, ``exact``: after a vectorised compare; only the other rows are read as bytes objects."""
+    test = np.flatnonzero(cand >= 0)
+    test = test[width[test] == width[cand[test]]]
+    same = np.zeros(at.shape[0], bool)
+    if not exact:
+        same[test] = True
+    elif test.shape[0]:
+        wt = width[test]
+        for w in np.unique(wt).tolist():
+            sel = test[wt == w]
+            view = np.ndarray((arr.shape[0] - w + 1,), np.dtype((np.void, w)), text, 0, (1,))
+            same[sel] = view[at[sel]] == view[at[cand[sel]]]
+    own = np.flatnonzero(~same)
+    rows = list(map(text.__getitem__, map(slice, at[own].tolist(), (at[own] + width[own]).tolist())))
+    ix: dict[bytes, int] = {}
+    own_ids = [ix.setdefault(r, len(ix)) for r in rows]
+    ids = np.empty(at.shape[0], np.int64)
+    ids[own] = own_ids
+    match = np.flatnonzero(same)
+    ids[match] = ids[cand[match]]
+    return ids, list(ix)
+
+
+def _label_sets(pairs: Mapping[tuple[LabelSet, bytes], None]) -> dict[tuple[LabelSet, bytes], LabelSet] | None:
+    """The merged label set of each (scraper labels, raw label string); None if a string is invalid."""
+    cache = _MERGED_CACHE
+    out: dict[tuple[LabelSet, bytes], LabelSet] = {}
+    miss = []
+    for k in pairs:
+        hit = cache.get(k)
+        if hit is None:
+            miss.append(k)
+        else:
+            out[k] = hit
+    if miss:
+        _parse_labels_bulk(list({r for _, r in miss}))
+        if len(cache) + len(miss) >= _LABEL_CACHE_MAX:
+            cache.clear()
+        for k in miss:
+            extra, r = k
+            parsed = _LABEL_CACHE.get(r)
+            if parsed is None:  # the bounded cache was emptied meanwhile
+                parsed = _parse_labels(r)
+            if isinstance(parsed, str):
+                return None
+            out[k] = cache[k] = _merge_extra(parsed, extra) if extra else parsed
+    return out
+
+
+def _checks(lines: np.ndarray, widths: np.ndarray, ids: np.ndarray, rows: list[bytes], shift: np.ndarray | None
+            ) -> list[_RowCheck]:
+    """Row checks for ``rows[ids[i]]`` (``widths[i]`` bytes) at line ``lines[i]`` (+ ``shift[i]``), one per
+    width."""
+    out = []
+    for w in np.unique(widths).tolist():
+        sel = np.flatnonzero(widths == w)
+        present = np.bincount(ids[sel], minlength=len(rows)) > 0
+        uniq = np.flatnonzero(present)
+        tidx = (np.cumsum(present) - 1)[ids[sel]]
+        table = np.frombuffer(b"".join(rows[k] for k in uniq.tolist()), np.dtype((np.void, w)))
+        at, by = lines[sel], None if shift is None else shift[sel]
+        per = np.bincount(tidx)
+        if per.min() == per.max():  # order the lines (k-th occurrence, row): the table k times over
+            first = np.argsort(tidx, kind="stable")
+            occurrence = np.empty(tidx.shape[0], np.int64)
+            occurrence[first] = np.arange(tidx.shape[0]) % per[0]  # (rows sorted: per[0] of each in turn)
+            order = np.lexsort((tidx, occurrence))
+            out.append(_RowCheck(w, at[order], None if by is None else by[order], table, None, int(per[0]),
+                                 table.tobytes()))
+        else:
+            out.append(_RowCheck(w, at, by, table, tidx))
+    return out
+
+
+def _apply(plan: _ChunkPlan, tx: _Text, names: SnapshotBuilder, b: SnapshotBuilder, shared: bool,
+           sources: list[str], default_ts: float) -> list[int] | None:
+    """This scrape's pages through ``plan`` into ``b``: samples kept per page, or None (nothing added)
+    when the pages are not the planned ones with new values."""
+    text, arr, nls = tx.text, tx.arr, tx.nls
+    if nls.shape[0] != plan.n_lines or not np.array_equal(nls[plan.page_last], tx.ends):
+        return None
+    ls = _line_starts(nls)
+    size = len(text)
+    for chk in plan.checks:
+        at = ls[chk.lines] if chk.shift is None else ls[chk.lines] + chk.shift
+        if int(at.max()) > size - chk.width or not chk.holds(_rows(text, chk.width, at)):
+            return None
+    # every line is its planned prefix, then the value text up to its newline
+    vs = ls[plan.s_lines] + plan.s_pre
+    ve = nls[plan.s_lines]
+    n = vs.shape[0]
+    joined = _gather(arr, vs, ve)
+    if joined is None:
+        return None  # an empty value
+    joined = joined[1:]
+    values = _plan_values(joined, n)
+    strict = values is not None
+    if values is None:
+        if joined.count(b" ") != n - 1 or any(ch in joined for ch in (b"\t", b"\v", b"\f")):
+            return None  # (float() would take a value padded with such whitespace; the plain path decides)
+        values = _fast_joined(joined, n, lambda: joined.split(b" "), lambda i: joined.split(b" ")[i])
+        if values is None:
+            return None
+    bad = blank_sentinel_mask(values, plan.dcgm)
+    if not strict:
+        bad |= ~np.isfinite(values)
+        neg = np.flatnonzero(values < 0)
+        for i in neg.tolist():
+            line = int(plan.s_lines[i])
+            if _counter_at(text, ls, nls, plan, line, names.metrics[int(plan.mids[i])]):
+                bad[i] = True
+    mids, sids = plan.mids, plan.sids
+    per_page = plan.per_page
+    issues: list[InputIssue] = []
+    if bad.any():
+        where = np.flatnonzero(bad)
+        pages = np.searchsorted(plan.page_last, plan.s_lines[where])
+        for i, p in zip(where.tolist(), pages.tolist(), strict=True):
+            line = int(plan.s_lines[i])
+            name = names.metrics[int(mids[i])]
+            v = float(values[i])
+            counter = v < 0 and _counter_at(text, ls, nls, plan, line, name)
+            reason = value_problem(name, v, counter) or "invalid value"
+            raw = text[int(ls[line]):int(nls[line])]
+            issues.append(InputIssue(sources[p], line - int(plan.page_first[p]) + 1, reason,
+                                     raw.decode("utf-8", "replace").strip()[:200]))
+        keep = ~bad
+        mids, sids, values = mids[keep], sids[keep], values[keep]
+        per_page = per_page - np.bincount(pages, minlength=per_page.shape[0])
+    if not shared:  # the caller's builder interns on its own: map the plans' ids to its ids
+        um, us = np.unique(mids, return_inverse=True), np.unique(sids, return_inverse=True)
+        mids = np.asarray([b.metric_id(names.metrics[m]) for m in um[0].tolist()], np.int32)[um[1]]
+        sids = np.asarray(b.series_ids([names.labelsets[s] for s in us[0].tolist()]), np.int32)[us[1]]
+    b.add_arrays(mids, sids, values, np.full(values.shape[0], default_ts))
+    b.issues.extend(issues)
+    return per_page.tolist()
+
+
+def _counter_at(text: bytes, ls: np.ndarray, nls: np.ndarray, plan: _ChunkPlan, line: int, name: str) -> bool:
+    """Whether ``name`` is a counter at ``line``: by its suffix, or by the `# TYPE` lines above it in its
+    page (as the plain path reads types while it goes). Only asked about negative values."""
+    p = int(np.searchsorted(plan.page_last, line))
+    types: dict[str, str] = {}
+    for j in range(int(plan.page_first[p]), line):
+        row = text[int(ls[j]):int(nls[j])]
+        if row[:1] == b"#":
+            parts = row.lstrip(b"#").split(None, 3)
+            if len(parts) >= 3 and parts[0] == b"TYPE":
+                types[parts[1].decode("utf-8", "replace")] = parts[2].decode("utf-8", "replace").lower()
+    return counter_like(name, types)
+
+
+def _plan_values(joined: bytes, n: int) -> np.ndarray | None:
+    """Value texts (joined by b" ") that are all digits with at most one '.' inside, read at once: an
+    integer reader over the digits, then m / 10**k for the k digits after the point (Clinger's fast
+    path: with m < 2**53 and k <= 22 the one rounding gives float()'s double; integers up to 18 digits
+    are exact in int64 and rounded once to float64). None when any value is not of that form."""
+    if joined.translate(None, b"0123456789. ") or joined.count(b" ") != n - 1 or not joined:
+        return None
+    if joined[:1] == b" " or joined[-1:] == b" " or b"  " in joined:
+        return None
+    buf = np.frombuffer(joined, np.uint8)
+    ends = np.append(np.flatnonzero(buf == 32), len(joined))
+    starts = np.concatenate(([0], ends[:-1] + 1))
+    width = ends - starts
+    dots = np.flatnonzero(buf == 46)
+    k = np.zeros(n, np.int64)
+    if dots.shape[0]:
+        dv = np.searchsorted(ends, dots)
+        if bool((dv[1:] == dv[:-1]).any()) or bool(((dots == starts[dv]) | (dots == ends[dv] - 1)).any()):
+            return None  # two points in a value, or `.5` / `5.`: float() decides
+        k[dv] = ends[dv] - dots - 1
+        digits = joined.replace(b".", b"")
+    else:
+        digits = joined
+    m = np.fromstring(digits, dtype=np.int64, sep=" ")  # type: ignore[call-overload]
+    if m.shape[0] != n:
+        return None
+    out = m.astype(np.float64)
+    if dots.shape[0]:
+        frac = k > 0
+        out[frac] = out[frac] / _POW10[k[frac]]
+    # Too many digits for the exact reading (an integer past 18 digits may have saturated, a decimal past
+    # 15 is no longer below 2**53): those few (DCGM's INT64 blank is one) are read by float().
+    for i in np.flatnonzero(((k > 0) & (width > 16)) | (width > 18)).tolist():
+        out[i] = float(joined[int(starts[i]):int(ends[i])])
+    return out
+
+
