@@ -192,3 +192,47 @@ def test_unreachable_alertmanager_is_retried_and_recorded(tmp_path: Path) -> Non
     [res] = runner.submit(it)
     assert res.status == "retrying" and "unreachable" in res.error
     assert len(runner.ledger.attempts(it.key)) == 2
+
+
+def test_page_open_reads_the_decisions_state() -> None:
+    from fleethealth.act.pager import page_open
+    from fleethealth.decide.state import DecisionState
+
+    st = DecisionState()
+    inc = _incident(1.0, "firing", 1)
+    assert page_open(st, inc) is False
+    st.incidents["budget:node:pool-hb"] = {"entity": "pool/pool-hb"}
+    assert page_open(st, inc) is True
+    fleet = Intent(0, IntentKind.FLEET_ALERT, "fleet", "fleet_confidence_low", {"state": "firing"})
+    assert page_open(st, fleet) is False
+    st.frozen = True
+    assert page_open(st, fleet) is True
+    assert page_open(st, Intent(0, IntentKind.PAGE, "node-a", "gate:xid_79", {"state": "firing"})) is None
+
+
+def test_a_page_whose_incident_is_gone_is_not_kept_firing(am_hb: tuple[AlertmanagerServer, Webhook],
+                                                         tmp_path: Path) -> None:
+    """An incident dropped without its resolved page (a restart that lost it): the pager stops refreshing
+    the page and it ends at its bounded endsAt, instead of firing for ever."""
+    import time
+
+    from fleethealth.act.pager import page_open
+    from fleethealth.decide.state import DecisionState
+
+    server, _ = am_hb
+    st = DecisionState()
+    st.incidents["budget:node:pool-gone"] = {"entity": "pool/pool-gone"}
+    pager = AlertmanagerPager(server.url, heartbeat_s=0.3, hold_s=1.5)
+    pager.bind_open(lambda it: page_open(st, it))
+    cfg = ActuationConfig(mode="enforce", enforce=frozenset({IntentKind.PAGE}))
+    runner = ActuationRunner({IntentKind.PAGE: [pager]}, Ledger(tmp_path / "l.db"), cfg)
+    it = Intent(500.0, IntentKind.PAGE, "pool/pool-gone", "budget_exhausted",
+                {"pool": "pool-gone", "state": "firing", "incident": "budget:node:pool-gone", "n": 1})
+    assert [r.status for r in runner.submit(it)] == ["applied"]
+    time.sleep(0.4)
+    runner.retry_due()
+    assert len(pager.held) == 1 and pager.heartbeats_total == 1
+    del st.incidents["budget:node:pool-gone"]
+    runner.retry_due()
+    assert pager.held == {}
+    wait_until(lambda: not _active(server, "pool/pool-gone"), 30, what="page ended at its endsAt")

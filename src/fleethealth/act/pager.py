@@ -21,6 +21,9 @@ Theory of operation: keeping a page firing
   leader's last one when the take-over is shorter than ``hold_s - heartbeat_s``.
 - ``endsAt`` is the pager's clock at sending plus ``hold_s``, never the intent's time: an intent replayed
   from the outbox long after it was decided must not arrive already ended.
+- A held page whose condition the decisions state no longer has (``page_open``: its incident gone, the
+  fleet no longer frozen) without a resolved page having been sent is not refreshed: it ends at its
+  ``endsAt`` instead of firing for ever.
 """
 
 from __future__ import annotations
@@ -123,10 +126,24 @@ def label_key(labels: dict[str, str]) -> tuple[tuple[str, str], ...]:
     return tuple(sorted(labels.items()))
 
 
+def page_open(state: Any, intent: Intent) -> bool | None:
+    """Whether the decisions state still has the condition a held page is about (pure): an incident page
+    while its incident is open, the fleet confidence alert while remediation is frozen; None when the
+    state cannot tell (kept). A page whose condition is gone without its resolved page (an incident
+    dropped after a restart) is then not kept firing for ever: it ends at its endsAt."""
+    key = intent.params.get("incident")
+    if isinstance(key, str) and key:
+        return key in (getattr(state, "incidents", None) or {})
+    if intent.kind == IntentKind.FLEET_ALERT:
+        return bool(getattr(state, "frozen", False))
+    return None
+
+
 @dataclass
 class _Held:
     alert: dict[str, Any]  # the last body sent, endsAt refreshed on each heartbeat
     sent: float  # when it was last sent (the pager's clock)
+    intent: Intent  # the page it carries (for still_open)
 
 
 class AlertmanagerPager:
@@ -148,6 +165,7 @@ class AlertmanagerPager:
         self.hold_s = hold_s
         self.held: dict[tuple[tuple[str, str], ...], _Held] = {}
         self.recall: Callable[[], Iterable[Intent]] | None = None
+        self.still_open: Callable[[Intent], bool | None] | None = None
         self._recalled = False
         self.heartbeats_total = 0
         self.heartbeat_failures_total = 0
@@ -162,6 +180,11 @@ class AlertmanagerPager:
         process or a new leader knows which pages it must keep firing."""
         self.recall = recall
         self._recalled = False
+
+    def bind_open(self, still_open: Callable[[Intent], bool | None]) -> None:
+        """The controller hands over ``page_open`` on its live state: a held page whose condition is gone
+        is no longer refreshed."""
+        self.still_open = still_open
 
     def forget_held(self) -> None:
         """Leadership lost: the next leader holds the pages; rebuilt from the ledger if it comes back."""
@@ -192,7 +215,7 @@ class AlertmanagerPager:
         if resolves(intent):
             self.held.pop(key, None)
         elif holds(intent):
-            self.held[key] = _Held(alert, now)
+            self.held[key] = _Held(alert, now, intent)
 
     def _recall(self) -> None:
         if self._recalled or self.recall is None:
@@ -211,6 +234,13 @@ class AlertmanagerPager:
         Returns the outcome (empty when nothing was due or sent)."""
         self._recall()
         now = self.clock()
+        if self.still_open is not None:
+            for key, h in list(self.held.items()):
+                if self.still_open(h.intent) is False:
+                    del self.held[key]
+                    log.warning("page %s %s: its condition is no longer open and no resolution was sent; "
+                                "not refreshed, it ends at its endsAt", h.alert["labels"]["alertname"],
+                                h.intent.entity)
         due = [h for h in self.held.values() if now - h.sent >= self.heartbeat_s]
         if not due or (fenced is not None and fenced() is not None):
             return []

@@ -299,6 +299,12 @@ def build(cfg: ControllerConfig, *, clock: Clock | None = None, policy: Policy |
         weights=lambda now: weights_document(board.weights, now), is_leader=is_leader, failpoints=failpoints,
     )
     ctl.pre_cycle.extend(pre)
+    from fleethealth.act.pager import page_open
+
+    for a in actuators:  # a held page stops being refreshed once its condition is gone from the state
+        bind_open = getattr(a, "bind_open", None)
+        if callable(bind_open):
+            bind_open(lambda intent: page_open(ctl.state, intent))
     if elector is not None:
         elector.on_acquired = ctl.wake
         elector.step()  # the first answer before the first cycle; then its own thread renews
