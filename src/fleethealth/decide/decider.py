@@ -404,7 +404,7 @@ class Decider(SafetyRules, Repairs, FailureDomains):
                 c.emit(IntentKind.DRAIN, es.entity, reason, info, tier)
                 if tier == Tier.POD:
                     c.emit(IntentKind.REBUILD_WORKER, es.entity, reason, info, Tier.POD)
-            if not (ladder.running(es.repair) or fresh_isolation and self._start_repair(c, es, flags, reason)):
+            if not (ladder.isolating(es.repair) or fresh_isolation and self._start_repair(c, es, flags, reason)):
                 for f in sorted(flags):
                     action = f.removeprefix(RECOVERY_PREFIX)
                     if f.startswith(RECOVERY_PREFIX) and action in ("GPU_RESET", "NODE_REBOOT"):
@@ -421,7 +421,7 @@ class Decider(SafetyRules, Repairs, FailureDomains):
             c.emit(IntentKind.CAPTURE_EVIDENCE, es.entity, reason,
                    {"window_s": p.freshness.rate_window_s, "before": "drain", **info}, Tier.NODE)
             c.emit(IntentKind.DRAIN, es.entity, reason, {"scope": scope, **info}, Tier.NODE)
-            if not (ladder.running(es.repair) or fresh_isolation and self._start_repair(c, es, flags, reason)):
+            if not (ladder.isolating(es.repair) or fresh_isolation and self._start_repair(c, es, flags, reason)):
                 c.emit(IntentKind.SCHEDULE_RESET, es.entity, reason,
                        {"action": "GPU_RESET", "when": "after_drain", "drain": True}, Tier.NODE)
         elif dst == State.RECOVERING:

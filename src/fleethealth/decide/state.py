@@ -154,7 +154,9 @@ class DecisionState:
         )
 
 
-EVENT_KINDS = ("active_test", "reset", "ack", "oom", "repair")  # repair: a ladder exhausted
+# repair: a ladder exhausted; handover: a node's tensor-parallel peers' work was handed over (its ladder's
+# tp_peers_handled precondition is met)
+EVENT_KINDS = ("active_test", "reset", "ack", "oom", "repair", "handover")
 
 
 @dataclass(frozen=True, slots=True)
