@@ -22,9 +22,9 @@ from urllib.parse import urlsplit
 import httpx
 
 from fleethealth.auth.redact import redact_text, redact_url
-from fleethealth.signals.snapshot import InputIssue, Snapshot, SnapshotBuilder
+from fleethealth.signals.snapshot import InputIssue, Snapshot
 from fleethealth.sources.base import describe_http_error
-from fleethealth.sources.exposition import parse_exposition, parse_many_into
+from fleethealth.sources.exposition import PagePlans, parse_exposition, parse_many_into
 
 ACCEPT = "text/plain;version=0.0.4;q=1,application/openmetrics-text;version=1.0.0;q=0.5,*/*;q=0.1"
 
@@ -90,6 +90,9 @@ class ScrapeSource:
         self._loop = asyncio.new_event_loop()
         self._client: httpx.AsyncClient | None = None
         self.last_results: list[TargetResult] = []
+        # The targets' pages as last read (``exposition_plan``): a steady fleet's pages are read as the
+        # same text with new values, and every read hands the history the same label-set list.
+        self.plans = PagePlans()
 
     def close(self) -> None:
         if self._client is not None:
@@ -111,7 +114,7 @@ class ScrapeSource:
     async def read_async(self, now: float) -> Snapshot:
         client = self._get_client()
         sem = asyncio.Semaphore(self.concurrency)
-        merged = SnapshotBuilder()
+        merged = self.plans.builder()
 
         bodies: dict[int, bytes] = {}
 
@@ -136,7 +139,7 @@ class ScrapeSource:
             for i in order
         ]
         counts: list[int] = []
-        parse_many_into(merged, pages, default_ts=now, sample_counts=counts)
+        parse_many_into(merged, pages, default_ts=now, sample_counts=counts, plans=self.plans)
         for i, c in zip(order, counts, strict=True):
             results[i].samples = c
         for r in results:
