@@ -92,7 +92,7 @@ def test_cli_runs_the_sidecar_and_sigterm_drains_before_exit(tmp_path: Path) -> 
         proc = subprocess.Popen(
             [sys.executable, "-m", "fleethealth.cli.main", "sidecar", "--upstream", esrv.url,
              "--listen", f"127.0.0.1:{port}", "--admin-token-file", str(token), "--max-drain-seconds", "10",
-             "--log-level", "warning", "--no-nvml"],
+             "--log-level", "warning", "--no-nvml", "--audit-log", str(tmp_path / "audit.jsonl")],
             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         base = f"http://127.0.0.1:{port}"
         try:
@@ -103,8 +103,11 @@ def test_cli_runs_the_sidecar_and_sigterm_drains_before_exit(tmp_path: Path) -> 
                     return False
 
             wait_until(ready, 40, 0.1)
-            assert httpx.get(base + "/admin/state").status_code == 401
-            assert httpx.get(base + "/admin/state", headers={"Authorization": "Bearer cli-token"}).status_code == 200
+            assert httpx.post(base + "/admin/undrain").status_code == 401
+            assert httpx.post(base + "/admin/undrain", headers={"Authorization": "Bearer cli-token"}).status_code == 200
+            assert httpx.get(base + "/admin/state").status_code == 200  # reads: open on loopback
+            audited = (tmp_path / "audit.jsonl").read_text().splitlines()
+            assert len(audited) == 1 and '"verb": "undrain"' in audited[0] and '"actor": "sidecar-admin-token"' in audited[0]
             # A stream is decoding when SIGTERM arrives: it finishes, then the process exits by itself.
             engine.set(token_delay_s=0.05)
             body = {"model": "fake-model", "prompt": "x", "max_tokens": 60, "stream": True}
