@@ -324,7 +324,9 @@ def test_http_endpoint(served: tuple[Controller, FleetSource, FakeClock, str]) -
 
 def test_example_config_is_valid() -> None:
     cfg = load_config(Path(__file__).parent.parent / "examples" / "controller.yaml")
-    assert cfg.actuation.mode == "advise" and cfg.sources.prometheus is not None
+    # out of the box it watches `fleethealth sim serve --port 9400` through its service discovery
+    assert cfg.actuation.mode == "advise" and cfg.sources.scrape is not None
+    assert cfg.sources.scrape.sd == ["http://127.0.0.1:9400/sd"]
 
 
 def test_kill_switch_through_the_api(tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import signal
 import sys
 from pathlib import Path
@@ -12,6 +13,60 @@ from typing import Any
 import typer
 
 from fleethealth.cli.common import fail
+
+SD_WAIT_S = 30.0
+
+
+def sd_targets(groups: Any, url: str) -> list[dict[str, Any]]:
+    """Prometheus http_sd target groups (``[{"targets": ["host:port"], "labels": {...}}]``) as scrape
+    targets: ``__scheme__`` and ``__metrics_path__`` make the URL, the other ``__`` labels are dropped,
+    the rest are added to every sample (``instance`` included, as Prometheus does)."""
+    if not isinstance(groups, list):
+        raise ValueError(f"{url}: not a service discovery answer (expected a JSON list of target groups)")
+    out: list[dict[str, Any]] = []
+    for g in groups:
+        if not isinstance(g, dict) or not isinstance(g.get("targets"), list):
+            raise ValueError(f"{url}: a target group without 'targets'")
+        labels = {str(k): str(v) for k, v in (g.get("labels") or {}).items()}
+        scheme = labels.get("__scheme__", "http")
+        path = labels.get("__metrics_path__", "/metrics")
+        extra = {k: v for k, v in labels.items() if not k.startswith("__")}
+        out += [{"url": f"{scheme}://{t}{path}", "labels": extra} for t in g["targets"]]
+    return out
+
+
+def resolve_sd(cfg: Any, wait_s: float = SD_WAIT_S) -> Any:
+    """The config with ``sources.scrape.sd`` resolved into targets (once, at start; a source that is still
+    starting, such as `fleethealth sim serve`, is waited for up to ``wait_s``). Raises ValueError, one line."""
+    import time
+
+    import httpx
+
+    scrape = cfg.sources.scrape
+    if scrape is None or not scrape.sd:
+        return cfg
+    found: list[dict[str, Any]] = []
+    for url in scrape.sd:
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                r = httpx.get(url, timeout=5.0)
+                r.raise_for_status()
+                break
+            except httpx.HTTPError as e:  # not up yet, or answering errors: wait a little
+                if time.monotonic() > deadline:
+                    raise ValueError(f"sources.scrape.sd: cannot read {url}: {e}") from None
+                time.sleep(1.0)
+        try:
+            body = r.json()
+        except ValueError:
+            raise ValueError(f"sources.scrape.sd: {url} did not answer JSON (is it an http_sd endpoint?)") from None
+        found += sd_targets(body, url)
+    logging.getLogger("fleethealth.controller").info("service discovery: %d targets from %s", len(found),
+                                                     ", ".join(scrape.sd))
+    data = cfg.model_dump()
+    data["sources"]["scrape"]["targets"] += found
+    return type(cfg).model_validate(data)
 
 
 def register(app: typer.Typer) -> None:
@@ -54,6 +109,11 @@ def register(app: typer.Typer) -> None:
             fail(str(e))
         except Exception as e:  # a bad override
             fail(f"invalid option: {e}")
+        try:
+            # FLEETHEALTH_SD_WAIT_S: how long to wait for service discovery to answer at start (default 30)
+            cfg = resolve_sd(cfg, float(os.environ.get("FLEETHEALTH_SD_WAIT_S") or SD_WAIT_S))
+        except ValueError as e:
+            fail(str(e).splitlines()[0])
         if cfg.shards is not None:  # several replicas, one Lease per shard: controller.sharded
             _run_sharded(cfg, once or cycles > 0)
             return

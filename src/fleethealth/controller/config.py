@@ -96,9 +96,23 @@ class ScrapeTargetConfig(_Strict):
 
 
 class ScrapeConfig(_Strict):
-    targets: list[ScrapeTargetConfig]
+    targets: list[ScrapeTargetConfig] = Field(default_factory=list)
+    # Prometheus HTTP service discovery URLs (http_sd_configs' format: [{targets, labels}]), e.g.
+    # `fleethealth sim serve`'s /sd; `fleethealth run` resolves them into targets when it starts.
+    sd: list[str] = Field(default_factory=list)
     timeout_s: float = Field(default=5.0, gt=0)
     concurrency: int = Field(default=64, ge=1)
+
+    @field_validator("sd")
+    @classmethod
+    def _sd_urls(cls, v: list[str]) -> list[str]:
+        return [_http_url(x) for x in v]
+
+    @model_validator(mode="after")
+    def _some_target(self) -> ScrapeConfig:
+        if not self.targets and not self.sd:
+            raise ValueError("give 'targets' or 'sd' (a service discovery URL)")
+        return self
 
     @field_validator("targets", mode="before")
     @classmethod

@@ -233,14 +233,17 @@ class Decider(SafetyRules, Repairs, FailureDomains):
             return (now if since is None else since, 0 if o is not None and o.gate else 1,
                     1.0 if o is None or o.value is None else o.value, eid)
 
+        c.chronic = chronic.node_evidence(health, p)  # nodes slow enough to price: never steady
         if fast:
             # A steady entity is skipped whatever the order (stepping one entity never changes another),
             # so only the others are sorted.
-            todo: Iterable[str] = sorted(self._unsteady(c, obs, serving_by_id, by_id, ev_by_entity), key=order)
+            todo: Iterable[str] = sorted(set(self._unsteady(c, obs, serving_by_id, by_id, ev_by_entity))
+                                         | (c.chronic.keys() & s.entities.keys()), key=order)
         else:
             todo = sorted(s.entities, key=order)
         for eid in todo:
-            if not fast and eid not in ev_by_entity and self._steady(s.entities[eid], obs.get(eid)):
+            if (not fast and eid not in ev_by_entity and eid not in c.chronic
+                    and self._steady(s.entities[eid], obs.get(eid))):
                 continue
             es = c.mut(eid)
             self._step_entity(c, es, obs.get(eid), by_id.get(eid), ev_by_entity.get(eid, []), suspects,
@@ -328,6 +331,8 @@ class Decider(SafetyRules, Repairs, FailureDomains):
             es.last_known_ts = now
         advance_timers(es.timers, o, now, lc, es.state)
         conds = holding_conds(o, lc)
+        if es.kind == "node":
+            conds |= chronic.conds(es.state, es.timers, c.chronic.get(es.entity), now, p, o)
         if usable and es.state == State.STARTING:
             conds.add(Cond.FIRST_DATA)
         event_of: dict[Cond, Event] = {}
@@ -372,6 +377,9 @@ class Decider(SafetyRules, Repairs, FailureDomains):
             reason = f"event:{rule.cond}" + (f":{ev.actor}" if ev.actor else "")
         else:
             reason = o.reason if o is not None else str(rule.cond)
+        priced = chronic.on_transition(rule.cond, es.entity, es.timers, c.chronic, p)
+        if priced is not None:
+            reason = priced[0]
         detail = str(rule.cond) + (f" dwell {getattr(p.lifecycle, rule.dwell):g}s" if rule.dwell else "")
         c.transitions.append(Transition(
             now, es.entity, es.kind, src, dst, reason, None if o is None else o.value,
@@ -389,7 +397,10 @@ class Decider(SafetyRules, Repairs, FailureDomains):
                                                self._hard_gate(rule, es.last_reason)), es.entity))
         worst = None if t is None else t.worst
         tier = choose_tier(es.kind, reason, worst)
-        info = {"from": str(src), "value": None if o is None else o.value}
+        info: dict[str, Any] = {"from": str(src), "value": None if o is None else o.value}
+        if priced is not None:  # the price goes with every intent, and a human hears of it
+            info["chronic"] = priced[1]
+            c.emit(IntentKind.PAGE, es.entity, reason, {"severity": "page", **info})
         fresh_isolation = src not in ISOLATED_STATES
         if dst == State.QUARANTINED:
             if es.kind == "node" and not es.no_new_work:

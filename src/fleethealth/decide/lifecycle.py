@@ -18,6 +18,9 @@ Conditions come in two kinds:
   cycles) instead of the degraded-then-quarantine chain; off when ``floor_dwell_s`` is unset. Peer and
   SLO scores at 0 keep the chain: they are statistical readings whose noise the dwell absorbs. Each has a timer; ``hard_gate`` (reason ``gate:*``, or a node blamed by attribution)
   and ``drain_reset`` (Xid 154 asks to drain and reset) fire at once.
+* chronic conditions (``chronic_drift``, ``chronic_cost``; ``decide.chronic``) fire at once: their
+  evidence (a combined z, a CUSUM over hours) and price (GPU-hours lost against a swap) are their own
+  dwell.
 * event conditions (``test_passed``, ``test_failed``, ``too_many_recoveries``, ``reset_passed``,
   ``reset_failed``, ``repair_exhausted``, ``human_ready``, ``human_quarantine``) and ``drain_timeout`` (time in state, checked
   only on usable data like the signal conditions).
@@ -66,6 +69,8 @@ class Cond(StrEnum):
     RECOVERING_OK = "recovering_ok"
     WARM_OK = "warm_ok"
     FIRST_DATA = "first_data"
+    CHRONIC_COST = "chronic_cost"
+    CHRONIC_DRIFT = "chronic_drift"
     TEST_PASSED = "test_passed"
     TEST_FAILED = "test_failed"
     TOO_MANY_RECOVERIES = "too_many_recoveries"
@@ -111,10 +116,12 @@ RULES: tuple[Rule, ...] = (
     Rule(State.READY, Cond.AT_FLOOR, State.QUARANTINED, "floor_dwell_s", "fast path, a counter at crit on both windows"),
     Rule(State.READY, Cond.BELOW_QUARANTINE, State.QUARANTINED, "quarantine_dwell_s"),
     Rule(State.READY, Cond.BELOW_DEGRADED, State.DEGRADED, "degraded_dwell_s"),
+    Rule(State.READY, Cond.CHRONIC_DRIFT, State.DEGRADED, note="slow for hours (CUSUM), costs more than a swap"),
     Rule(State.DEGRADED, Cond.DRAIN_RESET, State.DRAINING, note="Xid 154 drain and reset"),
     Rule(State.DEGRADED, Cond.HARD_GATE, State.QUARANTINED, note="at once"),
     Rule(State.DEGRADED, Cond.AT_FLOOR, State.QUARANTINED, "floor_dwell_s", "fast path, a counter at crit on both windows"),
     Rule(State.DEGRADED, Cond.BELOW_QUARANTINE, State.QUARANTINED, "quarantine_dwell_s"),
+    Rule(State.DEGRADED, Cond.CHRONIC_COST, State.QUARANTINED, note="slow and costs more than a swap"),
     Rule(State.DEGRADED, Cond.ABOVE_READY, State.READY, "ready_dwell_s"),
     Rule(State.DRAINING, Cond.RESET_PASSED, State.RECOVERING, note="reset done"),
     Rule(State.DRAINING, Cond.TEST_PASSED, State.RECOVERING, note="repair verified"),
@@ -228,7 +235,8 @@ def advance_timers(timers: dict[str, Timer], obs: Observation | None, now: float
 def timers_after_transition(timers: dict[str, Timer], src: State, dst: State) -> dict[str, Timer]:
     """The timers that survive a transition (see the module docstring)."""
     if src == State.READY and dst == State.DEGRADED:
-        return {k: t for k, t in timers.items() if k in _SIGNAL_KEYS and Cond(k) not in IMPROVING_CONDS}
+        return {k: t for k, t in timers.items() if (k in _SIGNAL_KEYS and Cond(k) not in IMPROVING_CONDS)
+                or k == "chronic_cusum"}  # the CUSUM of decide.chronic keeps adding up
     return {}
 
 
