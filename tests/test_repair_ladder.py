@@ -29,7 +29,11 @@ def test_match_by_recovery_action_catalog_bucket_and_reason() -> None:
 def test_steps_results_verification_and_escalation() -> None:
     lad = ladder.match(rem(), ["recovery_action:GPU_RESET"], "gate:recovery_action")
     assert lad is not None
-    s = ladder.begin(lad, 100.0, "gate:recovery_action", ["recovery_action:GPU_RESET"], ["n1/gpu3"])
+    b = ladder.begin(lad, 100.0, "gate:recovery_action", ["recovery_action:GPU_RESET"], ["n1/gpu3"])
+    # a step is entered held: its intent goes out when the decider releases it (precondition, budget)
+    assert b.intents == [] and ladder.held(b.repair)
+    assert ladder.on_tick(lad, b.repair, 5000.0, [], True).repair is b.repair  # the decider's hold() times it
+    s = ladder.release(lad, b.repair, 100.0)
     assert s.verdict is None and s.repair["phase"] == "acting" and s.repair["step"] == 0
     [it] = s.intents
     assert it.kind == IntentKind.SCHEDULE_RESET and it.params["action"] == "GPU_RESET"
@@ -39,8 +43,10 @@ def test_steps_results_verification_and_escalation() -> None:
     s2 = ladder.on_result(lad, s.repair, True, 400.0)
     assert s2.repair["phase"] == "verifying" and s2.intents[0].kind == IntentKind.RUN_ACTIVE_TEST
     # the verification fails: escalate to the reboot
-    s3 = ladder.on_test(lad, s2.repair, False, 900.0)
-    assert s3 is not None and s3.repair["step"] == 1 and s3.intents[0].params["action"] == "NODE_REBOOT"
+    s3h = ladder.on_test(lad, s2.repair, False, 900.0)
+    assert s3h is not None and s3h.repair["step"] == 1 and ladder.held(s3h.repair)
+    s3 = ladder.release(lad, s3h.repair, 900.0)
+    assert s3.intents[0].params["action"] == "NODE_REBOOT"
     # the reboot's result never comes: timeout (1800 s) escalates to replace, the ladder is exhausted
     s4 = ladder.on_tick(lad, s3.repair, 900.0 + 1801, [], True)
     assert s4.verdict == ladder.EXHAUSTED and s4.intents == []
@@ -62,7 +68,7 @@ remediation:
         - {action: replace}
 """))
     lad = pol.remediation.ladders[0]
-    s = ladder.begin(lad, 0.0, "flag", ["row_remap_pending"])
+    s = ladder.release(lad, ladder.begin(lad, 0.0, "flag", ["row_remap_pending"]).repair, 0.0)
     failed = ladder.on_result(lad, s.repair, False, 60.0, "persistence mode is on")
     assert failed.verdict == ladder.EXHAUSTED
     assert failed.repair["history"][0]["result"] == "reset_gpu failed: persistence mode is on"

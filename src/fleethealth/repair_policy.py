@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 Action = Literal["restart_worker", "reset_gpu", "reboot_node", "replace"]
 Precondition = Literal["drained", "no_gpu_process", "tp_peers_handled"]
 Verify = Literal["active_test", "cleared", "none"]
+When = Literal["after_drain", "next_safe_point"]
 _TOKEN = re.compile(r"^(recovery|catalog|xid|flag|reason):[A-Za-z0-9_.:-]+$")
 
 
@@ -39,6 +40,9 @@ class RepairStep(_Strict):
     timeout_s: float = Field(default=900.0, gt=0)  # the action's result must come back within this
     verify: Verify = "active_test"
     verify_timeout_s: float = Field(default=1800.0, gt=0)
+    # when the executor acts: once the node is drained (an isolated node), or at the next safe point of
+    # its work (a node that stays in service: a pending row remap's reset between jobs)
+    at: When = "after_drain"
 
 
 class Ladder(_Strict):
@@ -74,7 +78,23 @@ def _default_ladders() -> list[Ladder]:
                                  verify=test),
                       RepairStep(action="reboot_node", requires=["drained"], timeout_s=1800.0, verify=test),
                       RepairStep(action="replace", verify="none")]),
+        # a pending row remap on a node in service: reset at the next safe point, the remap must clear
+        Ladder(name="row-remap", when=["flag:row_remap_pending", "xid:63"],
+               steps=[RepairStep(action="reset_gpu", requires=["drained", "no_gpu_process"], timeout_s=86400.0,
+                                 verify="cleared", verify_timeout_s=1800.0, at="next_safe_point"),
+                      RepairStep(action="reboot_node", requires=["drained"], timeout_s=86400.0, verify="cleared",
+                                 verify_timeout_s=1800.0, at="next_safe_point"),
+                      RepairStep(action="replace", verify="none")]),
     ]
+
+
+class RepairBudget(_Strict):
+    """Repair actions per pool per ``budgets.window_s``: each ladder step that resets or reboots spends one;
+    exhausted, the step waits (one ``budget_exhausted`` incident pages) until the window frees one."""
+
+    reset_gpu: int = Field(default=4, ge=0)
+    reboot_node: int = Field(default=2, ge=0)
+    restart_worker: int = Field(default=8, ge=0)
 
 
 class Remediation(_Strict):
@@ -82,6 +102,7 @@ class Remediation(_Strict):
 
     enabled: bool = True
     ladders: list[Ladder] = Field(default_factory=_default_ladders)
+    budget: RepairBudget = Field(default_factory=RepairBudget)
 
     @model_validator(mode="after")
     def _unique(self) -> Remediation:

@@ -202,6 +202,8 @@ def describe(resource: str = typer.Argument(..., help="node | replica"), name: s
                    f" (since {_ago(states['ts'], rep.get('since'))} ago)")
         for h in rep.get("history", []):
             typer.echo(f"  {_ago(states['ts'], h.get('ts')):>6} ago  {h.get('action')}: {h.get('result')}")
+        if rep.get("waiting"):  # a held step: its precondition or the repair budget
+            typer.echo(f"  waiting: {rep['waiting']}")
     typer.echo("Transitions:" if trs else "Transitions: none recent")
     for tr in trs:
         # into READY the reason code is only the least good category of a healthy score: say healthy

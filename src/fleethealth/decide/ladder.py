@@ -15,6 +15,14 @@ idempotency key:
 * ``replace``     no action of ours: the ladder is exhausted and the lifecycle goes to FAILED, whose page
   carries the ladder's history (what was tried, what each step answered) as evidence.
 
+A step is entered *held*: its intent goes out only when the decider releases it (``release``), after checking
+what only it can see: the ``tp_peers_handled`` precondition (every other node of the node's ``tp_group``
+is drained or out of service, or a ``handover`` event says their work was handed over) and the repair
+budget (``remediation.budget``: resets and reboots per pool per budget window). While held, ``hold``
+records why (shown by ``describe``); a precondition not met within the step's ``timeout_s`` escalates
+like a failed step, an exhausted budget waits (one incident pages) without timing out. The executor
+checks the preconditions it can see itself (``drained``, ``no_gpu_process``).
+
 A step moves on **only on events**, never on a timer alone, except its timeout: the executor reports
 the action's result as a ``reset`` event (``passed`` true or false, ``payload.action``); then the step's
 verification runs: ``active_test`` issues RUN_ACTIVE_TEST and waits for its result, ``cleared`` waits
@@ -92,6 +100,11 @@ def running(repair: dict[str, Any] | None) -> bool:
     return repair is not None and repair.get("phase") in ("acting", "verifying")
 
 
+def isolating(repair: dict[str, Any] | None) -> bool:
+    """A ladder repairs an isolated node (not one that stays in service, ``inplace``: a row remap's)."""
+    return running(repair) and not (repair or {}).get("inplace")
+
+
 def ladder_of(rem: Remediation, repair: dict[str, Any]) -> Ladder | None:
     return next((lad for lad in rem.ladders if lad.name == repair.get("ladder")), None)
 
@@ -102,10 +115,10 @@ def _step_intents(lad: Ladder, i: int, repair: dict[str, Any]) -> list[StepInten
             "timeout_s": st.timeout_s, "trigger": list(repair.get("trigger", []))}
     if st.action == "reset_gpu":
         gpus = list(repair.get("gpus", []))
-        return [StepIntent(IntentKind.SCHEDULE_RESET, {"action": "GPU_RESET", "when": "after_drain", "drain": True,
+        return [StepIntent(IntentKind.SCHEDULE_RESET, {"action": "GPU_RESET", "when": st.at, "drain": True,
                                                        "gpus": gpus, **base})]
     if st.action == "reboot_node":
-        return [StepIntent(IntentKind.SCHEDULE_RESET, {"action": "NODE_REBOOT", "when": "after_drain",
+        return [StepIntent(IntentKind.SCHEDULE_RESET, {"action": "NODE_REBOOT", "when": st.at,
                                                        "drain": True, **base})]
     if st.action == "restart_worker":
         return [StepIntent(IntentKind.REBUILD_WORKER, base, Tier.POD)]
@@ -119,8 +132,46 @@ def _at_step(lad: Ladder, repair: dict[str, Any], i: int, now: float, note: str)
         hist.append({"step": i, "action": "replace", "ts": now, "result": "handed to a person", "note": note})
         return LadderStep({**repair, "step": i, "phase": "exhausted", "since": now, "history": hist},
                           verdict=EXHAUSTED)
-    new = {**repair, "step": i, "phase": "acting", "since": now, "history": hist}
-    return LadderStep(new, _step_intents(lad, i, new))
+    new = {**repair, "step": i, "phase": "acting", "since": now, "history": hist, "held": True}
+    new.pop("waiting", None)
+    return LadderStep(new)
+
+
+def held(repair: dict[str, Any] | None) -> bool:
+    """The current step's intent has not gone out yet (the decider checks its precondition and budget)."""
+    return repair is not None and repair.get("phase") == "acting" and bool(repair.get("held"))
+
+
+def release(lad: Ladder, repair: dict[str, Any], now: float) -> LadderStep:
+    """The held step may act: its intents, and its timeout counted from now."""
+    if not held(repair):
+        return LadderStep(repair)
+    new = {**repair, "since": now}
+    new.pop("held", None)
+    waited = new.pop("waiting", None)
+    if waited:
+        st = lad.steps[new["step"]]
+        new["history"] = [*new.get("history", []), {"step": new["step"], "action": st.action, "ts": now,
+                                                    "result": f"waited: {waited}"}]
+    return LadderStep(new, _step_intents(lad, new["step"], new))
+
+
+def hold(lad: Ladder, repair: dict[str, Any], now: float, why: str, times_out: bool) -> LadderStep:
+    """The held step waits (``why``: what is not met, for ``describe``); with ``times_out``, a wait
+    longer than the step's ``timeout_s`` escalates to the next step."""
+    if not held(repair):
+        return LadderStep(repair)
+    st = lad.steps[repair["step"]]
+    if times_out and now - float(repair["since"]) > st.timeout_s:
+        return _escalate(lad, repair, now, f"{st.action} not started in {st.timeout_s:g} s: {why}")
+    if repair.get("waiting") == why:
+        return LadderStep(repair)
+    return LadderStep({**repair, "waiting": why})
+
+
+def step_of(lad: Ladder, repair: dict[str, Any]) -> RepairStep | None:
+    i = int(repair.get("step", 0))
+    return lad.steps[i] if 0 <= i < len(lad.steps) else None
 
 
 def begin(lad: Ladder, now: float, reason: str, trigger: Iterable[str], gpus: Iterable[str] = (),
@@ -155,7 +206,7 @@ def _verify(lad: Ladder, repair: dict[str, Any], now: float, result: str) -> Lad
 
 def on_result(lad: Ladder, repair: dict[str, Any], passed: bool, now: float, detail: str = "") -> LadderStep:
     """The executor's answer for the current step's action (a ``reset`` event)."""
-    if repair.get("phase") != "acting":
+    if repair.get("phase") != "acting" or repair.get("held"):
         return LadderStep(repair)  # a late or repeated answer: already moved on
     st = lad.steps[repair["step"]]
     if not passed:
@@ -179,7 +230,7 @@ def on_tick(lad: Ladder, repair: dict[str, Any], now: float, flags_now: Iterable
     """Timeouts, and the ``cleared`` verification on this cycle's observation (``flags_now`` None: no
     tuple this cycle)."""
     phase = repair.get("phase")
-    if phase not in ("acting", "verifying"):
+    if phase not in ("acting", "verifying") or repair.get("held"):  # a held step: the decider's hold()
         return LadderStep(repair)
     st = lad.steps[repair["step"]]
     waited = now - float(repair["since"])
@@ -206,5 +257,8 @@ def describe(lad: Ladder) -> str:
 def summary(repair: dict[str, Any]) -> dict[str, Any]:
     """What an operator reads of a ladder in a page or a release: which ladder, where it stopped, what each
     step answered."""
-    return {"ladder": repair.get("ladder"), "phase": repair.get("phase"), "step": repair.get("step"),
-            "reason": repair.get("reason"), "history": list(repair.get("history", []))}
+    out = {"ladder": repair.get("ladder"), "phase": repair.get("phase"), "step": repair.get("step"),
+           "reason": repair.get("reason"), "history": list(repair.get("history", []))}
+    if repair.get("waiting"):
+        out["waiting"] = repair["waiting"]
+    return out

@@ -2,9 +2,17 @@
 Pure; a mixin of ``Decider`` (reads ``self.policy`` and ``self.fast``).
 
 * Pending row remap (flag ``row_remap_pending`` or a ``policy.xid.reset_xids`` flag, ``_row_remaps``):
-  one SCHEDULE_RESET (drain and reset at the next safe point), no state change. A GPU that needs such a
-  reset ``lifecycle.max_row_remaps`` times within ``recovery_window_s`` pages for repair
+  the policy's ladder for it (``when: flag:row_remap_pending``, default ``row-remap``) runs *in place*,
+  no state change: reset at the next safe point, the remap must clear, else reboot, else a page with
+  what was tried; without such a ladder, one SCHEDULE_RESET. A GPU that needs such a reset
+  ``lifecycle.max_row_remaps`` times within ``recovery_window_s`` pages for repair
   (``_recurring_remaps``; the reset still goes ahead).
+* A ladder step is entered held (``_release``): the decider lets it act once the ``tp_peers_handled``
+  precondition holds (the other nodes of its ``tp_group`` drained or out of service, or a ``handover``
+  event for the node) and the pool's repair budget (``remediation.budget`` per ``budgets.window_s``) has
+  room, spending it (ledger key ``repair:<action>:<pool>``). Otherwise it waits with the reason in the
+  ladder's progress (``describe`` shows it): an unmet precondition escalates after the step's
+  ``timeout_s``; an exhausted budget pages once (``budget_exhausted``) and waits.
 * Xid 154 recovery actions ride on the lifecycle (``decide.decider``'s transition): GPU_RESET and
   NODE_REBOOT with the gate's quarantine, DRAIN_AND_RESET and DRAIN_P2P by moving the entity to
   DRAINING. On a fresh isolation, the first repair ladder (``decide.ladder``) that covers the fault
@@ -27,10 +35,14 @@ from typing import Any
 from fleethealth.decide import ladder
 from fleethealth.decide.cycle import REMEDIATION_KINDS, Cycle
 from fleethealth.decide.lifecycle import ISOLATED_STATES, Observation
-from fleethealth.decide.model import IntentKind, Tier
+from fleethealth.decide.model import IntentKind, State, Tier
 from fleethealth.decide.state import EntityLifecycle, Event
 from fleethealth.policy import Policy
+from fleethealth.repair_policy import Ladder
 from fleethealth.score.health import HealthTuple
+
+# a tensor-parallel peer in one of these states runs no work of the group: it is handled
+TP_HANDLED_STATES = frozenset({State.DRAINING, State.QUARANTINED, State.FAILED})
 
 
 class Repairs:
@@ -75,23 +87,40 @@ class Repairs:
                         continue  # a failure outside verification: the ladder goes on
                 elif e.kind == "reset":
                     continue  # the ladder owns reset results while it runs
+                elif e.kind == "handover":
+                    rep = {**rep, "handover": e.ts}  # its TP peers' work was handed over
+                    continue
                 if r is None:
                     keep.append(e)
                     continue
                 rep, verdict = r.repair or rep, r.verdict
                 intents += r.intents
             o = obs.get(eid)
-            if verdict is None and not c.s.frozen and o is not None and o.usable(lc):
+            usable = o is not None and o.usable(lc)
+            if verdict is None and not c.s.frozen and usable:
                 # timeouts are read on usable data only, like the drain timeout: nothing escalates on unknown
                 r = ladder.on_tick(lad, rep, c.now, node_flags.get(eid, set()), True)
                 rep, verdict = r.repair or rep, r.verdict
                 intents += r.intents
-            if rep is not es.repair:
-                c.mut(eid).repair = rep
             for si in intents:
                 c.emit(si.kind, eid, f"repair:{lad.name}", si.params, si.tier)
-            if verdict == ladder.VERIFIED:
+            if verdict is None:
+                rep, verdict = self._release(c, eid, lad, rep, usable, f"repair:{lad.name}")
+            if rep is not es.repair:
+                c.mut(eid).repair = rep
+            inplace = bool(rep.get("inplace"))
+            if verdict == ladder.VERIFIED and inplace:
+                c.mut(eid).reset_scheduled = False  # the remap cleared: the node never left service
+            elif verdict == ladder.VERIFIED:
                 keep.append(Event(c.now, "active_test", eid, passed=True, actor=f"repair:{lad.name}"))
+            elif verdict == ladder.EXHAUSTED and inplace:
+                c.mut(eid).reset_scheduled = False
+                summ = ladder.summary(rep)
+                c.emit(IntentKind.PAGE, eid, f"repair:{lad.name}:exhausted",
+                       {"severity": "page", "action": "replace", "repair": summ,
+                        "summary": f"{eid}: {rep.get('reason')} survived "
+                                   f"{', '.join(h['action'] for h in summ['history'] if h.get('action') != 'replace')}"
+                                   "; replace or repair the GPU"})
             elif verdict == ladder.EXHAUSTED:
                 keep.append(Event(c.now, "repair", eid, passed=False, actor=f"repair:{lad.name}"))
             if keep != evs:
@@ -108,7 +137,7 @@ class Repairs:
         (its first step replaces the plain reset / entry test)."""
         from fleethealth.signals.xid import xid_bucket
 
-        if es.kind != "node" or ladder.running(es.repair):
+        if es.kind != "node" or ladder.isolating(es.repair):
             return False
         lad = ladder.match(self.policy.remediation, flags, reason, xid_bucket)
         if lad is None:
@@ -120,7 +149,61 @@ class Repairs:
         es.repair = r.repair
         for si in r.intents:
             c.emit(si.kind, es.entity, f"repair:{lad.name}", si.params, si.tier)
+        if r.repair is not None:
+            es.repair, _ = self._release(c, es.entity, lad, r.repair, True, f"repair:{lad.name}")
         return True
+
+    def _release(self, c: Cycle, eid: str, lad: Ladder, rep: dict[str, Any], usable: bool,
+                 reason: str) -> tuple[dict[str, Any], str | None]:
+        """Let a held ladder step act when its ``tp_peers_handled`` precondition holds and the pool's
+        repair budget has room (spent here); else it waits, with why. Returns the progress and a verdict
+        (a wait past the step's timeout escalates, possibly to the end of the ladder)."""
+        verdict: str | None = None
+        for _ in range(len(lad.steps) + 1):
+            if not ladder.held(rep):
+                break
+            st = ladder.step_of(lad, rep)
+            if st is None:
+                break
+            es = c.s.entities[eid]
+            why: str | None = None
+            times_out = False
+            if "tp_peers_handled" in st.requires:
+                why = _tp_unhandled(c, es, rep)
+                times_out = why is not None and usable and not c.s.frozen
+            if why is None and c.s.frozen:
+                why = "remediation frozen (fleet confidence)"
+            if why is None:
+                why = self._repair_budget(c, es, st.action)
+            if why is None:
+                r = ladder.release(lad, rep, c.now)
+                rep = r.repair or rep
+                for si in r.intents:
+                    c.emit(si.kind, eid, reason, si.params, si.tier)
+                break
+            r = ladder.hold(lad, rep, c.now, why, times_out)
+            rep, verdict = r.repair or rep, r.verdict
+            if verdict is not None:
+                break
+        return rep, verdict
+
+    def _repair_budget(self, c: Cycle, es: EntityLifecycle, action: str) -> str | None:
+        """Spend one of the pool's repair actions of this kind (``remediation.budget``), or say why not
+        (one ``budget_exhausted`` incident per pool and action while it holds)."""
+        allowed = getattr(self.policy.remediation.budget, action, None)
+        if allowed is None:
+            return None
+        pool = es.labels.get("pool", "default")
+        key = f"repair:{action}:{pool}"
+        window = self.policy.budgets.window_s
+        used = sum(1 for ts, k, _ in c.s.ledger if k == key and c.now - ts < window)
+        if used >= allowed:
+            c.incident(f"budget:{key}", f"pool/{pool}", "budget_exhausted",
+                       {"pool": pool, "kind": es.kind, "used": used, "allowed": allowed, "wanted": es.entity,
+                        "window_s": window, "budget": f"repair:{action}"}, sig=used)
+            return f"repair budget: {used} of {allowed} {action} in pool {pool} within {window:g} s"
+        c.s.ledger.append((c.now, key, es.entity))
+        return None
 
     def _row_remaps(self, c: Cycle, obs: Mapping[str, Observation | None], node_flags: Mapping[str, set[str]],
                     gpu_by_node: Mapping[str, list[HealthTuple]]) -> None:
@@ -140,18 +223,27 @@ class Repairs:
             nf = node_flags.get(eid)
             flags = nf & reset_flags if nf else set()
             if not flags:
-                if o.usable(p.lifecycle) and es.reset_scheduled:
+                if o.usable(p.lifecycle) and es.reset_scheduled and not ladder.running(es.repair):
                     c.mut(eid).reset_scheduled = False
                 continue
-            if es.reset_scheduled or c.s.frozen or es.state in ISOLATED_STATES or not o.usable(p.lifecycle):
+            if es.reset_scheduled or ladder.running(es.repair) or c.s.frozen or es.state in ISOLATED_STATES \
+                    or not o.usable(p.lifecycle):
                 continue
             gpus = sorted(g.entity for g in gpu_by_node.get(eid, []) if set(g.flags) & reset_flags)
             es = c.mut(eid)
             es.reset_scheduled = True
+            self._recurring_remaps(c, es, gpus)
+            # the policy's ladder for it, in place: reset at the next safe point, verified by the remap clearing
+            lad = ladder.match(p.remediation, flags, "")
+            if lad is not None:
+                r = ladder.begin(lad, c.now, "row_remap_pending", sorted(flags), gpus, p.lifecycle.active_test)
+                if r.repair is not None:
+                    es.repair, _ = self._release(c, eid, lad, {**r.repair, "inplace": True}, True,
+                                                 "row_remap_pending")
+                    continue
             c.emit(IntentKind.SCHEDULE_RESET, eid, "row_remap_pending",
                    {"action": "GPU_RESET", "when": "next_safe_point", "drain": True, "gpus": gpus,
                     "flags": sorted(flags)}, Tier.NODE)
-            self._recurring_remaps(c, es, gpus)
 
     def _recurring_remaps(self, c: Cycle, es: EntityLifecycle, gpus: list[str]) -> None:
         """A GPU whose memory needs row-remap resets again and again is failing: at the
@@ -193,3 +285,20 @@ class Repairs:
                 continue
             c.emit(it.kind, it.entity or e.entity, it.reason, dict(it.params), it.tier, it.soft)
         return None
+
+
+def _tp_unhandled(c: Cycle, es: EntityLifecycle, rep: Mapping[str, Any]) -> str | None:
+    """Why the node's tensor-parallel peers (the other nodes of its ``tp_group``) are not handled yet:
+    a peer still in service; None when every one is drained or out of service, or a ``handover`` event
+    said their work was handed over."""
+    g = es.labels.get("tp_group")
+    if not g or rep.get("handover") is not None:
+        return None
+    busy = sorted(o.entity for o in c.s.entities.values()
+                  if o.kind == "node" and o.entity != es.entity and o.labels.get("tp_group") == g
+                  and o.state not in TP_HANDLED_STATES)
+    if not busy:
+        return None
+    more = f" and {len(busy) - 3} more" if len(busy) > 3 else ""
+    return (f"tp_peers_handled: {len(busy)} peer(s) of tp_group {g} still in service "
+            f"({', '.join(busy[:3])}{more}); drain them or send a handover event")
