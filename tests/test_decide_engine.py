@@ -54,7 +54,10 @@ def _seed_scrape(t: float, rng: np.random.Generator, compute37: float, clock37: 
 
 def test_seed_worked_example_flagged_then_quarantined_after_the_dwell() -> None:
     rng = np.random.default_rng(37)
-    loop = DecisionLoop(default_policy())
+    # the seed's example as the seed wrote it: without pricing chronic slowness (decide.chronic), which
+    # escalates this node on day one (tests/test_chronic.py)
+    pol = default_policy()
+    loop = DecisionLoop(pol.model_copy(update={"chronic": pol.chronic.model_copy(update={"enabled": False})}))
     times = list(range(0, 1801, 60)) + list(range(7200, 86400, 7200))
     values = []
     for t in times:  # day one: 1.86 s compute (z ~2.7), SM clock 3% low (z ~4.1)

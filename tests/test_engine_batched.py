@@ -124,7 +124,8 @@ class _Fleet:
                 b.add("DCGM_FI_DEV_XID_ERRORS", lab, self.xid[i], t)
                 if "reset" in gk:
                     self.ecc_sbe[i] = self.pcie[i] = 0.0
-                self.ecc_sbe[i] += rng.integers(0, 2)
+                # single-bit ECC: about one an hour (a steady 0-1 a scrape would be memory wearing out)
+                self.ecc_sbe[i] += rng.integers(0, 2) * 0.01
                 self.ecc_dbe[i] += 1.0 if "dbe" in gk else 0.0
                 self.pcie[i] += rng.integers(0, 40)
                 self.nvl[i] += rng.integers(0, 2, 2)

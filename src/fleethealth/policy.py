@@ -275,6 +275,22 @@ class Lifecycle(Strict):
         return self
 
 
+class Chronic(Strict):
+    """Chronic slowness priced against a swap (decide/chronic.py): a node whose performance peers agree it
+    is slow (combined z, or a CUSUM of it over hours) and whose slowdown costs its synchronous job more
+    over the horizon than one checkpoint restart is quarantined at the next safe point."""
+
+    enabled: bool = True
+    swap_cost_gpu_hours: float = Field(default=100.0, gt=0)  # one checkpoint restart of the job
+    horizon_s: float = Field(default=86400.0, gt=0)  # how long the loss is counted ahead
+    combined_z: float = Field(default=5.0, gt=0)  # Stouffer z over the performance peer signals
+    cusum_k: float = Field(default=1.0, ge=0)  # CUSUM allowance (z); less accumulates nothing
+    cusum_h: float = Field(default=4.0, gt=0)  # CUSUM alarm, z-hours
+    cusum_cap: float = Field(default=3.0, gt=0)  # a reading counts at most this much (small shifts)
+    categories: list[str] = Field(default_factory=lambda: ["performance"])  # peer signals read
+    slowdown_signal: str = "rank_compute_time"  # its relative deviation is the job's slowdown
+
+
 class Budgets(Strict):
     """How fast remediation may take capacity out of a pool (guards against scorer bugs and correlated
     events). Confirmed hard gates (``hard_gates``: the gate signals that mean the hardware is already out
@@ -380,6 +396,7 @@ class Policy(Strict):
     # clock is only 4 MADs low. Sub-scores between 0 and 1 are still averaged with their weights.
     critical_zeroes_category: bool = True
     lifecycle: Lifecycle = Field(default_factory=Lifecycle)
+    chronic: Chronic = Field(default_factory=Chronic)
     budgets: Budgets = Field(default_factory=Budgets)
     fleet: Fleet = Field(default_factory=Fleet)
     attribution: Attribution = Field(default_factory=Attribution)

@@ -1,4 +1,4 @@
-"""Chronic slowness and the fast path: pure helpers the decider calls once per cycle.
+"""Chronic slowness priced against a swap, and the counter fast path: pure helpers the decider calls.
 
 Theory of operation
 -------------------
@@ -6,15 +6,224 @@ Fast path. A counter ramp read over a short and a long window (``short_window_s`
 the flag ``floor:<signal>`` on its GPU (``score.signals``); ``at_floor`` tells the decider whether a
 node's flags carry one, and the lifecycle then quarantines after ``lifecycle.floor_dwell_s`` instead of
 the degraded-then-quarantine dwell chain.
+
+Chronic slowness (issue 16 item 3). A synchronous job runs at the pace of its slowest rank, so a node
+whose ranks compute ``s`` (relative) slower than their peers' median costs the job ``job GPUs x s``
+GPU-hours per hour. Swapping the node out costs about one checkpoint restart
+(``chronic.swap_cost_gpu_hours``). The loss over ``chronic.horizon_s`` against that cost is the price;
+the evidence that the node really is slow is one of two documented methods:
+
+* **combined z** (Stouffer): the performance peer signals' robust z of one GPU (positive = worse; SM
+  clock, rank compute time), summed and divided by the square root of their number. Signals deviating
+  in the same direction add up: SM clock z 5 and rank compute z 3.3 combine to 5.9, past
+  ``chronic.combined_z`` (5), where each alone sits on its ramp (the node scores ~0.56);
+* **one-sided CUSUM** of the node's combined z over time: ``S <- max(0, S + (min(z, cap) - k) * dt)`` in
+  z-hours (``chronic.cusum_k``, the allowance: healthy GPUs read z 0 inside ``min_rel_dev``; the cap,
+  ``chronic.cusum_cap``, keeps one wild reading from alarming: it is a detector of small shifts),
+  alarming at ``chronic.cusum_h``. A 1.5 % SM-clock drift (z ~2) that no threshold sees alarms after a few hours.
+  The accumulator is state: it lives in the node's lifecycle timers (key ``chronic_cusum``: ``accum_s``
+  holds S, ``last_ts`` the time it was last fed), which the caller keeps and stores.
+
+Decisions (lifecycle conditions, no dwell: the evidence has its own), only where the score alone
+decides nothing: ``chronic_cost`` (DEGRADED -> QUARANTINED, score still at or above
+``quarantine_below``) when there is evidence (combined z or CUSUM) and the loss over the horizon is at
+least the swap cost; ``chronic_drift`` (READY -> DEGRADED, score at or above ``degraded_below``) when
+the CUSUM alarms and the loss is at least the swap cost. Without a rank compute time (no synchronous job to price) nothing escalates. The estimate goes into
+the transition's intents (params ``chronic``) and a page, and ``explain`` prints it.
+
+``node_evidence`` reads the engine's columns (numpy over all GPUs, one reduction per node); the per-node
+work that follows runs only for nodes with positive evidence.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from fleethealth.decide.lifecycle import Cond, Observation, Timer
+from fleethealth.decide.model import State
+from fleethealth.policy import Policy
 
 FLOOR_PREFIX = "floor:"
+CUSUM_KEY = "chronic_cusum"
+SLOWDOWN_SIGNAL_SHAPE = "peer"
 
 
 def at_floor(*flag_sets: Iterable[str] | None) -> bool:
     """Whether any of the flag sets names a counter at its critical rate on both windows."""
     return any(f.startswith(FLOOR_PREFIX) for fs in flag_sets if fs for f in fs)
+
+
+@dataclass(frozen=True, slots=True)
+class Evidence:
+    """One node's chronic-slowness evidence and price this cycle."""
+
+    combined_z: float  # of its worst GPU (Stouffer over the performance peer signals)
+    z: Mapping[str, float]  # that GPU's z per performance signal
+    gpu: str  # that GPU
+    slowdown: float | None  # relative, its slowest rank against its peers' median (None: no rank timer)
+    job: str | None
+    job_gpus: int
+
+    def loss_gpu_h_per_h(self) -> float | None:
+        if self.slowdown is None or self.job_gpus <= 0:
+            return None
+        return self.job_gpus * max(0.0, self.slowdown)
+
+
+def node_evidence(health: Any, policy: Policy) -> dict[str, Evidence]:
+    """Per node whose worst GPU's combined z is past the CUSUM allowance: its evidence. ``health``: the engine's FleetHealth (anything
+    else, e.g. a list of tuples, has no per-signal columns: no evidence)."""
+    ch = policy.chronic
+    kinds = getattr(health, "kinds", None)
+    if not ch.enabled or kinds is None or "gpu" not in kinds or "node" not in kinds:
+        return {}
+    ks = kinds["gpu"]
+    if not getattr(ks, "names", None) or getattr(ks, "member_of", None) is None or not hasattr(ks, "results"):
+        return {}  # a stand-in without the engine's columns
+    perf = [j for j, s in enumerate(ks.signals) if s.shape == "peer" and s.category in ch.categories]
+    if not perf:
+        return {}
+    zs = np.vstack([ks.results[j].z for j in perf])  # signals x GPUs, positive = worse
+    have = np.isfinite(zs)
+    n = have.sum(axis=0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        comb = np.where(n > 0, np.where(have, zs, 0.0).sum(axis=0) / np.sqrt(np.maximum(n, 1)), np.nan)
+    cand = np.flatnonzero(comb > ch.cusum_k)  # below the allowance nothing accumulates or escalates
+    if cand.size == 0:
+        return {}
+    rank_j = next((j for j, s in enumerate(ks.signals) if s.name == ch.slowdown_signal), None)
+    # the peer shape leaves each entity's relative deviation from its group's median in ``rate``
+    slow = ks.results[rank_j].rate if rank_j is not None else np.full(len(ks.names), np.nan)
+    node_names = kinds["node"].names
+    member = np.asarray(ks.member_of)
+    best: dict[int, int] = {}  # node index -> its GPU with the highest combined z
+    for i in cand[np.argsort(-comb[cand], kind="stable")].tolist():
+        best.setdefault(int(member[i]), i)
+    worst_slow = np.full(len(node_names), np.nan)
+    ok = np.isfinite(slow) & (member >= 0)
+    np.fmax.at(worst_slow, member[ok], slow[ok])
+    sizes = _job_sizes(kinds)
+    out: dict[str, Evidence] = {}
+    for node, i in best.items():
+        if node < 0:
+            continue
+        job = _label(health, i, "job")
+        sd = float(worst_slow[node])
+        out[node_names[node]] = Evidence(
+            float(comb[i]), {ks.signals[j].name: float(ks.results[j].z[i]) for j in perf
+                             if math.isfinite(float(ks.results[j].z[i]))},
+            ks.names[i], None if math.isnan(sd) else sd, job, sizes.get(job, 0) if job else 0)
+    return out
+
+
+def _job_sizes(kinds: Mapping[str, Any]) -> dict[str, int]:
+    """GPUs (ranks) per training job, from the rank entities (``job/rankN``)."""
+    rk = kinds.get("rank")
+    if rk is None or not rk.names:
+        return {}
+    jobs, counts = np.unique(np.array([n.rpartition("/")[0] for n in rk.names]), return_counts=True)
+    return dict(zip(jobs.tolist(), counts.tolist(), strict=True))
+
+
+def _label(health: Any, i: int, key: str) -> str | None:
+    meta = getattr(health, "meta", None)
+    if meta is None:
+        return None
+    return meta.labels("gpu", i).get(key)
+
+
+def feed_cusum(timers: dict[str, Timer], z: float | None, now: float, k: float) -> float:
+    """One cycle of the node's one-sided CUSUM (in place in its lifecycle timers): S grows by (z - k)
+    per hour since it was last fed and never below 0; an entry at 0 is dropped (a healthy node carries
+    none). No z this cycle (nothing past the allowance) counts as z 0. Returns S (z-hours)."""
+    t = timers.get(CUSUM_KEY)
+    if t is None:
+        if z is None or z <= k:
+            return 0.0
+        timers[CUSUM_KEY] = Timer(0.0, now)
+        return 0.0
+    if t.last_ts is not None and now > t.last_ts:
+        t.accum_s = max(0.0, t.accum_s + ((z or 0.0) - k) * (now - t.last_ts) / 3600.0)
+    t.last_ts = now
+    if t.accum_s <= 0.0:
+        del timers[CUSUM_KEY]
+        return 0.0
+    return t.accum_s
+
+
+def conds(state: State, timers: dict[str, Timer], ev: Evidence | None, now: float, policy: Policy,
+          obs: Observation | None) -> set[Cond]:
+    """The chronic conditions that hold for a node this cycle (and the CUSUM fed, on usable data only).
+    Only where the score alone would decide nothing: ``chronic_drift`` for a READY node at or above
+    ``degraded_below``, ``chronic_cost`` for a DEGRADED one at or above ``quarantine_below`` (a node the
+    score already takes down goes its usual way)."""
+    ch, lc = policy.chronic, policy.lifecycle
+    if not ch.enabled or state not in (State.READY, State.DEGRADED):
+        return set()
+    if obs is None or obs.value is None or not obs.usable(lc):
+        t = timers.get(CUSUM_KEY)
+        if t is not None:
+            t.last_ts = None  # unknown data pauses the accumulator, as it pauses the dwell timers
+        return set()
+    z = None if ev is None else min(ev.combined_z, ch.cusum_cap)
+    s = feed_cusum(timers, z, now, ch.cusum_k)
+    if ev is None:
+        return set()
+    loss = ev.loss_gpu_h_per_h()
+    if loss is None or loss * ch.horizon_s / 3600.0 < ch.swap_cost_gpu_hours:
+        return set()
+    out: set[Cond] = set()
+    drift = s >= ch.cusum_h
+    if (state == State.DEGRADED and obs.value >= lc.quarantine_below
+            and (drift or ev.combined_z >= ch.combined_z)):
+        out.add(Cond.CHRONIC_COST)
+    if state == State.READY and obs.value >= lc.degraded_below and drift:
+        out.add(Cond.CHRONIC_DRIFT)
+    return out
+
+
+def estimate(ev: Evidence | None, timers: Mapping[str, Timer], policy: Policy) -> dict[str, Any]:
+    """The price and evidence, for intents, pages and explain (full precision: JSON)."""
+    if ev is None:
+        return {}
+    ch = policy.chronic
+    loss = ev.loss_gpu_h_per_h()
+    t = timers.get(CUSUM_KEY)
+    return {
+        "gpu": ev.gpu, "combined_z": ev.combined_z, "z": dict(ev.z), "cusum_z_hours": 0.0 if t is None else t.accum_s,
+        "slowdown": ev.slowdown, "job": ev.job, "job_gpus": ev.job_gpus, "loss_gpu_hours_per_hour": loss,
+        "horizon_s": ch.horizon_s,
+        "loss_over_horizon_gpu_hours": None if loss is None else loss * ch.horizon_s / 3600.0,
+        "swap_cost_gpu_hours": ch.swap_cost_gpu_hours, "when": "next_safe_point",
+    }
+
+
+def describe(est: Mapping[str, Any]) -> str:
+    """The estimate in words for an operator (rounded)."""
+    if not est:
+        return "no chronic-slowness evidence"
+    zs = ", ".join(f"{k} {v:.1f}" for k, v in sorted(est["z"].items()))
+    head = f"combined z {est['combined_z']:.1f} ({zs}) on {est['gpu']}; CUSUM {est['cusum_z_hours']:.1f} z-hours"
+    if est["loss_gpu_hours_per_hour"] is None:
+        return head + "; no rank compute time: no job to price"
+    return (f"{head}; {est['slowdown']:.1%} slower than its peers in {est['job']} ({est['job_gpus']} GPUs): "
+            f"{est['loss_gpu_hours_per_hour']:.1f} GPU-h per hour, {est['loss_over_horizon_gpu_hours']:.0f} GPU-h "
+            f"over {est['horizon_s'] / 3600:.0f} h against {est['swap_cost_gpu_hours']:.0f} GPU-h for a swap")
+
+
+CONDS = frozenset({Cond.CHRONIC_COST, Cond.CHRONIC_DRIFT})
+
+
+def on_transition(cond: Cond, entity: str, timers: Mapping[str, Timer], evidence: Mapping[str, Evidence],
+                  policy: Policy) -> tuple[str, dict[str, Any]] | None:
+    """For a chronic transition (before its timers are reset): its reason (``chronic:cost``,
+    ``chronic:drift``) and the estimate its intents and page carry; None for any other."""
+    if cond not in CONDS:
+        return None
+    est = estimate(evidence.get(entity), timers, policy)
+    return ("chronic:cost" if cond == Cond.CHRONIC_COST else "chronic:drift"), {**est, "summary": describe(est)}

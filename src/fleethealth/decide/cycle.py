@@ -80,6 +80,7 @@ class Cycle:
         self.copied: set[str] = set()
         self.gpu_by_node: Mapping[str, list[HealthTuple]] = {}  # this cycle's flagged GPUs per node
         self.domains: dict[tuple[str, str], str] = {}  # (label, value) -> open domain incident (decide.domains)
+        self.chronic: Mapping[str, Any] = {}  # node -> this cycle's chronic-slowness evidence (decide.chronic)
 
     def incident(self, key: str, entity: str, reason: str, params: dict[str, Any], sig: Any = None) -> None:
         """The condition ``key`` holds this cycle: one PAGE when it opens, an update when ``sig``

@@ -302,16 +302,23 @@ def _shape_peer(ctx: _Ctx, spec: SignalSpec, kind: EntityKind, x: np.ndarray, sr
     k_crit = spec.k_crit if spec.k_crit is not None else pol.peer.k_crit
     xv = x[ents]
     if layout is not None and bool(np.isfinite(xv).all()):
-        z, _med, _mad, _ = shapes.peer_robust_z_laid_out(
+        z, med, _mad, _ = shapes.peer_robust_z_laid_out(
             xv, layout, worse_if=spec.worse_if, min_rel_dev=spec.min_rel_dev, mad_floor_rel=spec.mad_floor_rel)
     else:
-        z, _med, _mad, _ = shapes.peer_robust_z(
+        z, med, _mad, _ = shapes.peer_robust_z(
             xv, groups, n_groups, worse_if=spec.worse_if, min_rel_dev=spec.min_rel_dev,
             mad_floor_rel=spec.mad_floor_rel,
         )
+    # a peer signal's ``rate`` is its relative deviation from the group's median, positive = worse (what
+    # a slow rank costs its synchronous job: decide.chronic prices it)
+    m = med[groups]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        rel = np.where(m != 0, (xv - m) / np.abs(np.where(m != 0, m, 1.0)), np.nan)
+    res.rate[ents] = -rel if spec.worse_if == "lower" else rel
     if small is not None:
         min_peers = spec.min_peers if spec.min_peers is not None else pol.peer.min_peers
         z = np.where(small, np.nan, z)
+        res.rate[ents[small]] = np.nan
         for e in ents[small].tolist():
             res.notes[e] = f"too few peers (< {min_peers}) in its group: not scored"
             res.flags.append((e, f"too_few_peers:{spec.name}"))
