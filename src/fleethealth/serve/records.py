@@ -29,10 +29,10 @@ from typing import Any
 from fleethealth.decide.model import Tier
 
 # Headers that belong to one connection, not to the request or answer being relayed (plus the ones the
-# proxy sets itself: host, length, encoding).
+# proxy sets itself: host, length, accepted encodings, 100-continue). Content-Encoding passes: bodies are
+# relayed as they are, so their encoding is the client's to know.
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailers",
-                        "transfer-encoding", "upgrade", "host", "content-length", "accept-encoding",
-                        "content-encoding", "expect"})
+                        "transfer-encoding", "upgrade", "host", "content-length", "accept-encoding", "expect"})
 ENGINE_METRICS = ("vllm:generation_tokens_total", "vllm:num_requests_running", "vllm:num_requests_waiting",
                   "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:num_running_reqs",
                   "sglang:num_queue_reqs", "sglang:token_usage")
