@@ -9,9 +9,9 @@ default fields per GPU, real label sets, a ``pool`` and an ``instance`` label ad
 one scrape every 15 s of simulated time; then a child process per size runs ``Controller`` with a
 ``PrometheusSource`` whose selectors carry ``pool="<size's pool>"`` for ``--cycles`` cycles at those times:
 read (the API's JSON, decoded), history, structural signals, scoring, decisions. Reported per size: the
-median CPU seconds of the steady cycles (the first only fills the history) with the read's share, the
-first cycle's CPU, and the child's peak resident memory (the whole shard process: interpreter, libraries,
-the controller's state). The store's own CPU (VictoriaMetrics answering) is not the controller's and is
+median CPU seconds of the steady cycles (the first only fills the history, the second makes every
+lifecycle) by stage, the most either of the first two took, and the child's peak resident memory (the
+whole shard process: interpreter, libraries, the controller's state). The store's own CPU (VictoriaMetrics answering) is not the controller's and is
 left out. From a linear fit of CPU and memory against GPUs, the table for ``--fleet`` GPUs: the largest
 shard whose steady cycle stays within ``--budget`` of a 15 s interval on one core, how many shards, and
 the cores and memory for all of them, with one spare replica of that size for take-overs.
@@ -106,7 +106,7 @@ def child(url: str, pool: str, times: list[float]) -> dict[str, Any]:
     rows = []
     for t in times:
         rep = ctl.cycle(t)
-        rows.append({"cpu_s": rep.cpu_s, "read_cpu_s": rep.stage_cpu_s.get("read", 0.0), "samples": rep.samples,
+        rows.append({"cpu_s": rep.cpu_s, "stage_cpu_s": dict(rep.stage_cpu_s), "samples": rep.samples,
                      "errors": [str(e) for e in rep.source_errors][:2]})
     h = ctl.published.health
     return {"cycles": rows, "entities": sum(len(v.names) for v in h.kinds.values()) if h is not None else 0,
@@ -127,13 +127,17 @@ def measure(vm: VM, gpus: int, cycles: int) -> dict[str, Any]:
     out = subprocess.run([sys.executable, __file__, "--child", vm.url, pool, json.dumps(times)],
                          capture_output=True, text=True, check=True, env={**os.environ, "PYTHONHASHSEED": "0"})
     r = json.loads(out.stdout.strip().splitlines()[-1])
-    steady = r["cycles"][1:] or r["cycles"]
+    # cycle 1 fills the history (warm-up), cycle 2 is the first decision (every lifecycle new); then steady
+    steady = r["cycles"][2:] or r["cycles"]
+    stages = {k: round(statistics.median(c["stage_cpu_s"].get(k, 0.0) for c in steady), 3)
+              for k in ("read", "structural", "score", "decide_persist")}
     return {
         "gpus": gpus, "entities": r["entities"],
         "cycle_cpu_s": round(statistics.median(c["cpu_s"] for c in steady), 3),
-        "read_cpu_s": round(statistics.median(c["read_cpu_s"] for c in steady), 3),
+        "read_cpu_s": stages["read"], "stage_cpu_s": stages,
         "samples_per_cycle": int(statistics.median(c["samples"] for c in steady)),
-        "first_cycle_cpu_s": round(r["cycles"][0]["cpu_s"], 3),
+        "first_cycle_cpu_s": round(max(c["cpu_s"] for c in r["cycles"][:2]), 3),
+        "cycle_cpu_s_each": [round(c["cpu_s"], 3) for c in r["cycles"]],
         "max_rss_mib": round(r["max_rss_mib"]), "errors": steady[-1]["errors"],
     }
 
@@ -176,7 +180,7 @@ def main() -> None:
         return
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default="2000,5000,10000,20000", help="GPUs per shard, comma-separated")
-    ap.add_argument("--cycles", type=int, default=4)
+    ap.add_argument("--cycles", type=int, default=5)
     ap.add_argument("--fleet", type=int, default=1_000_000)
     ap.add_argument("--budget", type=float, default=0.5, help="share of the interval one steady cycle may use")
     ap.add_argument("--json", action="store_true")
@@ -190,12 +194,14 @@ def main() -> None:
     if a.json:
         print(json.dumps({"shards": rows, "sizing": plan}))
         return
-    print("| GPUs per shard | entities | samples read per cycle | CPU per steady cycle (of it: read) | "
-          "first cycle CPU | peak memory |")
-    print("|---:|---:|---:|---:|---:|---:|")
+    print("| GPUs per shard | entities | samples read per cycle | CPU per steady cycle | read / structural / "
+          "score / decide+persist | first cycles' CPU (most) | peak memory |")
+    print("|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
-        print(f"| {r['gpus']:,} | {r['entities']:,} | {r['samples_per_cycle']:,} | {r['cycle_cpu_s']:.2f} s "
-              f"({r['read_cpu_s']:.2f} s) | {r['first_cycle_cpu_s']:.2f} s | {r['max_rss_mib']:,} MiB |")
+        st = r["stage_cpu_s"]
+        print(f"| {r['gpus']:,} | {r['entities']:,} | {r['samples_per_cycle']:,} | {r['cycle_cpu_s']:.2f} s | "
+              f"{st['read']:.2f} / {st['structural']:.2f} / {st['score']:.2f} / {st['decide_persist']:.2f} s | "
+              f"{r['first_cycle_cpu_s']:.2f} s | {r['max_rss_mib']:,} MiB |")
         if r["errors"]:
             print(f"  source errors: {r['errors']}")
     p = plan

@@ -39,7 +39,8 @@ from fleethealth.controller.shards import (
     PeerBook,
     Publication,
     ShardSpec,
-    owns_pool,
+    matches,
+    owns,
     plan,
     shard_matcher,
 )
@@ -51,25 +52,38 @@ def test_matchers_select_each_shards_pools_and_the_rest_takes_the_others() -> No
     specs = [ShardSpec("a", ("p1", "p.2")), ShardSpec("b", matcher='pool=~"gpu-.*"'), ShardSpec("r", rest=True)]
     assert shard_matcher(specs[0], specs) == 'pool=~"p\\\\.2|p1"'  # a regex-escaped, PromQL-quoted literal
     assert shard_matcher(specs[1], specs) == 'pool=~"gpu-.*"'
-    assert shard_matcher(specs[2], specs) == 'pool!~"p\\\\.2|p1"'
-    assert owns_pool(specs[0], specs, "p.2") and not owns_pool(specs[0], specs, "px2")
-    assert owns_pool(specs[1], specs, "gpu-7") and not owns_pool(specs[1], specs, "xgpu-7")
-    assert owns_pool(specs[2], specs, None) and owns_pool(specs[2], specs, "gpu-7")  # the rest: by name only
+    assert shard_matcher(specs[2], specs) == 'pool!~"p\\\\.2|p1",pool!~"gpu-.*"'  # every other shard, negated
+    assert owns(specs[0], specs, {"pool": "p.2"}) and not owns(specs[0], specs, {"pool": "px2"})
+    assert owns(specs[1], specs, {"pool": "gpu-7"}) and not owns(specs[1], specs, {"pool": "xgpu-7"})
+    assert owns(specs[2], specs, {}) and owns(specs[2], specs, {"pool": "xgpu-7"})
+    assert not owns(specs[2], specs, {"pool": "gpu-7"})
 
 
-@given(st.lists(st.from_regex(r"[a-z][a-z0-9.-]{0,6}", fullmatch=True), min_size=1, max_size=12, unique=True),
-       st.integers(1, 4), st.lists(st.from_regex(r"[a-z][a-z0-9.-]{0,6}", fullmatch=True), max_size=6))
-@settings(max_examples=60, deadline=None)
-def test_named_shards_and_the_rest_partition_every_pool(pools: list[str], n: int, unknown: list[str]) -> None:
+_POOL = st.from_regex(r"[a-z][a-z0-9.-]{0,6}", fullmatch=True)
+
+
+@given(st.lists(_POOL, min_size=1, max_size=12, unique=True), st.integers(1, 4), st.lists(_POOL, max_size=6),
+       st.booleans())
+@settings(max_examples=80, deadline=None)
+def test_shards_and_the_rest_partition_every_pool(pools: list[str], n: int, unknown: list[str],
+                                                  by_matcher: bool) -> None:
     specs = [ShardSpec(f"s{i}", tuple(pools[i::n])) for i in range(n) if pools[i::n]]
+    if by_matcher:  # the last shard by a matcher instead of a list (a regex of its pools)
+        last = specs.pop()
+        specs.append(ShardSpec(last.name, matcher='pool=~"' + "|".join(re.escape(p) for p in last.pools)
+                               .replace("\\", "\\\\") + '"'))
     specs.append(ShardSpec("rest", rest=True))
     for pool in [*pools, *unknown, None]:
-        owners = [s.name for s in specs if owns_pool(s, specs, pool)]
+        labels = {} if pool is None else {"pool": pool}
+        owners = [s.name for s in specs if owns(s, specs, labels)]
         assert len(owners) == 1, (pool, owners)  # decided by exactly one shard: never twice, never dropped
-        m = shard_matcher(next(s for s in specs if s.name == owners[0]), specs)
-        value = pool or ""
-        rx = m.split('"', 1)[1][:-1].replace("\\\\", "\\")
-        assert (re.fullmatch(rx, value) is not None) == ("=~" in m)  # the PromQL matcher agrees with it
+        for s in specs:  # the PromQL matchers (ANDed) select exactly the owner's series
+            selected = all(matches(m, labels) for m in _split(shard_matcher(s, specs)))
+            assert selected == (s.name == owners[0]), (pool, s, shard_matcher(s, specs))
+
+
+def _split(matchers: str) -> list[str]:
+    return [m for m in re.findall(r'[a-zA-Z_]\w*(?:=~|!~|!=|=)"(?:[^"\\]|\\.)*"', matchers)]
 
 
 def test_config_refuses_a_pool_in_two_shards_and_names_the_line() -> None:
@@ -77,6 +91,9 @@ def test_config_refuses_a_pool_in_two_shards_and_names_the_line() -> None:
             "    - {name: a, pools: [p1]}\n    - {name: b, pools: [p1]}\n")
     with pytest.raises(ConfigError, match=r"<config>:\d+: shards.*p1.*two shards"):
         parse_config(text)
+    with pytest.raises(ConfigError, match="gpu-1.*matched by shard b"):
+        parse_config(text.replace("{name: b, pools: [p1]}", "{name: b, matcher: 'pool=~\"gpu-.*\"'}")
+                     .replace("pools: [p1]", "pools: [gpu-1]"))
     with pytest.raises(ConfigError, match="kubernetes"):
         parse_config("sources: {prometheus: {url: 'http://vm:8428'}}\nshards: {shards: [{name: a, rest: true}]}\n")
 
@@ -399,7 +416,7 @@ shards:
         wait_until(all_frozen, 90, 0.5, what="the fleet freeze in every shard")
         print("shards: fleet freeze seen in every shard " + ", ".join(
             f"{s} at +{ts - t_fault:.1f} s ({p['low']} of {p['total']} low)" for s, (p, ts) in sorted(frozen.items())))
-        n_entities = len(stack["pools"]) * 9  # a node and its 8 GPUs
+        n_entities = len(stack["pools"])  # lifecycles are the nodes' (GPUs have tuples, not lifecycles)
         for s, (p, _) in frozen.items():
             assert p["total"] >= 0.9 * n_entities, (s, p)  # the fleet's count, not the shard's own
             assert p["low"] / p["total"] >= 0.2

@@ -100,6 +100,11 @@ class LeaseElector:
     def is_leader(self) -> bool:
         return self._last_renew is not None and self.clock() - self._last_renew < self.renew_deadline_s
 
+    def held_until(self) -> float:
+        """When this replica stops leading unless it renews first (its clock; 0.0 when not leading): what a
+        process acting for it (a shard's controller) checks before each decision and action."""
+        return 0.0 if self._last_renew is None else self._last_renew + self.renew_deadline_s
+
     def step(self, lease: dict[str, Any] | None = None) -> bool:
         """Acquire or renew once; returns whether this replica leads now. ``lease``: the Lease as just
         listed (ShardLeases lists them all at once), sparing a GET."""

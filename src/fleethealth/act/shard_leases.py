@@ -10,9 +10,10 @@ Theory of operation
   (same acquire/renew/409 rules as the single-leader case), stepped with the Lease just listed.
 - A renewal also writes the shard's publication (its confidence counts) into the Lease's annotations,
   and every listed shard's annotation goes into the ``PeerBook`` (the fleet-wide freeze).
-- ``on_acquired(shard)`` / ``on_lost(shard)`` run on this thread when holding changes; ``holds(shard)`` is
-  what the shard's controller and actuation runner ask before deciding and acting (renew deadline rule:
-  a holder that could not renew for 2/3 of the lease duration stops before anyone else may take over).
+- ``on_acquired(shard)`` / ``on_lost(shard)`` run on this thread when holding changes, ``after_step`` after
+  every step; ``holds(shard)`` and the elector's ``held_until()`` are what the shard's controller and
+  actuation runner check before deciding and acting (renew deadline rule: a holder that could not renew
+  for 2/3 of the lease duration stops before anyone else may take over).
 - Take-over after a holder dies: its shards' records stop changing; at most one lease duration plus one
   retry period later they read free here; the preferred replica with room takes one at once, anyone
   after ``grace_s`` more. Failures of the API are logged; holdings lapse by themselves at the deadline.
@@ -50,7 +51,8 @@ class ShardLeases:
                  stale_after_s: float | None = None, clock: Callable[[], float] = time.monotonic,
                  publication: Callable[[str], str | None] | None = None,
                  on_acquired: Callable[[str], None] | None = None,
-                 on_lost: Callable[[str], None] | None = None) -> None:
+                 on_lost: Callable[[str], None] | None = None,
+                 after_step: Callable[[], None] | None = None) -> None:
         self.kube = kube
         self.identity = identity
         self.shards = list(shards)
@@ -63,6 +65,7 @@ class ShardLeases:
         self.publication = publication
         self.on_acquired = on_acquired
         self.on_lost = on_lost
+        self.after_step = after_step  # each step's end, under the lock: hand deadlines and counts on
         self.peers = PeerBook(stale_after_s if stale_after_s is not None else 3 * lease_duration_s)
         self._labels = {SET_LABEL: prefix}
         self.member = LeaseElector(kube, identity, lease_name(prefix, "member", identity), namespace,
@@ -170,6 +173,8 @@ class ShardLeases:
             self.electors[s].step(by_name.get(self.electors[s].name))
         self.last_plan = p
         self._notify()
+        if self.after_step is not None:
+            self.after_step()
         return p
 
     def _notify(self) -> None:

@@ -221,6 +221,13 @@ class ShardsConfig(_Strict):
                 seen[p] = s.name
         if sum(s.rest for s in self.shards) > 1:
             raise ValueError("at most one shard may be the rest")
+        from fleethealth.controller.shards import matches
+
+        for m in (s for s in self.shards if s.matcher):
+            both = sorted(p for p, owner in seen.items() if matches(m.matcher, {self.label: p}))
+            if both:
+                raise ValueError(f"pool {both[0]!r} is in shard {seen[both[0]]} and matched by shard {m.name}'s "
+                                 "matcher: it would be decided twice")
         return self
 
 

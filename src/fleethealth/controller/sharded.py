@@ -1,6 +1,6 @@
 """A sharded replica: ``fleethealth run`` with a ``shards`` section. Several replicas share the fleet; each
 holds some shards through one Kubernetes Lease per shard (``act.shard_leases``) and runs one controller
-per shard it holds (the imperative shell around ``controller.shards``).
+process per shard it holds (the imperative shell around ``controller.shards``).
 
 Theory of operation
 - A shard's controller is the ordinary one (``controller.build``), given the shard's part of everything:
@@ -10,8 +10,13 @@ Theory of operation
   part of the database (PostgreSQL: schema ``fleethealth_shard_<name>`` of the one database every replica
   shares; SQLite: a file per shard), so two shards never write the same row, and a deposed holder of a
   shard is fenced off by the new holder's claim exactly as a deposed leader is.
-- It decides and acts only while this replica holds the shard's Lease (``is_leader``); when the Lease
-  is lost (another replica took it, or this one could not renew) its controller stops. Taking a shard
+- The Leases are renewed on a thread of the replica's process; each shard's controller runs in a process
+  of its own (spawned), because a shard's cycle holds the interpreter for seconds at a time (decoding the
+  store's answer), which would starve the renewals, and because shards then use a core each. The two
+  share a few numbers (``slots``): the Lease deadline, the peers' counts in, the shard's counts out.
+- A shard's controller decides and acts only while the replica's Lease deadline for it is ahead on the
+  shared monotonic clock (``is_leader``); when the Lease is lost (another replica took it, or this one
+  could not renew) its process is told to stop, and it dies with the replica if the replica is killed. Taking a shard
   starts a controller for it: it claims the shard's store, loads the last holder's state, drains its
   outbox; its first cycle fills the history (rates need two samples) and decisions resume on the next.
 - The fleet-wide telemetry-loss freeze: after each decided cycle the shard's counts of entities in
@@ -22,12 +27,13 @@ Theory of operation
 - On ``listen`` a replica serves ``/healthz`` (503 while a shard it holds has not completed a cycle for
   three intervals) and ``/metrics`` (per shard: held here, cycles, last cycle's CPU, the published counts
   and whether each shard's publication is stale as seen here). The per-entity API (``/api/v1/*``) of the
-  one-controller mode is not served here yet. Log lines carry the shard (thread ``shard-<name>``).
+  one-controller mode is not served here yet. A shard's log lines carry its name.
 """
 
 from __future__ import annotations
 
 import logging
+import multiprocessing
 import os
 import socket
 import threading
@@ -35,10 +41,10 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 from fleethealth.controller.config import ControllerConfig
-from fleethealth.controller.shards import Publication, ShardSpec, owns_pool, shard_matcher
+from fleethealth.controller.shards import Publication, ShardSpec, owns, shard_matcher
 from fleethealth.decide.decider import Decider
 from fleethealth.policy import Policy, load_policy
 
@@ -85,7 +91,8 @@ def shard_state_db(state_db: str | None, shard: str) -> str | None:
         parts = urlsplit(state_db)
         q = [(k, v) for k, v in parse_qsl(parts.query) if k != "options"]
         q.append(("options", f"-c search_path={schema_name(shard)}"))
-        return urlunsplit((parts.scheme, parts.netloc, parts.path, urlencode(q), parts.fragment))
+        # %20, not +, for the space: libpq decodes percent-escapes only
+        return urlunsplit((parts.scheme, parts.netloc, parts.path, urlencode(q, quote_via=quote), parts.fragment))
     path = state_db.removeprefix("sqlite:///")
     stem, dot, ext = path.rpartition(".")
     return f"{stem}.{shard}.{ext}" if dot and "/" not in ext else f"{path}.{shard}"
@@ -123,19 +130,101 @@ def ensure_schema(state_db: str | None, shard: str) -> None:
         conn.close()
 
 
-# -- one shard's controller on its own thread -------------------------------------------------------------
+# -- one shard's controller in its own process ------------------------------------------------------------
+# The shared slots between a replica and a shard's process (multiprocessing.Array of doubles).
+HELD_UNTIL, PEERS_TOTAL, PEERS_LOW, OWN_TOTAL, OWN_LOW, OWN_TS, STOP, CYCLES, LAST_CPU, LAST_TS = range(10)
+N_SLOTS = 10
+
+
+def _die_with_parent() -> None:
+    """Linux: SIGKILL this process when the replica that started it dies (a SIGKILLed replica must not
+    leave a shard's controller behind; it would stop deciding at its Lease deadline anyway)."""
+    import contextlib
+    import ctypes
+    import signal as _signal
+
+    # not Linux: the Lease deadline and the parent check still stop it acting
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, int(_signal.SIGKILL))  # PR_SET_PDEATHSIG
+
+
+def shard_main(cfg_data: dict[str, Any], shard: str, slots: Any, parent: int, log_level: int) -> None:
+    """A shard's process: its controller, deciding and acting only while ``slots[HELD_UNTIL]`` (the
+    replica's Lease deadline on the shared monotonic clock) is ahead, stopping when ``slots[STOP]`` is set
+    or the replica is gone."""
+    _die_with_parent()
+    logging.basicConfig(level=log_level, format=f"%(asctime)s %(levelname)s %(name)s [{shard}]: %(message)s")
+    for noisy in ("httpx", "httpcore"):
+        logging.getLogger(noisy).setLevel(max(logging.WARNING, log_level))
+    from fleethealth.controller.build import build
+
+    cfg = ControllerConfig.model_validate(cfg_data)
+    specs = shard_specs(cfg)
+    spec = next(s for s in specs if s.name == shard)
+    policy = load_policy(cfg.policy)
+    label = cfg.shards.label if cfg.shards is not None else "pool"
+    while True:
+        if slots[STOP] or os.getppid() != parent:
+            return
+        try:
+            ensure_schema(cfg.state_db, shard)
+            asm = build(shard_config(cfg, spec, specs), policy=policy,
+                        node_filter=lambda labels: owns(spec, specs, labels, label))
+            break
+        except Exception as e:  # the store or Prometheus not reachable yet: the Lease is kept, retried
+            log.error("shard %s: cannot start its controller: %s: %s", shard, type(e).__name__, e)
+            time.sleep(cfg.interval_s)
+    ctl = asm.controller
+    counts = FleetCounts()
+
+    def holds() -> bool:
+        return not slots[STOP] and time.monotonic() < slots[HELD_UNTIL]
+
+    ctl.is_leader = holds
+    asm.runner.is_leader = holds
+    ctl.loop.decider = shard_decider(counts)(policy)
+
+    def peers(now: float) -> None:
+        counts.peers = (int(slots[PEERS_TOTAL]), int(slots[PEERS_LOW]))
+
+    def report(rep: Any) -> None:
+        own = counts.own
+        if not rep.skipped and own is not None:
+            slots[OWN_TOTAL], slots[OWN_LOW], slots[OWN_TS] = float(own[0]), float(own[1]), float(rep.ts)
+        slots[CYCLES] += 1
+        slots[LAST_CPU], slots[LAST_TS] = rep.cpu_s, rep.ts
+
+    ctl.pre_cycle.append(peers)
+    ctl.on_cycle = report
+
+    def watch() -> None:
+        while not (slots[STOP] or os.getppid() != parent):
+            time.sleep(0.2)
+        ctl.stop()
+
+    threading.Thread(target=watch, name="shard-watch", daemon=True).start()
+    log.warning("shard %s: controller started, reading %s", shard,
+                ", ".join(getattr(s, "matchers", "") or s.name for s in ctl.sources))
+    try:
+        ctl.run()
+    finally:
+        asm.close()
+        log.warning("shard %s: controller stopped", shard)
+
+
 @dataclass
 class ShardRun:
     shard: str
-    counts: FleetCounts = field(default_factory=FleetCounts)
-    stop: threading.Event = field(default_factory=threading.Event)
-    thread: threading.Thread | None = None
-    assembly: Any = None
+    slots: Any
+    proc: Any
     started_at: float = field(default_factory=time.time)
 
 
 class ShardedReplica:
-    """One replica of a sharded controller (see the module docstring). ``run()`` blocks until ``stop()``."""
+    """One replica of a sharded controller (see the module docstring): the Leases on a thread of this
+    process, each held shard's controller in a process of its own (a shard's cycle holds the interpreter
+    for seconds at a time; the Leases must be renewed meanwhile, and shards use a core each).
+    ``run()`` blocks until ``request_stop()``."""
 
     def __init__(self, cfg: ControllerConfig, *, policy: Policy | None = None, kube: Any = None) -> None:
         from fleethealth.act.kube_api import Kube, OfficialKubeApi
@@ -144,7 +233,7 @@ class ShardedReplica:
         if cfg.shards is None or cfg.kubernetes is None:
             raise ValueError("a sharded replica needs the 'shards' and 'kubernetes' sections")
         self.cfg = cfg
-        self.policy = policy or load_policy(cfg.policy)
+        self.policy = policy or load_policy(cfg.policy)  # validated here: a bad policy fails the start
         self.specs = shard_specs(cfg)
         k = cfg.kubernetes
         if kube is None:
@@ -152,10 +241,10 @@ class ShardedReplica:
                    else OfficialKubeApi.from_config(k.kubeconfig, k.context))
             kube = Kube(api)
         self.identity = k.identity or f"{socket.gethostname()}-{os.getpid()}"
-        self._publications: dict[str, str] = {}
         self._runs: dict[str, ShardRun] = {}
         self._lock = threading.Lock()
         self._stopped = threading.Event()
+        self._mp = multiprocessing.get_context("spawn")  # never fork a process that runs threads
         sh = cfg.shards
         retry = min(k.lease_duration_s / 7.5, cfg.interval_s / 4)
         self.leases = ShardLeases(
@@ -163,94 +252,61 @@ class ShardedReplica:
             lease_duration_s=k.lease_duration_s, retry_period_s=retry, grace_s=sh.grace_s,
             stale_after_s=sh.stale_after_s if sh.stale_after_s is not None
             else k.lease_duration_s + 3 * cfg.interval_s,
-            publication=self._publications.get, on_acquired=self._acquired, on_lost=self._lost)
+            publication=self._publication, on_acquired=self._acquired, on_lost=self._lost,
+            after_step=self._share)
 
-    # -- lease callbacks (on the lease thread: quick) -------------------------------------------------
+    # -- lease callbacks (on the lease thread, under its lock: quick) ----------------------------------
     def _acquired(self, shard: str) -> None:
         with self._lock:
             if self._stopped.is_set() or shard in self._runs:
                 return
-            run = self._runs[shard] = ShardRun(shard)
-            run.thread = threading.Thread(target=self._run_shard, args=(run,), name=f"shard-{shard}", daemon=True)
-            run.thread.start()
+            slots = self._mp.Array("d", N_SLOTS)
+            slots[HELD_UNTIL] = self.leases.electors[shard].held_until()
+            proc = self._mp.Process(target=shard_main, name=f"shard-{shard}", daemon=True,
+                                    args=(self.cfg.model_dump(), shard, slots, os.getpid(),
+                                          logging.getLogger().getEffectiveLevel()))
+            proc.start()
+            self._runs[shard] = ShardRun(shard, slots, proc)
 
     def _lost(self, shard: str) -> None:
         with self._lock:
             run = self._runs.pop(shard, None)
         if run is not None:
-            run.stop.set()
-            if run.assembly is not None:
-                run.assembly.controller.stop()
+            run.slots[HELD_UNTIL] = 0.0
+            run.slots[STOP] = 1.0
+            threading.Thread(target=self._reap, args=(run,), daemon=True).start()
 
-    # -- a shard's controller ------------------------------------------------------------------------------
-    def _build(self, run: ShardRun) -> Any:
-        from fleethealth.controller.build import build
+    def _reap(self, run: ShardRun) -> None:
+        run.proc.join(30)
+        if run.proc.is_alive():
+            log.error("shard %s: controller did not stop in 30 s; killed", run.shard)
+            run.proc.kill()
+            run.proc.join(5)
 
-        spec = next(s for s in self.specs if s.name == run.shard)
-        scfg = shard_config(self.cfg, spec, self.specs)
-        ensure_schema(self.cfg.state_db, spec.name)
-        label = self.cfg.shards.label if self.cfg.shards is not None else "pool"
-        asm = build(scfg, policy=self.policy,
-                    node_filter=lambda labels: owns_pool(spec, self.specs, labels.get(label)))
-        ctl = asm.controller
-        shard = run.shard
+    def _share(self) -> None:
+        """After each Lease step: each shard process's deadline and the other shards' counts."""
+        with self._lock:
+            runs = list(self._runs.values())
+        for r in runs:
+            e = self.leases.electors[r.shard]
+            r.slots[HELD_UNTIL] = e.held_until()
+            total, low = self.leases.peers.peer_counts(r.shard, self.leases.shards, self.leases.clock())
+            r.slots[PEERS_TOTAL], r.slots[PEERS_LOW] = float(total), float(low)
 
-        def holds() -> bool:
-            return not run.stop.is_set() and self.leases.holds(shard)
-
-        ctl.is_leader = holds
-        asm.runner.is_leader = holds
-        ctl.loop.decider = shard_decider(run.counts)(self.policy)
-
-        def peers(now: float) -> None:
-            run.counts.peers = self.leases.peer_counts(shard)
-
-        def publish(report: Any) -> None:
-            own = run.counts.own
-            if not report.skipped and own is not None:
-                self._publications[shard] = Publication(own[0], own[1], float(report.ts)).to_annotation()
-
-        ctl.pre_cycle.append(peers)
-        ctl.on_cycle = publish
-        return asm
-
-    def _run_shard(self, run: ShardRun) -> None:
-        while not run.stop.is_set():
-            try:
-                run.assembly = self._build(run)
-                break
-            except Exception as e:  # the store or Prometheus not reachable yet: the Lease is kept, retried
-                log.error("shard %s: cannot start its controller: %s: %s", run.shard, type(e).__name__, e)
-                run.stop.wait(self.cfg.interval_s)
-        asm = run.assembly
-        if asm is None:
-            return
-        if run.stop.is_set():
-            asm.close()
-            return
-        log.warning("shard %s: controller started, reading %s", run.shard,
-                    ", ".join(getattr(s, "matchers", "") or s.name for s in asm.controller.sources))
-        try:
-            asm.controller.run()
-        except Exception:
-            log.exception("shard %s: controller failed", run.shard)
-        finally:
-            asm.close()
-            log.warning("shard %s: controller stopped", run.shard)
+    def _publication(self, shard: str) -> str | None:
+        run = self._runs.get(shard)
+        if run is None or run.slots[OWN_TS] <= 0:
+            return None
+        return Publication(int(run.slots[OWN_TOTAL]), int(run.slots[OWN_LOW]), run.slots[OWN_TS]).to_annotation()
 
     # -- what it serves ---------------------------------------------------------------------------------
     def health(self, now: float) -> tuple[bool, str]:
         """Unhealthy while a shard held here has not completed a cycle for three intervals (a stuck
-        controller keeps its Lease renewed by the lease thread, so the probe is what replaces it)."""
-        late = []
+        controller's Lease is still renewed by this process, so the probe is what replaces it)."""
         with self._lock:
             runs = list(self._runs.values())
-        for r in runs:
-            asm = r.assembly
-            last = asm.controller.published.ts if asm is not None else 0.0
-            started = r.started_at
-            if now - max(last, started) > 3 * self.cfg.interval_s + 30.0:
-                late.append(r.shard)
+        late = [r.shard for r in runs
+                if now - max(r.slots[LAST_TS], r.started_at) > 3 * self.cfg.interval_s + 30.0 or not r.proc.is_alive()]
         if late:
             return False, f"no cycle completed lately in shard(s) {', '.join(late)}"
         return True, "ok"
@@ -268,16 +324,13 @@ class ShardedReplica:
             lab = f'{{shard="{s.name}"}}'
             lines.append(f"fleethealth_shard_held{lab} {int(s.name in held)}")
             lines.append(f"fleethealth_shard_publication_stale{lab} {int(s.name in stale)}")
-            pub = Publication.from_annotation(self._publications.get(s.name))
-            if pub is not None and s.name in held:
-                lines.append(f"fleethealth_shard_in_service{lab} {pub.in_service}")
-                lines.append(f"fleethealth_shard_low_confidence{lab} {pub.low_confidence}")
             r = runs.get(s.name)
-            ctl = r.assembly.controller if r is not None and r.assembly is not None else None
-            if ctl is not None:
-                rep = ctl.published.report
-                lines.append(f"fleethealth_shard_cycles_total{lab} {ctl.cycles_total}")
-                lines.append(f"fleethealth_shard_last_cycle_cpu_seconds{lab} {rep.cpu_s if rep else 0.0}")
+            if r is not None:
+                if r.slots[OWN_TS] > 0:
+                    lines.append(f"fleethealth_shard_in_service{lab} {int(r.slots[OWN_TOTAL])}")
+                    lines.append(f"fleethealth_shard_low_confidence{lab} {int(r.slots[OWN_LOW])}")
+                lines.append(f"fleethealth_shard_cycles_total{lab} {int(r.slots[CYCLES])}")
+                lines.append(f"fleethealth_shard_last_cycle_cpu_seconds{lab} {r.slots[LAST_CPU]:.6f}")
         return "\n".join(lines) + "\n"
 
     def serve(self, host: str, port: int) -> Any:
@@ -335,10 +388,8 @@ class ShardedReplica:
         with self._lock:
             runs, self._runs = list(self._runs.values()), {}
         for r in runs:
-            r.stop.set()
-            if r.assembly is not None:
-                r.assembly.controller.stop()
+            r.slots[HELD_UNTIL] = 0.0
+            r.slots[STOP] = 1.0
         for r in runs:
-            if r.thread is not None:
-                r.thread.join(30)
+            self._reap(r)
         self.leases.release_all()

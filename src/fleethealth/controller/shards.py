@@ -4,7 +4,7 @@ fleet-wide telemetry-loss freeze counts. Pure: no I/O, no clock (times are argum
 
 Theory of operation
 - A shard is a named set of pools (``pools: [a, b]``), a pool-label matcher (``matcher: 'pool=~"gpu-.*"'``),
-  or the rest (``rest: true``: every pool no other shard names, and series without a pool label). It
+  or the rest (``rest: true``: every series no other shard selects, those without a pool label too). It
   reads only its series from the Prometheus-compatible store through one more label matcher on every
   selector (``shard_matcher``: ``pool=~"a|b"``). Budgets, freezes and failure domains are per pool, so a
   shard decides alone; its state lives in its own part of the store (a PostgreSQL schema per shard).
@@ -34,7 +34,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-_MATCHER = re.compile(r'^\s*[a-zA-Z_][a-zA-Z0-9_]*\s*(=~|!~|!=|=)\s*"(?:[^"\\]|\\.)*"\s*$')
+_MATCHER = re.compile(r'^\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*(=~|!~|!=|=)\s*"(?:[^"\\]|\\.)*"\s*$')
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,42 +55,73 @@ def _quoted(regex: str) -> str:
     return regex.replace("\\", "\\\\").replace('"', '\\"')
 
 
+_NEGATED = {"=": "!=", "!=": "=", "=~": "!~", "!~": "=~"}
+
+
+def parse_matcher(text: str) -> tuple[str, str, str] | None:
+    """(label, operator, value unquoted) of one PromQL label matcher, or None."""
+    m = _MATCHER.match(text)
+    if m is None:
+        return None
+    name, op = m.group(1), m.group(2)
+    quoted = text.strip()[text.strip().index('"') + 1:-1]
+    return name, op, re.sub(r"\\(.)", r"\1", quoted)
+
+
 def shard_matcher(spec: ShardSpec, all_specs: Sequence[ShardSpec], label: str = "pool") -> str:
-    """The PromQL label matcher that selects this shard's series (``pool=~"a|b"``). The rest shard
-    excludes every pool another shard names (its ``!~`` also matches series without the label); a
-    matcher shard's own text is used as is."""
+    """The PromQL label matchers that select this shard's series (``pool=~"a|b"``). The rest shard is
+    every other shard negated, ANDed (``pool!~"a|b",pool!~"gpu-.*"``; a ``!~`` also matches series
+    without the label); a matcher shard's own text is used as is."""
     if spec.matcher:
         return spec.matcher.strip()
     if spec.rest:
         named = [p for s in all_specs if s is not spec and not s.rest for p in s.pools]
-        return f'{label}!~"{_quoted(_alternation(named))}"' if named else ""
+        parts = [f'{label}!~"{_quoted(_alternation(named))}"'] if named else []
+        for s in all_specs:
+            pm = parse_matcher(s.matcher) if s.matcher and s is not spec else None
+            if pm is not None:
+                parts.append(f'{pm[0]}{_NEGATED[pm[1]]}"{_quoted(pm[2])}"')
+        return ",".join(parts)
     return f'{label}=~"{_quoted(_alternation(spec.pools))}"'
 
 
 def valid_matcher(text: str) -> bool:
-    """One PromQL label matcher (``name op "value"``)."""
-    return bool(_MATCHER.match(text))
-
-
-def owns_pool(spec: ShardSpec, all_specs: Sequence[ShardSpec], pool: str | None) -> bool:
-    """Whether a node of ``pool`` (None: no pool label) belongs to this shard, by the same rule as its
-    matcher: for filtering what Kubernetes lists (inventory, node capacity) to the shard's own nodes."""
-    value = pool or ""
-    if spec.matcher:
-        m = re.match(r'^\s*[a-zA-Z_][a-zA-Z0-9_]*\s*(=~|!~|!=|=)\s*"((?:[^"\\]|\\.)*)"\s*$', spec.matcher)
-        if m is None:
+    """One PromQL label matcher (``name op "value"``) whose regex, if any, compiles."""
+    pm = parse_matcher(text)
+    if pm is None:
+        return False
+    if pm[1] in ("=~", "!~"):
+        try:
+            re.compile(pm[2])
+        except re.error:
             return False
-        op, raw = m.group(1), m.group(2).encode().decode("unicode_escape")
-        if op == "=":
-            return value == raw
-        if op == "!=":
-            return value != raw
-        hit = re.fullmatch(raw, value) is not None
-        return hit if op == "=~" else not hit
+    return True
+
+
+def matches(matcher: str, labels: Mapping[str, str]) -> bool:
+    """Whether a series (or a node) with these labels is selected by one PromQL label matcher (an absent
+    label reads as "", as in PromQL; regexes are anchored)."""
+    pm = parse_matcher(matcher)
+    if pm is None:
+        return False
+    name, op, value = pm
+    have = labels.get(name, "")
+    if op == "=":
+        return have == value
+    if op == "!=":
+        return have != value
+    hit = re.fullmatch(value, have) is not None
+    return hit if op == "=~" else not hit
+
+
+def owns(spec: ShardSpec, all_specs: Sequence[ShardSpec], labels: Mapping[str, str], label: str = "pool") -> bool:
+    """Whether a node with these (Kubernetes) labels belongs to this shard, by the same rule as its
+    matcher: for keeping what Kubernetes lists (inventory, node capacity) to the shard's own nodes."""
+    if spec.matcher:
+        return matches(spec.matcher, labels)
     if spec.rest:
-        named = {p for s in all_specs if s is not spec and not s.rest for p in s.pools}
-        return value not in named
-    return value in spec.pools
+        return not any(owns(s, all_specs, labels, label) for s in all_specs if s is not spec and not s.rest)
+    return labels.get(label, "") in spec.pools
 
 
 # -- assignment -----------------------------------------------------------------------------------
