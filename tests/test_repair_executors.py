@@ -194,3 +194,28 @@ def test_reboot_through_a_medik8s_resource_moves_the_ladder(cluster: KubeCluster
     assert test.params["verify"] == "reboot_node"
     d3 = dec.decide(d2.state, good, 700.0, [Event(690.0, "active_test", "gpu-b", passed=True)])
     assert d3.state.entities["gpu-b"].state == State.RECOVERING
+
+
+@pytest.mark.needs_k8s
+def test_a_row_remap_reset_waits_for_the_next_safe_point(cluster: KubeCluster, tmp_path: Path) -> None:
+    """The row-remap ladder's reset (the node stays in service) is not refused while GPU work runs: the
+    agent answers it once the node is drained (issue 17: the remap's reset through the ladder)."""
+    kube = cluster.kube()
+    cluster.add_node("gpu-r")
+    act = KubeNodeActuator(kube)
+    dec = Decider(default_policy())
+    d = dec.decide(DecisionState(), [
+        tup("gpu-r", 0.8, reason="min:memory", flags=("row_remap_pending",)),
+        tup("gpu-r/gpu2", 0.8, kind="gpu", labels={"node": "gpu-r"}, flags=("row_remap_pending", "xid:63"))], 0.0)
+    reset = next(i for i in d.intents if i.kind == IntentKind.SCHEDULE_RESET)
+    assert reset.params["ladder"] == "row-remap" and reset.params["when"] == "next_safe_point"
+    assert act.apply(reset).ok
+    assert kube.get_node("gpu-r")["metadata"]["annotations"]["fleethealth.io/reset-when"] == "next_safe_point"
+    reported: list[dict[str, Any]] = []
+    r, logf = resetter(tmp_path, [FakeGpu(i) for i in range(8)])
+    w = ResetWatcher("gpu-r", kube, r, reported.append)
+    assert w.poll() is None and w.poll() is None and not reported  # waits, answers nothing yet
+    kube.patch_node("gpu-r", {"spec": {"unschedulable": True}})  # the safe point: cordoned, no GPU pods
+    res = w.poll()
+    assert res is not None and res.passed and reported[-1]["payload"]["key"] == reset.key
+    assert logf.read_text().count("--gpu-reset") == 1 and "-i" in logf.read_text()

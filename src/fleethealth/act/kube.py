@@ -321,6 +321,8 @@ class KubeNodeActuator:
                 f"{pre}/reset-request-key": intent.key,
                 f"{pre}/reset-gpus": ",".join(str(g) for g in gpus),
                 f"{pre}/reset-gpu": str(intent.params.get("gpu", intent.entity)),
+                # next_safe_point: the agent waits for the node to drain instead of refusing
+                f"{pre}/reset-when": str(intent.params.get("when", "now")),
             }))
         return Outcome.failure(f"intent kind {k} is not a Kubernetes node action", retry=False)
 

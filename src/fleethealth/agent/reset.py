@@ -19,7 +19,10 @@ actuator writes it on the Node as annotations (``fleethealth.io/reset-requested`
    ``reset-result-detail`` on the Node, and a ``reset`` event to the controller's authenticated events
    endpoint (bearer token), which moves the ladder on. A refused reset (a process still holds the GPU,
    persistence mode) is reported as a failure with its reason: the ladder escalates (a reboot does not
-   need the GPU idle) instead of waiting.
+   need the GPU idle) instead of waiting. A request ``reset-when: next_safe_point`` (a pending row
+   remap's, on a node that stays in service) is not refused while the node is not drained: the agent
+   waits for the safe point (the node cordoned and its GPU pods gone) and answers then; the ladder's
+   step timeout bounds the wait.
 
 A request is answered once: the result key on the Node is the record, so an agent restarted mid-reset
 does not reset twice, and a new request (a new key) is a new reset. Never run against a real GPU in
@@ -46,6 +49,7 @@ PREFIX = "fleethealth.io"
 REQUEST = f"{PREFIX}/reset-requested"
 REQUEST_KEY = f"{PREFIX}/reset-request-key"
 REQUEST_GPUS = f"{PREFIX}/reset-gpus"
+REQUEST_WHEN = f"{PREFIX}/reset-when"
 RESULT = f"{PREFIX}/reset-result"
 RESULT_KEY = f"{PREFIX}/reset-result-key"
 RESULT_DETAIL = f"{PREFIX}/reset-result-detail"
@@ -205,6 +209,7 @@ class ResetWatcher:
     resetter: GpuResetter
     report: Callable[[dict[str, Any]], None] | None = None  # POSTs an event to the controller
     answered: set[str] = field(default_factory=set)
+    waiting: set[str] = field(default_factory=set)  # next-safe-point requests seen, not yet answerable
 
     def _drained(self, node_obj: dict[str, Any]) -> str | None:
         if not (node_obj.get("spec") or {}).get("unschedulable"):
@@ -234,6 +239,11 @@ class ResetWatcher:
             res = ResetResult("refused", str(e))
         else:
             why = self._drained(obj)
+            if why is not None and ann.get(REQUEST_WHEN) == "next_safe_point":
+                if key not in self.waiting:
+                    self.waiting.add(key)
+                    log.info("reset request %s on %s waits for the next safe point: %s", key, self.node, why)
+                return None
             if why is not None:
                 res = ResetResult("refused", f"not drained: {why}")
             else:
