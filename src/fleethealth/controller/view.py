@@ -391,7 +391,8 @@ def _kpi_table(kpis: LiveKpis) -> str:
     out.append('</table></div><div class="note">GPU goodput: GPU-hours not lost to isolated, unknown or '
                "DEGRADED nodes; SLO attainment: replica time within every SLO's error budget; precision: "
                "quarantines an active test, a hard gate or FAILED confirmed; detect / repair: first bad "
-               "transition to isolation / to READY. Also at /api/v1/pools and `fleethealth get pools`.</div>")
+               "transition to isolation / to READY. Also at /api/v1/pools and `fleethealth get pools`. "
+               f'<a href="{_e(url("kpis.md"))}">What they mean, and comparing before and after an upgrade</a>.</div>')
     return "".join(out)
 
 
