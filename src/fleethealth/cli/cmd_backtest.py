@@ -26,8 +26,13 @@ def _fmt(v: Any, f: str) -> str:
     if v is None:
         return "n/a" if f == "{:.3f}" else "-"  # precision with nothing quarantined
     if f == "dur":
-        return f"{v:.0f}s"
+        return dur(v)
     return f.format(v)
+
+
+def dur(s: float) -> str:
+    """Seconds for people: 45s, 12.5 min, 6.5 h."""
+    return f"{s:.0f}s" if s < 120 else f"{s / 60:.1f} min" if s < 7200 else f"{s / 3600:.1f} h"
 
 
 def load_inputs(scenario: str, policy: Path | None, duration: str | None, seed: int | None) -> tuple[Any, Any]:
@@ -65,9 +70,10 @@ def print_table(result: dict[str, Any]) -> None:
                + (f"closed loop, {result.get('world_actions', 0)} actions applied to fleethealth's world"
                   if result.get("closed_loop") else "open loop"))
     w = max(12, *(len(n) for n, _ in arms))
-    typer.echo(f"{'metric':<20}" + "".join(f"{n:>{w + 2}}" for n, _ in arms))
+    kw = max(len(k) for k, _ in METRIC_ROWS) + 2
+    typer.echo(f"{'metric':<{kw}}" + "".join(f"{n:>{w + 2}}" for n, _ in arms))
     for key, f in METRIC_ROWS:
-        typer.echo(f"{key:<20}" + "".join(f"{_fmt(m.get(key), f):>{w + 2}}" for _, m in arms))
+        typer.echo(f"{key:<{kw}}" + "".join(f"{_fmt(m.get(key), f):>{w + 2}}" for _, m in arms))
     typer.echo("")
     for name, m in arms:
         t = m.get("targets", {})
@@ -77,8 +83,8 @@ def print_table(result: dict[str, Any]) -> None:
     if incs:
         typer.echo("\ninjected faults (fleethealth):")
         for r in incs:
-            resp = "no response" if r["response_s"] is None else f"response {r['response_s']:.0f}s"
-            rem = "" if r["removal_s"] is None else f", removed {r['removal_s']:.0f}s"
+            resp = "no response" if r["response_s"] is None else f"response {dur(r['response_s'])}"
+            rem = "" if r["removal_s"] is None else f", removed {dur(r['removal_s'])}"
             typer.echo(f"  {'ok ' if r['action_ok'] else 'MISS'} {r['fault']:<26} {r['node']:<10} "
                        f"onset {r['onset_s'] / 3600:5.2f}h expect {r['expected']:<16} {resp}{rem}")
     for q in result.get("false_quarantine_list", []):
