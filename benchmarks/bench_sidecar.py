@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import signal
 import socket
@@ -31,6 +32,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -122,6 +124,19 @@ async def throughput(c: httpx.AsyncClient, concurrency: int, seconds: float) -> 
     t0 = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     return done / (time.perf_counter() - t0), done
+
+
+def hot_path(tree: Path) -> dict[str, float] | None:
+    """benchmarks/sidecar_hot_path.py for a tree that has the lean front (None for one that has not)."""
+    if not (tree / "src" / "fleethealth" / "serve" / "front.py").exists():
+        return None
+    env = {**os.environ, "PYTHONPATH": str(tree / "src")}
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "sidecar_hot_path.py")], env=env,
+                         capture_output=True, text=True, timeout=600)
+    if out.returncode != 0:
+        print(f"# hot path in {tree} failed: {out.stderr.strip().splitlines()[-1:]}")
+        return None
+    return json.loads(out.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
 
 HIDE_FAST = """raise ImportError('hidden by bench_sidecar: the old sidecar runs as it shipped')\n"""
@@ -247,7 +262,7 @@ def main() -> None:
         for k, v in throughput_slices(targets, engine.pid, a).items():
             med[k].update(v)
         d = med["direct"]
-        rows = [
+        rows: list[tuple[str, Any]] = [
             ("added median latency per request (ms)", lambda m: f"{m['lat_med_ms'] - d['lat_med_ms']:.2f}"),
             ("median latency / p99 (ms)", lambda m: f"{m['lat_med_ms']:.2f} / {m['lat_p99_ms']:.2f}"),
             ("sidecar CPU per request (ms)", lambda m: f"{m['req_cpu_ms']:.3f}"),
@@ -261,6 +276,15 @@ def main() -> None:
              lambda m: f"{m['chain_cpu_ms']:.3f} ({100 * d['chain_cpu_ms'] / m['chain_cpu_ms']:.0f}%)"),
         ]
         names = list(procs)
+        hot = {n: hot_path(a.old.resolve() if n == "old" and a.old is not None else ROOT) for n in names}
+        rows += [
+            ("  sidecar's own Python, hot: request (us)", lambda m: m["hot_request"]),
+            ("  sidecar's own Python, hot: chunk (us)", lambda m: m["hot_chunk"]),
+        ]
+        for n in names:
+            h = hot[n]
+            med[n]["hot_request"] = "-" if h is None else f"{h['hot_request_us']:.1f}"  # type: ignore[assignment]
+            med[n]["hot_chunk"] = "-" if h is None else f"{h['hot_chunk_us']:.2f}"  # type: ignore[assignment]
         print(f"{'':40s}" + "".join(f"{n:>18s}" for n in names))
         for label, fmt in rows:
             print(f"{label:40s}" + "".join(f"{fmt(med[n]):>18s}" for n in names))
