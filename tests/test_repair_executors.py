@@ -7,6 +7,7 @@ whose result comes back as the event that moves the ladder on."""
 
 from __future__ import annotations
 
+import contextlib
 import stat
 from collections.abc import Iterator
 from pathlib import Path
@@ -211,11 +212,40 @@ def test_a_row_remap_reset_waits_for_the_next_safe_point(cluster: KubeCluster, t
     assert reset.params["ladder"] == "row-remap" and reset.params["when"] == "next_safe_point"
     assert act.apply(reset).ok
     assert kube.get_node("gpu-r")["metadata"]["annotations"]["fleethealth.io/reset-when"] == "next_safe_point"
+    cluster.add_pod("train-0", "gpu-r", gpus=8)  # a training job still runs on it
     reported: list[dict[str, Any]] = []
     r, logf = resetter(tmp_path, [FakeGpu(i) for i in range(8)])
     w = ResetWatcher("gpu-r", kube, r, reported.append)
     assert w.poll() is None and w.poll() is None and not reported  # waits, answers nothing yet
-    kube.patch_node("gpu-r", {"spec": {"unschedulable": True}})  # the safe point: cordoned, no GPU pods
+    cluster.set_pod_phase("default", "train-0", "Succeeded")  # the job ends: the safe point
     res = w.poll()
     assert res is not None and res.passed and reported[-1]["payload"]["key"] == reset.key
-    assert logf.read_text().count("--gpu-reset") == 1 and "-i" in logf.read_text()
+    assert logf.read_text().count("--gpu-reset") == 1
+
+
+@pytest.mark.needs_k8s
+def test_a_reboot_at_the_next_safe_point_waits_for_the_gpu_work_to_end(cluster: KubeCluster) -> None:
+    """The row-remap ladder's reboot step on a node in service: no remediation resource while a GPU pod
+    runs (in progress, retried), one once it is gone."""
+    from fleethealth.decide.model import Intent
+
+    kube = cluster.kube()
+    kube.ensure_namespace("medik8s")
+    with contextlib.suppress(Exception):  # the CRD may be installed by the reboot test already
+        kube.api.request("POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", SNR_CRD)
+    _wait_crd(kube)
+    cluster.add_node("gpu-s")
+    cluster.add_pod("serve-0", "gpu-s", gpus=4)
+    act = KubeNodeActuator(kube)
+    act.remediator = NodeRemediator(kube)
+    it = Intent(0.0, IntentKind.SCHEDULE_RESET, "gpu-s", "repair:row-remap",
+                {"action": "NODE_REBOOT", "when": "next_safe_point", "drain": True, "ladder": "row-remap", "n": 1})
+    out = act.apply(it)
+    assert not out.ok and out.retry and out.detail["in_progress"] and "default/serve-0" in out.error
+    def snrs() -> list[str]:
+        return [x["metadata"]["name"] for x in kube.api.request(
+            "GET", "/apis/self-node-remediation.medik8s.io/v1alpha1/namespaces/medik8s/selfnoderemediations")["items"]]
+
+    assert "gpu-s" not in snrs()
+    cluster.set_pod_phase("default", "serve-0", "Failed")
+    assert act.apply(it).ok and "gpu-s" in snrs()

@@ -310,6 +310,13 @@ class KubeNodeActuator:
         if k == IntentKind.SCHEDULE_RESET:
             action = str(intent.params.get("action", "GPU_RESET"))
             if action == "NODE_REBOOT" and self.remediator is not None:
+                if intent.params.get("when") == "next_safe_point":  # a node in service: not under GPU work
+                    from fleethealth.act.remediation import gpu_work
+
+                    busy = gpu_work(self.kube, node)
+                    if busy:
+                        return Outcome.failure(f"waiting for the next safe point: GPU pods {', '.join(busy[:5])}",
+                                               retry=True, in_progress=True)
                 # a reboot is the cluster's remediator's job (Medik8s resource or a Job): it reports back
                 return Outcome.success(**self.remediator.request(node, intent.key, intent.reason))
             gpus = intent.params.get("gpus") or ([intent.params["gpu"]] if intent.params.get("gpu") else [])

@@ -13,6 +13,10 @@ rebooting anything itself, fleethealth hands it to what the cluster already runs
 * ``job``: a configured Job template (``{node}`` replaced by the node's name), for clusters with their
   own reboot tooling (an IPMI or cloud-API call); its completion or failure is the result.
 
+A reboot at the next safe point (``when: next_safe_point``: the row-remap ladder's, on a node that stays
+in service) is requested only once no GPU work runs on the node (``gpu_work``); until then the actuator
+answers "in progress" and the runner tries again (the ladder's step timeout bounds the wait).
+
 ``request`` is idempotent: a resource that already exists for the node is left alone (a remediation is
 under way, ours or NodeHealthCheck's: never two at once). ``results`` turns finished remediations into
 ``reset`` events (``payload.action: NODE_REBOOT``) that move the ladder on, then deletes our resource
@@ -44,6 +48,21 @@ class RemediatorConfig:
     namespace: str = "medik8s"
     spec: dict[str, Any] = field(default_factory=lambda: {"remediationStrategy": "Automatic"})
     job_template: dict[str, Any] | None = None  # a batch/v1 Job; "{node}" anywhere is the node's name
+
+
+def gpu_work(kube: Kube, node: str) -> list[str]:
+    """The pods on ``node`` that request ``nvidia.com/gpu`` and have not finished (daemon sets aside):
+    while there are any, the node is not at a safe point for a reset or a reboot."""
+    busy = []
+    for p in kube.list_pods(field_selector=f"spec.nodeName={node}"):
+        md = p.get("metadata") or {}
+        owners = [o.get("kind") for o in md.get("ownerReferences") or []]
+        if "DaemonSet" in owners or (p.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+            continue
+        if any("nvidia.com/gpu" in ((c.get("resources") or {}).get("limits") or {})
+               for c in (p.get("spec") or {}).get("containers") or []):
+            busy.append(f"{md.get('namespace')}/{md.get('name')}")
+    return busy
 
 
 def _subst(obj: Any, node: str) -> Any:

@@ -20,9 +20,9 @@ actuator writes it on the Node as annotations (``fleethealth.io/reset-requested`
    endpoint (bearer token), which moves the ladder on. A refused reset (a process still holds the GPU,
    persistence mode) is reported as a failure with its reason: the ladder escalates (a reboot does not
    need the GPU idle) instead of waiting. A request ``reset-when: next_safe_point`` (a pending row
-   remap's, on a node that stays in service) is not refused while the node is not drained: the agent
-   waits for the safe point (the node cordoned and its GPU pods gone) and answers then; the ladder's
-   step timeout bounds the wait.
+   remap's, on a node that stays in service) is not refused while GPU work runs: the agent waits for
+   the safe point (no GPU pod left on the node; it need not be cordoned, the NVML process check still
+   guards the reset) and answers then; the ladder's step timeout bounds the wait.
 
 A request is answered once: the result key on the Node is the record, so an agent restarted mid-reset
 does not reset twice, and a new request (a new key) is a new reset. Never run against a real GPU in
@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fleethealth.act.remediation import gpu_work
 from fleethealth.sources.nvml import NvmlApi, error_name
 
 log = logging.getLogger("fleethealth.agent.reset")
@@ -214,17 +215,7 @@ class ResetWatcher:
     def _drained(self, node_obj: dict[str, Any]) -> str | None:
         if not (node_obj.get("spec") or {}).get("unschedulable"):
             return "the node is not cordoned"
-        pods = self.kube.list_pods(field_selector=f"spec.nodeName={self.node}")
-        busy = []
-        for p in pods:
-            owners = [o.get("kind") for o in (p.get("metadata") or {}).get("ownerReferences") or []]
-            phase = (p.get("status") or {}).get("phase")
-            if "DaemonSet" in owners or phase in ("Succeeded", "Failed"):
-                continue
-            wants_gpu = any("nvidia.com/gpu" in ((c.get("resources") or {}).get("limits") or {})
-                            for c in (p.get("spec") or {}).get("containers") or [])
-            if wants_gpu:
-                busy.append(f"{p['metadata'].get('namespace')}/{p['metadata'].get('name')}")
+        busy = gpu_work(self.kube, self.node)
         return None if not busy else f"GPU pods still on the node: {', '.join(busy[:5])}"
 
     def poll(self) -> ResetResult | None:
@@ -240,10 +231,14 @@ class ResetWatcher:
         else:
             why = self._drained(obj)
             if why is not None and ann.get(REQUEST_WHEN) == "next_safe_point":
-                if key not in self.waiting:
-                    self.waiting.add(key)
-                    log.info("reset request %s on %s waits for the next safe point: %s", key, self.node, why)
-                return None
+                busy = gpu_work(self.kube, self.node)
+                if busy:
+                    if key not in self.waiting:
+                        self.waiting.add(key)
+                        log.info("reset request %s on %s waits for the next safe point: GPU pods %s", key,
+                                 self.node, ", ".join(busy[:5]))
+                    return None
+                why = None  # no GPU work left: the safe point
             if why is not None:
                 res = ResetResult("refused", f"not drained: {why}")
             else:
