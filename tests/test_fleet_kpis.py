@@ -165,3 +165,10 @@ def test_kpis_of_a_store_and_two_ranges_compared(tmp_path) -> None:  # type: ign
     assert row.split()[-5:] == ["15.7%", "61.1%", "+45.4", "pt", "better"], row
     bad = CliRunner().invoke(app, ["kpis", "--db", str(db), "--compare", "-30m"])
     assert bad.exit_code == 2 and "SINCE..UNTIL" in bad.stderr
+
+
+def test_true_onsets_move_detect_and_repair_to_the_fault_start() -> None:
+    # n1's fan began failing at 1800 s, an hour and a half before its first bad transition (3600 s)
+    k = pool_kpis(TRANSITIONS, INTENTS, ENTS, start=0, end=DAY, onsets={"n1": [900, 1800, 5000]})["train-a"]
+    assert k.detect_median_s == 7200 - 1800  # the latest onset before the incident began, to isolation
+    assert k.repair_median_s == pytest.approx(((14400 - 1800) + 600) / 2)  # n2 has no onset: its own start

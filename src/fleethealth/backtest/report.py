@@ -49,7 +49,9 @@ tr.product td{font-weight:600;background:#f3f8ff} .ok{color:#2b8a3e} .bad{color:
 .legend span{display:inline-block;margin-right:14px;font-size:12px}
 .legend i{display:inline-block;width:12px;height:12px;margin-right:4px;vertical-align:-1px;border:1px solid #ced4da}
 svg text{font-family:inherit} .note{font-size:12px;color:#6c757d}
-@media (max-width:700px){body{padding:8px} table{display:block;overflow-x:auto} svg:not(.heatmap){max-width:100%;height:auto}}
+@media (max-width:700px){body{margin:8px;padding:0} table{display:block;overflow-x:auto}
+ svg:not(.heatmap){max-width:100%;height:auto} .card{min-width:0;flex:1 1 38%;padding:6px 10px}
+ .card .v{font-size:18px}}
 """
 
 
@@ -380,8 +382,8 @@ DEFINITIONS: list[tuple[str, str]] = [
     ("quarantine precision (KPIs)", "the live figure: quarantines confirmed by an active test failing, a "
                                     "hard gate or FAILED / all decided quarantines, as `fleethealth review` "
                                     "counts them from the controller's own records (no ground truth)."),
-    ("time to detect / repair (KPIs)", "from an entity's first bad transition to its first isolation / to "
-                                       "READY again."),
+    ("time to detect / repair (KPIs)", "from the fault's onset (ground truth) to the entity's first "
+                                       "isolation / to READY again; open incidents are not counted."),
     ("mean node health", "the mean of known node scores over the run."),
 ]
 
@@ -404,6 +406,17 @@ def _kpi_section(result: dict[str, Any]) -> str:
     return "".join(out)
 
 
+def _param(v: Any) -> str:
+    """An intent parameter for people: floats rounded, lists comma-joined."""
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, float):
+        return f"{v:.3g}"
+    if isinstance(v, list | tuple):
+        return ",".join(_param(x) for x in v)
+    return str(v)
+
+
 def _decisions_section(run: BacktestRun, limit: int = 300) -> str:
     """Every state change and every intent fleethealth decided, in time order, with its reason."""
     log = run.arms[PRODUCT]
@@ -418,8 +431,8 @@ def _decisions_section(run: BacktestRun, limit: int = 300) -> str:
             routine[str(i.kind)] = routine.get(str(i.kind), 0) + 1
             continue
         rows.append((i.ts, i.entity, _esc(str(i.kind)) + (" (fallback)" if i.soft else ""), i.reason,
-                     ", ".join(f"{k}={v}" for k, v in sorted(i.params.items())
-                               if k not in ("n",) and not isinstance(v, dict | list))[:160]))
+                     ", ".join(f"{k}={_param(v)}" for k, v in sorted(i.params.items())
+                               if k not in ("n",) and not isinstance(v, dict))[:160]))
     rows.sort(key=lambda r: r[0])
     out = ["<h2>What fleethealth decided, with reasons</h2>"
            "<table id='decisions'><tr><th>when</th><th class='l'>entity</th><th class='l'>action</th>"

@@ -94,8 +94,12 @@ def fleet_kpis(run: BacktestRun, log: ArmLog, slo: Mapping[str, float | None] | 
     ents = {n: EntityInfo("node", run.node_pool.get(n, "default"), gpn) for n in run.nodes}
     ents |= {r: EntityInfo("replica", run.node_pool.get(n, "default")) for r, n in run.replica_node.items()}
     unknown, health = _timeline_figures(run) if with_timeline else ({}, {})
+    onsets: dict[str, list[float]] = {}
+    for g in run.truths:  # a GPU's fault is its node's; detect and repair count from the true onset
+        if g.faulty:
+            onsets.setdefault(g.entity.split("/")[0] if g.kind == "gpu" else g.entity, []).append(g.onset)
     k = pool_kpis([t.to_dict() for t in log.transitions], [i.to_dict() for i in log.intents], ents,
-                  start=run.start, end=run.end, unknown_s=unknown, slo=slo, health_mean=health)
+                  start=run.start, end=run.end, unknown_s=unknown, slo=slo, health_mean=health, onsets=onsets)
     return {p: v.to_dict() for p, v in k.items()}
 
 

@@ -18,10 +18,11 @@ Definitions (per pool; the same words in the fleet view, the backtest report and
 * **training goodput**: 1 - lost / GPU-hours, the share of GPU time that did useful work.
 * **serving SLO attainment**: the share of replica time (replicas with known SLO signals) in which every
   SLO signal of the replica was within its error budget on every burn-rate window; None without replicas.
-* **live quarantine precision**, **time to detect** (incident start to first isolation) and the outcome of
-  each quarantine: ``review.incidents`` (confirmed by an active test, a hard gate, FAILED or a label).
-* **time to repair**: from the incident's start (the first bad transition, or the onset an operator
-  labelled) to READY again; open incidents are not counted.
+* **live quarantine precision** and the outcome of each quarantine: ``review.incidents`` (confirmed by an
+  active test, a hard gate, FAILED or a label).
+* **time to detect** and **time to repair**: from the fault's start to the first isolation (DRAINING or
+  QUARANTINED) and to READY again (open incidents are not counted). The fault's start is the onset an
+  operator labelled, else (a backtest) the ground truth's onset, else the incident's first bad transition.
 * **flap rate**: returns to the state just left within the flap window, per node or replica per day.
 
 ``compare`` puts two summaries side by side (a backtest JSON before and after a policy change, or two time
@@ -194,11 +195,15 @@ def pool_kpis(
     slo: Mapping[str, float | None] | None = None,
     health_mean: Mapping[str, float | None] | None = None,
     flap_window_s: float = 3600.0,
+    onsets: Mapping[str, Sequence[float]] | None = None,
 ) -> dict[str, PoolKpis]:
     """The KPIs of each pool over [start, end], and of the whole fleet under the key ``"all"``.
 
     ``unknown_s``: seconds each node's health was unknown in the period (the caller measured it).
     ``slo``: SLO attainment per pool (``SloSampler.attainment``); ``health_mean``: mean node health per pool.
+    ``onsets``: when faults really began, per entity (a backtest's ground truth): an incident's detect and
+    repair times then count from the latest onset before its first bad transition (an operator's labelled
+    onset still comes first), not from that transition.
     """
     unknown_s = unknown_s or {}
     slo = slo or {}
@@ -215,6 +220,12 @@ def pool_kpis(
         if (start <= float(it["ts"]) <= end and str(it.get("intent", it.get("kind"))) == "page"
                 and is_new_page(dict(it.get("params") or {}))):
             pages_by_entity[str(it["entity"])] += 1
+
+    def onset_of(i: Any) -> float:
+        if i.label is not None and i.label.onset is not None:
+            return float(i.label.onset)
+        before = [o for o in (onsets or {}).get(i.entity, ()) if o <= i.start]
+        return max(before) if before else float(i.start)
 
     def build(name: str, members: set[str]) -> PoolKpis:
         nodes = [n for n in members if entities[n].kind == "node"]
@@ -233,8 +244,8 @@ def pool_kpis(
         gpu_h = gpus * period / 3600.0
         mine = [i for i in incs if i.entity in members]
         fig = figures(mine)
-        repair = [i.end - (i.label.onset if i.label is not None and i.label.onset is not None else i.start)
-                  for i in mine if i.end is not None]
+        detect = [max(0.0, i.isolated_at - onset_of(i)) for i in mine if i.isolated_at is not None]
+        repair = [i.end - onset_of(i) for i in mine if i.end is not None]
         n_flaps = sum(v for e, v in flaps.items() if e in members)
         ent_days = max(len(nodes) + len(reps), 1) * max(period, 1e-9) / DAY_S
         if name == "all":
@@ -249,7 +260,7 @@ def pool_kpis(
             lost_isolated_gpu_h=iso, lost_unknown_gpu_h=unk, lost_slow_gpu_h=slow,
             goodput=None if gpu_h <= 0 else max(0.0, 1.0 - (iso + unk + slow) / gpu_h), slo_attainment=att,
             incidents=len(mine), quarantines=fig.quarantines, confirmed=fig.outcomes.get("confirmed", 0),
-            precision=fig.precision, detect_median_s=fig.detect_median_s, repair_median_s=_median(repair),
+            precision=fig.precision, detect_median_s=_median(detect), repair_median_s=_median(repair),
             flaps=n_flaps, flaps_per_entity_day=n_flaps / ent_days,
             pages=sum(v for e, v in pages_by_entity.items() if e in members), health_mean=hm,
             outcomes=dict(fig.outcomes),
