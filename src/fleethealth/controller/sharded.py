@@ -18,7 +18,8 @@ Theory of operation
   shared monotonic clock (``is_leader``); when the Lease is lost (another replica took it, or this one
   could not renew) its process is told to stop, and it dies with the replica if the replica is killed. Taking a shard
   starts a controller for it: it claims the shard's store, loads the last holder's state, drains its
-  outbox; its first cycle fills the history (rates need two samples) and decisions resume on the next.
+  outbox, and decides on its first cycle (no warm-up: its first read of the store covers the whole rate
+  window, so rates have their samples).
 - The fleet-wide telemetry-loss freeze: after each decided cycle the shard's counts of entities in
   service and at low confidence are published in the shard's Lease (renewed every retry period); before
   each cycle the other shards' counts (a stale shard's as all low confidence) are handed to the shard's
@@ -175,6 +176,9 @@ def shard_main(cfg_data: dict[str, Any], shard: str, slots: Any, parent: int, lo
             log.error("shard %s: cannot start its controller: %s: %s", shard, type(e).__name__, e)
             time.sleep(cfg.interval_s)
     ctl = asm.controller
+    # No warm-up cycle: a shard reads a Prometheus-compatible store, whose first read covers the whole
+    # rate window (the history the last holder read too), so a shard taken over decides on its first cycle
+    ctl.warm_up = False
     counts = FleetCounts()
 
     def holds() -> bool:
