@@ -129,6 +129,40 @@ faults:
 """
 
 
+# Issue 16's faults no single rule sees (silent-hang, pcie-downtrain, sbe-climb): a node that hangs with no
+# error (its ranks' compute in flight grows while the others wait at the collective), a PCIe link
+# downtrained to Gen3 x8 in a fleet whose serving pool's exporter lacks the link fields, and an SBE rate
+# that climbs (here: doubling every 30 min from ~7 an hour) to a DBE four hours in, caught before it.
+SLOW_FLEET = """\
+fleet:
+  pcie_link_fields: true
+  pools:
+    - name: train-a
+      nodes: 12
+      workload: training
+      jobs:
+        - {name: pretrain, pp: 2, compute_s: 1.82}
+    - name: serve-a
+      nodes: 4
+      workload: serving
+      dcgm_fields: default
+      serving: {model: llama3-70b, gpus_per_replica: 4, builds: [v0.6.3]}
+"""
+HANG = "name: hang-short\nseed: {seed}\nduration: 90m\nstep: 15s\n" + SLOW_FLEET + """\
+faults:
+  - {kind: silent_hang, target: node-05, onset: 30m}
+"""
+DOWNTRAIN = "name: downtrain-short\nseed: {seed}\nduration: 90m\nstep: 15s\n" + SLOW_FLEET + """\
+faults:
+  - {kind: slow_rank, target: node-03/gpu5, onset: 30m, params: {cause: pcie, link_gen: 3, link_width: 8}}
+"""
+SBE = "name: sbe-short\nseed: {seed}\nduration: 5h\nstep: 15s\n" + SLOW_FLEET + """\
+faults:
+  - {kind: sbe_climb, target: node-09/gpu4, onset: 20m,
+     params: {base_per_s: 0.002, doubling_s: 1800, fault_after_s: 14400}}
+"""
+
+
 def backtest(text: str, seed: int) -> dict[str, Any]:
     sc = Scenario.model_validate(yaml.safe_load(text.replace("{seed}", str(seed))))
     return evaluate(run_backtest(sc, default_policy(), [], cycle_s=60.0))
@@ -174,3 +208,27 @@ def test_a_rack_whose_cooling_fails_is_one_page_for_the_rack_and_no_node_drained
     assert res["pages"] == 1  # the rack's incident, not one per node, budget or tensor-parallel group
     assert all(r["first_response"] == "domain_correlation" and r["action_ok"] for r in res["incidents"]), \
         res["incidents"]
+
+
+@pytest.mark.parametrize("seed", [61, 62])
+def test_a_node_that_hangs_without_an_error_is_found_and_removed(seed: int) -> None:
+    res = backtest(HANG, seed)
+    assert res["precision"] == 1.0 and res["recall"] == 1.0, (res["false_quarantine_list"], res["incidents"])
+    (inc,) = res["incidents"]
+    assert inc["node"] == "node-05" and inc["removal_s"] is not None and inc["removal_s"] <= 600, inc
+
+
+@pytest.mark.parametrize("seed", [63, 64])
+def test_a_downtrained_pcie_link_is_removed_and_the_pool_without_link_fields_is_not_touched(seed: int) -> None:
+    res = backtest(DOWNTRAIN, seed)
+    assert res["precision"] == 1.0 and res["recall"] == 1.0, (res["false_quarantine_list"], res["incidents"])
+    (inc,) = res["incidents"]
+    assert inc["removal_s"] is not None and inc["removal_s"] <= 600, inc
+
+
+def test_a_climbing_sbe_rate_is_removed_before_its_dbe() -> None:
+    res = backtest(SBE, 65)
+    assert res["precision"] == 1.0 and res["recall"] == 1.0, (res["false_quarantine_list"], res["incidents"])
+    (inc,) = res["incidents"]
+    assert inc["removal_s"] is not None and inc["removal_s"] < 14400, inc  # the DBE comes at 4 h
+    assert inc["first_response"] != "QUARANTINED:gate:ecc_dbe", inc
