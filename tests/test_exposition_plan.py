@@ -131,6 +131,15 @@ def test_changed_page_is_planned_again_and_its_neighbours_stay_planned() -> None
     assert plans.planned_pages == 11
 
 
+def test_a_page_that_cannot_be_planned_spoils_only_itself() -> None:
+    first = dcgm_pages(16)
+    first[9] = first[9].replace(b"} 1", b"} 1 1700000000000", 2)  # timestamps: read by the plain path
+    scrapes = [with_instances(p) for p in (first, first, first)]
+    plans = assert_scrapes_same(scrapes)
+    assert plans.planned_pages == 15
+    assert plans._failed == {("http://node-9:9400/metrics", (("instance", "node-9:9400"), ("job", "dcgm"))): 21}
+
+
 def test_label_set_list_is_the_same_every_scrape_so_the_history_maps_nothing_again() -> None:
     first = dcgm_pages(10)
     plans = PagePlans()

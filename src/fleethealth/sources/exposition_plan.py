@@ -32,8 +32,9 @@ path for pages that change between scrapes (structure, values, broken lines) wit
 
 Anything a plan cannot prove (a page whose structure changed, a timestamp, a value float() refuses)
 leaves that chunk's pages to the plain path this scrape, and the chunk's plan is made again from the
-new pages. Pages that cannot be planned at all (OpenMetrics, timestamps, odd shapes) are remembered for
-``RETRY_SCRAPES`` scrapes so that no scrape pays for trying again.
+new pages. Pages that cannot be planned together are planned by halves, down to single pages; a page that
+cannot be planned at all (OpenMetrics, timestamps, odd shapes) is remembered for ``RETRY_SCRAPES``
+scrapes so that no scrape pays for trying again.
 
 Series and metrics are interned into the plans' own builder (``names``), which the caller's builder
 shares (``SnapshotBuilder.sharing``): the snapshot holds the same label-set list every scrape, so the
@@ -154,15 +155,23 @@ class PagePlans:
         i, n = 0, len(raws)
         planned = 0
 
+        def make(pages: list[int]) -> None:
+            """Plan ``pages``; when they cannot be planned together, each half on its own (a page with
+            timestamps, say, then spoils only a small plan), down to single pages, which are left."""
+            nonlocal planned
+            if self._make(b, shared, pages, raws, keys, default_ts, counts):
+                planned += len(pages)
+            elif len(pages) > 1:
+                make(pages[:len(pages) // 2])
+                make(pages[len(pages) // 2:])
+            else:
+                self._failed[keys[pages[0]]] = self.scrapes + RETRY_SCRAPES
+                left.extend(pages)
+
         def flush_run() -> None:
-            nonlocal run, run_bytes, planned
+            nonlocal run, run_bytes
             if run:
-                if self._make(b, shared, run, raws, keys, default_ts, counts):
-                    planned += len(run)
-                else:
-                    for p in run:
-                        self._failed[keys[p]] = self.scrapes + RETRY_SCRAPES
-                    left.extend(run)
+                make(run)
             run, run_bytes = [], 0
 
         while i < n:
@@ -287,39 +296,28 @@ def _build(keys: list[PageKey], tx: _Text, names: SnapshotBuilder, exact: bool) 
         return None  # "#foo": not a comment the formats define
     c_lines = np.flatnonzero(is_c)
     s_lines = np.flatnonzero(~is_c)
-    # Sample lines: `name{labels} value` (one '{', one '}') or `name value`. (A value text with a space,
-    # a timestamp or an exemplar, is refused by the value readers of the apply that follows.)
-    a, e = ls[s_lines], nls[s_lines]
-    ob, cb = np.flatnonzero(arr == 123), np.flatnonzero(arr == 125)
-    i_ob, i_cb = np.searchsorted(ob, a), np.searchsorted(cb, a)
-    n_ob, n_cb = np.searchsorted(ob, e) - i_ob, np.searchsorted(cb, e) - i_cb
-    has_lab = n_ob == 1
-    if not bool((((n_ob == 1) & (n_cb == 1)) | ((n_ob == 0) & (n_cb == 0))).all()):
-        return None
-    o = ob[np.minimum(i_ob, max(ob.shape[0] - 1, 0))] if ob.shape[0] else np.zeros(a.shape[0], np.int64)
-    c = cb[np.minimum(i_cb, max(cb.shape[0] - 1, 0))] if cb.shape[0] else np.zeros(a.shape[0], np.int64)
-    bare = np.flatnonzero(~has_lab)  # `name value`: the name ends at the line's first space
-    first_sp = np.zeros(a.shape[0], np.int64)
-    first_sp[bare] = [text.find(b" ", x, y) for x, y in zip(a[bare].tolist(), e[bare].tolist(), strict=True)]
-    name_end = np.where(has_lab, o, first_sp)
-    vs = np.where(has_lab, c + 2, first_sp + 1)
-    after_c = arr[np.minimum(c + 1, arr.shape[0] - 1)]
-    if not bool(((name_end > a) & (vs < e) & (~has_lab | ((o < c) & (after_c == 32)))).all()):
-        return None
     # Blocks: the sample lines after each comment line. A line's label string is likely its page's first
     # block's at the same place; its name likely its block's first line's.
+    a, e = ls[s_lines], nls[s_lines]
     s_page = line_page[s_lines]
     blk = np.cumsum(is_c)[s_lines]
-    _, b_first = np.unique(blk, return_index=True)
+    b_first = _run_starts(blk)
     b_len = np.diff(np.append(b_first, s_lines.shape[0]))
     b_of = np.repeat(np.arange(b_first.shape[0]), b_len)
     pos = np.arange(s_lines.shape[0]) - b_first[b_of]
-    _, pb = np.unique(s_page[b_first], return_index=True)  # each page's first block (pages with samples)
+    pb = _run_starts(s_page[b_first])  # each page's first block (pages with samples)
     page_fb = np.full(n_pages, -1, np.int64)
     page_fb[s_page[b_first[pb]]] = pb
     fb = page_fb[s_page]
     lab_cand = np.where((b_of != fb) & (pos < b_len[fb]), b_first[fb] + pos, -1)
     name_cand = np.where(pos > 0, b_first[b_of], -1)
+    # Sample lines: `name{labels} value` or `name value`, cut at the first '}' (a valid label string
+    # cannot end at a '}' inside quotes) followed by a space. (A value text with a space, a timestamp or
+    # an exemplar, is refused by the value readers of the apply that follows.)
+    cut = _cut_scanned(text, arr, a, e) if exact else _cut_assumed(text, a, e, b_first, b_of, lab_cand)
+    if cut is None:
+        return None
+    name_end, vs = cut
     c_page = line_page[c_lines]
     c_ord = np.arange(c_lines.shape[0]) - np.searchsorted(c_page, c_page)
     n0 = int(np.count_nonzero(c_page == 0))
@@ -337,17 +335,20 @@ def _build(keys: list[PageKey], tx: _Text, names: SnapshotBuilder, exact: bool) 
         mid_of.append(names.metric_id(nm.decode("ascii")))
     mids = np.asarray(mid_of, np.int32)[name_ids]
     # series ids: (page's scraper labels, raw label string), as the batched path interns them
-    pair, inverse = np.unique(s_page * len(labs) + lab_ids, return_inverse=True)
+    pair, inverse = _dense_unique(s_page * len(labs) + lab_ids, n_pages * len(labs))
     pages_of, lab_of = np.divmod(pair, len(labs))
     keyed = [(keys[p][1], labs[k][:-1] if len(labs[k]) > 1 else b"{}")
              for p, k in zip(pages_of.tolist(), lab_of.tolist(), strict=True)]
     sets = _label_sets(dict.fromkeys(keyed))
     if sets is None:
         return None
-    sids = np.asarray(names.series_ids([sets[k] for k in keyed]), np.int32)[inverse]
-    # no (metric, series) twice in a page (the plain path would report the repeat)
-    key = (s_page * (len(names.metrics) + 1) + mids) * (len(names.labelsets) + 1) + sids
-    if np.unique(key).shape[0] != key.shape[0]:
+    pair_sid = np.asarray(names.series_ids([sets[k] for k in keyed]), np.int64)
+    sids = pair_sid[inverse].astype(np.int32)
+    # No (metric, series) twice in a page (the plain path would report the repeat): distinct (page, label
+    # string) pairs of distinct series, and each pair with a name once.
+    ps = pages_of * (len(names.labelsets) + 1) + pair_sid
+    if np.unique(ps).shape[0] != ps.shape[0] or int(
+            np.bincount(inverse * len(name_rows) + name_ids, minlength=0).max(initial=0)) > 1:
         return None
     dcgm_of = np.array([nm.startswith(DCGM_FIELD_PREFIX) for nm in names.metrics], bool)
     checks = _checks(np.concatenate((c_lines, s_lines)), np.concatenate((nls[c_lines] - ls[c_lines] + 1, name_end - a)),
@@ -358,6 +359,78 @@ def _build(keys: list[PageKey], tx: _Text, names: SnapshotBuilder, exact: bool) 
         s_pre=vs - a, mids=mids, sids=sids, dcgm=dcgm_of[mids],
         per_page=np.bincount(s_page, minlength=n_pages), page_first=page_first,
     )
+
+
+def _cut_scanned(text: bytes, arr: np.ndarray, a: np.ndarray, e: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """(name end, value start) of the sample lines a..e, from the offsets of every '{' and '}': lines with
+    one of each (`name{labels} value`) or none (`name value`); None for any other line."""
+    ob, cb = np.flatnonzero(arr == 123), np.flatnonzero(arr == 125)
+    i_ob, i_cb = np.searchsorted(ob, a), np.searchsorted(cb, a)
+    n_ob, n_cb = np.searchsorted(ob, e) - i_ob, np.searchsorted(cb, e) - i_cb
+    has_lab = n_ob == 1
+    if not bool((((n_ob == 1) & (n_cb == 1)) | ((n_ob == 0) & (n_cb == 0))).all()):
+        return None
+    o = ob[np.minimum(i_ob, max(ob.shape[0] - 1, 0))] if ob.shape[0] else np.zeros(a.shape[0], np.int64)
+    c = cb[np.minimum(i_cb, max(cb.shape[0] - 1, 0))] if cb.shape[0] else np.zeros(a.shape[0], np.int64)
+    bare = np.flatnonzero(~has_lab)  # `name value`: the name ends at the line's first space
+    first_sp = np.zeros(a.shape[0], np.int64)
+    first_sp[bare] = [text.find(b" ", x, y) for x, y in zip(a[bare].tolist(), e[bare].tolist(), strict=True)]
+    name_end = np.where(has_lab, o, first_sp)
+    vs = np.where(has_lab, c + 2, first_sp + 1)
+    after_c = arr[np.minimum(c + 1, arr.shape[0] - 1)]
+    if not bool(((name_end > a) & (vs < e) & (~has_lab | ((o < c) & (after_c == 32)))).all()):
+        return None
+    return name_end, vs
+
+
+def _cut_assumed(text: bytes, a: np.ndarray, e: np.ndarray, b_first: np.ndarray, b_of: np.ndarray,
+                 lab_cand: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """``_cut_scanned`` without a scan of the text: only each block's first line is searched for the end
+    of its name, and only lines without a likely equal label (a page's first block) for the end of their
+    labels; every other line is taken to have the widths of those. The apply that follows proves it."""
+    ends = []
+    for x, y in zip(a[b_first].tolist(), e[b_first].tolist(), strict=True):
+        o, sp = text.find(b"{", x, y), text.find(b" ", x, y)
+        ends.append(o if o >= 0 and (sp < 0 or o < sp) else sp)
+    name_w = np.asarray(ends, np.int64) - a[b_first]
+    if bool((name_w <= 0).any()):
+        return None
+    name_end = a + name_w[b_of]
+    roots = np.flatnonzero(lab_cand < 0)
+    widths = []
+    for o, y in zip(name_end[roots].tolist(), e[roots].tolist(), strict=True):
+        if text[o] == 32:  # `name value`
+            widths.append(1)
+            continue
+        c = text.find(b"}", o, y)
+        if text[o] != 123 or c < 0 or text[c + 1] != 32:
+            return None
+        widths.append(c + 2 - o)
+    lab_w = np.zeros(a.shape[0], np.int64)
+    lab_w[roots] = widths
+    took = np.flatnonzero(lab_cand >= 0)
+    lab_w[took] = lab_w[lab_cand[took]]
+    vs = name_end + lab_w
+    if not bool((vs < e).all()):
+        return None
+    return name_end, vs
+
+
+def _run_starts(a: np.ndarray) -> np.ndarray:
+    """Where each run of equal values of a sorted array starts."""
+    if a.shape[0] == 0:
+        return np.zeros(0, np.int64)
+    return np.flatnonzero(np.concatenate(([True], a[1:] != a[:-1])))
+
+
+def _dense_unique(key: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(key, return_inverse=True)`` for keys in 0..size-1 (a count instead of a sort when the
+    range is small)."""
+    if size > 8 * key.shape[0] + 1024:
+        u, inv = np.unique(key, return_inverse=True)
+        return u, inv
+    present = np.bincount(key, minlength=size) > 0
+    return np.flatnonzero(present), (np.cumsum(present) - 1)[key]
 
 
 def _row_ids(text: bytes, arr: np.ndarray, at: np.ndarray, width: np.ndarray, cand: np.ndarray, exact: bool
@@ -417,12 +490,14 @@ def _checks(lines: np.ndarray, widths: np.ndarray, ids: np.ndarray, rows: list[b
             ) -> list[_RowCheck]:
     """Row checks for ``rows[ids[i]]`` (``widths[i]`` bytes) at line ``lines[i]`` (+ ``shift[i]``), one per
     width."""
-    out = []
-    for w in np.unique(widths).tolist():
-        sel = np.flatnonzero(widths == w)
-        present = np.bincount(ids[sel], minlength=len(rows)) > 0
-        uniq = np.flatnonzero(present)
-        tidx = (np.cumsum(present) - 1)[ids[sel]]
+    out: list[_RowCheck] = []
+    if widths.shape[0] == 0:
+        return out
+    by_width = np.argsort(widths, kind="stable")
+    starts = _run_starts(widths[by_width])
+    for sel in np.split(by_width, starts[1:]):
+        w = int(widths[sel[0]])
+        uniq, tidx = _dense_unique(ids[sel], len(rows))
         table = np.frombuffer(b"".join(rows[k] for k in uniq.tolist()), np.dtype((np.void, w)))
         at, by = lines[sel], None if shift is None else shift[sel]
         per = np.bincount(tidx)
