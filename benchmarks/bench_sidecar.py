@@ -10,7 +10,8 @@ measured.
 With ``--old PATH`` (a worktree of an earlier commit, e.g. ``git worktree add /tmp/old HEAD~1``) a second
 sidecar runs from that tree's src/ against the same engine, and every figure is measured for old and new
 alternately (old, new, old, new over ``--rounds``), printed side by side; throughput is measured in
-``--slices`` short runs per target, interleaved (direct, old, new, direct, ...). ``--old-h11`` hides uvloop and
+``--slices`` short runs per target, interleaved (direct, old, new, direct, ...), and latency in single requests
+interleaved the same way. ``--old-h11`` hides uvloop and
 httptools from the old sidecar (for trees before they became dependencies, which ran on asyncio + h11).
 
 Latency and throughput are wall-clock figures and on a shared machine mostly measure the other tenants; the
@@ -183,6 +184,33 @@ def measure(base: str, pid: int | None, engine_pid: int, a: argparse.Namespace) 
     return out
 
 
+def interleaved_latency(targets: dict[str, tuple[str, int | None]], n: int) -> dict[str, dict[str, float]]:
+    """Sequential latency, interleaved: request i goes to every target in turn (the order rotating), so the
+    other tenants' load at that moment weighs on all targets alike; one warm client per target."""
+    body = {"model": "fake-model", "prompt": "hello", "max_tokens": 1}
+    names = list(targets)
+    lat: dict[str, list[float]] = {k: [] for k in names}
+
+    async def run() -> None:
+        clients = {k: httpx.AsyncClient(base_url=base, timeout=30) for k, (base, _) in targets.items()}
+        try:
+            for c in clients.values():
+                for _ in range(20):
+                    await c.post("/v1/completions", json=body)
+            for i in range(n):
+                for k in names[i % len(names):] + names[:i % len(names)]:
+                    t0 = time.perf_counter()
+                    r = await clients[k].post("/v1/completions", json=body)
+                    lat[k].append(time.perf_counter() - t0)
+                    assert r.status_code == 200, r.text
+        finally:
+            for c in clients.values():
+                await c.aclose()
+
+    asyncio.run(run())
+    return {k: {"lat_med_ms": 1e3 * statistics.median(v), "lat_p99_ms": 1e3 * pct(v, 0.99)} for k, v in lat.items()}
+
+
 def throughput_slices(targets: dict[str, tuple[str, int | None]], engine_pid: int,
                       a: argparse.Namespace) -> dict[str, dict[str, float]]:
     """Throughput, interleaved: every target gets ``--slices`` short runs, one after the other in turn, so a
@@ -261,6 +289,8 @@ def main() -> None:
         targets.update({n: (f"http://127.0.0.1:{ports[n]}", procs[n].pid) for n in procs})
         for k, v in throughput_slices(targets, engine.pid, a).items():
             med[k].update(v)
+        for k, v in interleaved_latency(targets, a.requests * a.rounds).items():
+            med[k].update(v)  # replaces the per-round latencies: interleaved is the figure that holds
         d = med["direct"]
         rows: list[tuple[str, Any]] = [
             ("added median latency per request (ms)", lambda m: f"{m['lat_med_ms'] - d['lat_med_ms']:.2f}"),

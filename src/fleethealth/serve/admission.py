@@ -27,6 +27,8 @@ class Admission:
 
     @property
     def queued(self) -> int:
+        if not self._waiters:
+            return 0
         return sum(1 for f in self._waiters if not f.done())
 
     def try_acquire(self) -> bool:

@@ -111,7 +111,8 @@ class SidecarProtocol(HttpToolsProtocol):
             super().on_message_complete()
             return
         cycle.more_body = False
-        cycle.message_event.set()
+        if cycle._event is not None:
+            cycle._event.set()
         if cycle.started:
             cycle.dispatch()
 
@@ -159,7 +160,7 @@ class LeanCycle:
         self.body = bytearray()
         self.more_body = True
         self.too_large = False
-        self.message_event = asyncio.Event()
+        self._event: asyncio.Event | None = None  # made only when someone waits or pokes (pipelining, loss)
         self.response_started = False
         self.response_complete = False
         self.started = False  # dispatched when its body is complete (False while pipelined)
@@ -170,6 +171,12 @@ class LeanCycle:
         self.on_response = proto.on_response_complete
 
     # ---- what uvicorn's protocol reads and writes ------------------------------------------------
+
+    @property
+    def message_event(self) -> asyncio.Event:
+        if self._event is None:
+            self._event = asyncio.Event()
+        return self._event
 
     @property
     def disconnected(self) -> bool:
@@ -305,7 +312,8 @@ class LeanCycle:
     def _complete(self) -> None:
         self.response_complete = True
         self.exchange = None
-        self.message_event.set()
+        if self._event is not None:
+            self._event.set()
         if not self.keep_alive:
             self.transport.close()
         self.on_response()
