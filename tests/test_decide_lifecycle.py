@@ -115,7 +115,9 @@ def test_failed_test_means_failed_and_a_page_and_only_a_human_gets_it_out() -> N
 
 
 def test_too_many_recoveries_end_in_failed() -> None:
-    r = Run()
+    # the same gate four times would be a recurring fault (tests/test_decide_recurring.py) at the third
+    p = default_policy()
+    r = Run(policy=p.model_copy(update={"recurring": p.recurring.model_copy(update={"max_episodes": 0})}))
     t = 0.0
     for _ in range(LC.max_recoveries):
         r.step(t, [tup("n1", 0.0, reason="gate:xid")])

@@ -29,7 +29,7 @@ from collections import defaultdict
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from typing import Any
 
-from fleethealth.decide import chronic, incidents, ladder
+from fleethealth.decide import chronic, incidents, ladder, recurring
 from fleethealth.decide.cycle import (
     ABSENT_GRACE_S,
     DRAIN_FLAGS,
@@ -335,6 +335,8 @@ class Decider(SafetyRules, Repairs, FailureDomains):
             conds |= chronic.conds(es.state, es.timers, c.chronic.get(es.entity), now, p, o)
         if usable and es.state == State.STARTING:
             conds.add(Cond.FIRST_DATA)
+        if es.state in recurring.EPISODE_ISOLATIONS and recurring.escalation(es, now, p) is not None:
+            conds.add(Cond.RECURRING)  # the same fault again: a repair, not another release
         event_of: dict[Cond, Event] = {}
         for e in events:
             cond: Cond | None = None
@@ -375,6 +377,8 @@ class Decider(SafetyRules, Repairs, FailureDomains):
         src, dst = es.state, rule.dst
         if ev is not None:
             reason = f"event:{rule.cond}" + (f":{ev.actor}" if ev.actor else "")
+        elif rule.cond == Cond.RECURRING:
+            reason = recurring.escalation(es, now, p) or str(rule.cond)
         else:
             reason = o.reason if o is not None else str(rule.cond)
         priced = chronic.on_transition(rule.cond, es.entity, es.timers, c.chronic, p)
@@ -387,8 +391,10 @@ class Decider(SafetyRules, Repairs, FailureDomains):
         ))
         es.timers = timers_after_transition(es.timers, src, dst)
         advance_timers(es.timers, o, now, p.lifecycle, dst)  # the new state's windows start now
+        prev_since = es.since
         es.state, es.since = dst, now
         es.transitions += 1
+        self._episode(c, es, src, dst, prev_since, o.reason if o is not None else reason, flags, t)
         if dst in REMEDIATION_TARGETS or dst == State.READY:
             es.blocked, es.blocked_since = None, None
         es.flagged = False
@@ -442,11 +448,28 @@ class Decider(SafetyRules, Repairs, FailureDomains):
             c.emit(IntentKind.RELEASE, es.entity, reason, {"canary": True, **info, **repaired}, tier)
         elif dst == State.FAILED:
             tried = {} if es.repair is None else {"repair": ladder.summary(es.repair), "action": "replace"}
+            again = recurring.page_params(es, now, p) if rule.cond == Cond.RECURRING else {}
             c.emit(IntentKind.PAGE, es.entity, reason,
-                   {"severity": "page", "state": "FAILED", "recoveries": len(es.recoveries), **info, **tried})
+                   {"severity": "page", "state": "FAILED", "recoveries": len(es.recoveries), **info, **tried,
+                    **again})
         elif dst == State.READY and src in ISOLATED_STATES:
             es.repair = None
             c.emit(IntentKind.RELEASE, es.entity, reason, {"canary": False, **info}, tier)
+
+    def _episode(self, c: Cycle, es: EntityLifecycle, src: State, dst: State, prev_since: float, why: str,
+                 flags: set[str], t: HealthTuple | None) -> None:
+        """Remember the isolation or degraded spell this transition starts (``decide.recurring``); a human
+        releasing a FAILED node (a repair) clears the node's episodes."""
+        if src == State.FAILED and dst == State.READY:
+            recurring.forget(es)
+            return
+        if dst not in recurring.EPISODE_ISOLATIONS and dst != State.DEGRADED:
+            return
+        gpus = [g.entity for g in c.gpu_by_node.get(es.entity, [])]
+        if t is not None and t.worst_member and "/" in t.worst_member:
+            gpus.append(t.worst_member)
+        recurring.record(es, src, dst, c.now, prev_since, recurring.family_of(why, flags, self.policy), gpus,
+                         self.policy)
 
     def _flag(self, c: Cycle, es: EntityLifecycle, o: Observation | None) -> None:
         """READY but below ``flag_below``: a published condition (SET_CONDITION), not an action. Raised

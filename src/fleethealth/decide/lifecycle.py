@@ -21,6 +21,9 @@ Conditions come in two kinds:
 * chronic conditions (``chronic_drift``, ``chronic_cost``; ``decide.chronic``) fire at once: their
   evidence (a combined z, a CUSUM over hours) and price (GPU-hours lost against a swap) are their own
   dwell.
+* ``recurring`` (``decide.recurring``) holds while an isolation is the ``recurring.max_episodes``-th
+  episode of its signal family within ``recurring.window_s``: FAILED at once, before a test can release
+  a flaky node again.
 * event conditions (``test_passed``, ``test_failed``, ``too_many_recoveries``, ``reset_passed``,
   ``reset_failed``, ``repair_exhausted``, ``human_ready``, ``human_quarantine``) and ``drain_timeout`` (time in state, checked
   only on usable data like the signal conditions).
@@ -74,6 +77,7 @@ class Cond(StrEnum):
     TEST_PASSED = "test_passed"
     TEST_FAILED = "test_failed"
     TOO_MANY_RECOVERIES = "too_many_recoveries"
+    RECURRING = "recurring"
     RESET_PASSED = "reset_passed"
     RESET_FAILED = "reset_failed"
     REPAIR_EXHAUSTED = "repair_exhausted"
@@ -123,12 +127,14 @@ RULES: tuple[Rule, ...] = (
     Rule(State.DEGRADED, Cond.BELOW_QUARANTINE, State.QUARANTINED, "quarantine_dwell_s"),
     Rule(State.DEGRADED, Cond.CHRONIC_COST, State.QUARANTINED, note="slow and costs more than a swap"),
     Rule(State.DEGRADED, Cond.ABOVE_READY, State.READY, "ready_dwell_s"),
+    Rule(State.DRAINING, Cond.RECURRING, State.FAILED, note="recurring fault, repair"),
     Rule(State.DRAINING, Cond.RESET_PASSED, State.RECOVERING, note="reset done"),
     Rule(State.DRAINING, Cond.TEST_PASSED, State.RECOVERING, note="repair verified"),
     Rule(State.DRAINING, Cond.REPAIR_EXHAUSTED, State.FAILED, note="repair ladder exhausted"),
     Rule(State.DRAINING, Cond.TOO_MANY_RECOVERIES, State.FAILED, note="recovers too often"),
     Rule(State.DRAINING, Cond.RESET_FAILED, State.QUARANTINED),
     Rule(State.DRAINING, Cond.DRAIN_TIMEOUT, State.QUARANTINED, "drain_timeout_s"),
+    Rule(State.QUARANTINED, Cond.RECURRING, State.FAILED, note="recurring fault, repair"),
     Rule(State.QUARANTINED, Cond.TOO_MANY_RECOVERIES, State.FAILED, note="recovers too often"),
     Rule(State.QUARANTINED, Cond.REPAIR_EXHAUSTED, State.FAILED, note="repair ladder exhausted"),
     Rule(State.QUARANTINED, Cond.TEST_PASSED, State.RECOVERING, note="active test passed"),

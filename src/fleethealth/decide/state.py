@@ -42,6 +42,8 @@ class EntityLifecycle:
     repair: dict[str, Any] | None = None
     blocked_since: float | None = None  # when the wanted remediation was first held back (oldest first)
     remaps: list[list[Any]] = field(default_factory=list)  # node: [ts, gpus] of each row-remap reset scheduled
+    # isolations and degraded spells: [ts, family, gpus, kind] within recurring.window_s (decide.recurring)
+    episodes: list[list[Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -54,6 +56,7 @@ class EntityLifecycle:
             "reset_scheduled": self.reset_scheduled, "absent_since": self.absent_since,
             "overload_until": self.overload_until, "repair": self.repair,
             "blocked_since": self.blocked_since, "remaps": [list(x) for x in self.remaps],
+            "episodes": [[e[0], e[1], list(e[2]), e[3]] for e in self.episodes],
         }
 
     def copy(self) -> EntityLifecycle:
@@ -64,7 +67,7 @@ class EntityLifecycle:
             list(self.recoveries), dict(self.labels), self.last_value, self.last_confidence, self.last_reason,
             self.last_known_ts, self.weight, self.no_new_work, self.flagged, self.blocked, self.reset_scheduled,
             self.absent_since, self.overload_until, repair=self.repair, blocked_since=self.blocked_since,
-            remaps=[list(x) for x in self.remaps],
+            remaps=[list(x) for x in self.remaps], episodes=[[e[0], e[1], list(e[2]), e[3]] for e in self.episodes],
         )
 
     def seen(self, value: float | None, confidence: float, reason: str, ts: float) -> EntityLifecycle:
@@ -75,7 +78,7 @@ class EntityLifecycle:
             self.entity, self.kind, self.state, self.since, self.timers, self.transitions, self.recoveries,
             self.labels, value, confidence, reason, ts, self.weight, self.no_new_work, self.flagged,
             self.blocked, self.reset_scheduled, self.absent_since, self.overload_until, repair=self.repair,
-            blocked_since=self.blocked_since, remaps=self.remaps,
+            blocked_since=self.blocked_since, remaps=self.remaps, episodes=self.episodes,
         )
 
     @staticmethod
@@ -92,6 +95,8 @@ class EntityLifecycle:
             absent_since=d.get("absent_since"), overload_until=d.get("overload_until"),
             repair=d.get("repair"), blocked_since=d.get("blocked_since"),
             remaps=[list(x) for x in d.get("remaps", [])],
+            episodes=[[float(e[0]), str(e[1]), [str(g) for g in e[2]], str(e[3])] for e in d.get("episodes", [])
+                      if isinstance(e, list) and len(e) == 4],
         )
 
 

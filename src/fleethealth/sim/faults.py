@@ -250,6 +250,11 @@ class Fault:
     def faulty_nodes(self) -> set[int]:
         return set(self.t.nodes) if self.hardware else set()
 
+    def caught_by_test(self, t: float) -> bool:
+        """Whether an active test (DCGM diag, NCCL) that reports at ``t`` sees this fault: a steady fault
+        always; an intermittent one only while it shows (faults_more.Intermittent)."""
+        return True
+
     def fixed_by(self) -> frozenset[str]:
         """The world's actions (``Simulation.apply_action``) that end this fault: a repair ends hardware
         faults; the rest say what fixes them. A scenario can say it per fault (``params: {fixed_by: [reset]}``,

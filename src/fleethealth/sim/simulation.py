@@ -1609,9 +1609,11 @@ class Simulation:
         return list(self._events)
 
     def active_test(self, node: str, t: float) -> bool:
-        """A DCGM diag / NCCL check on ``node`` at ``t``: passes unless a real fault is still present."""
+        """A DCGM diag / NCCL check on ``node`` at ``t``: passes unless a real fault is still present and
+        shows while the test runs (an intermittent link between bursts passes: Fault.caught_by_test)."""
         n = self.fleet.node_index(node)
-        return all(not (fault.active(t) and n in fault.faulty_nodes()) for fault in self.faults)
+        return all(not (fault.active(t) and n in fault.faulty_nodes() and fault.caught_by_test(t))
+                   for fault in self.faults)
 
     def inject(self, spec: FaultSpec | dict, at: float | None = None) -> Fault:
         """Add a fault while running (the exporter's control endpoint uses this). ``onset`` in the spec is
