@@ -457,3 +457,30 @@ shards:
         assert not dup, (s, dup)
         assert _sql(schema_db(s), "SELECT value FROM meta WHERE key='fence'"), s  # the holder's claim
     assert set(owner) == set(pools), f"dropped: {sorted(set(pools) - set(owner))[:5]}"
+
+
+@pytest.mark.needs_k8s
+@pytest.mark.timeout(120)
+def test_a_shards_writes_are_fenced_by_its_own_lease(stack: dict[str, Any]) -> None:
+    """ShardLeaseFence (what a shard's actuation runner checks before every external write) on the real
+    kube-apiserver: held at its epoch -> writes; deadline passed, or the Lease taken by another -> refused."""
+    import multiprocessing
+
+    from fleethealth.act.lease import LeaseElector
+    from fleethealth.controller.sharded import EPOCH, HELD_UNTIL, N_SLOTS, ShardLeaseFence
+
+    kube = stack["cluster"].kube()
+    k8s_harness.apply_manifest(kube, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "fence-ns"}})
+    mine = LeaseElector(kube, "rep-x", "fh-shard-f", "fence-ns", lease_duration_s=2.0)
+    assert mine.step()
+    slots = multiprocessing.get_context("spawn").Array("d", N_SLOTS)
+    slots[HELD_UNTIL], slots[EPOCH] = mine.held_until(), float(mine.epoch or 0)
+    fence = ShardLeaseFence(kube, "fence-ns", "fh-shard-f", "rep-x", slots)
+    assert fence.check() is None and fence.epoch is None
+    slots[HELD_UNTIL] = 0.0
+    assert "renew deadline passed" in (fence.check() or "")
+    other = LeaseElector(kube, "rep-y", "fh-shard-f", "fence-ns", lease_duration_s=2.0)
+    wait_until(other.step, 15, 0.2, what="rep-y taking the expired Lease")
+    slots[HELD_UNTIL] = time.monotonic() + 60  # a zombie that still believes it holds
+    why = fence.check() or ""
+    assert "held by rep-y at epoch 1" in why and "not by rep-x at epoch 0" in why, why

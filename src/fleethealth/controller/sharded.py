@@ -9,7 +9,8 @@ Theory of operation
   results are only its pools' nodes; its state, outbox, ledger and fencing token live in the shard's own
   part of the database (PostgreSQL: schema ``fleethealth_shard_<name>`` of the one database every replica
   shares; SQLite: a file per shard), so two shards never write the same row, and a deposed holder of a
-  shard is fenced off by the new holder's claim exactly as a deposed leader is.
+  shard is fenced off by the new holder's claim exactly as a deposed leader is; before every external
+  write its runner checks the shard's Lease is still held at the epoch it took it (``ShardLeaseFence``).
 - The Leases are renewed on a thread of the replica's process; each shard's controller runs in a process
   of its own (spawned), because a shard's cycle holds the interpreter for seconds at a time (decoding the
   store's answer), which would starve the renewals, and because shards then use a core each. The two
@@ -133,8 +134,45 @@ def ensure_schema(state_db: str | None, shard: str) -> None:
 
 # -- one shard's controller in its own process ------------------------------------------------------------
 # The shared slots between a replica and a shard's process (multiprocessing.Array of doubles).
-HELD_UNTIL, PEERS_TOTAL, PEERS_LOW, OWN_TOTAL, OWN_LOW, OWN_TS, STOP, CYCLES, LAST_CPU, LAST_TS = range(10)
-N_SLOTS = 10
+HELD_UNTIL, PEERS_TOTAL, PEERS_LOW, OWN_TOTAL, OWN_LOW, OWN_TS, STOP, CYCLES, LAST_CPU, LAST_TS, EPOCH = range(11)
+N_SLOTS = 11
+
+
+def kube_client(cfg: ControllerConfig) -> Any:
+    from fleethealth.act.kube_api import Kube, OfficialKubeApi
+
+    k = cfg.kubernetes
+    assert k is not None
+    return Kube(OfficialKubeApi.from_host(k.host, k.token, k.verify_ssl) if k.host
+                else OfficialKubeApi.from_config(k.kubeconfig, k.context))
+
+
+class ShardLeaseFence:
+    """act.fence's Lease check for a shard's process: before every external write, the replica's deadline
+    for the shard ahead and the shard's Lease (one GET) held by this replica at the epoch it took it at.
+    It puts no epoch on node writes: different shards' Leases count their epochs apart, and a node moved
+    to another shard's pool must not look newer than that shard's writes."""
+
+    epoch = None
+
+    def __init__(self, kube: Any, namespace: str, name: str, identity: str, slots: Any) -> None:
+        self.kube, self.namespace, self.name, self.identity, self.slots = kube, namespace, name, identity, slots
+
+    def check(self) -> str | None:
+        from fleethealth.act.kube_api import KubeError
+
+        if self.slots[STOP] or time.monotonic() >= self.slots[HELD_UNTIL]:
+            return f"{self.identity} does not hold the Lease {self.namespace}/{self.name} (renew deadline passed)"
+        try:
+            lease = self.kube.get_lease(self.namespace, self.name)
+        except KubeError as err:
+            return f"cannot confirm the Lease {self.namespace}/{self.name}: {err.status} {err.reason}".strip()
+        spec = lease.get("spec") or {}
+        holder, epoch = spec.get("holderIdentity") or "", int(spec.get("leaseTransitions") or 0)
+        if holder != self.identity or epoch != int(self.slots[EPOCH]):
+            return (f"the Lease {self.namespace}/{self.name} is held by {holder or 'no one'} at epoch {epoch}, "
+                    f"not by {self.identity} at epoch {int(self.slots[EPOCH])}")
+        return None
 
 
 def _die_with_parent() -> None:
@@ -149,7 +187,8 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, int(_signal.SIGKILL))  # PR_SET_PDEATHSIG
 
 
-def shard_main(cfg_data: dict[str, Any], shard: str, slots: Any, parent: int, log_level: int) -> None:
+def shard_main(cfg_data: dict[str, Any], shard: str, slots: Any, parent: int, log_level: int,
+               identity: str, lease: str) -> None:
     """A shard's process: its controller, deciding and acting only while ``slots[HELD_UNTIL]`` (the
     replica's Lease deadline on the shared monotonic clock) is ahead, stopping when ``slots[STOP]`` is set
     or the replica is gone."""
@@ -187,6 +226,17 @@ def shard_main(cfg_data: dict[str, Any], shard: str, slots: Any, parent: int, lo
     ctl.is_leader = holds
     asm.runner.is_leader = holds
     ctl.loop.decider = shard_decider(counts)(policy)
+    # fencing: the shard's Lease (not the replica's, which has none) and the shard's store claim
+    from fleethealth.act.fence import Fences, StoreFence
+
+    assert cfg.kubernetes is not None
+    fence = Fences([ShardLeaseFence(kube_client(cfg), cfg.kubernetes.lease_namespace, lease, identity, slots),
+                    *([StoreFence(asm.store)] if asm.store is not None else [])])
+    asm.runner.fence = fence
+    for a in {id(a): a for route in asm.runner.routes.values() for a in route}.values():
+        bind = getattr(a, "bind_fence", None)
+        if callable(bind):
+            bind(fence)
 
     def peers(now: float) -> None:
         counts.peers = (int(slots[PEERS_TOTAL]), int(slots[PEERS_LOW]))
@@ -231,7 +281,6 @@ class ShardedReplica:
     ``run()`` blocks until ``request_stop()``."""
 
     def __init__(self, cfg: ControllerConfig, *, policy: Policy | None = None, kube: Any = None) -> None:
-        from fleethealth.act.kube_api import Kube, OfficialKubeApi
         from fleethealth.act.shard_leases import ShardLeases
 
         if cfg.shards is None or cfg.kubernetes is None:
@@ -241,9 +290,7 @@ class ShardedReplica:
         self.specs = shard_specs(cfg)
         k = cfg.kubernetes
         if kube is None:
-            api = (OfficialKubeApi.from_host(k.host, k.token, k.verify_ssl) if k.host
-                   else OfficialKubeApi.from_config(k.kubeconfig, k.context))
-            kube = Kube(api)
+            kube = kube_client(cfg)
         self.identity = k.identity or f"{socket.gethostname()}-{os.getpid()}"
         self._runs: dict[str, ShardRun] = {}
         self._lock = threading.Lock()
@@ -265,10 +312,11 @@ class ShardedReplica:
             if self._stopped.is_set() or shard in self._runs:
                 return
             slots = self._mp.Array("d", N_SLOTS)
-            slots[HELD_UNTIL] = self.leases.electors[shard].held_until()
+            e = self.leases.electors[shard]
+            slots[HELD_UNTIL], slots[EPOCH] = e.held_until(), float(e.epoch or 0)
             proc = self._mp.Process(target=shard_main, name=f"shard-{shard}", daemon=True,
                                     args=(self.cfg.model_dump(), shard, slots, os.getpid(),
-                                          logging.getLogger().getEffectiveLevel()))
+                                          logging.getLogger().getEffectiveLevel(), self.identity, e.name))
             proc.start()
             self._runs[shard] = ShardRun(shard, slots, proc)
 
