@@ -160,11 +160,15 @@ def register(app: typer.Typer) -> None:
             fail(f"--consumer {consumer!r}: expected one of {', '.join(CONSUMERS)}")
         if fmt not in ("table", "json"):
             fail(f"--format {fmt!r}: expected table or json")
+        all_kinds = ["node", "gpu", "replica", "rank"]
+        kinds = [k.strip() for v in kind or [] for k in v.split(",") if k.strip()] or all_kinds
+        bad = [k for k in kinds if k not in all_kinds]
+        if bad:
+            fail(f"--kind {bad[0]!r} is unknown: expected one of {', '.join(all_kinds)}")
         pol = load_policy_or_fail(policy)
         got = read_all(inputs, None if at is None else parse_at(at), kernel_log, node, max_input_mb, pol)
         snap, now = got.snapshot, got.at
         fh = score_snapshot(snap, pol, now, consumer=consumer)
-        kinds = kind or ["node", "gpu", "replica", "rank"]
         tuples = [t for k in kinds for t in fh.by_kind(k)]
         if fmt == "json":
             for t in tuples:
@@ -234,8 +238,10 @@ def register(app: typer.Typer) -> None:
 
 def healthy(t: HealthTuple, flag_below: float) -> bool:
     """Known and at or above the policy's flag line: its least good category and ``min:`` reason are then
-    only the weakest part of a healthy score, and printed they would read like an alarm."""
-    return t.value is not None and t.value >= flag_below and not t.flags
+    only the weakest part of a healthy score, and printed they would read like an alarm. Something
+    expected and missing (``missing:``, ``pending:``) is never healthy, whatever the value."""
+    return (t.value is not None and t.value >= flag_below and not t.flags
+            and not t.reason.startswith(("missing:", "pending:")))
 
 
 def summary_words(summary: dict[str, Any]) -> str:

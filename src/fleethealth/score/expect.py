@@ -69,17 +69,22 @@ class PeerGroups:
     grp: np.ndarray
     names: list[str]
     sizes: np.ndarray
-    levels: list[tuple[np.ndarray, np.ndarray, np.ndarray]]
+    levels: list[tuple[np.ndarray, int, int]]  # (group id per entity, first id, number of groups)
 
     def counts(self, seen_t: np.ndarray) -> np.ndarray:
-        """Signals x groups: how many members of each group carry each signal."""
-        m = seen_t.shape[0]
+        """Signals x groups: how many members of each group carry each signal (one bincount per signal
+        and level; a level of one group is a row sum)."""
+        m, n = seen_t.shape
         out = np.zeros((m, len(self.names)), np.int64)
-        if seen_t.shape[1] == 0:
+        if n == 0:
             return out
-        for part, order, starts in self.levels:
-            sums = np.add.reduceat(seen_t[:, order].astype(np.int32), starts, axis=1)
-            out[:, part[order][starts]] = sums
+        for part, first, k in self.levels:
+            if k == 1:
+                out[:, first] = np.count_nonzero(seen_t, axis=1)
+                continue
+            local = part - first
+            for j in range(m):
+                out[j, first:first + k] = np.bincount(local, weights=seen_t[j], minlength=k)
         return out
 
 
@@ -145,23 +150,21 @@ def _merge(own: np.ndarray, own_vals: list[str], other: np.ndarray, other_vals: 
     return filled, vals
 
 
-def _partition(part: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    order = np.argsort(part, kind="stable")
-    po = part[order]
-    starts = np.flatnonzero(np.concatenate(([True], po[1:] != po[:-1]))) if part.size else np.zeros(0, np.int64)
-    return part, order, starts
-
-
 def _groups_from(cols: list[tuple[str, np.ndarray, list[str]]], n: int, min_group: int, everyone: str) -> PeerGroups:
     """Groups by every column's value; an entity whose group is smaller than ``min_group``, or that has
     no value of a finer column, is compared with its first column's group (the pool), and when that is as
     small, with everyone."""
     if not cols or n == 0:
         zero = np.zeros(n, np.int64)
-        return PeerGroups(zero, [everyone], np.asarray([n], np.int64), [_partition(zero)] if n else [])
+        return PeerGroups(zero, [everyone], np.asarray([n], np.int64), [(zero, 0, 1)] if n else [])
     labels = [name for name, _, _ in cols]
     full = np.stack([c for _, c, _ in cols], axis=1)
-    uniq, inv = np.unique(full, axis=0, return_inverse=True)
+    # one int64 key per entity (each column's code + 1 in its own digit): a 1-D unique
+    key = np.zeros(n, np.int64)
+    for k in range(len(cols)):
+        key = key * (len(cols[k][2]) + 1) + (full[:, k] + 1)
+    _, first_ix, inv = np.unique(key, return_index=True, return_inverse=True)
+    uniq = full[first_ix]
     inv = inv.reshape(-1)
     fvals, finv = np.unique(full[:, 0], return_inverse=True)
     finv = finv.reshape(-1)
@@ -184,7 +187,8 @@ def _groups_from(cols: list[tuple[str, np.ndarray, list[str]]], n: int, min_grou
         whole &= has | ~pool_has[finv]
     grp = np.where((sizes[inv] >= min_group) & whole, inv,
                    np.where((fvals[finv] >= 0) & (sizes[g0 + finv] >= min_group), g0 + finv, g0 + g1))
-    levels = [_partition(inv), _partition(g0 + finv), _partition(np.full(n, g0 + g1, np.int64))]
+    levels = [(inv.astype(np.int64), 0, g0), ((g0 + finv).astype(np.int64), g0, g1),
+              (np.full(n, g0 + g1, np.int64), g0 + g1, 1)]
     return PeerGroups(grp.astype(np.int64), names, sizes, levels)
 
 
