@@ -382,7 +382,7 @@ shards:
               f"{since_renewal_s:.2f} s after its last renewal (Lease acquireTime and renewTime; seen by the test "
               f"at {lease_seen_s:.2f} s), its first decided cycle "
               f"{float(first) - wall_kill:.2f} s after it (lease duration {LEASE_S:g} s, cycle {CYCLE_S:g} s; "
-              "the new holder starts a process for the shard and decides on its first cycle)")
+              "the new holder hands the shard to its spare process, which decides on its first cycle)")
         # within the lease duration of the victim's last renewal, plus a retry period (0.5 s) of the observer
         assert since_renewal_s <= LEASE_S + 2.0, since_renewal_s
         survivors = [w for w in REPLICAS if w != victim]

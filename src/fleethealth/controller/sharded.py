@@ -12,7 +12,8 @@ Theory of operation
   shard is fenced off by the new holder's claim exactly as a deposed leader is; before every external
   write its runner checks the shard's Lease is still held at the epoch it took it (``ShardLeaseFence``).
 - The Leases are renewed on a thread of the replica's process; each shard's controller runs in a process
-  of its own (spawned), because a shard's cycle holds the interpreter for seconds at a time (decoding the
+  of its own (spawned ahead as a spare with the libraries imported, so a take-over does not wait for an
+  interpreter's start), because a shard's cycle holds the interpreter for seconds at a time (decoding the
   store's answer), which would starve the renewals, and because shards then use a core each. The two
   share a few numbers (``slots``): the Lease deadline, the peers' counts in, the shard's counts out.
 - A shard's controller decides and acts only while the replica's Lease deadline for it is ahead on the
@@ -187,22 +188,33 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, int(_signal.SIGKILL))  # PR_SET_PDEATHSIG
 
 
-def shard_main(cfg_data: dict[str, Any], shard: str, slots: Any, parent: int, log_level: int,
-               identity: str, lease: str) -> None:
-    """A shard's process: its controller, deciding and acting only while ``slots[HELD_UNTIL]`` (the
-    replica's Lease deadline on the shared monotonic clock) is ahead, stopping when ``slots[STOP]`` is set
-    or the replica is gone."""
+def shard_main(cfg_data: dict[str, Any], slots: Any, parent: int, log_level: int, identity: str,
+               assignment: Any) -> None:
+    """A shard's process: started as a spare (libraries imported, policy loaded) that waits on
+    ``assignment`` (a Pipe end) for (shard, Lease name); then its controller, deciding and acting only
+    while ``slots[HELD_UNTIL]`` (the replica's Lease deadline on the shared monotonic clock) is ahead,
+    stopping when ``slots[STOP]`` is set or the replica is gone. A spare makes a take-over cost the
+    Lease's expiry and one cycle, not an interpreter's start."""
     _die_with_parent()
-    logging.basicConfig(level=log_level, format=f"%(asctime)s %(levelname)s %(name)s [{shard}]: %(message)s")
-    for noisy in ("httpx", "httpcore"):
-        logging.getLogger(noisy).setLevel(max(logging.WARNING, log_level))
+    import fleethealth.score.scorer  # noqa: F401  (imported while spare: the take-over does not wait)
+    import fleethealth.sources.prometheus  # noqa: F401
     from fleethealth.controller.build import build
 
     cfg = ControllerConfig.model_validate(cfg_data)
     specs = shard_specs(cfg)
-    spec = next(s for s in specs if s.name == shard)
     policy = load_policy(cfg.policy)
     label = cfg.shards.label if cfg.shards is not None else "pool"
+    while not assignment.poll(0.5):
+        if slots[STOP] or os.getppid() != parent:
+            return
+    got = assignment.recv()
+    if got is None:
+        return
+    shard, lease = got
+    spec = next(s for s in specs if s.name == shard)
+    logging.basicConfig(level=log_level, format=f"%(asctime)s %(levelname)s %(name)s [{shard}]: %(message)s")
+    for noisy in ("httpx", "httpcore"):
+        logging.getLogger(noisy).setLevel(max(logging.WARNING, log_level))
     while True:
         if slots[STOP] or os.getppid() != parent:
             return
@@ -268,9 +280,10 @@ def shard_main(cfg_data: dict[str, Any], shard: str, slots: Any, parent: int, lo
 
 @dataclass
 class ShardRun:
-    shard: str
+    shard: str  # "" while a spare
     slots: Any
     proc: Any
+    assignment: Any  # the replica's end of the spare's Pipe
     started_at: float = field(default_factory=time.time)
 
 
@@ -293,6 +306,7 @@ class ShardedReplica:
             kube = kube_client(cfg)
         self.identity = k.identity or f"{socket.gethostname()}-{os.getpid()}"
         self._runs: dict[str, ShardRun] = {}
+        self._spare: ShardRun | None = None  # a started process waiting for the next shard taken
         self._lock = threading.Lock()
         self._stopped = threading.Event()
         self._mp = multiprocessing.get_context("spawn")  # never fork a process that runs threads
@@ -311,14 +325,22 @@ class ShardedReplica:
         with self._lock:
             if self._stopped.is_set() or shard in self._runs:
                 return
-            slots = self._mp.Array("d", N_SLOTS)
+            run, self._spare = self._spare or self._new_spare(), None
             e = self.leases.electors[shard]
-            slots[HELD_UNTIL], slots[EPOCH] = e.held_until(), float(e.epoch or 0)
-            proc = self._mp.Process(target=shard_main, name=f"shard-{shard}", daemon=True,
-                                    args=(self.cfg.model_dump(), shard, slots, os.getpid(),
-                                          logging.getLogger().getEffectiveLevel(), self.identity, e.name))
-            proc.start()
-            self._runs[shard] = ShardRun(shard, slots, proc)
+            run.slots[HELD_UNTIL], run.slots[EPOCH] = e.held_until(), float(e.epoch or 0)
+            run.shard, run.started_at = shard, time.time()
+            run.assignment.send((shard, e.name))
+            self._runs[shard] = run
+            self._spare = self._new_spare()  # the next take-over's
+
+    def _new_spare(self) -> ShardRun:
+        slots = self._mp.Array("d", N_SLOTS)
+        mine, theirs = self._mp.Pipe()
+        proc = self._mp.Process(target=shard_main, name="shard-spare", daemon=True,
+                                args=(self.cfg.model_dump(), slots, os.getpid(),
+                                      logging.getLogger().getEffectiveLevel(), self.identity, theirs))
+        proc.start()
+        return ShardRun("", slots, proc, mine)
 
     def _lost(self, shard: str) -> None:
         with self._lock:
@@ -417,6 +439,8 @@ class ShardedReplica:
 
     # -- the process ----------------------------------------------------------------------------------------
     def start(self) -> ShardedReplica:
+        with self._lock:
+            self._spare = self._new_spare()
         self.leases.step()
         self.leases.start()
         return self
@@ -439,6 +463,9 @@ class ShardedReplica:
         self.leases.stop()
         with self._lock:
             runs, self._runs = list(self._runs.values()), {}
+            if self._spare is not None:
+                runs.append(self._spare)
+                self._spare = None
         for r in runs:
             r.slots[HELD_UNTIL] = 0.0
             r.slots[STOP] = 1.0
