@@ -62,6 +62,14 @@ def test_bad_ports_and_binary_files_are_one_line_errors(tmp_path: Path) -> None:
     one_line_error(["policy", "check", str(binary)], "binary data")
     one_line_error(["backtest", "-s", "nvlink-down", "--format", "yaml"], "--format")
     one_line_error(["get", "gpus", "--server", "http://127.0.0.1:9"], "unknown resource 'gpus'")
+    one_line_error(["get", "nodes", "--server", "http://[::1"], "not a usable URL")
+    one_line_error(["get", "nodes", "--server", "localhost:9108"], "expected a URL")
+    from decide_support import scenario_rows, write_jsonl
+
+    rec = tmp_path / "rec.jsonl"
+    write_jsonl(str(rec), scenario_rows(minutes=3, xid_at=2, nodes=2))
+    one_line_error(["score", "--kind", "gpus", str(rec)], "--kind 'gpus' is unknown", "node, gpu, replica, rank")
+    one_line_error(["replay", str(rec), "--events", str(binary)], "binary data, not JSON lines")
 
 
 def test_healthy_entities_print_no_worst_category_or_min_reason(tmp_path: Path) -> None:

@@ -39,14 +39,21 @@ class _Client:
 
         self.server = (server or os.environ.get("FLEETHEALTH_SERVER") or DEFAULT_SERVER).rstrip("/")
         tok = token or os.environ.get("FLEETHEALTH_TOKEN")
-        self.http = httpx.Client(base_url=self.server, timeout=10.0,
-                                 headers={"Authorization": f"Bearer {tok}"} if tok else {})
+        if not self.server.startswith(("http://", "https://")):
+            fail(f"--server {self.server!r}: expected a URL like {DEFAULT_SERVER}")
+        try:
+            self.http = httpx.Client(base_url=self.server, timeout=10.0,
+                                     headers={"Authorization": f"Bearer {tok}"} if tok else {})
+        except (httpx.InvalidURL, ValueError) as e:
+            fail(f"--server {self.server!r}: not a usable URL ({e})")
 
     def call(self, method: str, path: str, **kw: Any) -> Any:
         import httpx
 
         try:
             r = self.http.request(method, path, **kw)
+        except (httpx.InvalidURL, httpx.UnsupportedProtocol) as e:
+            fail(f"--server {self.server!r}: not a usable URL ({e})")
         except httpx.HTTPError as e:
             fail(f"cannot reach the controller at {self.server}: {e}", 3)
         if r.status_code in (401, 403):

@@ -321,8 +321,12 @@ def register(app: typer.Typer) -> None:
         if events is not None:
             try:
                 evs, skipped = read_events(events)
-            except (OSError, ValueError, ImportError) as e:
-                fail(str(e))
+            except UnicodeDecodeError:
+                fail(f"{events}: cannot read events: binary data, not JSON lines")
+            except OSError as e:
+                fail(f"{events}: cannot read events: {e.strerror or e}")
+            except (ValueError, ImportError) as e:
+                fail(str(e).splitlines()[0])
         store = None
         if state_db is not None:
             from fleethealth.store import StoreError, open_store
