@@ -459,6 +459,7 @@ shards:
     assert set(owner) == set(pools), f"dropped: {sorted(set(pools) - set(owner))[:5]}"
 
 
+@pytest.mark.slow
 @pytest.mark.needs_k8s
 @pytest.mark.timeout(120)
 def test_a_shards_writes_are_fenced_by_its_own_lease(stack: dict[str, Any]) -> None:
