@@ -144,6 +144,10 @@ class SidecarProtocol(HttpToolsProtocol):
 class LeanCycle:
     """One proxied request on a client connection, and the ``Sink`` its exchange writes to."""
 
+    __slots__ = ("proto", "transport", "inference", "method", "path", "target", "headers", "keep_alive", "version",
+                 "chunked", "expect_100", "body", "more_body", "too_large", "_event", "response_started",
+                 "response_complete", "started", "write_paused", "exchange", "task", "_disconnected", "on_response")
+
     def __init__(self, proto: SidecarProtocol, inference: bool, method: bytes, path: bytes, target: bytes,
                  headers: Headers, keep_alive: bool, version: str, expect_100: bool) -> None:
         self.proto = proto

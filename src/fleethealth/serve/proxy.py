@@ -121,7 +121,7 @@ class Proxy:
         sc = self.sc
         c = sc.config
         try:
-            payload = json.loads(raw) if raw else {}
+            payload = json.loads(raw.decode()) if raw else {}  # str: json skips guessing the encoding
         except ValueError:
             payload = None
         if not isinstance(payload, dict):
@@ -130,7 +130,7 @@ class Proxy:
             return
         stream = bool(payload.get("stream"))
         mt = payload.get("max_tokens", payload.get("max_completion_tokens"))
-        max_tokens = int(mt) if isinstance(mt, int | float) else None
+        max_tokens = int(mt) if isinstance(mt, (int, float)) else None  # noqa: UP038 (a tuple: no union built per call)
         text = prompt_text(payload)
         est = estimate_tokens(text)
         st = sc.state
