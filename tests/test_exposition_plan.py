@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from fleethealth.policy import default_policy
 from fleethealth.signals.history import SignalHistory
+from fleethealth.signals.snapshot import SnapshotBuilder
 from fleethealth.sources.exposition import PagePlans, parse_many
 from test_exposition_many import batched, dcgm_pages, rows_of, with_instances
 
@@ -118,6 +119,23 @@ def test_dcgm_fleet_is_read_through_plans_after_the_first_scrape() -> None:
     plans = assert_scrapes_same(scrapes, chunk_bytes=20_000)  # several plans of a few pages each
     assert plans.planned_pages == 60
     assert len(plans._plans) > 3
+
+
+def test_plans_into_a_builder_of_the_callers_own() -> None:
+    # A builder that does not share the plans' lists (a caller's own, holding other samples first) gets
+    # the same samples, its own ids.
+    first = dcgm_pages(8)
+    plans = PagePlans()
+    for texts in (first, _rescrape(first, 1), _rescrape(first, 2)):
+        pages = with_instances(texts)
+        b = SnapshotBuilder()
+        b.add("up", {"instance": "elsewhere"}, 1.0, NOW)
+        counts: list[int] = []
+        snap = parse_many(pages, default_ts=NOW, builder=b, sample_counts=counts, plans=plans)
+        want = batched(pages)
+        assert [r for r in rows_of(snap) if r[0] != "up"] == want[0] and counts == want[2]
+        assert sorted((i.source, i.line, i.reason, i.text) for i in snap.issues) == want[1]
+        assert plans.planned_pages == 8
 
 
 def test_changed_page_is_planned_again_and_its_neighbours_stay_planned() -> None:
