@@ -6,7 +6,9 @@ Theory of operation
   set (label ``fleethealth.io/shard-set``) in one call, note each record as observed on the local clock
   (expiry counts from when a record last changed here, as client-go does, so clock skew does not
   matter), and hand what it saw to the pure ``controller.shards.plan``: renew the shards held, take the
-  ones the plan gives, release the ones beyond the fair share. Each shard Lease is a ``LeaseElector``
+  ones the plan gives, release the ones beyond the fair share once their controller has stopped (kept and
+  told to stop until then: a shard's last commit lands before its next holder's first). Each shard Lease
+  is a ``LeaseElector``
   (same acquire/renew/409 rules as the single-leader case), stepped with the Lease just listed.
 - A renewal also writes the shard's publication (its confidence counts) into the Lease's annotations,
   and every listed shard's annotation goes into the ``PeerBook`` (the fleet-wide freeze).
@@ -52,7 +54,9 @@ class ShardLeases:
                  publication: Callable[[str], str | None] | None = None,
                  on_acquired: Callable[[str], None] | None = None,
                  on_lost: Callable[[str], None] | None = None,
-                 after_step: Callable[[], None] | None = None) -> None:
+                 after_step: Callable[[], None] | None = None,
+                 on_release: Callable[[str], None] | None = None,
+                 drained: Callable[[str], bool] | None = None) -> None:
         self.kube = kube
         self.identity = identity
         self.shards = list(shards)
@@ -66,6 +70,8 @@ class ShardLeases:
         self.on_acquired = on_acquired
         self.on_lost = on_lost
         self.after_step = after_step  # each step's end, under the lock: hand deadlines and counts on
+        self.on_release = on_release  # a shard to give up: stop deciding for it
+        self.drained = drained  # whether its controller has stopped (then the Lease is released)
         self.peers = PeerBook(stale_after_s if stale_after_s is not None else 3 * lease_duration_s)
         self._labels = {SET_LABEL: prefix}
         self.member = LeaseElector(kube, identity, lease_name(prefix, "member", identity), namespace,
@@ -166,10 +172,18 @@ class ShardLeases:
             p = Plan(renew=tuple(s for s in self.shards if self.electors[s].is_leader()))
         else:
             p = plan(self.identity, self.shards, views, members, self.grace_s)
+        # A shard is given up only once its controller has stopped (``drained``): until then it is kept
+        # (renewed) and told to stop (``on_release``), so its last commit lands before anyone else's first.
+        keep = []
         for s in p.release:
-            log.warning("%s gives shard %s up (holds more than its share of %d)", self.identity, s, p.fair_share)
-            self.electors[s].release()
-        for s in (*p.renew, *p.acquire):
+            if self.drained is None or self.drained(s):
+                log.warning("%s gives shard %s up (holds more than its share of %d)", self.identity, s, p.fair_share)
+                self.electors[s].release()
+            else:
+                if self.on_release is not None:
+                    self.on_release(s)
+                keep.append(s)
+        for s in (*p.renew, *keep, *p.acquire):
             self.electors[s].step(by_name.get(self.electors[s].name))
         self.last_plan = p
         self._notify()

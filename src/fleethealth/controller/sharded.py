@@ -318,7 +318,7 @@ class ShardedReplica:
             stale_after_s=sh.stale_after_s if sh.stale_after_s is not None
             else k.lease_duration_s + 3 * cfg.interval_s,
             publication=self._publication, on_acquired=self._acquired, on_lost=self._lost,
-            after_step=self._share)
+            after_step=self._share, on_release=self._stop_shard, drained=self._drained)
 
     # -- lease callbacks (on the lease thread, under its lock: quick) ----------------------------------
     def _acquired(self, shard: str) -> None:
@@ -349,6 +349,16 @@ class ShardedReplica:
             run.slots[HELD_UNTIL] = 0.0
             run.slots[STOP] = 1.0
             threading.Thread(target=self._reap, args=(run,), daemon=True).start()
+
+    def _stop_shard(self, shard: str) -> None:
+        """A shard this replica is giving up: its controller stops after the cycle it is in."""
+        run = self._runs.get(shard)
+        if run is not None:
+            run.slots[STOP] = 1.0
+
+    def _drained(self, shard: str) -> bool:
+        run = self._runs.get(shard)
+        return run is None or not run.proc.is_alive()
 
     def _reap(self, run: ShardRun) -> None:
         run.proc.join(30)
