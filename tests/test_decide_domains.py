@@ -109,8 +109,9 @@ def test_an_xid_storm_across_a_rack_goes_to_the_jobs_and_the_rack_not_to_each_no
 
     r.steps(0, 2400, 60, make)
     assert not r.of(IntentKind.QUARANTINE)
-    jobs = {p.entity for p in _new_pages(r, "app_xid:job")}
-    assert jobs == {"job/train-a", "job/train-b"}
+    jobs = {p.entity: p for p in _new_pages(r, "app_xid:job")}
+    assert set(jobs) == {"job/train-a", "job/train-b"}
+    assert jobs["job/train-a"].params["domains"] == ["rack=r1"]  # the ticket names the rack its crash covered
     (dom,) = _new_pages(r, "domain_correlation")
     assert dom.entity == "domain/rack=r1" and dom.params["n_nodes"] == 8
     assert dom.params["signals"] == ["attribution:app_xid:2_jobs"]

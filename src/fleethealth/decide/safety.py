@@ -170,7 +170,8 @@ class SafetyRules:
         for job in sorted(jobs):
             c.incident(f"job:{job}", f"job/{job}", "app_xid:job",
                        {"severity": "ticket", "job": job, "xids": sorted(job_xids[job]),
-                        "nodes": sorted(jobs[job])[:20], "n_nodes": len(jobs[job])},
+                        "nodes": sorted(jobs[job])[:20], "n_nodes": len(jobs[job]),
+                        "domains": self._job_domains(c, jobs[job])},
                        sig=[len(jobs[job]), sorted(job_xids[job])])
         for job in sorted({j for js in c.s.app_xids.values() for j in js} - set(jobs)):
             incidents.refresh(c.s.incidents, f"job:{job}", c.now)  # still inside its window: still open
@@ -179,6 +180,21 @@ class SafetyRules:
             if len(js) >= p.attribution.app_xid_distinct_jobs:
                 out[n] = f"attribution:app_xid:{len(js)}_jobs"
         return out
+
+    def _job_domains(self, c: Cycle, nodes: set[str]) -> list[str]:
+        """The failure domains (decide.domains) a job's Xid storm covers: ``label=value`` shared by at
+        least ``domains.min_nodes`` of the nodes it hit (Xid 45 across an NVL72 rack when a job is killed
+        reads as that rack's, on the job's ticket)."""
+        count: dict[str, int] = defaultdict(int)
+        for n in nodes:
+            es = c.s.entities.get(n)
+            if es is None:
+                continue
+            for label in self.policy.domains.labels:
+                v = es.labels.get(label)
+                if v:
+                    count[f"{label}={v}"] += 1
+        return sorted(k for k, n in count.items() if n >= self.policy.domains.min_nodes)
 
     def _versions(self, c: Cycle, obs: Mapping[str, Observation | None]) -> dict[tuple[str, str], str]:
         """Version label values that failures correlate with: (label, value) -> page reason."""
