@@ -76,7 +76,9 @@ class Evidence:
 
 
 def node_evidence(health: Any, policy: Policy) -> dict[str, Evidence]:
-    """Per node whose worst GPU's combined z is past the CUSUM allowance: its evidence. ``health``: the engine's FleetHealth (anything
+    """Per node whose worst GPU's combined z is past the CUSUM allowance and whose slowest rank, in the
+    biggest job, would cost more than a swap: its evidence (a node that cannot pay for a swap is never
+    escalated, so its CUSUM is not fed). ``health``: the engine's FleetHealth (anything
     else, e.g. a list of tuples, has no per-signal columns: no evidence)."""
     ch = policy.chronic
     kinds = getattr(health, "kinds", None)
@@ -107,11 +109,16 @@ def node_evidence(health: Any, policy: Policy) -> dict[str, Evidence]:
     worst_slow = np.full(len(node_names), np.nan)
     ok = np.isfinite(slow) & (member >= 0)
     np.fmax.at(worst_slow, member[ok], slow[ok])
-    sizes = _job_sizes(kinds)
+    # only a node that could pay for a swap in the biggest job is worth its labels (a Python step each)
+    need = ch.swap_cost_gpu_hours * 3600.0 / ch.horizon_s  # GPU-hours an hour
+    priced = [n for n in best if n >= 0 and worst_slow[n] > 0]
+    sizes = _job_sizes(kinds) if priced else {}
+    biggest = max(sizes.values(), default=0)
     out: dict[str, Evidence] = {}
-    for node, i in best.items():
-        if node < 0:
+    for node in priced:
+        if not worst_slow[node] * biggest >= need:
             continue
+        i = best[node]
         job = _label(health, i, "job")
         sd = float(worst_slow[node])
         out[node_names[node]] = Evidence(
