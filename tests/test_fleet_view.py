@@ -115,7 +115,9 @@ def test_fleet_view_in_chromium(tmp_path: Path) -> None:
                 # the timeline from the store: state bands (READY, then QUARANTINED), the score line, intent marks
                 svg = ent[ent.index('id="timeline"'):ent.index("</svg>", ent.index('id="timeline"'))]
                 bands = re.findall(r'class="band" data-state="([A-Z]+)"', svg)
-                assert bands[-1] == "QUARANTINED" and "READY" in bands, bands
+                # (READY before it, unless on a loaded machine the controller's first deciding cycle was the one
+                # that quarantined it: then its records begin QUARANTINED)
+                assert bands[-1] == "QUARANTINED" and set(bands[:-1]) <= {"none", "READY"}, bands
                 assert 'class="score"' in svg and 'data-intent="quarantine"' in svg and 'data-intent="capture_evidence"' in svg
                 runbooks = ent[ent.index('id="runbooks"'):]
                 assert "reasons/gate-xid.md" in runbooks and "intents/quarantine.md" in runbooks
