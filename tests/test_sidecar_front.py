@@ -198,3 +198,36 @@ def test_the_fastapi_routes_proxy_streams_and_drain_them_the_same_way() -> None:
             assert events[-1] == b"data: [DONE]"
             assert json.loads(events[-2][len(b"data: "):])["error"]["code"] == "stream_ended_by_sidecar"
             wait_until(lambda: p.sc.outcomes["cut_at_deadline"] == 1, 5)
+
+
+def test_many_concurrent_streams_and_requests_are_relayed_whole_and_leave_nothing_behind() -> None:
+    import asyncio
+
+    with running_pair(max_concurrency=20, queue_limit=1000) as p:
+        p.engine.set(token_delay_s=0.001)
+
+        async def scenario() -> list[tuple[int, Any]]:
+            limits = httpx.Limits(max_connections=200, max_keepalive_connections=200)
+            async with httpx.AsyncClient(base_url=p.url, timeout=60, limits=limits) as c:
+                async def stream() -> tuple[int, Any]:
+                    body = {"model": "fake-model", "prompt": "x", "max_tokens": 50, "stream": True}
+                    async with c.stream("POST", "/v1/completions", json=body) as r:
+                        raw = b"".join([chunk async for chunk in r.aiter_bytes()])
+                    return r.status_code, [e for e in raw.split(b"\n\n") if e]
+
+                async def whole() -> tuple[int, Any]:
+                    r = await c.post("/v1/chat/completions", json={"model": "fake-model", "max_tokens": 3,
+                                                                   "messages": [{"role": "user", "content": "hi"}]})
+                    return r.status_code, r.json()["choices"][0]["message"]["content"]
+
+                return await asyncio.gather(*[stream() for _ in range(60)], *[whole() for _ in range(120)])
+
+        results = asyncio.run(scenario())
+        for status, events in results[:60]:  # every stream whole, in order (admission queued most of them)
+            assert status == 200 and len(events) == 51 and events[-1] == b"data: [DONE]"
+            assert [json.loads(e[6:])["choices"][0]["text"] for e in events[:-1]] == [f"t{i} " for i in range(50)]
+        assert all(r == (200, "t0 t1 t2 ") for r in results[60:])
+        wait_until(lambda: not p.sc.active, 5)
+        assert p.sc.outcomes == {"completed": 180}
+        assert (p.sc.admission.active, p.sc.admission.queued, p.sc._busy_streams, p.sc._busy_whole) == (0, 0, 0, 0)
+        assert not p.sc.proxy_core.pool.busy and p.sc.progress.proxy_active == 0
