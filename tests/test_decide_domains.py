@@ -134,3 +134,21 @@ def test_domain_policy_errors_name_the_key_and_the_line() -> None:
     with pytest.raises(PolicyError, match=r"p.yaml:\d+: domains.action: .*'hold' or 'no_new_work'"):
         parse_policy(bad, "p.yaml")
     assert default_policy().domains.window_s == 1800.0  # written as 30m
+
+
+def test_one_event_seen_through_several_labels_is_one_page() -> None:
+    """Each rack is also its NVLink domain (NVL72), and a cooling zone spans racks r2 and r3: a hot rack is
+    paged once, as the rack (the first label of the policy that has these nodes); the whole zone going hot
+    is the zone's event, not three."""
+    def labels(i: int) -> dict[str, str]:
+        return {"nvlink_domain": f"nvl{i // PER_RACK}", "cooling_zone": f"z{i // (2 * PER_RACK)}"}
+
+    def run(bad: range) -> list:
+        r = Run()
+        r.steps(0, 1200, 60, lambda t: _fleet({n: (0.2, "min:thermal") for n in bad},
+                                              labels={i: labels(i) for i in range(RACKS * PER_RACK)}))
+        assert not r.of(IntentKind.QUARANTINE)
+        return [(p.entity, p.params["n_nodes"]) for p in _new_pages(r)]
+
+    assert run(range(16, 24)) == [("domain/rack=r2", 8)]  # rack r2 = nvl2; the zone z1 has 8 of 16 too
+    assert run(range(16, 32)) == [("domain/cooling_zone=z1", 16)]

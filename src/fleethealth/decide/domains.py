@@ -20,7 +20,9 @@ treats the domain like a suspect driver version (``decide.safety``'s version cor
   attribution blames (distinct jobs crashing on it) is a member: an Xid storm across a domain goes to
   the jobs and the domain, not to each node.
 * A domain with at least ``min_nodes`` members that are at least ``fraction`` of its nodes is an
-  event: one incident (``decide.incidents``, key ``domain:<label>=<value>``, reason
+  event, unless a wider domain's event holds all its members (a cooling zone over two hot racks is one
+  event, the zone's) or a domain named earlier in ``labels`` has exactly the same members (an NVL72 rack
+  that is also its NVLink domain is paged once, as the rack): one incident (``decide.incidents``, key ``domain:<label>=<value>``, reason
   ``domain_correlation``: one firing page, an update when the membership changes, one resolution
   ``incident_clear_s`` after it stops holding) with its evidence: which nodes, which reasons, its size,
   and the action taken. While the incident is open, every member is kept as a member even past
@@ -109,10 +111,16 @@ class FailureDomains:
                 v = es.labels.get(label)
                 if v and (label, v) in members:
                     size[(label, v)] += 1
+        firing = {d: frozenset(nodes) for d, nodes in members.items()
+                  if len(nodes) >= dm.min_nodes and len(nodes) >= dm.fraction * size[d]}
+        rank = {label: i for i, label in enumerate(dm.labels)}
         for (label, v), nodes in sorted(members.items()):
+            mine = firing.get((label, v))
+            if mine is None or any(
+                    mine < other or (mine == other and rank[o[0]] < rank[label])
+                    for o, other in firing.items() if o != (label, v)):
+                continue  # a wider domain explains these nodes, or one named earlier in the policy has them all
             n, total = len(nodes), size[(label, v)]
-            if n < dm.min_nodes or n < dm.fraction * total:
-                continue
             key = domain_key(label, v)
             nodes.sort()
             reasons = sorted({obs[e].reason for e in nodes if obs[e] is not None})  # type: ignore[union-attr]
