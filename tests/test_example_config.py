@@ -1,8 +1,8 @@
 """The shipped example config runs against `fleethealth sim serve` out of the box: real processes, the
 controller finds the simulator's exporters through its service discovery (/sd), scores all 64 nodes of
 `mixed`, serves the fleet view and the per-pool KPIs; when the simulator dies, /healthz says which source is
-down. Ports: the example's own (sim 9400) when free, else the same file with only the port changed; the
-API's through --listen."""
+down. The example is copied as it is into a temporary directory (its relative state database lands
+there), with the simulator's port changed only when 9400 is taken; the API's port through --listen."""
 
 from __future__ import annotations
 
@@ -58,10 +58,9 @@ def test_sd_groups_become_targets() -> None:
 
 def test_the_example_config_watches_sim_serve_out_of_the_box(tmp_path: Path) -> None:
     sim_port = 9400 if port_free(9400) else free_port()
-    config = EXAMPLE
-    if sim_port != 9400:  # the port is taken on this machine: the same file, that port changed
-        config = tmp_path / "controller.yaml"
-        config.write_text(EXAMPLE.read_text().replace("127.0.0.1:9400/sd", f"127.0.0.1:{sim_port}/sd"))
+    # a copy in tmp_path: the config's relative paths (its state database) resolve next to the file
+    config = tmp_path / "controller.yaml"
+    config.write_text(EXAMPLE.read_text().replace("127.0.0.1:9400/sd", f"127.0.0.1:{sim_port}/sd"))
     api_port = free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("FLEETHEALTH_SERVER", "FLEETHEALTH_TOKEN")}
     cli = [sys.executable, "-m", "fleethealth.cli.main"]
