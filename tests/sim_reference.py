@@ -705,6 +705,10 @@ class Simulation:
             # a hung collective: no step completes, compute times freeze, the step in flight grows
             hang_ranks = hung[rj]
             comp = np.where(hang_ranks, self.rank_compute, comp)
+            # the hung node's own ranks never reach the collective: their compute in flight grows
+            stuck = eff.get("rank_stuck")
+            if stuck is not None:
+                comp = np.where(stuck & hang_ranks, self.rank_base + (t - np.nan_to_num(self.job_hang_since[rj])), comp)
             step = np.where(hung, t - np.nan_to_num(self.job_hang_since) + self.step_s, step)
         self.job_hang_since[~(eff.job_hang if eff is not None else np.zeros(J, bool))] = np.nan
         self.rank_compute = comp
