@@ -312,11 +312,19 @@ def _build(keys: list[PageKey], tx: _Text, names: SnapshotBuilder, exact: bool) 
     page_fb[s_page[b_first[pb]]] = pb
     fb = page_fb[s_page]
     lab_cand = np.where((b_of != fb) & (pos < b_len[fb]), b_first[fb] + pos, -1)
-    name_cand = np.where(pos > 0, b_first[b_of], -1)
+    # A block's name is likely the name of the first page's block at the same place (one exporter's pages
+    # list their metrics in one order): only those are read, the rest take their width and bytes.
+    b_page = s_page[b_first]
+    b_ord = np.arange(b_first.shape[0]) - np.searchsorted(b_page, b_page)
+    n0b = int(np.count_nonzero(b_page == b_page[0])) if b_first.shape[0] else 0
+    root_block = np.where((b_page != b_page[0]) & (b_ord < n0b), b_ord, np.arange(b_first.shape[0])) \
+        if exact is False else np.arange(b_first.shape[0])
+    name_src = b_first[root_block][b_of]  # the line whose name each line likely has
+    name_cand = np.where(name_src != np.arange(s_lines.shape[0]), name_src, -1)
     # Sample lines: `name{labels} value` or `name value`, cut at the first '}' (a valid label string
     # cannot end at a '}' inside quotes) followed by a space. (A value text with a space, a timestamp or
     # an exemplar, is refused by the value readers of the apply that follows.)
-    cut = _cut_scanned(text, arr, a, e) if exact else _cut_assumed(text, a, e, b_first, b_of, lab_cand)
+    cut = _cut_scanned(text, arr, a, e) if exact else _cut_assumed(text, a, e, b_first, root_block, b_of, lab_cand)
     if cut is None:
         return None
     name_end, vs = cut
@@ -385,19 +393,22 @@ def _cut_scanned(text: bytes, arr: np.ndarray, a: np.ndarray, e: np.ndarray) -> 
     return name_end, vs
 
 
-def _cut_assumed(text: bytes, a: np.ndarray, e: np.ndarray, b_first: np.ndarray, b_of: np.ndarray,
-                 lab_cand: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
-    """``_cut_scanned`` without a scan of the text: only each block's first line is searched for the end
-    of its name, and only lines without a likely equal label (a page's first block) for the end of their
-    labels; every other line is taken to have the widths of those. The apply that follows proves it."""
+def _cut_assumed(text: bytes, a: np.ndarray, e: np.ndarray, b_first: np.ndarray, root_block: np.ndarray,
+                 b_of: np.ndarray, lab_cand: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """``_cut_scanned`` without a scan of the text: only the first line of each block that is its own
+    ``root_block`` is searched for the end of its name, and only lines without a likely equal label (a
+    page's first block) for the end of their labels; every other line is taken to have the widths of
+    those. The apply that follows proves it."""
+    own = np.flatnonzero(root_block == np.arange(root_block.shape[0]))
     ends = []
-    for x, y in zip(a[b_first].tolist(), e[b_first].tolist(), strict=True):
+    for x, y in zip(a[b_first[own]].tolist(), e[b_first[own]].tolist(), strict=True):
         o, sp = text.find(b"{", x, y), text.find(b" ", x, y)
         ends.append(o if o >= 0 and (sp < 0 or o < sp) else sp)
-    name_w = np.asarray(ends, np.int64) - a[b_first]
-    if bool((name_w <= 0).any()):
+    name_w = np.zeros(root_block.shape[0], np.int64)
+    name_w[own] = np.asarray(ends, np.int64) - a[b_first[own]]
+    if bool((name_w[own] <= 0).any()):
         return None
-    name_end = a + name_w[b_of]
+    name_end = a + name_w[root_block][b_of]
     roots = np.flatnonzero(lab_cand < 0)
     widths = []
     for o, y in zip(name_end[roots].tolist(), e[roots].tolist(), strict=True):
@@ -503,11 +514,9 @@ def _checks(lines: np.ndarray, widths: np.ndarray, ids: np.ndarray, rows: list[b
         table = np.frombuffer(b"".join(rows[k] for k in uniq.tolist()), np.dtype((np.void, w)))
         at, by = lines[sel], None if shift is None else shift[sel]
         per = np.bincount(tidx)
-        if per.min() == per.max():  # order the lines (k-th occurrence, row): the table k times over
-            first = np.argsort(tidx, kind="stable")
-            occurrence = np.empty(tidx.shape[0], np.int64)
-            occurrence[first] = np.arange(tidx.shape[0]) % per[0]  # (rows sorted: per[0] of each in turn)
-            order = np.lexsort((tidx, occurrence))
+        if sel.shape[0] >= 256 and per.min() == per.max():  # the lines as (k-th occurrence, row): the table k times
+            # over; the lines by row, per[0] of each in turn, read column by column
+            order = np.argsort(tidx, kind="stable").reshape(per.shape[0], int(per[0])).T.ravel()
             out.append(_RowCheck(w, at[order], None if by is None else by[order], table, None, int(per[0]),
                                  table.tobytes()))
         else:
