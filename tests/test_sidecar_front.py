@@ -231,3 +231,17 @@ def test_many_concurrent_streams_and_requests_are_relayed_whole_and_leave_nothin
         assert p.sc.outcomes == {"completed": 180}
         assert (p.sc.admission.active, p.sc.admission.queued, p.sc._busy_streams, p.sc._busy_whole) == (0, 0, 0, 0)
         assert not p.sc.proxy_core.pool.busy and p.sc.progress.proxy_active == 0
+
+
+def test_idle_client_connections_are_closed_after_the_keep_alive_timeout() -> None:
+    with running_pair() as p:
+        p.sidecar_srv.server.config.timeout_keep_alive = 1  # read by each new connection
+        body = {"model": "fake-model", "prompt": "x", "max_tokens": 2}
+        s = socket.create_connection(("127.0.0.1", p.sidecar_srv.port))
+        s.settimeout(10)
+        for _ in range(3):  # used again before the timeout: still open
+            s.sendall(_post("/v1/completions", body))
+            assert s.recv(65536).startswith(b"HTTP/1.1 200")
+            time.sleep(0.3)
+        assert s.recv(65536) == b""  # then idle: the sidecar closes it (a hang here fails on the timeout)
+        s.close()
