@@ -22,7 +22,7 @@ JSON API
 - GET  /api/v1/weights                                 router weights (the decisions' last SET_WEIGHT)
 - GET  /api/v1/status                                  cycle timing, sources, actuation mode
 - GET  /api/v1/audit[?since=TS]                        operator actions (who, what, when, from where)
-- POST /api/v1/events                                  {"kind": "ack"|"active_test"|"reset", "entity": ..}
+- POST /api/v1/events                                  {"kind": "ack"|"active_test"|"reset"|"handover", "entity": ..}
 - POST /api/v1/kill, /api/v1/resume                    the actuation kill switch
 """
 
