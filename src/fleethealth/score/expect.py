@@ -241,24 +241,33 @@ def peer_groups(ctx: _Ctx, tables: dict[str, _KindTable], gpu_node: np.ndarray, 
 
 
 def kind_expect(kind: str, names: list[str], groups: PeerGroups | None, exp: Expectations | None,
-                owner: list[str] | None, carried_share: float) -> KindExpect:
-    """One kind's ``KindExpect``. ``owner``: per entity, the name its prior is kept under (a GPU's node)."""
+                owner_names: list[str] | None, owner_ix: np.ndarray | None, carried_share: float) -> KindExpect:
+    """One kind's ``KindExpect``. The prior is kept per owner (a GPU's node: ``owner_names``, and each
+    entity's owner ``owner_ix``), looked up once per owner and spread to the entities on arrays."""
     prior: dict[str, np.ndarray] = {}
     declared = None
     why: dict[int, str] = {}
     if exp is not None and names:
-        keys = owner if owner is not None else names
+        keys = owner_names if owner_names is not None else names
         if exp.families:
-            for e, k in enumerate(keys):
+            per_owner: dict[str, np.ndarray] = {}
+            for o, k in enumerate(keys):
                 fams = exp.families.get(k)
                 if fams:
                     for f in fams:
-                        prior.setdefault(f, np.zeros(len(names), bool))[e] = True
+                        per_owner.setdefault(f, np.zeros(len(keys), bool))[o] = True
+            for f, m in per_owner.items():
+                prior[f] = m[owner_ix] if owner_names is not None and owner_ix is not None else m
         if exp.declared:
             declared = np.zeros(len(names), bool)
-            for e, nm in enumerate(names):
-                d = exp.declared.get(nm)  # a GPU by its own name (node/gpuN)
-                if d is not None:
+            hits: list[tuple[int | None, str | None]]
+            if len(exp.declared) * 8 < len(names):  # a few declared: find them, not scan every name
+                index = {nm: e for e, nm in enumerate(names)}
+                hits = [(index.get(nm), d) for nm, d in exp.declared.items()]
+            else:
+                hits = [(e, exp.declared.get(nm)) for e, nm in enumerate(names)]
+            for e, d in hits:
+                if e is not None and d is not None:  # a GPU by its own name (node/gpuN)
                     declared[e] = True
                     why[e] = d
     return KindExpect(groups, prior, declared, why, carried_share)
@@ -322,8 +331,10 @@ class FamilyMemory:
                 gn = ks.member_of
                 if gn is None:
                     continue
-                nmask = np.zeros((len(fams), len(node.names)), bool)
-                np.logical_or.at(nmask.T, gn, mask.T)
+                nn = len(node.names)
+                nmask = np.zeros((len(fams), nn), bool)
+                for f in range(len(fams)):  # a node reported a family when any of its GPUs did
+                    nmask[f] = np.bincount(gn, weights=mask[f], minlength=nn)[:nn] > 0
                 mask, names = nmask, list(node.names)
             last = self._last.get(kind)
             if not sweep and last is not None and last[0] == names and last[2] == fams and np.array_equal(last[1], mask):

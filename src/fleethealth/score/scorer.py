@@ -221,12 +221,12 @@ def _kind_expects(ctx: _Ctx, kept: Kept, tables: dict[str, _KindTable], gpu_node
     hit = kept.kind_expect[0] if kept.kind_expect else None
     if hit is not None and hit[0] is groups and hit[1] is expectations:
         return hit[2]
-    node_names = tables["node"].names
-    owner = [node_names[i] for i in gpu_node.tolist()] if expectations is not None and expectations.families else None
     share = policy.expectation.carried_share
     made = {
-        "gpu": kind_expect("gpu", tables["gpu"].names, groups["gpu"], expectations, owner, share),
-        "replica": kind_expect("replica", tables["replica"].names, groups["replica"], expectations, None, share),
+        "gpu": kind_expect("gpu", tables["gpu"].names, groups["gpu"], expectations, tables["node"].names, gpu_node,
+                           share),
+        "replica": kind_expect("replica", tables["replica"].names, groups["replica"], expectations, None, None,
+                               share),
     }
     kept.kind_expect[:] = [(groups, expectations, made)]
     return made
