@@ -7,6 +7,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+import pytest
+
 from fleethealth.controller.timeline import score_points, state_spans, timeline_svg
 from fleethealth.controller.view import _transition_reason, draining
 
@@ -65,3 +67,41 @@ def test_a_return_to_ready_says_healthy_not_the_worst_category() -> None:
         "healthy (0.98)"
     assert _transition_reason({"from": "READY", "to": "DEGRADED", "reason": "min:thermal", "value": 0.5}) == \
         "min:thermal"
+
+
+class _Kind:
+    def __init__(self, names: list[str], values: list[float]) -> None:
+        self.names, self.value = names, values
+
+
+class _Health:
+    def __init__(self, nodes: _Kind, replicas: _Kind | None = None) -> None:
+        self.kinds = {"node": nodes} | ({"replica": replicas} if replicas else {})
+
+
+def test_score_trail_samples_each_minute_keeps_six_hours_and_knows_unknown() -> None:
+    from fleethealth.controller.timeline import ScoreTrail
+
+    trail = ScoreTrail(every_s=60, keep_s=600)
+    nan = float("nan")
+    for k in range(20):  # a cycle every 15 s: one sample a minute is kept
+        trail.observe(T + 15 * k, _Health(_Kind(["a", "b"], [1.0 - 0.01 * k, nan if k >= 8 else 0.5])))
+    assert list(trail.ts) == [T, T + 60, T + 120, T + 180, T + 240]
+    assert trail.series("a", T + 60) == [(T + 60, pytest.approx(0.96)), (T + 120, pytest.approx(0.92)),
+                                         (T + 180, pytest.approx(0.88)), (T + 240, pytest.approx(0.84))]
+    assert [v for _, v in trail.series("b", T)] == [0.5, 0.5, None, None, None]  # unknown stays unknown
+    # a replica appears later: its column is new, earlier rows read it as absent
+    trail.observe(T + 300, _Health(_Kind(["a", "b"], [0.8, 0.4]), _Kind(["r1"], [0.9])))
+    assert [v for _, v in trail.series("r1", T)] == [None] * 5 + [pytest.approx(0.9)]
+    assert trail.series("nobody", T) == []
+    trail.observe(T + 1000, _Health(_Kind(["a"], [1.0])))  # older than keep_s goes
+    assert trail.ts[0] >= T + 400
+
+
+def test_timeline_follows_the_samples_with_dots_at_state_changes() -> None:
+    samples = [(T + 60 * k, 0.97 - 0.005 * k) for k in range(20)] + [(T + 1260, None), (T + 1320, None)]
+    svg = timeline_svg(ROWS, INTENTS, start=T, end=T + 1800, state_now="QUARANTINED", value_now=None,
+                       samples=samples)
+    lines = re.findall(r'class="score"[^>]*points="([^"]+)"', svg)
+    assert len(lines) == 1 and len(lines[0].split()) == 20  # one segment through the known samples
+    assert len(re.findall(r'class="at-change"', svg)) == 2  # 0.97 before the window, 0.6 at DEGRADED

@@ -24,12 +24,13 @@ from typing import Any
 
 import numpy as np
 
+from fleethealth.controller.timeline import ScoreTrail
 from fleethealth.review.kpis import EntityInfo, PoolKpis, SloSampler, pool_kpis
 
 DEFAULT_GPUS_PER_NODE = 8
-# Recompute at most once per BUDGET times the last computation's duration (at most ~10% of a core): a
-# 12,500-node fleet with 100k stored transitions takes about a second, a small fleet a few milliseconds
-# (then every cycle).
+# Recompute when the controller's clock has moved on by BUDGET times the last computation's duration (at
+# most ~10% of a core): a 12,500-node fleet with 100k stored transitions takes about a second (then every
+# 10 s of cycles), a small fleet a few milliseconds (then every cycle).
 BUDGET = 10.0
 MAX_PERIOD_S = 7 * 86400.0
 
@@ -45,6 +46,7 @@ class LiveKpis:
         self.unknown_s: dict[str, float] = {}
         self._gpus: dict[str, int] = {}
         self._slo = SloSampler({})
+        self.trail = ScoreTrail()  # the entity page's score line between state changes
         self._cache: tuple[Any, dict[str, PoolKpis]] | None = None
         self._computed_at = 0.0
         self._cost_s = 0.0
@@ -81,19 +83,30 @@ class LiveKpis:
         self._slo.pool_of = {e.entity: pool_of(e, pub.state.entities) for e in pub.state.entities.values()
                              if e.kind == "replica"}
         self._slo.observe(now, h)
+        self.trail.observe(now, h)
 
     @property
     def since(self) -> float | None:
         """The first cycle these KPIs saw (the start of their period)."""
         return self._start
 
+    def observe(self) -> None:
+        """Look at the latest published cycle (the entity page calls this before reading the trail)."""
+        with self._lock:
+            self._observe(self.controller.published)
+
+    def samples(self, entity: str, start: float) -> list[tuple[float, float | None]]:
+        with self._lock:
+            return self.trail.series(entity, start)
+
     def kpis(self) -> dict[str, PoolKpis]:
         """The KPIs per pool (and ``all``) as of the last published cycle; {} before the first."""
         pub = self.controller.published
         with self._lock:
             self._observe(pub)
+            # controller time, so a fake clock (tests, replays) always gets fresh figures
             if self._cache is not None and (self._cache[0] is pub or
-                                            time.perf_counter() - self._computed_at < BUDGET * self._cost_s):
+                                            float(pub.ts) - self._computed_at < BUDGET * self._cost_s):
                 return self._cache[1]
             t0 = time.perf_counter()
             if self._start is None or self._last_ts is None:
@@ -114,8 +127,8 @@ class LiveKpis:
                             slo=self._slo.attainment(), health_mean=health_mean,
                             flap_window_s=3600.0)
             self._cache = (pub, out)
-            self._computed_at = time.perf_counter()
-            self._cost_s = self._computed_at - t0
+            self._computed_at = float(pub.ts)
+            self._cost_s = time.perf_counter() - t0
             return out
 
     def _rows(self, pub: Any) -> tuple[list[Mapping[str, Any]], list[Mapping[str, Any]]]:

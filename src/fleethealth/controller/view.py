@@ -318,9 +318,13 @@ def render_entity(controller: Any, name: str, hours: float = 6.0, runner: Any = 
     if known_from is not None:
         start = max(start, min(known_from, pub.ts - 300.0))
     value_now = t.value if t is not None else (es.last_value if es is not None else None)
+    samples: list[tuple[float, float | None]] = []
+    if kpis is not None:
+        kpis.observe()
+        samples = kpis.samples(name, start)
     parts.append(f'<h2>Last {_span(pub.ts - start)}</h2>{legend()}'
                  + timeline_svg(trs, ints, start=start, end=pub.ts, state_now=state, value_now=value_now,
-                                known_from=known_from)
+                                known_from=known_from, samples=samples)
                  + f'<div class="note">{len([x for x in trs if float(x["ts"]) >= start])} state changes and '
                  f'{len(ints)} intents in the window; other windows: '
                  + " ".join(f'<a href="/entity/{_e(name)}?hours={h}">{h} h</a>' for h in (1, 6, 24, 72)) + "</div>")
