@@ -201,8 +201,10 @@ def describe(resource: str = typer.Argument(..., help="node | replica"), name: s
         typer.echo("Signals:")
         for d in details if isinstance(details, list) else []:
             if isinstance(d, dict):
+                why = f"  expected: {d['expected_by']}" if d.get("score") is None and d.get("expected_by") else ""
                 typer.echo(f"  {str(d.get('category', '')):<12} {str(d.get('signal', d.get('name', ''))):<22} "
-                           f"score {_r(d.get('score'))}  value {_r(d.get('value'), 3)}  {d.get('note') or ''}".rstrip())
+                           f"score {_r(d.get('score'))}  value {_r(d.get('value'), 3)}  {d.get('note') or ''}{why}"
+                           .rstrip())
     rep = (st or {}).get("repair")
     if rep:
         typer.echo(f"Repair:      ladder {rep.get('ladder')}, step {int(rep.get('step', 0)) + 1}, {rep.get('phase')}"
