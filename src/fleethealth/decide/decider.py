@@ -404,9 +404,10 @@ class Decider(SafetyRules, Repairs, FailureDomains):
         worst = None if t is None else t.worst
         tier = choose_tier(es.kind, reason, worst)
         info: dict[str, Any] = {"from": str(src), "value": None if o is None else o.value}
-        if priced is not None:  # the price goes with every intent, and a human hears of it
+        if priced is not None:  # the price goes with every intent; a swap (not a drift) pages a human
             info["chronic"] = priced[1]
-            c.emit(IntentKind.PAGE, es.entity, reason, {"severity": "page", **info})
+            if dst == State.QUARANTINED:
+                c.emit(IntentKind.PAGE, es.entity, reason, {"severity": "page", **info})
         fresh_isolation = src not in ISOLATED_STATES
         if dst == State.QUARANTINED:
             if es.kind == "node" and not es.no_new_work:
