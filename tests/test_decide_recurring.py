@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from decide_support import Run, tup
+from fleethealth.decide import recurring
 from fleethealth.decide.model import IntentKind, State
-from fleethealth.decide.state import DecisionState, Event
+from fleethealth.decide.state import DecisionState, EntityLifecycle, Event
 from fleethealth.policy import default_policy
 
 DAY = 86400.0
@@ -144,3 +147,97 @@ def test_a_human_release_after_the_repair_starts_the_count_again() -> None:
     assert r.st("n1") == State.READY and r.state.entities["n1"].episodes == []
     _flaky(r, 1, start=4 * HOUR)  # one more would be the fourth recovery in a week (max_recoveries)
     assert r.st("n1") == State.READY and len(r.state.entities["n1"].episodes) == 1
+
+
+@pytest.mark.parametrize(("reason", "flags", "family"), [
+    ("gate:xid", ("xid:13", "xid:119", "xid:74"), "xid:74"),  # application Xids aside, the lowest Xid
+    ("gate:xid", ("xid:62", "xid:48"), "xid:48"),  # by number
+    ("gate:xid", ("xid:9", "xid:74"), "xid:9"),
+    ("gate:xid_count", (), "xid_count"),  # an Xid gate with no Xid flagged
+    ("gate:kernel_xid", ("xid:79",), "xid:79"),
+    ("gate:kernel_fallen_off", ("xid:79",), "kernel"),  # not an Xid-shaped signal: its family
+    ("gate:ecc_dbe", ("xid:48",), "ecc_dbe"),  # no family: its name
+    ("gate:not_in_policy", (), "not_in_policy"),
+    ("attribution:app_xid:2_jobs", ("xid:13",), "app_xid"),
+    ("min:interconnect", ("xid:74",), "interconnect"),
+    ("mean:thermal:gpu_temp", (), "thermal"),
+    ("gmean:performance", (), "performance"),
+    ("floor:pcie_replay", (), "pcie_replay"),
+    ("chronic:cost", (), "chronic"),
+    ("no_fresh_data", (), "no_fresh_data"),
+    ("", (), "unknown"),
+])
+def test_the_family_of_an_episode(reason: str, flags: tuple[str, ...], family: str) -> None:
+    assert recurring.family_of(reason, flags, default_policy()) == family
+
+
+def _policy(max_episodes: int = 3, window_s: float = 7 * 86400.0):  # type: ignore[no-untyped-def]
+    p = default_policy()
+    return p.model_copy(update={"recurring": p.recurring.model_copy(
+        update={"max_episodes": max_episodes, "window_s": window_s})})
+
+
+def test_which_transitions_start_an_episode() -> None:
+    p = _policy(max_episodes=1)  # one episode is already the limit: still recorded
+    es = EntityLifecycle("n1", "node", State.QUARANTINED, 100.0)
+    for src, dst in [(State.READY, State.QUARANTINED), (State.RECOVERING, State.QUARANTINED),
+                     (State.READY, State.DRAINING), (State.READY, State.DEGRADED)]:
+        es.episodes = []
+        recurring.record(es, src, dst, 200.0, 100.0, "f", ["n1/gpu1", "n1/gpu0", "n1/gpu1"], p)
+        kind = "degraded" if dst == State.DEGRADED else "isolation"
+        assert es.episodes == [[200.0, "f", ["n1/gpu0", "n1/gpu1"], kind]], (src, dst)
+    for src, dst in [(State.QUARANTINED, State.DRAINING), (State.DRAINING, State.QUARANTINED),
+                     (State.QUARANTINED, State.RECOVERING), (State.RECOVERING, State.READY),
+                     (State.DEGRADED, State.DEGRADED), (State.READY, State.RECOVERING)]:
+        es.episodes = []
+        recurring.record(es, src, dst, 200.0, 100.0, "f", [], p)
+        assert es.episodes == [], (src, dst)
+    es.episodes = []
+    recurring.record(es, State.READY, State.QUARANTINED, 200.0, 100.0, "f", [], _policy(max_episodes=0))
+    assert es.episodes == []  # the rule is off: nothing remembered
+
+
+def test_a_spell_is_replaced_by_its_own_escalation_only_and_old_episodes_are_pruned() -> None:
+    p = _policy(window_s=1000.0)
+    es = EntityLifecycle("n1", "node", State.DEGRADED, 500.0)
+    es.episodes = [[10.0, "a", [], "isolation"], [400.0, "b", [], "degraded"], [500.0, "c", [], "degraded"]]
+    recurring.record(es, State.DEGRADED, State.QUARANTINED, 1010.0, 500.0, "c", [], p)
+    # the spell begun at 500 became this isolation; 10 is exactly window_s old and gone; 400 stays
+    assert es.episodes == [[400.0, "b", [], "degraded"], [1010.0, "c", [], "isolation"]]
+    es.episodes = [[400.0, "b", [], "degraded"]]  # a spell from before this DEGRADED stint: kept
+    recurring.record(es, State.DEGRADED, State.QUARANTINED, 1010.0, 500.0, "b", [], p)
+    assert [e[3] for e in es.episodes] == ["degraded", "isolation"]
+
+
+def test_escalation_at_exactly_the_limit_of_one_family_in_the_window() -> None:
+    p = _policy(max_episodes=3, window_s=1000.0)
+    es = EntityLifecycle("n1", "node", State.QUARANTINED, 900.0)
+    es.episodes = [[100.0, "f", ["g1"], "degraded"], [500.0, "g", [], "isolation"], [900.0, "f", ["g1"], "isolation"]]
+    assert recurring.escalation(es, 950.0, p) is None  # two of family f
+    es.episodes.insert(0, [0.0, "f", [], "isolation"])
+    assert recurring.escalation(es, 950.0, p) == "recurring:f"  # three of f within 1000 s
+    assert recurring.escalation(es, 1000.0, p) is None  # the first is exactly window_s old
+    assert recurring.escalation(es, 950.0, _policy(max_episodes=4, window_s=1000.0)) is None
+    assert recurring.escalation(es, 950.0, _policy(max_episodes=0)) is None
+    one = EntityLifecycle("n1", "node", State.QUARANTINED, 900.0, episodes=[[900.0, "f", [], "isolation"]])
+    assert recurring.escalation(one, 950.0, _policy(max_episodes=1)) == "recurring:f"
+    assert recurring.escalation(EntityLifecycle("n1", "node", State.READY, 0.0, episodes=es.episodes), 950.0, p) is None
+    es.episodes.append([940.0, "f", [], "degraded"])  # the latest episode is a spell: nothing to escalate
+    assert recurring.escalation(es, 950.0, p) is None
+
+
+def test_the_page_names_the_gpus_most_involved_first() -> None:
+    p = _policy()
+    es = EntityLifecycle("n1", "node", State.FAILED, 900.0)
+    gpus = [["n1/g2"], ["n1/g2", "n1/g1"], ["n1/g5", "n1/g4", "n1/g3", "n1/g2"], ["n1/g1"]]
+    es.episodes = [[100.0 * (k + 1), "f", g, "isolation"] for k, g in enumerate(gpus)]
+    pp = recurring.page_params(es, 900.0, p)
+    assert pp["gpus"] == {"n1/g1": 2, "n1/g2": 3, "n1/g3": 1, "n1/g4": 1, "n1/g5": 1}
+    assert pp["summary"] == ("n1: 4 episodes of f in 7 days, on n1/g2 (3), n1/g1 (2), n1/g3 (1), n1/g4 (1); it "
+                             "passes its tests between episodes, so it is not released again: schedule a repair")
+    assert (pp["episodes"], pp["first"], pp["window_s"], pp["action"]) == (4, 100.0, 7 * 86400.0, "repair")
+    es.episodes = [[100.0, "f", [], "isolation"]]
+    assert recurring.page_params(es, 900.0, p)["summary"] == (
+        "n1: 1 episode of f in 7 days; it passes its tests between episodes, so it is not released again: "
+        "schedule a repair")
+    assert recurring.page_params(EntityLifecycle("n1", "node", State.FAILED, 0.0), 900.0, p) == {}

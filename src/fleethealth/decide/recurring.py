@@ -43,24 +43,26 @@ EPISODE_ISOLATIONS: frozenset[State] = frozenset({State.QUARANTINED, State.DRAIN
 REASON_PREFIX = "recurring:"
 
 
+SCORE_HEADS = frozenset({"min", "mean", "gmean", "floor"})  # reasons that name a category or signal next
+
+
 def family_of(reason: str, flags: Iterable[str], policy: Policy) -> str:
-    """The signal family an episode is about, from its reason and the node's flags."""
+    """The signal family an episode is about, from its reason and the node's flags: ``xid:<N>`` for an
+    Xid-shaped gate (the lowest non-application Xid flagged), a gate signal's ``family`` or its name,
+    ``app_xid`` for attribution, the category or signal after a score's aggregation (``min:thermal``), and
+    the reason's head otherwise."""
     head, _, rest = reason.partition(":")
     if head == "gate" and rest:
-        try:
-            spec = policy.signal(rest)
-        except KeyError:
-            spec = None
-        if spec is not None and spec.shape == "xid" or "xid" in rest:
+        spec = next((s for s in policy.signals if s.name == rest), None)
+        if spec is not None and spec.shape == "xid":
             app = {f"xid:{x}" for x in policy.xid.app_xids}
-            xids = sorted((f for f in flags if f.startswith("xid:") and f not in app),
-                          key=lambda f: (len(f), f))
+            xids = [f for f in flags if f.startswith("xid:") and f[4:].isdigit() and f not in app]
             if xids:
-                return xids[0]
-        return (spec.family if spec is not None and spec.family else None) or rest
+                return min(xids, key=lambda f: int(f[4:]))
+        return spec.family if spec is not None and spec.family else rest
     if head == "attribution":
         return "app_xid"
-    if head in ("min", "mean", "gmean") and rest:
+    if head in SCORE_HEADS and rest:
         return rest.split(":")[0]
     return head or "unknown"
 
@@ -125,7 +127,7 @@ def page_params(es: EntityLifecycle, now: float, policy: Policy) -> dict[str, An
     return {
         "episodes": len(same), "first": min(float(e[0]) for e in same), "window_s": policy.recurring.window_s,
         "family": fam, "gpus": dict(sorted(per_gpu.items())), "action": "repair",
-        "summary": (f"{es.entity}: {len(same)} episodes of {fam} in {days:g} days"
+        "summary": (f"{es.entity}: {len(same)} episode{'' if len(same) == 1 else 's'} of {fam} in {days:g} days"
                     + (f", on {worst}" if worst else "")
                     + "; it passes its tests between episodes, so it is not released again: schedule a repair"),
     }
