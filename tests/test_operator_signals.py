@@ -1,6 +1,7 @@
 """Signals operators ask for (issue 16 item 6), in the default policy where dcgm-exporter exposes them: a
 PCIe link below its device maximum (scored as a share of it, ``relative_to``), hardware clock-event reasons
-(a bitmask: ``bits``), fabric manager failure (``values`` on a flag). Each is optional: an exporter that
+(a bitmask: ``bits``), fabric manager failure and an NVLink link down (``values`` on a flag; per link, any
+link down counts whatever the other links say). Each is optional: an exporter that
 does not ship the fields loses no confidence, and a GPU whose reference field is missing gets no score
 (never a healthy one). The batched engine, the row path and the scalar reference agree."""
 
@@ -48,6 +49,9 @@ def _scrape(t: float, link_fields: bool = True, max_missing: str | None = None, 
                     del fields[m]
             for metric, v in fields.items():
                 b.add(metric, lab, v, t)
+            links = {"n3/gpu2": (3, 2, 3, 0), "n3/gpu3": (3, 1, 3, 0)}.get(name, (3, 3, 3, 3))
+            for link, state in enumerate(links):  # NVLink state per link: 0 n/a, 1 disabled, 2 down, 3 up
+                b.add("DCGM_FI_DEV_NVLINK_LINK_STATUS", {**lab, "link": str(link)}, float(state), t)
     return b.build(t)
 
 
@@ -129,3 +133,13 @@ def test_bad_bits_and_ratios_are_policy_errors(old: str, new: str, err: str) -> 
     assert old in text
     with pytest.raises(PolicyError, match=err):
         parse_policy(text.replace(old, new, 1))
+
+
+def test_one_nvlink_link_down_among_others_flags_the_gpu() -> None:
+    fhs, ref = _all_paths()
+    for fh in fhs:
+        down = fh.tuples["n3/gpu2"]  # links up, down, up, not supported
+        assert "nvlink_link_down" in down.flags and down.value == 0.0 and down.reason == "min:nvlink"
+        other = fh.tuples["n3/gpu3"]  # a disabled link is configuration, not a fault
+        assert "nvlink_link_down" not in other.flags and other.value == 1.0
+    assert ref["n3/gpu2"].value == 0.0 and ref["n3/gpu3"].value == 1.0  # type: ignore[attr-defined]

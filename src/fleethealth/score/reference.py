@@ -111,6 +111,8 @@ def score_reference(snap: Snapshot, policy: Policy, now: float, how: str = "min"
             if not vals:
                 continue
             worst = max(vals) if spec.worse_if == "higher" else min(vals)
+            if spec.shape == "flag" and spec.values and any(v in spec.values for v in vals):
+                worst = next(v for v in vals if v in spec.values)  # any series at a flagged value
             if spec.relative_to is not None:  # a share of the same GPU's reference gauge
                 ref = _latest_worst(by_metric.get(spec.relative_to, []), gpu, spec, policy, now, max_age)
                 if ref is None or not ref > 0:

@@ -102,6 +102,7 @@ def _evaluate(ctx: _Ctx, spec: SignalSpec, kind: EntityKind, table: _KindTable,
         res.age[:] = _reduce_worst(ent[lp], np.maximum(age_s, 0.0), n, False)
         lpf = lp[fresh]
         res.raw[:] = _reduce_worst(ent[lpf], vals[lpf], n, higher_worse)
+        _any_series_at(spec, ent[lpf], vals[lpf], res)
         x = res.raw
     res.sub[:] = _shape(ctx, spec, kind, x, ser, ent, lp if not _is_counter(spec) else None, res, n)
     if spec.short_window_s is not None:
@@ -157,8 +158,20 @@ def _evaluate_gauge_rows(ctx: _Ctx, spec: SignalSpec, kind: EntityKind, rows: _G
     else:
         res.age[:] = _reduce_worst(rows.ent, np.maximum(age_s, 0.0), n, False)
         res.raw[:] = _reduce_worst(rows.ent[fresh], vals[fresh], n, spec.worse_if == "higher")
+        _any_series_at(spec, rows.ent[fresh], vals[fresh], res)
     res.sub[:] = _shape(ctx, spec, kind, res.raw, rows.ser, rows.ent, np.arange(rows.ent.size), res, n)
     return res
+
+
+def _any_series_at(spec: SignalSpec, ent: np.ndarray, vals: np.ndarray, res: _SignalResult) -> None:
+    """A flag on exact ``values`` over several series per entity (an NVLink state per link): the entity's
+    raw value is a flagged one when any of its series is at one, whatever the others' order (a link down
+    among links up, or not supported, is still down)."""
+    if spec.shape != "flag" or not spec.values or ent.size == 0:
+        return
+    at = np.isin(vals, np.asarray(spec.values, np.float64))
+    if at.any():
+        res.raw[ent[at]] = vals[at]
 
 
 def _entity_rates(e: np.ndarray, inc: np.ndarray, t0: np.ndarray, t1: np.ndarray, now: float, max_age: float,
