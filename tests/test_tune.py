@@ -62,13 +62,17 @@ def test_pareto_front() -> None:
 
 
 def test_sweep_finds_the_shorter_dwell_on_two_scenarios() -> None:
-    # A PCIe replay storm is not a gate: it is removed after the quarantine dwell, so a shorter dwell
-    # removes it sooner; the Xid 79s are gates and do not care. Precision stays 1 on these faults.
+    # A PCIe replay storm is not a gate: with the counter floor's fast path off (lifecycle.floor_dwell_s
+    # unset) it is removed after the quarantine dwell, so a shorter dwell removes it sooner; the Xid 79s
+    # are gates and do not care. Precision stays 1 on these faults. (With the fast path on, the storm is
+    # quarantined after floor_dwell_s whatever the quarantine dwell: the sweep then has nothing to find.)
     from fleethealth.backtest.runner import compress
+    from fleethealth.review.tune import with_overrides
     from fleethealth.sim import load_scenario
 
     scs = tuple(compress(load_scenario(n), tail_s=5400, gap_s=5400) for n in ("nvlink-down", "xid79-off-bus"))
-    points = sweep(default_policy(), [Param("lifecycle.quarantine_dwell_s", (60, 900))], Inputs(scs), jobs=2)
+    base = with_overrides(default_policy(), {"lifecycle.floor_dwell_s": None})
+    points = sweep(base, [Param("lifecycle.quarantine_dwell_s", (60, 900))], Inputs(scs), jobs=2)
     cur, short, long_ = points
     assert short.overrides == {"lifecycle.quarantine_dwell_s": 60}
     assert short.detection_s is not None and cur.detection_s is not None and long_.detection_s is not None
@@ -96,13 +100,14 @@ def test_recording_judged_by_labels(tmp_path: Path) -> None:
 
 def test_cli_table_json_and_candidates(tmp_path: Path) -> None:
     out = tmp_path / "cand"
-    r = CliRunner().invoke(app, ["tune", "-s", "nvlink-down", "-p", "lifecycle.quarantine_dwell_s=60",
+    # nvlink-down's PCIe replay storm takes the counter floor's fast path: floor_dwell_s decides its removal
+    r = CliRunner().invoke(app, ["tune", "-s", "nvlink-down", "-p", "lifecycle.floor_dwell_s=0",
                                  "--jobs", "1", "--out-dir", str(out)])
     assert r.exit_code == 0, r.output
-    assert "suggestion: point 1 (lifecycle.quarantine_dwell_s=60)" in r.output
+    assert "suggestion: point 1 (lifecycle.floor_dwell_s=0)" in r.output
     cand = out / "point-1.yaml"
     assert cand.is_file() and not (out / "point-0.yaml").exists()  # the current policy is dominated here
-    assert load_policy(cand).lifecycle.quarantine_dwell_s == 60
+    assert load_policy(cand).lifecycle.floor_dwell_s == 0
     r = CliRunner().invoke(app, ["policy", "check", str(cand)])
     assert r.exit_code == 0, r.output
     r = CliRunner().invoke(app, ["tune", "-s", "xid79-off-bus", "-p", "lifecycle.quarantine_dwell_s=60",
