@@ -19,7 +19,8 @@ def _fleet(bad: dict[int, tuple[float, str]], labels: dict[int, dict[str, str]] 
            flags: dict[int, tuple[str, ...]] | None = None) -> list:
     out = []
     for i in range(RACKS * PER_RACK):
-        lab = {"pool": "h100", "rack": f"r{i // PER_RACK}", "tp_group": f"tp{i // 2}", **(labels or {}).get(i, {})}
+        lab = {"pool": "h100", "rack": f"r{i // PER_RACK}", "tp_group": f"tp{i // 2}", "driver_version": "v1",
+               **(labels or {}).get(i, {})}
         v, why = bad.get(i, (0.97, "min:performance"))
         out.append(tup(f"n{i:02d}", v, reason=why, labels=lab, flags=(flags or {}).get(i, ())))
     return out
@@ -47,7 +48,11 @@ def test_a_rack_that_overheats_is_one_page_for_the_rack_and_no_node_is_drained()
     assert (page.entity, page.reason, page.ts) == ("domain/rack=r2", "domain_correlation", 120.0)  # 3rd node
     assert page.params["nodes"] == ["n16", "n17", "n18"] and page.params["domain_size"] == 8
     assert page.params["signals"] == ["min:thermal"] and page.params["action"] == "no_new_work"
-    assert page.params["incident"] == "domain:rack=r2" and "rack r2: 3 of 8 nodes" in page.params["summary"]
+    assert page.params["incident"] == "domain:rack=r2" and page.params["page_kind"] == "domain"
+    assert (page.params["domain_label"], page.params["domain"]) == ("rack", "r2")
+    assert page.params["summary"] == ("rack r2: 3 of 8 nodes unhealthy together (min:thermal); the domain is the "
+                                      "suspect (cooling, power, switch, fabric): its nodes are held, not drained "
+                                      "(no_new_work)")
     # the page is updated as more of the rack goes (at most every incident_update_s), resolved once after
     updates = [p for p in r.of(IntentKind.PAGE) if p.params.get("state") == "update"]
     assert updates and updates[0].params["n_nodes"] == 8 and updates[0].ts == 120.0 + 1800.0
@@ -152,3 +157,52 @@ def test_one_event_seen_through_several_labels_is_one_page() -> None:
 
     assert run(range(16, 24)) == [("domain/rack=r2", 8)]  # rack r2 = nvl2; the zone z1 has 8 of 16 too
     assert run(range(16, 32)) == [("domain/cooling_zone=z1", 16)]
+
+
+def _with_domains(**kw: object) -> Run:
+    p = default_policy()
+    return Run(policy=p.model_copy(update={"domains": p.domains.model_copy(update=kw)}))
+
+
+def test_who_counts_and_the_thresholds() -> None:
+    """min_nodes and fraction both hold, exactly; a node at min_confidence counts, one at degraded_below
+    does not; a confirmed hard gate and a stray bad node of another rack are passed over."""
+    bad = {16: (0.0, "gate:kernel_fallen_off"), 17: (0.2, "min:a"), 18: (0.2, "min:b"), 19: (0.2, "min:c"),
+           21: (0.7, "min:x"), 3: (0.2, "min:z")}
+
+    def fleet(extra: dict[int, tuple[float, str]], conf20: float = 0.5) -> list:
+        out = _fleet({**bad, **extra})
+        out[20] = tup("n20", 0.2, conf=conf20, reason="min:d", labels=out[20].labels)
+        return out
+
+    def pages(r: Run, extra: dict[int, tuple[float, str]] | None = None, conf20: float = 0.5) -> list:
+        r.steps(0, 600, 60, lambda t: fleet(extra or {}, conf20))
+        return [p for p in _new_pages(r) if p.reason == "domain_correlation"]
+
+    # n17-n20: 4 of 8 = fraction 0.5 exactly (n16 is hardware, n21 sits at degraded_below)
+    (page,) = pages(_with_domains(fraction=0.5, min_nodes=4))
+    assert page.params["nodes"] == ["n17", "n18", "n19", "n20"]
+    assert page.params["summary"].startswith("rack r2: 4 of 8 nodes unhealthy together (min:a, min:b, min:c, ...);")
+    assert not pages(_with_domains(fraction=0.5, min_nodes=4), conf20=0.49)  # n20 below min_confidence
+    assert not pages(_with_domains(fraction=0.5, min_nodes=5))  # min_nodes not met, fraction is
+    assert not pages(_with_domains(fraction=0.6, min_nodes=4))  # fraction not met, min_nodes is
+    # a suspect version explains its nodes: rack r2's bad nodes all run the new driver
+    drv = {i: {"driver_version": "v2"} for i in range(17, 21)}
+    r = _with_domains(fraction=0.5, min_nodes=4)
+    r.steps(0, 600, 60, lambda t: [tup(x.entity, x.value, x.confidence, x.reason,
+                                       labels={**x.labels, **drv.get(i, {})})
+                                   for i, x in enumerate(fleet({}))])
+    assert [p.reason for p in _new_pages(r)] == ["version_correlation"]
+
+
+def test_an_open_domain_incident_still_holds_its_last_bad_nodes() -> None:
+    """The rack cools down but two nodes stay hot: fewer than min_nodes, yet the incident is open for
+    incident_clear_s, and until then they are held, not quarantined."""
+    r = Run()
+    onsets = {16 + k: 0.0 for k in range(8)}
+    hot = _cooling(onsets, end=1800.0)
+    r.steps(0, 3600, 60, lambda t: hot(t) if t < 1800 else _fleet({16: (0.2, "min:thermal"), 17: (0.2, "min:thermal")}))
+    (resolved,) = [p for p in r.of(IntentKind.PAGE) if p.params.get("state") == "resolved"]
+    assert resolved.ts == 1740.0 + 900.0  # the last cycle it held, plus incident_clear_s
+    # held up to the cycle that resolves it; the next cycle it is a node on its own (budget: one an hour)
+    assert [(i.entity, i.ts) for i in r.of(IntentKind.QUARANTINE)] == [("n16", resolved.ts + 60)]
