@@ -110,21 +110,25 @@ LABELS: dict[str, str] = {
 def state_seconds(transitions: Iterable[Mapping[str, Any]], entities: Mapping[str, EntityInfo], start: float,
                   end: float) -> dict[str, dict[str, float]]:
     """Seconds each entity spent in each lifecycle state inside [start, end]. Before its first transition
-    in the period an entity was in that transition's ``from`` state (or, with none at all, in the state
-    ``entities`` gives)."""
+    in the period an entity was in that transition's ``from`` state; with none up to the period's end, in
+    the ``from`` state of its first later transition (a past period is not in today's state), else in the
+    state ``entities`` gives."""
     rows: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
     for r in transitions:
-        if str(r["entity"]) in entities and float(r["ts"]) <= end:
+        if str(r["entity"]) in entities:
             rows[str(r["entity"])].append(r)
     out: dict[str, dict[str, float]] = {}
     for name, info in entities.items():
         mine = sorted(rows.get(name, []), key=lambda r: float(r["ts"]))
         before = [r for r in mine if float(r["ts"]) < start]
-        inside = [r for r in mine if float(r["ts"]) >= start]
+        inside = [r for r in mine if start <= float(r["ts"]) <= end]
+        later = [r for r in mine if float(r["ts"]) > end]
         if before:
             state = str(before[-1]["to"])
         elif inside:
             state = str(inside[0]["from"])
+        elif later:
+            state = str(later[0]["from"])
         else:
             state = info.state
         acc: dict[str, float] = defaultdict(float)
