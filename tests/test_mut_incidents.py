@@ -128,3 +128,21 @@ def test_refresh_keeps_an_open_incident_open() -> None:
 def test_only_firing_pages_are_new_pages() -> None:
     assert inc.is_new_page({}) and inc.is_new_page({"state": "firing"}) and inc.is_new_page({"state": "FIRING"})
     assert not inc.is_new_page({"state": "update"}) and not inc.is_new_page({"state": "Resolved"})
+
+
+def test_a_fresh_incident_sorted_first_does_not_keep_the_stale_ones_open() -> None:
+    incs: dict[str, Any] = {}
+    pages: dict[str, float] = {}
+    inc.assert_incident(incs, pages, "a", "a", "r", {}, 1, 800.0, 300.0)  # still asserted recently
+    inc.assert_incident(incs, pages, "b", "b", "r", {}, 1, 0.0, 300.0)
+    got = inc.close_stale(incs, pages, 900.0, 900.0, frozen=False)
+    assert [p[2]["incident"] for p in got] == ["b"] and list(incs) == ["a"]
+
+
+def test_an_incident_whose_mark_was_lost_still_resolves() -> None:
+    incs: dict[str, Any] = {}
+    pages: dict[str, float] = {}
+    fire(incs, pages, 0.0)
+    pages.clear()  # a store that kept the incidents but not the pages table
+    [(_, _, params)] = inc.close_stale(incs, pages, 1000.0, 900.0, frozen=False)
+    assert params["state"] == "resolved" and incs == {} and pages == {}

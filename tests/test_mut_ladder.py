@@ -298,3 +298,70 @@ def test_summary_carries_ladder_phase_step_reason_and_history() -> None:
     assert out == {"ladder": "reset", "phase": "exhausted", "step": 1, "reason": "gate:x",
                    "history": s.repair["history"]}  # type: ignore[index]
     assert "waiting" not in out
+
+
+# --- found by the mutation run: edges the tests above left open ------------------------------------------
+
+def test_progress_saved_without_its_lists_resumes_with_empty_ones() -> None:
+    """A progress dict restored from the state store that lacks ``trigger``/``gpus``/``tests``/``history``
+    (saved before they existed, or trimmed) resumes: intents carry empty lists, nothing crashes."""
+    reset = lad_of({**RESET, "verify": "cleared"}, REBOOT, name="reset")
+    held = {"ladder": "reset", "step": 0, "phase": "acting", "since": 0.0, "held": True, "waiting": "budget"}
+    s = ladder.release(reset, held, 10.0)
+    assert s.repair["history"] == [{"step": 0, "action": "reset_gpu", "ts": 10.0,  # type: ignore[index]
+                                    "result": "waited: budget"}]
+    [it] = s.intents
+    assert it.params["gpus"] == [] and it.params["trigger"] == []
+    bare = {"ladder": "reset", "step": 0, "phase": "acting", "since": 0.0}
+    v = ladder.on_result(reset, bare, True, 20.0)
+    assert v.repair["history"] == [{"step": 0, "action": "reset_gpu", "ts": 20.0, "result": "reset_gpu done"}]  # type: ignore[index]
+    # no trigger recorded: any usable observation clears it
+    cleared = ladder.on_tick(reset, {**bare, "phase": "verifying"}, 30.0, ["x"], True)
+    assert cleared.verdict == ladder.VERIFIED
+    tested = lad_of(RESET, REBOOT)
+    [t] = ladder.on_result(tested, bare, True, 20.0).intents
+    assert t.params["tests"] == []
+    assert ladder.summary(bare)["history"] == []
+    rb = lad_of({**REBOOT, "verify": "active_test"}, name="reset")
+    [r] = ladder.release(rb, {**held, "waiting": None}, 10.0).intents
+    assert r.params["trigger"] == []
+
+
+def test_a_wait_is_not_carried_into_the_next_step() -> None:
+    lad = lad_of(RESET, REBOOT)
+    b = ladder.begin(lad, 0.0, "r", ["x"]).repair
+    w = ladder.hold(lad, b, 10.0, "tp peers busy", times_out=True).repair  # type: ignore[arg-type]
+    nxt = ladder.hold(lad, w, 601.0, "tp peers busy", times_out=True).repair  # type: ignore[arg-type]
+    assert nxt["step"] == 1 and "waiting" not in nxt  # type: ignore[index,operator]
+    released = ladder.release(lad, nxt, 620.0).repair  # type: ignore[arg-type]
+    # the history keeps the first step's timeout and no second "waited" entry
+    assert [h["result"] for h in released["history"]] == ["reset_gpu not started in 600 s: tp peers busy"]  # type: ignore[index]
+
+
+def test_a_wait_on_a_later_step_keeps_the_earlier_history() -> None:
+    lad = lad_of(RESET, REBOOT)
+    failed = ladder.on_result(lad, acting(lad, now=0.0), False, 50.0).repair
+    w = ladder.hold(lad, failed, 60.0, "budget", times_out=False).repair  # type: ignore[arg-type]
+    s = ladder.release(lad, w, 70.0).repair  # type: ignore[arg-type]
+    assert [h["result"] for h in s["history"]] == ["reset_gpu failed", "waited: budget"]  # type: ignore[index]
+
+
+def test_the_hold_timeout_counts_from_when_the_step_was_entered() -> None:
+    lad = lad_of(RESET, REBOOT)
+    b = ladder.begin(lad, 100.0, "r", ["x"]).repair
+    assert ladder.hold(lad, b, 650.0, "busy", times_out=True).repair["step"] == 0  # type: ignore[arg-type,index]
+    assert ladder.hold(lad, b, 700.5, "busy", times_out=True).repair["step"] == 1  # type: ignore[arg-type,index]
+
+
+def test_escalations_are_stamped_with_their_time() -> None:
+    lad = lad_of(RESET, REBOOT)
+    v = ladder.on_result(lad, acting(lad, now=0.0), True, 100.0).repair
+    bad = ladder.on_test(lad, v, False, 150.0)  # type: ignore[arg-type]
+    assert bad is not None and bad.repair["since"] == 150.0 and bad.repair["history"][-1]["ts"] == 150.0  # type: ignore[index]
+    late = ladder.on_tick(lad, v, 400.5, ["x"], True).repair  # type: ignore[arg-type]
+    assert late["since"] == 400.5 and late["history"][-1]["ts"] == 400.5  # type: ignore[index]
+
+
+def test_describe_lists_every_precondition_of_a_step() -> None:
+    lad = lad_of({**RESET, "requires": ["drained", "no_gpu_process"]}, name="r")
+    assert ladder.describe(lad) == "r: when flag:x: reset_gpu [drained, no_gpu_process] (verify active_test, 600 s)"
