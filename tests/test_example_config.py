@@ -74,6 +74,14 @@ def test_the_example_config_watches_sim_serve_out_of_the_box(tmp_path: Path) -> 
         nodes = until(lambda: len(httpx.get(f"{url}/api/v1/states", params={"kind": "node"}, timeout=2)
                                   .json()["entities"]) == 64 and 64, 120, "64 nodes scored")
         assert nodes == 64
+        # every rank of both training jobs is its own entity, keyed by its training job (finding 2: the
+        # scraper's job label once made pretrain-70b's and finetune-8b's rank0 one entity: 256 for 384)
+        ranks = until(lambda: (e := httpx.get(f"{url}/api/v1/health", params={"kind": "rank"}, timeout=5)
+                               .json()["tuples"]) and len(e) == 256 + 128 and e, 60, "384 rank entities")
+        assert {r["entity"].split("/")[0] for r in ranks} == {"pretrain-70b", "finetune-8b"}, ranks[:3]
+        # peers of one job only: a healthy fleet's ranks all score 1 on the rank-time comparison
+        assert all(r["categories"].get("performance") in (1.0, None) for r in ranks), [
+            (r["entity"], r["categories"]) for r in ranks if r["categories"].get("performance") != 1.0][:5]
         log = (tmp_path / "ctl.log").read_text()
         assert "service discovery: 64 targets" in log, log[-2000:]
         h = httpx.get(f"{url}/healthz").json()

@@ -95,3 +95,67 @@ def test_dead_endpoint_makes_its_entities_stale() -> None:
     gpu = fh.tuples["node-a/gpu0"]
     assert gpu.categories.get("thermal") is None  # the temperature is stale: excluded, not healthy
     assert len(later.source_errors) == 2
+
+
+def _rank_page() -> bytes:
+    """Two training jobs' per-rank exporter page (each sample carries its own `job`, the training job): a
+    slow job (1.8 s per step) and a fast one (0.63 s), 8 ranks each in the same peer group name."""
+    lines = ["# TYPE fleethealth_rank_compute_seconds gauge"]
+    for job, secs, first_node in (("pretrain-70b", 1.8, 0), ("finetune-8b", 0.63, 4)):
+        for r in range(8):
+            lines.append(f'fleethealth_rank_compute_seconds{{job="{job}",rank="{r}",peer_group="stage0",'
+                         f'node="node-{first_node + r // 2:02d}",gpu="{r % 2}"}} {secs + 0.001 * r}')
+    return ("\n".join(lines) + "\n").encode()
+
+
+def test_a_page_with_its_own_job_label_keeps_its_jobs_apart() -> None:
+    """Finding 2: the scraper's job label must not merge ranks of different training jobs into one peer
+    group. honor_labels (default) keeps the page's `job`; with honor_labels: false (Prometheus' default)
+    the training job is in `exported_job`, and the engine still keys ranks and peers by it, and says so."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    body = _rank_page()
+
+    class H(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a: object) -> None:
+            pass
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{srv.server_address[1]}/metrics"
+    pol = default_policy()
+    now = 1_700_000_000.0
+    try:
+        honored = ScrapeSource([ScrapeTarget(url, job="ranks")])
+        snap_h = honored.read(now)
+        honored.close()
+        replaced = ScrapeSource([ScrapeTarget(url, job="ranks", honor_labels=False)])
+        snap_r = replaced.read(now)
+        replaced.close()
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    jobs = {lab["job"] for lab, _ in by_metric(snap_h)["fleethealth_rank_compute_seconds"]}
+    assert jobs == {"pretrain-70b", "finetune-8b"}  # the page's own job kept
+    assert {lab["job"] for lab, _ in by_metric(snap_h)["up"]} == {"ranks"}  # the target's own series: its job
+    moved = by_metric(snap_r)["fleethealth_rank_compute_seconds"]
+    assert {lab["job"] for lab, _ in moved} == {"ranks"}
+    assert {lab["exported_job"] for lab, _ in moved} == {"pretrain-70b", "finetune-8b"}
+    for snap, exported in ((snap_h, False), (snap_r, True)):
+        fh = score_snapshot(snap, pol, now)
+        ranks = fh.by_kind("rank")
+        assert sorted(t.entity for t in ranks) == sorted(
+            f"{j}/rank{r}" for j in ("pretrain-70b", "finetune-8b") for r in range(8))
+        for t in ranks:  # each job's ranks are peers of their own job only: all alike, all healthy
+            assert t.categories["performance"] == 1.0, (t.entity, t.details)
+        notes = [d.note for t in ranks for d in t.details if d.signal == "rank_compute_time" and d.note]
+        assert bool(notes) == exported
+        assert all("exported" in n and "job" in n for n in notes)

@@ -114,7 +114,9 @@ def build_sources(cfg: ControllerConfig, policy: Policy) -> tuple[list[Source], 
         from fleethealth.sources.scrape import ScrapeSource, ScrapeTarget
 
         scr = ScrapeSource(
-            [ScrapeTarget(t.url, dict(t.labels), t.job) for t in s.scrape.targets],
+            [ScrapeTarget(t.url, dict(t.labels), t.job,
+                          s.scrape.honor_labels if t.honor_labels is None else t.honor_labels)
+             for t in s.scrape.targets],
             timeout_s=s.scrape.timeout_s, concurrency=s.scrape.concurrency,
         )
         sources.append(scr)

@@ -88,6 +88,7 @@ class ScrapeTargetConfig(_Strict):
     url: str
     labels: dict[str, str] = Field(default_factory=dict)
     job: str = "fleethealth"
+    honor_labels: bool | None = None  # None: the scrape section's honor_labels
 
     @field_validator("url")
     @classmethod
@@ -102,6 +103,9 @@ class ScrapeConfig(_Strict):
     sd: list[str] = Field(default_factory=list)
     timeout_s: float = Field(default=5.0, gt=0)
     concurrency: int = Field(default=64, ge=1)
+    # A page's own job/instance/labels win over the target's (Prometheus' honor_labels: true): a per-rank
+    # exporter's `job` is the training job, which the rank signal's peers and the rank entities key on.
+    honor_labels: bool = True
 
     @field_validator("sd")
     @classmethod

@@ -194,7 +194,8 @@ def _peer(spec: SignalSpec, policy: Policy, per_gpu: dict[str, list[tuple[float,
         if not xs:
             continue
         x, labels, _ = max(xs, key=lambda r: r[2])
-        groups[tuple(labels.get(k, "") for k in spec.peer_by)].append((gpu, x))
+        # The exporter's own value where a scraper displaced it to exported_<name> (honor_labels: false).
+        groups[tuple(labels.get("exported_" + k) or labels.get(k, "") for k in spec.peer_by)].append((gpu, x))
     k_warn = spec.k_warn if spec.k_warn is not None else policy.peer.k_warn
     k_crit = spec.k_crit if spec.k_crit is not None else policy.peer.k_crit
     min_peers = spec.min_peers if spec.min_peers is not None else policy.peer.min_peers

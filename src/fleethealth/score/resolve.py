@@ -48,6 +48,7 @@ class _Resolver:
         self.arr: dict[str, np.ndarray] = {}
         self.labelsets: list[LabelSet] | None = None
         self._groups: dict[tuple[str, ...], tuple[int, dict[tuple[str, ...], int], list[int], np.ndarray]] = {}
+        self._exported: dict[tuple[str, ...], list[bool]] = {}
         self._key_node_arr = np.zeros(0, np.int64)
         self.meta_cache: dict[tuple[str, tuple[int, ...]], dict[str, str]] = {}
         self._floats: dict[str, list[float]] = {}
@@ -79,16 +80,29 @@ class _Resolver:
         return arr
 
     def group_ids(self, labels: tuple[str, ...]) -> np.ndarray:
-        """Per label set, the id of its peer group (the values of ``labels``); incremental, cached."""
+        """Per label set, the id of its peer group (the values of ``labels``); incremental, cached.
+        A label a scraper displaced (``exported_<name>``, Prometheus' honor_labels: false) counts with
+        the exporter's own value: a rank sample's training job, never the scrape job shared by all."""
         assert self.labelsets is not None
         n_done, keys, ids, arr = self._groups.get(labels, (0, {}, [], np.zeros(0, np.int64)))
         if n_done < len(self.labelsets):
+            exported = self._exported.setdefault(labels, [])
             for ls in self.labelsets[n_done:]:
                 d = dict(ls)
-                key = tuple(d.get(k, "") for k in labels)
+                key = tuple(exposed_label(d, k) for k in labels)
                 ids.append(keys.setdefault(key, len(keys)))
+                exported.append(any(d.get("exported_" + k) for k in labels))
             arr = np.asarray(ids, np.int64)
             self._groups[labels] = (len(self.labelsets), keys, ids, arr)
+        return arr
+
+    def group_exported(self, labels: tuple[str, ...]) -> np.ndarray:
+        """Per label set, whether its peer group took a label from ``exported_<name>`` (``group_ids``)."""
+        self.group_ids(labels)
+        flags = self._exported[labels]
+        arr = self._arrays.get(("x", labels))
+        if arr is None or arr.size != len(flags):
+            arr = self._arrays[("x", labels)] = np.asarray(flags, bool)
         return arr
 
     def group_values(self, labels: tuple[str, ...]) -> list[tuple[str, ...]]:
@@ -134,7 +148,7 @@ class _Resolver:
                 if rep:
                     break
             rep_c.append(self._kid("replica:" + rep) if rep else -1)
-            job, rank = d.get("job"), d.get("rank")
+            job, rank = exposed_label(d, "job"), d.get("rank")
             rank_c.append(self._kid(f"rank:{job}/rank{rank}") if (job and rank is not None and rank != "") else -1)
         self.n = len(labelsets)
         self.arr = {k: np.asarray(v, np.int64) for k, v in self.cols.items()}
@@ -151,6 +165,12 @@ class _Resolver:
         if self._key_node_arr.size != len(self.key_node):
             self._key_node_arr = np.asarray(self.key_node, np.int64)
         return self._key_node_arr
+
+
+def exposed_label(labels: Mapping[str, str], name: str) -> str:
+    """The exporter's own value of a label: ``exported_<name>`` when a scraper displaced it (Prometheus'
+    honor_labels: false renames a page's ``job`` so), else ``name``; ``""`` when absent."""
+    return labels.get("exported_" + name) or labels.get(name, "")
 
 
 def _resolver_for(kept: Kept, snap: Snapshot, policy: Policy) -> _Resolver:

@@ -336,6 +336,12 @@ def _shape_peer(ctx: _Ctx, spec: SignalSpec, kind: EntityKind, x: np.ndarray, sr
             res.notes[e] = f"too few peers (< {min_peers}) in its group: not scored"
             res.flags.append((e, f"too_few_peers:{spec.name}"))
     res.z[ents] = z
+    exported = ctx.resolver.group_exported(tuple(spec.peer_by))[src_series[ents]]
+    if exported.any():  # a scraper renamed the exporter's peer labels: say which ones the peers came from
+        by = "/".join(spec.peer_by)
+        for e in ents[exported].tolist():
+            res.notes.setdefault(e, f"peers grouped by the exporter's own {by} (exported_*: a scraper with"
+                                    " honor_labels: false replaced them)")
     return shapes.ramp(res.z, k_warn, k_crit)
 
 

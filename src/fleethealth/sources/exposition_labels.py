@@ -266,9 +266,23 @@ def _column_label_sets(columns: list[list[Any]], keys: list[str]) -> list[LabelS
     return sets
 
 
+# A page whose extra labels carry this (impossible) label name is merged like Prometheus' honor_labels:
+# true: the page's own labels win and a scraper label only fills a label the sample lacks (exporters that
+# carry their own job/instance, such as per-rank training exporters). Sorts first in the extra key.
+HONOR_LABELS_MARK = ""
+
+
 def _merge_extra(parsed: LabelSet, extra: LabelSet) -> LabelSet:
     """A sample's labels with the scraper's: as Prometheus does by default (honor_labels: false), the
-    scraper's labels win, and a sample's own value of such a label is kept as exported_<name>."""
+    scraper's labels win, and a sample's own value of such a label is kept as exported_<name>. With
+    ``HONOR_LABELS_MARK`` in ``extra`` (honor_labels: true) the sample's own non-empty values win."""
+    if extra and extra[0][0] == HONOR_LABELS_MARK:
+        own = dict(parsed)
+        fill = [pair for pair in extra[1:] if not own.get(pair[0])]
+        if not fill:
+            return parsed
+        own.update(fill)
+        return tuple(sorted(own.items()))
     out = parsed
     for pair in extra:  # the usual case, no shared name: insert each pair at its sorted place (C-level)
         i = bisect_left(out, (pair[0],))

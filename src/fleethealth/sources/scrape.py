@@ -4,7 +4,10 @@ without Prometheus.
 All endpoints are fetched concurrently on one event loop with a bound on in-flight requests and a
 per-endpoint timeout; each body is parsed as soon as it arrives, so parsing overlaps the slow endpoints.
 Like Prometheus, every target gets ``up`` and ``scrape_duration_seconds`` samples and its samples carry
-``instance`` and ``job`` labels. An endpoint that fails or times out yields ``up 0`` and a source error
+``instance`` and ``job`` labels. A target's ``honor_labels`` (default true) decides who wins when a page
+carries its own ``job``/``instance`` (a per-rank training exporter's ``job`` is the training job): true
+keeps the page's values and fills only missing ones; false is Prometheus' default (the target's win, the
+page's move to ``exported_job``). An endpoint that fails or times out yields ``up 0`` and a source error
 naming its URL: its entities get no fresh samples and go stale, never healthy.
 
 We ask for the classic text format (0.0.4) first: prometheus-client 0.23+ rewrites ``vllm:`` to
@@ -25,6 +28,7 @@ from fleethealth.auth.redact import redact_text, redact_url
 from fleethealth.signals.snapshot import InputIssue, Snapshot
 from fleethealth.sources.base import describe_http_error
 from fleethealth.sources.exposition import PagePlans, parse_exposition, parse_many_into
+from fleethealth.sources.exposition_labels import HONOR_LABELS_MARK
 
 ACCEPT = "text/plain;version=0.0.4;q=1,application/openmetrics-text;version=1.0.0;q=0.5,*/*;q=0.1"
 
@@ -34,6 +38,9 @@ class ScrapeTarget:
     url: str
     labels: Mapping[str, str] = field(default_factory=dict)  # added to every sample (e.g. node, pool)
     job: str = "fleethealth"
+    # The page's own labels win over job/instance/labels (Prometheus' honor_labels: true): the training
+    # job of a rank sample must stay `job`, or ranks of different jobs become one peer group.
+    honor_labels: bool = True
 
     @property
     def instance(self) -> str:
@@ -134,7 +141,8 @@ class ScrapeSource:
         # far less than one call per page, even though parsing no longer overlaps the slowest fetches.
         order = sorted(bodies)
         pages = [
-            (bodies[i], {"instance": self._instance[results[i].target.url], "job": results[i].target.job,
+            (bodies[i], {**({HONOR_LABELS_MARK: ""} if results[i].target.honor_labels else {}),
+                         "instance": self._instance[results[i].target.url], "job": results[i].target.job,
                          **results[i].target.labels}, results[i].target.safe_url)
             for i in order
         ]
