@@ -276,3 +276,102 @@ def test_rows_the_store_did_not_take_are_saved_again_and_restore_keeps_the_lates
     assert mem.seen == {"n1": {"DCGM": 5.0, "rank": 4.0}, "n2": {"DCGM": 9.5}}
     assert mem.version == v + 1
     assert mem.expectations(10.0).families == {"n1": frozenset({"DCGM", "rank"}), "n2": frozenset({"DCGM"})}
+
+
+# --- found by the mutation run ----------------------------------------------------------------------------
+
+def _groups_of(fh: object, kind: str) -> dict[str, str]:
+    ks = fh.kinds[kind]  # type: ignore[attr-defined]
+    assert ks.expect is not None and ks.expect.groups is not None
+    g = ks.expect.groups
+    return {n: g.names[int(g.grp[i])] for i, n in enumerate(ks.names)}
+
+
+def test_a_pool_of_small_jobs_compares_each_gpu_with_its_pool_not_everyone() -> None:
+    # pool a: one GPU; pool b: three GPUs, each in its own job (groups of one): b's GPUs fall back to pool b
+    pools = col("pool", [0, 1, 1, 1], ["a", "b"])
+    jobs = col("job", [0, 1, 2, 3], ["w", "x", "y", "z"])
+    g = ex._groups_from([pools, jobs], 4, 3, "all GPUs")
+    assert [g.names[int(i)] for i in g.grp] == ["all GPUs", "pool=b", "pool=b", "pool=b"]
+
+
+def test_an_empty_snapshot_with_declared_gpus_groups_them_as_everyone() -> None:
+    fh = score_snapshot(SnapshotBuilder().build(NOW), POL, NOW, inventory={"node": ["n1"], "gpu": ["n1/gpu0", "n1/gpu1"]})
+    assert _groups_of(fh, "gpu") == {"n1/gpu0": "all gpus", "n1/gpu1": "all gpus"}
+    assert fh.tuples["n1/gpu0"].value is None
+
+
+def test_a_scrape_jobs_label_is_no_training_job_and_every_rank_counts() -> None:
+    b = SnapshotBuilder()
+    for node in ("a1", "a2"):
+        b.add("fleethealth_node_info", {"node": node, "pool": "a"}, 1.0, NOW)
+        for g in range(2):
+            lab = {"gpu": str(g), "UUID": f"GPU-{node}-{g}", "Hostname": node, "job": "dcgm-exporter"}
+            b.add("DCGM_FI_DEV_GPU_TEMP", lab, 50.0, NOW)
+            b.add("fleethealth_rank_compute_seconds", {"job": "pretrain", "rank": str(2 * int(node[-1]) + g - 2),
+                                                       "node": node, "gpu": str(g), "peer_group": "s0"}, 0.5, NOW)
+    assert set(_groups_of(score_snapshot(b.build(NOW), POL, NOW), "gpu").values()) == {"pool=a,job=pretrain"}
+
+
+def test_replicas_take_their_nodes_pool_and_unlabelled_ones_are_compared_with_all_replicas() -> None:
+    b = SnapshotBuilder()
+    for i in range(3):
+        b.add("fleethealth_node_info", {"node": f"n{i}", "pool": "s"}, 1.0, NOW)
+        b.add("DCGM_FI_DEV_GPU_TEMP", {"gpu": "0", "UUID": f"GPU-n{i}", "Hostname": f"n{i}"}, 50.0, NOW)
+        b.add("vllm:num_requests_waiting", {"replica": f"r{i}", "model_name": "llama", "node": f"n{i}"}, 0.0, NOW)
+    assert _groups_of(score_snapshot(b.build(NOW), POL, NOW), "replica") == {
+        "r0": "pool=s,model=llama", "r1": "pool=s,model=llama", "r2": "pool=s,model=llama"}
+    bare = SnapshotBuilder()
+    for i in range(3):
+        bare.add("vllm:num_requests_waiting", {"replica": f"r{i}"}, 0.0, NOW)
+    assert set(_groups_of(score_snapshot(bare.build(NOW), POL, NOW), "replica").values()) == {"all replicas"}
+
+
+def test_a_new_policys_min_group_regroups_the_same_fleet() -> None:
+    from fleethealth.score.scorer import Scorer
+
+    b = SnapshotBuilder()
+    for node, pool in (("a1", "a"), ("a2", "a"), ("b1", "b")):
+        b.add("fleethealth_node_info", {"node": node, "pool": pool}, 1.0, NOW)
+        b.add("DCGM_FI_DEV_GPU_TEMP", {"gpu": "0", "UUID": f"GPU-{node}", "Hostname": node}, 50.0, NOW)
+    snap = b.build(NOW)
+    sc = Scorer()
+    assert _groups_of(sc.score(snap, POL, NOW), "gpu")["a1/gpu0"] == "all GPUs"  # min_group 3
+    one = POL.model_copy(update={"expectation": POL.expectation.model_copy(update={"min_group": 1})})
+    assert _groups_of(sc.score(snap, one, NOW), "gpu")["a1/gpu0"] == "pool=a"
+
+
+def test_family_memory_learns_replicas_that_appear_after_the_gpus() -> None:
+    mem = ex.FamilyMemory(ttl_s=1000.0, refresh_s=500.0)
+    mem.learn(_fleet(100.0, {"n1", "n2"}, set()), 100.0)
+    b = SnapshotBuilder()
+    for node in ("n1", "n2"):
+        for g in range(4):
+            b.add("DCGM_FI_DEV_GPU_TEMP", {"gpu": str(g), "UUID": f"GPU-{node}-{g}", "Hostname": node}, 50.0, 130.0)
+    b.add("vllm:num_requests_waiting", {"replica": "r1", "model_name": "m"}, 0.0, 130.0)
+    mem.learn(score_snapshot(b.build(130.0), POL, 130.0), 130.0)  # not a sweep; the GPUs unchanged
+    assert mem.seen["r1"] == {"vllm": 130.0} and mem.seen["n1"] == {"DCGM": 100.0}
+
+
+def test_family_memory_learns_a_node_that_replaced_another_between_sweeps() -> None:
+    mem = ex.FamilyMemory(ttl_s=1000.0, refresh_s=500.0)
+    mem.learn(_fleet(100.0, {"n1", "n2"}, set()), 100.0)
+    b = SnapshotBuilder()
+    for node in ("n1", "n3"):
+        for g in range(4):
+            b.add("DCGM_FI_DEV_GPU_TEMP", {"gpu": str(g), "UUID": f"GPU-{node}-{g}", "Hostname": node}, 50.0, 130.0)
+    mem.learn(score_snapshot(b.build(130.0), POL, 130.0), 130.0)
+    assert mem.seen["n3"] == {"DCGM": 130.0}
+
+
+def test_a_change_between_sweeps_refreshes_only_the_entities_that_changed() -> None:
+    mem = ex.FamilyMemory(ttl_s=1000.0, refresh_s=500.0)
+    mem.learn(_fleet(100.0, {"n1", "n2"}, {"n1"}), 100.0)
+    mem.learn(_fleet(160.0, {"n1", "n2"}, {"n1", "n2"}), 160.0)
+    assert mem.seen["n1"] == {"DCGM": 100.0, "rank": 100.0}  # unchanged: its times move at the next sweep
+
+
+def test_a_family_exactly_ttl_s_old_is_still_expected() -> None:
+    mem = ex.FamilyMemory(ttl_s=1000.0, refresh_s=500.0)
+    mem.seen = {"n1": {"DCGM": 100.0}}
+    assert mem.expectations(1100.0).families == {"n1": frozenset({"DCGM"})}
