@@ -99,6 +99,10 @@ class SignalSpec(Strict):
     # long window's rate is past `warn` (the count is significant), the worse of the two rates is scored,
     # so a storm reaches its critical level within the short window while sparse noise stays unscored
     short_window_s: float | None = Field(default=None, gt=0)
+    # counters: the rate is the increase over the whole window, never over less (a history shorter than
+    # the window, as after a restart, reads its events spread over the window): for "sustained over hours"
+    # signals, so one burst seen in the first minutes of a history is not read as a sustained rate
+    sustained: bool = False
     worse_if: Direction = "higher"
     # gate: value > above (or value in values) forces 0
     above: float | None = None
@@ -189,6 +193,8 @@ class SignalSpec(Strict):
             if self.rate_window_s is not None and not self.short_window_s < self.rate_window_s:
                 raise ValueError(f"short_window_s ({self.short_window_s:g}) must be shorter than rate_window_s "
                                  f"({self.rate_window_s:g})")
+        if self.sustained and self.kind != "counter":
+            raise ValueError("sustained is for counters (kind: counter): a rate over the whole window")
         return self
 
 

@@ -104,7 +104,7 @@ class _Ctx:
         self.order = np.zeros(0, np.int64)
         self.bounds: dict[int, tuple[int, int]] = {}
         self._windows: dict[tuple[int, float], tuple[np.ndarray, ...]] = {}
-        self._rates: dict[tuple[int, float, float], tuple[np.ndarray, ...]] = {}
+        self._rates: dict[tuple[int, float, float, float], tuple[np.ndarray, ...]] = {}
         self._stacks: dict[tuple[int, tuple[float, ...]], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         if self.index is not None:
             self.bounds = self.index.bounds
@@ -252,13 +252,15 @@ class _Ctx:
         self.kept.gauges[key] = (table, block.copy(), g)
         return g
 
-    def rates(self, mat: CounterMatrix, window: float, max_age: float) -> tuple[np.ndarray, ...]:
-        """Per column of ``mat``'s group: rate over the window (NaN unless fresh), latest value, age."""
-        key = (mat.group, window, max_age)
+    def rates(self, mat: CounterMatrix, window: float, max_age: float,
+              min_span: float = 0.0) -> tuple[np.ndarray, ...]:
+        """Per column of ``mat``'s group: rate over the window (NaN unless fresh; over at least
+        ``min_span``), latest value, age."""
+        key = (mat.group, window, max_age, min_span)
         hit = self._rates.get(key)
         if hit is None:
             inc, t0, t1, lv, lt, _ = self.window(mat, self.now - window)
-            hit = self._rates[key] = (_fresh_rate(inc, t0, t1, self.now, max_age), lv, self.now - lt)
+            hit = self._rates[key] = (_fresh_rate(inc, t0, t1, self.now, max_age, min_span), lv, self.now - lt)
         return hit
 
     def window(self, mat: CounterMatrix, start: float) -> tuple[np.ndarray, ...]:

@@ -186,12 +186,14 @@ def _reduce_worst(ent: np.ndarray, vals: np.ndarray, n: int, higher_worse: bool)
     return out
 
 
-def _fresh_rate(inc: np.ndarray, t0: np.ndarray, t1: np.ndarray, now: float, max_age: float) -> np.ndarray:
-    """Per series: the increase over the time between its first and last sample in the window, NaN
-    without two samples at different times or when the last is older than ``max_age``."""
+def _fresh_rate(inc: np.ndarray, t0: np.ndarray, t1: np.ndarray, now: float, max_age: float,
+                min_span: float = 0.0) -> np.ndarray:
+    """Per series: the increase over the time between its first and last sample in the window (at least
+    ``min_span``: a sustained signal's whole window), NaN without two samples at different times or when
+    the last is older than ``max_age``."""
     dt = t1 - t0
     with np.errstate(invalid="ignore", divide="ignore"):
-        rate = np.where(dt > 0, inc / np.where(dt > 0, dt, 1.0), np.nan)
+        rate = np.where(dt > 0, inc / np.where(dt > 0, np.maximum(dt, min_span), 1.0), np.nan)
         fresh = (now - t1) <= max_age
     return np.where(fresh, rate, np.nan)
 

@@ -166,7 +166,8 @@ class _Plan:
                     if cols is None and (mid is None or mid not in ctx.bounds):
                         self.absent_any.append(spec.metric)  # no sample, no matrix: unseen, NaN
                         continue
-                    if spec.short_window_s is not None:  # two windows: the per-signal path reads both
+                    if spec.short_window_s is not None or spec.sustained:
+                        # two windows, or a rate over the whole window: the per-signal path
                         self.rest.append((kind, j))
                         continue
                     # one column per entity: every column of the metric's (cols.single), or those with

@@ -86,7 +86,7 @@ def score_reference(snap: Snapshot, policy: Policy, now: float, how: str = "min"
                 continue
             if spec.kind == "counter":
                 window = spec.rate_window_s or policy.freshness.rate_window_s
-                rate = _rate(pts, now, window, max_age)
+                rate = _rate(pts, now, window, max_age, window if spec.sustained else 0.0)
                 if rate is None:
                     continue
                 if spec.short_window_s is not None and spec.warn is not None and rate > spec.warn:
@@ -141,9 +141,10 @@ def score_reference(snap: Snapshot, policy: Policy, now: float, how: str = "min"
     return out
 
 
-def _rate(pts: list[tuple[float, float]], now: float, window: float, max_age: float) -> float | None:
-    """Reset-aware rate of one counter series over the samples in the window (None: fewer than two, or
-    the last one stale)."""
+def _rate(pts: list[tuple[float, float]], now: float, window: float, max_age: float,
+          min_span: float = 0.0) -> float | None:
+    """Reset-aware rate of one counter series over the samples in the window, over at least ``min_span``
+    (a sustained signal's window; None: fewer than two, or the last one stale)."""
     win = [(t, v) for t, v in pts if t > now - window]
     if len(win) < 2 or now - win[-1][0] > max_age:
         return None
@@ -153,7 +154,7 @@ def _rate(pts: list[tuple[float, float]], now: float, window: float, max_age: fl
     dt = win[-1][0] - win[0][0]
     if dt <= 0:
         return None
-    return inc / dt
+    return inc / max(dt, min_span)
 
 
 def _shape(spec: SignalSpec, x: float) -> float:

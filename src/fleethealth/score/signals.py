@@ -89,7 +89,8 @@ def _evaluate(ctx: _Ctx, spec: SignalSpec, kind: EntityKind, table: _KindTable,
         # series -> entity: counters of one entity add up (e.g. per-link NVLink counters)
         ent_of_series = np.full(int(ser.max()) + 1, -1, np.int64)
         ent_of_series[ser] = ent
-        _counter_rates(res, ent_of_series[s_ids], inc, t0, t1, last_v, last_t, now, max_age)
+        _counter_rates(res, ent_of_series[s_ids], inc, t0, t1, last_v, last_t, now, max_age,
+                       window if spec.sustained else 0.0)
         if spec.short_window_s is not None:
             s_ids, inc, t0, t1, _, _ = _counter_runs(ser, vals, ts, now - spec.short_window_s)
             short = _entity_rates(ent_of_series[s_ids], inc, t0, t1, now, max_age, n)
@@ -175,11 +176,11 @@ def _any_series_at(spec: SignalSpec, ent: np.ndarray, vals: np.ndarray, res: _Si
 
 
 def _entity_rates(e: np.ndarray, inc: np.ndarray, t0: np.ndarray, t1: np.ndarray, now: float, max_age: float,
-                  n: int) -> np.ndarray:
+                  n: int, min_span: float = 0.0) -> np.ndarray:
     """A counter's rate per entity (NaN: none fresh) from its per-series window (``e``: the entity of each
     series); the series of one entity add up (e.g. per-link NVLink counters)."""
     out = np.full(n, np.nan)
-    rate = _fresh_rate(inc, t0, t1, now, max_age)
+    rate = _fresh_rate(inc, t0, t1, now, max_age, min_span)
     good = ~np.isnan(rate)
     one_per_entity = e.size == 0 or np.bincount(e).max() <= 1
     if good.any():
@@ -206,11 +207,11 @@ def _confirmed_short(long_rate: np.ndarray, short_rate: np.ndarray, spec: Signal
 
 
 def _counter_rates(res: _SignalResult, e: np.ndarray, inc: np.ndarray, t0: np.ndarray, t1: np.ndarray,
-                   last_v: np.ndarray, last_t: np.ndarray, now: float, max_age: float) -> None:
+                   last_v: np.ndarray, last_t: np.ndarray, now: float, max_age: float, min_span: float = 0.0) -> None:
     """A counter's rate, raw (latest value) and age per entity from its per-series window (``e``: the
-    entity of each series)."""
+    entity of each series; ``min_span``: a sustained signal's window, the least time a rate is over)."""
     n = res.rate.size
-    res.rate[:] = _entity_rates(e, inc, t0, t1, now, max_age, n)
+    res.rate[:] = _entity_rates(e, inc, t0, t1, now, max_age, n, min_span)
     # the latest sample of a series is its latest in the window whenever it has one in the window
     res.raw[:] = _reduce_worst(e, last_v, n, True)
     res.age[:] = _reduce_worst(e, now - last_t, n, False)
@@ -225,14 +226,15 @@ def _evaluate_counter_columns(ctx: _Ctx, spec: SignalSpec, kind: EntityKind, col
     res.seen[cols.ent] = True
     window = spec.rate_window_s or pol.freshness.rate_window_s
     max_age = spec.max_age_s or pol.freshness.max_age_s
+    span = window if spec.sustained else 0.0
     if cols.single:  # one series per entity: rates of the whole group at once, then placed
-        rate, last_v, age = (a[cols.cols] for a in ctx.rates(cols.mat, window, max_age))
+        rate, last_v, age = (a[cols.cols] for a in ctx.rates(cols.mat, window, max_age, span))
         res.rate[cols.ent] = rate
         res.raw[cols.ent] = last_v
         res.age[cols.ent] = age
     else:
         inc, t0, t1, last_v, last_t, _ = cols.window(now - window)
-        _counter_rates(res, cols.ent, inc, t0, t1, last_v, last_t, now, max_age)
+        _counter_rates(res, cols.ent, inc, t0, t1, last_v, last_t, now, max_age, span)
     if spec.short_window_s is not None:
         n = res.rate.size
         if cols.single:
