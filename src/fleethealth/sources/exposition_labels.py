@@ -297,12 +297,12 @@ def _merge_extra(parsed: LabelSet, extra: LabelSet) -> LabelSet:
     merged = dict(parsed)
     conflicts = [(k, merged[k]) for k, _ in extra if merged.get(k)]
     merged.update(extra)
-    for k, own in sorted(conflicts, key=lambda p: len(p[0])):
+    for k, own_value in sorted(conflicts, key=lambda p: len(p[0])):
         name = k
         while True:
             name = "exported_" + name
             if not merged.get(name):
-                merged[name] = own
+                merged[name] = own_value
                 break
     return tuple(sorted(merged.items()))
 
