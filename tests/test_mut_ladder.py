@@ -365,3 +365,24 @@ def test_escalations_are_stamped_with_their_time() -> None:
 def test_describe_lists_every_precondition_of_a_step() -> None:
     lad = lad_of({**RESET, "requires": ["drained", "no_gpu_process"]}, name="r")
     assert ladder.describe(lad) == "r: when flag:x: reset_gpu [drained, no_gpu_process] (verify active_test, 600 s)"
+
+
+def test_a_policy_reload_that_shortens_a_ladder_hands_a_node_past_its_end_to_a_person() -> None:
+    """Found by the mutation run (on_test's ``<`` against the ladder's length): a node on step 2 of a
+    ladder that a policy reload cut to one step crashed the decider's cycle (IndexError in on_tick and
+    on_result). Now the ladder is exhausted, with why, and the lifecycle pages."""
+    long = lad_of(RESET, REBOOT, REPLACE, name="reset")
+    short = lad_of(RESET, name="reset")
+    r = ladder.on_result(long, acting(long, now=0.0), False, 10.0).repair
+    on_reboot = ladder.release(long, r, 10.0).repair  # type: ignore[arg-type]
+    assert on_reboot["step"] == 1  # type: ignore[index]
+    for s in (ladder.on_tick(short, on_reboot, 20.0, [], True),  # type: ignore[arg-type]
+              ladder.on_result(short, on_reboot, True, 20.0),  # type: ignore[arg-type]
+              ladder.on_tick(short, r, 20.0, None, False)):  # type: ignore[arg-type]  # held on step 1
+        assert s.verdict == ladder.EXHAUSTED and s.repair["phase"] == "exhausted"  # type: ignore[index]
+        assert s.repair["history"][-1] == {  # type: ignore[index]
+            "step": 1, "action": "replace", "ts": 20.0, "result": "handed to a person",
+            "note": "the policy's ladder reset has no step 2 any more"}
+    verifying = {**on_reboot, "phase": "verifying"}  # type: ignore[dict-item]
+    assert ladder.on_test(short, verifying, True, 20.0) is None  # the lifecycle reads the test
+    assert ladder.on_tick(short, verifying, 20.0, [], True).verdict == ladder.EXHAUSTED

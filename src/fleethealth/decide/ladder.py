@@ -204,10 +204,19 @@ def _verify(lad: Ladder, repair: dict[str, Any], now: float, result: str) -> Lad
     return LadderStep(new)
 
 
+def _step_gone(lad: Ladder, repair: dict[str, Any], now: float) -> LadderStep:
+    """The policy's ladder no longer has the current step (a reload shortened it while a node was on a
+    later step): nothing left to try that the policy names, so a person decides (exhausted, pages)."""
+    return _at_step(lad, repair, len(lad.steps), now,
+                    f"the policy's ladder {lad.name} has no step {int(repair.get('step', 0)) + 1} any more")
+
+
 def on_result(lad: Ladder, repair: dict[str, Any], passed: bool, now: float, detail: str = "") -> LadderStep:
     """The executor's answer for the current step's action (a ``reset`` event)."""
     if repair.get("phase") != "acting" or repair.get("held"):
         return LadderStep(repair)  # a late or repeated answer: already moved on
+    if step_of(lad, repair) is None:
+        return _step_gone(lad, repair, now)
     st = lad.steps[repair["step"]]
     if not passed:
         return _escalate(lad, repair, now, f"{st.action} failed" + (f": {detail}" if detail else ""))
@@ -230,6 +239,8 @@ def on_tick(lad: Ladder, repair: dict[str, Any], now: float, flags_now: Iterable
     """Timeouts, and the ``cleared`` verification on this cycle's observation (``flags_now`` None: no
     tuple this cycle)."""
     phase = repair.get("phase")
+    if phase in ("acting", "verifying") and step_of(lad, repair) is None:
+        return _step_gone(lad, repair, now)
     if phase not in ("acting", "verifying") or repair.get("held"):  # a held step: the decider's hold()
         return LadderStep(repair)
     st = lad.steps[repair["step"]]
