@@ -172,3 +172,37 @@ def test_true_onsets_move_detect_and_repair_to_the_fault_start() -> None:
     k = pool_kpis(TRANSITIONS, INTENTS, ENTS, start=0, end=DAY, onsets={"n1": [900, 1800, 5000]})["train-a"]
     assert k.detect_median_s == 7200 - 1800  # the latest onset before the incident began, to isolation
     assert k.repair_median_s == pytest.approx(((14400 - 1800) + 600) / 2)  # n2 has no onset: its own start
+
+
+def test_kpis_period_before_the_store_says_no_records_and_clamps_to_its_first_record(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # QA finding 5: on a young store, a period entirely before its first record printed GPU goodput 100.0% and
+    # `same` (an empty period read as a perfect one), and a period reaching back before it counted GPU-hours
+    # the store never saw. The first record here is the transition at T0+100; the latest cycle T0+3600.
+    import json
+
+    from typer.testing import CliRunner
+
+    from fleethealth.cli.main import app
+    from test_review import T0, make_store
+
+    db = tmp_path / "s.db"
+    make_store(db).close()
+    r = CliRunner().invoke(app, ["kpis", "--db", str(db), "--since", "-7d", "--compare", "-14d..-7d"])
+    assert r.exit_code == 0, r.output
+    goodput = next(ln for ln in r.stdout.splitlines() if ln.startswith("train") and "GPU goodput" in ln)
+    assert "100.0%" not in goodput.split("GPU goodput")[1].split()[0] and goodput.endswith("no records"), goodput
+    assert " same" not in r.stdout and "no records" in r.stdout.splitlines()[0]
+    assert "clamped to the store's first record" in r.stdout
+    d = json.loads(CliRunner().invoke(app, ["kpis", "--db", str(db), "--since", "-7d", "--compare", "-14d..-7d",
+                                            "--format", "json"]).stdout)
+    assert d["after"] == [T0 + 100, T0 + 3600] and d["records_from"] == T0 + 100
+    assert d["no_records"] == {"before": True, "after": False} and d["clamped"] == {"before": False, "after": True}
+    train = [row for row in d["rows"] if row["pool"] == "train"]
+    assert all(row["before"] is None and row["verdict"] == "no records" for row in train)
+    # one period alone, reaching back before the store: its GPU-hours are the store's, not a week's
+    one = json.loads(CliRunner().invoke(app, ["kpis", "--db", str(db), "--since", "-7d", "--format", "json"]).stdout)
+    assert (one["since"], one["clamped"]) == (T0 + 100, True)
+    assert one["pools"]["train"]["gpu_hours"] == pytest.approx(24 * 3500 / 3600)
+    empty = json.loads(CliRunner().invoke(app, ["kpis", "--db", str(db), "--since", "-14d", "--until", "-7d",
+                                                "--format", "json"]).stdout)
+    assert empty["no_records"] is True and empty["pools"]["train"]["goodput"] is None

@@ -120,11 +120,14 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """The fleet KPIs per pool over a period of the store (goodput, quarantine precision, detect and repair
         times, flaps, pages), or two periods side by side with better/worse per figure (before and after an
-        upgrade). From the store: unknown-health hours and SLO attainment are live figures only."""
+        upgrade). From the store: unknown-health hours and SLO attainment are live figures only. A period is
+        cut to the store's first record (the output says so); one entirely before it has no figures."""
         from fleethealth.review.kpis import (
             EntityInfo,
+            clamp_to_records,
             compare,
             compare_table,
+            no_records,
             pool_kpis,
             summary_table,
             text_table,
@@ -141,41 +144,62 @@ def register(app: typer.Typer) -> None:
             trs, ints = store.transitions(), store.intents()
         finally:
             store.close()
-        first = min([float(t["ts"]) for t in trs] + [latest])
+        # The store's first record: nothing before it was seen (its oldest transition or intent, else its
+        # latest cycle); periods are cut to it so that hours the store never saw are not counted as good ones.
+        first = min([float(t["ts"]) for t in trs] + [float(i["ts"]) for i in ints] + [latest])
         ents = {e: EntityInfo(es.kind, es.labels.get("pool", "default"), gpus_per_node if es.kind == "node" else 0,
                               str(es.state)) for e, es in state.entities.items() if es.kind in ("node", "replica")}
+        pools = sorted({i.pool for i in ents.values()}) + ["all"]
 
-        def period(a: str | None, b: str | None) -> tuple[float, float]:
-            t0, t1 = parse_when(a, latest), parse_when(b, latest)
-            t0 = first if t0 is None else t0
-            t1 = latest if t1 is None else t1
-            if t1 <= t0:
-                fail(f"empty period: {a or 'start'}..{b or 'latest'} ends before it begins")
-            return t0, t1
+        class Period:
+            """A period as asked, and the part of it the store can speak for."""
 
-        def figures(t0: float, t1: float) -> dict[str, dict[str, Any]]:
-            k = pool_kpis(trs, ints, ents, start=t0, end=t1)
-            return {p: v.to_dict() for p, v in k.items()}
+            def __init__(self, a: str | None, b: str | None) -> None:
+                t0, t1 = parse_when(a, latest), parse_when(b, latest)
+                self.start = first if t0 is None else t0
+                self.end = latest if t1 is None else t1
+                if self.end <= self.start:
+                    fail(f"empty period: {a or 'start'}..{b or 'latest'} ends before it begins")
+                cut = clamp_to_records(self.start, self.end, first)
+                self.no_records, self.clamped = cut is None, cut is not None and cut[2]
+                self.asked_start = self.start
+                if cut is not None:
+                    self.start = cut[0]
+                self.figures: dict[str, dict[str, Any]] = (
+                    no_records(pools) if cut is None
+                    else {p: v.to_dict() for p, v in pool_kpis(trs, ints, ents, start=self.start, end=self.end).items()})
 
-        now_range = period(since, until)
-        after = figures(*now_range)
+            def words(self) -> str:
+                span = f"{_when(self.start)} .. {_when(self.end)}"
+                if self.no_records:
+                    return f"{span}: no records (the store begins {_when(first)})"
+                if self.clamped:
+                    return f"{span} (start clamped to the store's first record; asked from {_when(self.asked_start)})"
+                return span
+
+        now = Period(since, until)
         if before is None:
             if fmt == "json":
-                typer.echo(json.dumps({"since": now_range[0], "until": now_range[1], "pools": after}, indent=2))
+                typer.echo(json.dumps({"since": now.start, "until": now.end, "records_from": first,
+                                       "clamped": now.clamped, "no_records": now.no_records, "pools": now.figures},
+                                      indent=2))
                 return
-            typer.echo(f"fleet KPIs {_when(now_range[0])} .. {_when(now_range[1])} ({len(ents)} entities)")
-            typer.echo(text_table(summary_table(after)))
+            typer.echo(f"fleet KPIs {now.words()} ({len(ents)} entities)")
+            typer.echo(text_table(summary_table(now.figures)))
             return
         if ".." not in before:
             fail(f"--compare {before!r}: expected SINCE..UNTIL, e.g. -14d..-7d")
         a, b = before.split("..", 1)
-        old_range = period(a or None, b or None)
-        rows = compare(figures(*old_range), after)
+        old = Period(a or None, b or None)
+        rows = compare(old.figures, now.figures)
         if fmt == "json":
-            typer.echo(json.dumps({"before": old_range, "after": now_range, "rows": rows}, indent=2))
+            typer.echo(json.dumps({"before": [old.start, old.end], "after": [now.start, now.end], "records_from": first,
+                                   "clamped": {"before": old.clamped, "after": now.clamped},
+                                   "no_records": {"before": old.no_records, "after": now.no_records},
+                                   "rows": rows}, indent=2))
             return
-        typer.echo(f"before: {_when(old_range[0])} .. {_when(old_range[1])}")
-        typer.echo(f"after:  {_when(now_range[0])} .. {_when(now_range[1])}")
+        typer.echo(f"before: {old.words()}")
+        typer.echo(f"after:  {now.words()}")
         typer.echo(text_table(compare_table(rows)))
 
     @app.command("review-label")

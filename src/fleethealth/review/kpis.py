@@ -27,6 +27,10 @@ Definitions (per pool; the same words in the fleet view, the backtest report and
 
 ``compare`` puts two summaries side by side (a backtest JSON before and after a policy change, or two time
 ranges of one store) and says per figure whether it got better or worse.
+
+A store knows nothing before its first record: ``clamp_to_records`` cuts a period's start to it, and a period
+entirely before it has no figures at all (``no_records``: every figure None, ``compare`` says "no records"),
+never the perfect figures of an empty period.
 """
 
 from __future__ import annotations
@@ -275,17 +279,33 @@ def pool_kpis(
     return out
 
 
+def clamp_to_records(start: float, end: float, first_record: float) -> tuple[float, float, bool] | None:
+    """The part of [start, end] a store can speak for, given its first record: (start, end, clamped) with the
+    start moved up to ``first_record`` if it was earlier (``clamped``), or None when the whole period is
+    before it."""
+    if end <= first_record:
+        return None
+    return (first_record, end, True) if start < first_record else (start, end, False)
+
+
+def no_records(pools: Iterable[str]) -> dict[str, dict[str, Any]]:
+    """The figures of a period with no records: every judged figure unknown, marked ``no_records``."""
+    return {p: {"pool": p, "no_records": True, **{k: None for k in DIRECTION}} for p in pools}
+
+
 def compare(before: Mapping[str, Mapping[str, Any]], after: Mapping[str, Mapping[str, Any]],
             tolerance: float = 0.005) -> list[dict[str, Any]]:
     """Per pool present in both and per judged figure: before, after, change and a verdict (``better``,
-    ``worse``, ``same``, or ``n/a`` when either side has no value). ``tolerance``: relative change below
-    which a figure reads ``same``."""
+    ``worse``, ``same``, ``no records`` when either side is a period with none (``no_records``), or ``n/a``
+    when either side has no value). ``tolerance``: relative change below which a figure reads ``same``."""
     rows: list[dict[str, Any]] = []
     for pool in sorted(set(before) & set(after), key=lambda p: (p == "all", p)):
         a, b = before[pool], after[pool]
         for key, sign in DIRECTION.items():
             x, y = a.get(key), b.get(key)
-            if x is None or y is None:
+            if a.get("no_records") or b.get("no_records"):
+                verdict, delta = "no records", None
+            elif x is None or y is None:
                 verdict, delta = "n/a", None
             else:
                 delta = float(y) - float(x)
