@@ -116,3 +116,30 @@ def test_the_client_verbs_against_a_controller_on_the_simulator(tmp_path: Path) 
     # the controller is gone: exit 3
     r = fh("get", "nodes", env={"FLEETHEALTH_SERVER": url})
     assert r.returncode == 3 and "cannot reach" in r.stderr
+
+
+def test_a_ready_node_scored_below_1_says_why(tmp_path: Path) -> None:
+    """Finding 3: a READY node whose score fell (one slow rank: only the rank-time peer comparison sees it)
+    prints its tuple's reason in `get nodes`, and `describe node` lists the GPU below 1 with its signal."""
+    with controller(tmp_path) as url:
+        sd_port = int(json.loads((tmp_path / "ctl.yaml").read_text())["sources"]["scrape"]["targets"][0]
+                      .split(":")[2].split("/")[0])
+        r = httpx.post(f"http://127.0.0.1:{sd_port}/control/fault",
+                       json={"kind": "slow_rank", "target": "node-05/gpu3", "onset": 0, "params": {"slowdown": 0.6}})
+        assert r.status_code == 200, r.text
+        low = until(lambda: [t for t in httpx.get(f"{url}/api/v1/health", params={"entity": "node-05"}, timeout=2)
+                             .json()["tuples"] if t["value"] is not None and t["value"] < 0.99], 90,
+                    "node-05 scored below 1")[0]
+        env = {"FLEETHEALTH_SERVER": url}
+        row = until(lambda: [ln.split() for ln in fh("get", "nodes", env=env).stdout.splitlines()
+                             if ln.startswith("node-05 ")], 30, "node-05 listed")[0]
+        state = row[1]
+        # the reason column is the tuple's reason whenever the score is below 1, READY or not
+        assert row[4].startswith(("min:", "gmean:", "gate:")), (row, low)
+        out = fh("describe", "node", "node-05", env=env).stdout
+        assert "Reason:" in out and "GPUs below 1:" in out, out
+        gpu_line = next(ln for ln in out.splitlines() if ln.strip().startswith("node-05/gpu3"))
+        assert "rank_compute_time" in gpu_line, out
+        # a node-level signal with no value never prints as a bare healthy score
+        assert "value unknown" not in out or "not counted as healthy" in out, out
+        assert state in {"READY", "DEGRADED", "QUARANTINED", "DRAINING"}, row

@@ -87,6 +87,27 @@ def _ago(now: float | None, ts: float | None) -> str:
     return f"{s:.0f}s" if s < 120 else f"{s / 60:.0f}m" if s < 7200 else f"{s / 3600:.1f}h"
 
 
+def _healthy(value: Any, state: Any) -> bool:
+    """READY with a known score that rounds to 1.00: the only case a reason would say nothing (a healthy
+    score's reason is just its least good category). A READY node scored 0.00 shows its reason."""
+    return isinstance(value, (int, float)) and round(float(value), 2) >= 1.0 and state == "READY"
+
+
+def _signal_line(d: dict[str, Any]) -> str:
+    """One signal of the explain tree: score and raw value for people; an unknown value never reads healthy."""
+    score, raw = d.get("score"), d.get("raw", d.get("value"))
+    note = str(d.get("note") or "")
+    if score is None:
+        shown = "score unknown"
+        if d.get("expected_by"):
+            note = f"{note}  expected: {d['expected_by']}".strip()
+    elif raw is None:
+        shown = f"score {_r(score)}  value unknown (not counted as healthy)"
+    else:
+        shown = f"score {_r(score)}  value {_r(raw, 3)}"
+    return (f"  {str(d.get('category', '')):<12} {str(d.get('signal', d.get('name', ''))):<22} {shown}  {note}").rstrip()
+
+
 def _table(rows: list[list[str]], header: list[str]) -> None:
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)]
     for line in [header, *rows]:
@@ -136,7 +157,7 @@ def get(resource: str = typer.Argument(..., help="nodes | replicas | intents | p
         header += ["POOL", "WEIGHT", "TRANSITIONS"]
     rows = []
     for e in sorted(ents, key=lambda e: str(e["entity"])):
-        healthy = e.get("last_value") is not None and e.get("state") == "READY"
+        healthy = _healthy(e.get("last_value"), e.get("state"))
         row = [str(e["entity"]), str(e.get("state")), _r(e.get("last_value")), _r(e.get("last_confidence")),
                "-" if healthy else str(e.get("last_reason") or "-"), _ago(states["ts"], e.get("since"))]
         if out == "wide":
@@ -182,11 +203,18 @@ def describe(resource: str = typer.Argument(..., help="node | replica"), name: s
     trs = [t for t in c.call("GET", "/api/v1/transitions")["transitions"] if t["entity"] == name][-10:]
     ints = c.call("GET", "/api/v1/intents", params={"entity": name})["intents"][-10:]
     t = health["tuples"][0] if health["tuples"] else {}
+    members: list[dict[str, Any]] = []
+    if t.get("kind", resource) == "node":
+        gpus = c.call("GET", "/api/v1/health", params={"kind": "gpu", "node": name, "details": 1})["tuples"]
+        members = sorted((g for g in gpus if str(g.get("entity", "")).split("/")[0] == name
+                          and not _healthy(g.get("value"), "READY")), key=lambda g: str(g.get("entity")))
+    width = max((len(str(g.get("entity"))) for g in members), default=0)
     if out == "json":
-        typer.echo(json.dumps({"health": t, "state": st, "transitions": trs, "intents": ints}, indent=2))
+        typer.echo(json.dumps({"health": t, "state": st, "transitions": trs, "intents": ints,
+                               "members_below_1": members}, indent=2))
         return
     reason = str(t.get("reason") or "")
-    healthy = t.get("value") is not None and (st or {}).get("state") == "READY"
+    healthy = _healthy(t.get("value"), (st or {}).get("state"))
     typer.echo(f"Name:        {name}")
     typer.echo(f"Kind:        {t.get('kind', resource)}")
     typer.echo(f"State:       {(st or {}).get('state', 'unknown')}"
@@ -201,10 +229,14 @@ def describe(resource: str = typer.Argument(..., help="node | replica"), name: s
         typer.echo("Signals:")
         for d in details if isinstance(details, list) else []:
             if isinstance(d, dict):
-                why = f"  expected: {d['expected_by']}" if d.get("score") is None and d.get("expected_by") else ""
-                typer.echo(f"  {str(d.get('category', '')):<12} {str(d.get('signal', d.get('name', ''))):<22} "
-                           f"score {_r(d.get('score'))}  value {_r(d.get('value'), 3)}  {d.get('note') or ''}{why}"
-                           .rstrip())
+                typer.echo(_signal_line(d))
+    if members:
+        typer.echo("GPUs below 1:")
+    for g in members:  # a node's GPUs below 1 (or unknown) and their signals below 1, as the entity page
+        low = ", ".join(f"{d.get('signal')} {_r(d.get('score'))}" for d in g.get("details") or []
+                        if isinstance(d, dict) and isinstance(d.get("score"), (int, float)) and d["score"] < 1.0)
+        typer.echo(f"  {str(g.get('entity')):<{width}} health {_r(g.get('value'))}  {g.get('reason') or '-'}"
+                   f"{'  ' + low if low else ''}")
     rep = (st or {}).get("repair")
     if rep:
         typer.echo(f"Repair:      ladder {rep.get('ladder')}, step {int(rep.get('step', 0)) + 1}, {rep.get('phase')}"

@@ -15,7 +15,7 @@ body's. Reads follow ``api.read`` (default: open to loopback clients only), /met
 characters are 400; /docs and /openapi.json exist only with ``api.docs``; /api/v1/status is redacted.
 
 JSON API
-- GET  /api/v1/health[?kind=node&entity=X&details=1]  health tuples of the last cycle
+- GET  /api/v1/health[?kind=node&entity=X&node=N&details=1]  health tuples of the last cycle (node=N: N's GPUs)
 - GET  /api/v1/states[?kind=node]                      lifecycle per node/replica
 - GET  /api/v1/intents[?since=TS&entity=X]             recent intents
 - GET  /api/v1/transitions[?since=TS]                  recent transitions
@@ -321,9 +321,10 @@ def create_app(controller: Controller, runner: Any = None, *, guard: Guard | Non
 
     @app.get("/api/v1/health")
     def health(request: Request, kind: str | None = None, entity: str | None = None,
-               details: bool = False) -> JSONResponse:
+               details: bool = False, node: str | None = None) -> JSONResponse:
         may_read(request)
         entity_param(entity)
+        entity_param(node)
         h = controller.published.health
         if h is None:
             return JSONResponse({"ts": None, "tuples": []})
@@ -338,6 +339,8 @@ def create_app(controller: Controller, runner: Any = None, *, guard: Guard | Non
             tuples = h.by_kind(kind)
         else:
             tuples = list(h)
+        if node is not None:  # one node's members (its GPUs): what `describe node` lists below its tuple
+            tuples = [t for t in tuples if t.kind != "node" and (t.labels.get("node") or t.entity.split("/")[0]) == node]
         return JSONResponse({"ts": h.now, "policy_version": h.policy_version,
                              "tuples": [t.to_dict(with_details=details) for t in tuples]})
 
