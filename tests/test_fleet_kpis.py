@@ -206,3 +206,17 @@ def test_kpis_period_before_the_store_says_no_records_and_clamps_to_its_first_re
     empty = json.loads(CliRunner().invoke(app, ["kpis", "--db", str(db), "--since", "-14d", "--until", "-7d",
                                                 "--format", "json"]).stdout)
     assert empty["no_records"] is True and empty["pools"]["train"]["goodput"] is None
+
+
+def test_a_reisolation_after_release_counts_from_its_own_start_not_the_old_onset() -> None:
+    # QA finding 6 (`backtest -s intermittent-nvlink --compress 90m`): node-14's fault began at 1800 s and was
+    # quarantined at once; released, it was quarantined again at 5400 s. The second incident was measured from
+    # the fault's onset an hour earlier (3600 s), so the KPI read "time to detect (median) 30min" (of 0 and
+    # 3600) while the metric table said detection 0 s. An onset belongs to the first incident after it.
+    trs = [t(1800, "n1", "READY", "QUARANTINED", "gate:xid"), t(2400, "n1", "QUARANTINED", "RECOVERING"),
+           t(4200, "n1", "RECOVERING", "READY"), t(5400, "n1", "READY", "QUARANTINED", "gate:xid_count")]
+    k = pool_kpis(trs, [], ENTS, start=0, end=7200, onsets={"n1": [1800]})["train-a"]
+    assert k.incidents == 2 and k.detect_median_s == 0.0 and k.repair_median_s == 2400
+    # a fault that began before the first incident still counts from its onset; a second onset, from its own
+    late = pool_kpis(trs, [], ENTS, start=0, end=7200, onsets={"n1": [1200, 5000]})["train-a"]
+    assert late.detect_median_s == pytest.approx((600 + 400) / 2)

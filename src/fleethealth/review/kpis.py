@@ -23,6 +23,8 @@ Definitions (per pool; the same words in the fleet view, the backtest report and
 * **time to detect** and **time to repair**: from the fault's start to the first isolation (DRAINING or
   QUARANTINED) and to READY again (open incidents are not counted). The fault's start is the onset an
   operator labelled, else (a backtest) the ground truth's onset, else the incident's first bad transition.
+  An onset belongs to the first incident after it: a node released and isolated again for the same fault
+  counts its next incident from that incident's own first bad transition.
 * **flap rate**: returns to the state just left within the flap window, per node or replica per day.
 
 ``compare`` puts two summaries side by side (a backtest JSON before and after a policy change, or two time
@@ -210,8 +212,8 @@ def pool_kpis(
     ``unknown_s``: seconds each node's health was unknown in the period (the caller measured it).
     ``slo``: SLO attainment per pool (``SloSampler.attainment``); ``health_mean``: mean node health per pool.
     ``onsets``: when faults really began, per entity (a backtest's ground truth): an incident's detect and
-    repair times then count from the latest onset before its first bad transition (an operator's labelled
-    onset still comes first), not from that transition.
+    repair times then count from the latest onset before its first bad transition and after the entity's
+    previous incident began (an operator's labelled onset still comes first), else from that transition.
     """
     unknown_s = unknown_s or {}
     slo = slo or {}
@@ -220,8 +222,16 @@ def pool_kpis(
     spent = state_seconds(transitions, entities, start, end)
     pools = sorted({i.pool for i in entities.values()})
     pool_of = {n: i.pool for n, i in entities.items()}
-    incs = build_incidents(transitions, pool_of)
-    incs = [i for i in incs if start <= i.start <= end and i.entity in entities]
+    every = build_incidents(transitions, pool_of)
+    incs = [i for i in every if start <= i.start <= end and i.entity in entities]
+    # An onset belongs to the first incident after it: a node released and isolated again for the same fault
+    # (an intermittent one) was detected when it first was, so its next incident counts from its own start,
+    # not from an hour-old onset. Each incident takes the onsets after its entity's previous incident began.
+    previous: dict[tuple[str, float], float] = {}
+    seen: dict[str, float] = {}
+    for i in sorted(every, key=lambda i: i.start):
+        previous[(i.entity, i.start)] = seen.get(i.entity, float("-inf"))
+        seen[i.entity] = i.start
     flaps = count_flaps([t for t in transitions if start <= float(t["ts"]) <= end], flap_window_s)
     pages_by_entity: dict[str, int] = defaultdict(int)
     for it in intents:
@@ -232,7 +242,8 @@ def pool_kpis(
     def onset_of(i: Any) -> float:
         if i.label is not None and i.label.onset is not None:
             return float(i.label.onset)
-        before = [o for o in (onsets or {}).get(i.entity, ()) if o <= i.start]
+        after = previous.get((i.entity, i.start), float("-inf"))
+        before = [o for o in (onsets or {}).get(i.entity, ()) if after < o <= i.start]
         return max(before) if before else float(i.start)
 
     def build(name: str, members: set[str]) -> PoolKpis:
