@@ -137,3 +137,55 @@ def test_a_signal_family_gone_while_the_controller_was_down_is_missing_not_forgo
     ctl2._restore_expectations()
     assert "DCGM" in ctl2.families.expectations(clock.t).families["n1"]
     store2.close()
+
+
+def test_transitions_and_intents_are_served_from_the_store_after_a_restart(tmp_path: Path) -> None:
+    """Finding 4: a restarted controller (a new process: new Controller, new store object, nothing in
+    memory) serves the transitions and intents of before its restart on /api/v1/transitions, /intents,
+    the entity page and `fleethealth describe` (a real HTTP server, real client process)."""
+    import os
+    import subprocess
+    import sys
+
+    import httpx
+
+    from fleethealth.controller.api import ApiServer
+    from prom_harness import free_port
+
+    db = tmp_path / "state.db"
+    clock = FakeClock()
+    src = FleetSource()
+    ctl, store = _controller(db, src, clock)
+    run_for(ctl, clock, 60)
+    _without(src, "n2", "3")
+    run_for(ctl, clock, 30)
+    assert ctl.state.entities["n2"].state == State.QUARANTINED
+    before = [t for t in ctl.recent_transitions if t["entity"] == "n2"]
+    before_intents = [i for i in ctl.recent_intents if i["entity"] == "n2"]
+    assert before and before_intents
+    store.close()
+    clock.t += 300
+    ctl2, store2 = _controller(db, src, clock)
+    srv = ApiServer(ctl2, "127.0.0.1", free_port()).start()
+    try:
+        run_for(ctl2, clock, 30)
+        assert not [t for t in ctl2.recent_transitions if t["entity"] == "n2"]  # nothing new in this process
+        trs = httpx.get(f"{srv.url}/api/v1/transitions").json()["transitions"]
+        assert [(t["ts"], t["to"]) for t in trs if t["entity"] == "n2"] == [(t["ts"], t["to"]) for t in before]
+        one = httpx.get(f"{srv.url}/api/v1/transitions", params={"entity": "n2", "limit": 1}).json()["transitions"]
+        assert [t["to"] for t in one] == [before[-1]["to"]] == ["QUARANTINED"]
+        assert httpx.get(f"{srv.url}/api/v1/transitions", params={"until": before[0]["ts"] - 1}).json()[
+            "transitions"] == [t for t in trs if t["ts"] <= before[0]["ts"] - 1]
+        ints = httpx.get(f"{srv.url}/api/v1/intents", params={"entity": "n2"}).json()["intents"]
+        assert {i["key"] for i in before_intents} <= {i["key"] for i in ints}
+        page = httpx.get(f"{srv.url}/entity/n2").text
+        assert f"{len(before)} transitions" in page and "QUARANTINED" in page.split('id="feed"')[1], page[-3000:]
+        env = {k: v for k, v in os.environ.items() if k not in ("FLEETHEALTH_SERVER", "FLEETHEALTH_TOKEN")}
+        r = subprocess.run([sys.executable, "-m", "fleethealth.cli.main", "describe", "node", "n2", "--server",
+                            srv.url], capture_output=True, text=True, timeout=60, env=env)
+        assert r.returncode == 0, r.stderr
+        assert "Transitions: none recent" not in r.stdout and "-> QUARANTINED" in r.stdout, r.stdout
+        assert "Intents:     none recent" not in r.stdout, r.stdout
+    finally:
+        srv.stop()
+        store2.close()

@@ -93,6 +93,37 @@ def test_round_trip_of_state_and_logs(url: str) -> None:
     again.close()
 
 
+def test_recent_transitions_and_intents_are_bounded_windows_read_back_after_a_restart(url: str) -> None:
+    """Finding 4: what the API and the fleet view show as recent history comes from the store, so a
+    restarted controller (or a new leader) shows it: the newest `limit` rows in since < ts <= until, of one
+    entity or all, oldest first, in the shape the loop serves them."""
+    store = open_store(url)
+    _run(store, 0, 400, lambda t: [tup("n1", 0.1), tup("n2", 0.1 if t >= 200 else 1.0), tup("r1", 0.8, kind="replica")])
+    store.close()
+    again: Any = open_store(url)  # a fresh process's view: nothing in memory
+    everything = again.transitions()
+    assert len(everything) >= 4
+    trs = again.recent_transitions()
+    assert [(t["entity"], t["to"], t["ts"]) for t in trs] == [(t["entity"], t["to"], t["ts"]) for t in everything]
+    assert set(trs[0]) >= {"ts", "entity", "kind", "from", "to", "reason", "value", "confidence"}
+    assert [t["to"] for t in again.recent_transitions(entity="n1")] == ["DEGRADED", "QUARANTINED"]
+    n2 = again.recent_transitions(entity="n2")
+    assert n2 and n2[0]["to"] == "DEGRADED" and all(t["ts"] >= 200 for t in n2)
+    newest = again.recent_transitions(limit=2)
+    assert newest == trs[-2:]  # the newest two, oldest first
+    first_ts = trs[0]["ts"]
+    assert all(first_ts < t["ts"] <= 300 for t in again.recent_transitions(since=first_ts, until=300))
+    assert again.recent_transitions(since=10_000) == [] and again.recent_transitions(limit=0) == []
+    ints = again.recent_intents(entity="n1")
+    assert ints and {i["entity"] for i in ints} == {"n1"} and "quarantine" in {i["intent"] for i in ints}
+    assert set(ints[0]) >= {"ts", "intent", "entity", "reason", "params", "tier", "soft", "key", "status"}
+    stored = [i for i in again.intents() if i["entity"] == "n1"]
+    assert [i["key"] for i in ints] == [i["key"] for i in sorted(stored, key=lambda i: i["ts"])]
+    assert [i["key"] for i in again.recent_intents(entity="n1", limit=1)] == [ints[-1]["key"]]
+    assert all(100 < i["ts"] <= 200 for i in again.recent_intents(since=100, until=200))
+    again.close()
+
+
 def test_recommitting_a_cycle_keeps_one_row_per_intent_key(url: str) -> None:
     store = open_store(url)
     st = DecisionState()

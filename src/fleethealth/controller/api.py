@@ -17,8 +17,8 @@ characters are 400; /docs and /openapi.json exist only with ``api.docs``; /api/v
 JSON API
 - GET  /api/v1/health[?kind=node&entity=X&node=N&details=1]  health tuples of the last cycle (node=N: N's GPUs)
 - GET  /api/v1/states[?kind=node]                      lifecycle per node/replica
-- GET  /api/v1/intents[?since=TS&entity=X]             recent intents
-- GET  /api/v1/transitions[?since=TS]                  recent transitions
+- GET  /api/v1/intents[?since=TS&until=TS&entity=X&limit=N]      recent intents (from the state store)
+- GET  /api/v1/transitions[?since=TS&until=TS&entity=X&limit=N]  recent transitions (from the state store)
 - GET  /api/v1/weights                                 router weights (the decisions' last SET_WEIGHT)
 - GET  /api/v1/status                                  cycle timing, sources, actuation mode
 - GET  /api/v1/audit[?since=TS]                        operator actions (who, what, when, from where)
@@ -44,6 +44,7 @@ from fleethealth.auth.http import BodyLimit
 from fleethealth.auth.redact import redact_value
 from fleethealth.controller.config import ApiConfig
 from fleethealth.controller.loop import Controller, Published
+from fleethealth.controller.view import recent_history
 from fleethealth.decide.state import Event
 from fleethealth.score.health import ENTITY_KINDS
 
@@ -354,19 +355,21 @@ def create_app(controller: Controller, runner: Any = None, *, guard: Guard | Non
         return JSONResponse({"ts": pub.ts, "frozen": pub.state.frozen, "entities": ents})
 
     @app.get("/api/v1/intents")
-    def intents(request: Request, since: float | None = None, entity: str | None = None,
-                limit: int = Query(500, ge=1)) -> JSONResponse:
+    def intents(request: Request, since: float | None = None, until: float | None = None,
+                entity: str | None = None, limit: int = Query(500, ge=1, le=10_000)) -> JSONResponse:
         may_read(request)
         entity_param(entity)
-        rows = [i for i in controller.published.recent_intents
-                if (since is None or i["ts"] > since) and (entity is None or i["entity"] == entity)]
-        return JSONResponse({"ts": controller.published.ts, "intents": rows[-limit:]})
+        # from the store (a restart or a take-over keeps the history), bounded by limit and the window
+        rows = recent_history(controller, since=since, until=until, entity=entity, limit=limit)[1]
+        return JSONResponse({"ts": controller.published.ts, "intents": rows})
 
     @app.get("/api/v1/transitions")
-    def transitions(request: Request, since: float | None = None, limit: int = Query(500, ge=1)) -> JSONResponse:
+    def transitions(request: Request, since: float | None = None, until: float | None = None,
+                    entity: str | None = None, limit: int = Query(500, ge=1, le=10_000)) -> JSONResponse:
         may_read(request)
-        rows = [t for t in controller.published.recent_transitions if since is None or t["ts"] > since]
-        return JSONResponse({"ts": controller.published.ts, "transitions": rows[-limit:]})
+        entity_param(entity)
+        rows = recent_history(controller, since=since, until=until, entity=entity, limit=limit)[0]
+        return JSONResponse({"ts": controller.published.ts, "transitions": rows})
 
     @app.get("/api/v1/weights")
     def weights(request: Request) -> JSONResponse:

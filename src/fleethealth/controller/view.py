@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import html
+import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -32,6 +33,8 @@ from fleethealth.controller.timeline import legend, timeline_svg
 from fleethealth.review.incidents import reason_family
 from fleethealth.review.kpis import summary_table
 from fleethealth.runbooks import intent_path, reason_path, url
+
+log = logging.getLogger(__name__)
 
 CSS = """
 body{font:14px/1.4 system-ui,sans-serif;margin:0 auto;padding:12px;max-width:1400px;color:#111;background:#fafafa}
@@ -175,7 +178,7 @@ def render_fleet(controller: Any, runner: Any = None, now: float | None = None, 
         parts.append("</table></div>")
     if kpis is not None:
         parts.append(_kpi_table(kpis))
-    parts.append(_feed(pub, now, None))
+    parts.append(_feed(controller, now, None))
     return _page("fleethealth: fleet", "".join(parts))
 
 
@@ -202,11 +205,35 @@ def _transition_reason(t: dict[str, Any]) -> str:
     return str(t.get("reason", ""))
 
 
-def _feed(pub: Any, now: float, entity: str | None) -> str:
-    rows = [("transition", t["ts"], t["entity"], f'{t["from"]} → {t["to"]}', _transition_reason(t))
-            for t in pub.recent_transitions if entity is None or t["entity"] == entity]
-    rows += [("intent", i["ts"], i["entity"], i["intent"], i["reason"])
-             for i in pub.recent_intents if entity is None or i["entity"] == entity]
+def recent_history(controller: Any, *, since: float | None = None, until: float | None = None,
+                   entity: str | None = None, limit: int = 500
+                   ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The newest ``limit`` transitions and intents with ``since < ts <= until`` (of one entity), oldest
+    first: from the state store, so a restarted controller or a new leader shows what happened before it;
+    from this process's memory when there is no store (or it cannot answer)."""
+    store = _store(controller)
+    if store is not None and hasattr(store, "recent_transitions"):
+        try:
+            window = {"since": since, "until": until, "entity": entity, "limit": limit}
+            return store.recent_transitions(**window), store.recent_intents(**window)
+        except Exception as e:  # noqa: BLE001 (the API and the view still answer from memory)
+            log.warning("recent transitions and intents from memory: state store: %s", e)
+    pub = controller.published
+
+    def keep(r: dict[str, Any]) -> bool:
+        ts = float(r["ts"])
+        return ((since is None or ts > since) and (until is None or ts <= until)
+                and (entity is None or r["entity"] == entity))
+
+    trs = [t for t in pub.recent_transitions if keep(t)]
+    ints = [i for i in pub.recent_intents if keep(i)]
+    return trs[-limit:] if limit > 0 else [], ints[-limit:] if limit > 0 else []
+
+
+def _feed(controller: Any, now: float, entity: str | None) -> str:
+    trs, ints = recent_history(controller, entity=entity, limit=100)
+    rows = [("transition", t["ts"], t["entity"], f'{t["from"]} → {t["to"]}', _transition_reason(t)) for t in trs]
+    rows += [("intent", i["ts"], i["entity"], i["intent"], i["reason"]) for i in ints]
     rows.sort(key=lambda r: -float(r[1]))
     out = ['<h2>Recent transitions and intents</h2><div class="wrap"><table class="t" id="feed"><tr><th>when</th>'
            '<th>entity</th><th>what</th><th>reason</th></tr>']
@@ -243,8 +270,11 @@ def entity_history(controller: Any, name: str, since: float, runner: Any = None
     ev: dict[str, dict[str, Any]] = {}
     if store is not None:
         try:
-            trs = store.transitions(name)
-            ints = [i for i in store.intents(since=since) if i["entity"] == name]
+            # bounded: the newest 1000 of the entity's transitions (the state before the window counts)
+            trs = (store.recent_transitions(entity=name, limit=1000) if hasattr(store, "recent_transitions")
+                   else store.transitions(name))
+            ints = (store.recent_intents(since=since, entity=name, limit=1000) if hasattr(store, "recent_intents")
+                    else [i for i in store.intents(since=since) if i["entity"] == name])
             for r in store.evidence(name) if hasattr(store, "evidence") else []:
                 ev[str(r["key"])] = r
         except Exception:  # the view still answers from memory when the store cannot
@@ -306,10 +336,10 @@ def render_entity(controller: Any, name: str, hours: float = 6.0, runner: Any = 
         if t.value is None or state != "READY":
             parts.append(f'<span class="pill">reason {_e(t.reason)}{_runbook(t.reason)}</span>')
     parts.append("</div>")
-    if es is not None:
-        parts.append(f"<div>in {_e(state)} since {_ago(pub.ts, es.since)}; {es.transitions} transitions; "
-                     f'pool {_e(es.labels.get("pool", "default"))}</div>')
     trs, ints, ev = entity_history(controller, name, pub.ts - hours * 3600.0, runner)
+    if es is not None:  # the count of its stored transitions (a restart keeps them), not this process's
+        parts.append(f"<div>in {_e(state)} since {_ago(pub.ts, es.since)}; {len(trs)} transitions; "
+                     f'pool {_e(es.labels.get("pool", "default"))}</div>')
     # records begin at the controller's first cycle (or this entity's first stored transition, if older);
     # a young controller's timeline spans its life (at least 5 minutes), not hours of nothing
     firsts = [float(x["ts"]) for x in trs[:1]] + ([kpis.since] if kpis is not None and kpis.since else [])
@@ -355,7 +385,7 @@ def render_entity(controller: Any, name: str, hours: float = 6.0, runner: Any = 
             parts.append("</table></div>")
     parts.append(_evidence(ev, pub.ts))
     parts.append(_runbooks(t.reason if t is not None and (t.value is None or state != "READY") else None, ints, trs))
-    parts.append(_feed(pub, pub.ts, name))
+    parts.append(_feed(controller, pub.ts, name))
     return _page(f"fleethealth: {name}", "".join(parts))
 
 

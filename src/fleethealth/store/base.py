@@ -42,6 +42,16 @@ class StateStore(Protocol):
 
     def intents(self, since: float | None = None, status: str | None = None) -> list[dict[str, Any]]: ...
 
+    def recent_transitions(self, *, since: float | None = None, until: float | None = None,
+                           entity: str | None = None, limit: int = 500) -> list[dict[str, Any]]:
+        """The newest ``limit`` transitions with since < ts <= until (of one entity), oldest first."""
+        ...
+
+    def recent_intents(self, *, since: float | None = None, until: float | None = None,
+                       entity: str | None = None, limit: int = 500) -> list[dict[str, Any]]:
+        """The newest ``limit`` intents with since < ts <= until (of one entity), oldest first."""
+        ...
+
     def close(self) -> None: ...
 
 

@@ -50,6 +50,7 @@ CREATE TABLE IF NOT EXISTS transitions (
     confidence REAL NOT NULL, policy_version TEXT NOT NULL, detail TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS transitions_entity ON transitions (entity, ts);
+CREATE INDEX IF NOT EXISTS transitions_ts ON transitions (ts);
 CREATE TABLE IF NOT EXISTS intents (
     key TEXT PRIMARY KEY, seq INTEGER, ts REAL NOT NULL, kind TEXT NOT NULL, entity TEXT NOT NULL,
     reason TEXT NOT NULL, tier TEXT, soft INTEGER NOT NULL, params TEXT NOT NULL, policy_version TEXT NOT NULL,
@@ -281,6 +282,31 @@ class SqliteStore:
         cols = ["ts", "entity", "kind", "from", "to", "reason", "value", "confidence", "policy_version", "detail"]
         return [dict(zip(cols, r, strict=True)) for r in self.db.execute(q, (entity,) if entity else ())]
 
+    def recent_transitions(self, *, since: float | None = None, until: float | None = None,
+                           entity: str | None = None, limit: int = 500) -> list[dict[str, Any]]:
+        """The newest ``limit`` transitions with ``since < ts <= until`` (of one entity), oldest first:
+        what the API and the fleet view show, read back after a restart or a take-over."""
+        where, args = _window(since, until, entity)
+        q = ("SELECT ts, entity, kind, from_state, to_state, reason, value, confidence, policy_version, detail"
+             " FROM transitions" + where + " ORDER BY ts DESC, id DESC LIMIT ?")
+        cols = ["ts", "entity", "kind", "from", "to", "reason", "value", "confidence", "policy_version", "detail"]
+        with self._lock:
+            rows = list(self.db.execute(q, [*args, max(0, int(limit))]))
+        return [dict(zip(cols, r, strict=True)) for r in reversed(rows)]
+
+    def recent_intents(self, *, since: float | None = None, until: float | None = None,
+                       entity: str | None = None, limit: int = 500) -> list[dict[str, Any]]:
+        """The newest ``limit`` intents with ``since < ts <= until`` (of one entity), oldest first, in the
+        shape the loop serves them (``Intent.to_dict``) plus their outbox status."""
+        where, args = _window(since, until, entity)
+        q = ("SELECT key, ts, kind, entity, reason, tier, soft, params, policy_version, status, outcome FROM intents"
+             + where + " ORDER BY ts DESC, seq DESC LIMIT ?")
+        with self._lock:
+            rows = list(self.db.execute(q, [*args, max(0, int(limit))]))
+        return [{"ts": ts, "intent": kind, "entity": ent, "reason": reason, "params": json.loads(params),
+                 "tier": tier, "soft": bool(soft), "policy_version": pv, "key": key, "status": stt, "outcome": outcome}
+                for key, ts, kind, ent, reason, tier, soft, params, pv, stt, outcome in reversed(rows)]
+
     def intents(self, since: float | None = None, status: str | None = None) -> list[dict[str, Any]]:
         where: list[str] = []
         args: list[Any] = []
@@ -353,3 +379,19 @@ class SqliteStore:
 
     def cycles(self) -> int:
         return int(self.db.execute("SELECT COUNT(*) FROM cycles").fetchone()[0])
+
+
+def _window(since: float | None, until: float | None, entity: str | None) -> tuple[str, list[Any]]:
+    """A WHERE clause (and its arguments) for rows with since < ts <= until, of one entity."""
+    where: list[str] = []
+    args: list[Any] = []
+    if since is not None:
+        where.append("ts > ?")
+        args.append(float(since))
+    if until is not None:
+        where.append("ts <= ?")
+        args.append(float(until))
+    if entity is not None:
+        where.append("entity = ?")
+        args.append(entity)
+    return (" WHERE " + " AND ".join(where) if where else ""), args
