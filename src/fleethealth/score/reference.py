@@ -131,10 +131,15 @@ def score_reference(snap: Snapshot, policy: Policy, now: float, how: str = "min"
         n_exp = sum(_n_expected(subs[g], seen[g], specs) for g in gpus)
         n_fresh = sum(_n_fresh_expected(subs[g], seen[g], specs) for g in gpus)
         conf = n_fresh / n_exp if n_exp else 0.0
+        # a GPU unknown or below min_confidence (most of its signals gone) is missing from its node
+        lost = [g.rsplit("/", 1)[-1] for g in sorted(gpus)
+                if out[g].value is None or out[g].confidence < policy.lifecycle.min_confidence]
         if gated:
             out[node] = RefHealth(0.0, 1.0, gated[0].worst, gated[0].reason)
         elif not known:
             out[node] = RefHealth(None, conf, None, "no_fresh_data")
+        elif lost and len(lost) < len(gpus):
+            out[node] = RefHealth(None, conf, None, "missing:" + ",".join(lost))
         else:
             w = min(known, key=lambda h: h.value)  # type: ignore[arg-type,return-value]
             out[node] = RefHealth(w.value, conf, w.worst, w.reason)

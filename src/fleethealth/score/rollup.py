@@ -7,7 +7,10 @@ up the expected and fresh signals of the node and its GPUs; a gated GPU gates it
 the worst GPU (gated first, then lowest value) and takes its reason when it is worse than the node's own.
 An expected GPU that is unknown (its samples stale, or known only from the inventory or the structural
 tracker's memory) makes an ungated node unknown with reason ``missing:gpuN``: a node is never the healthy
-minimum of the GPUs that remain.
+minimum of the GPUs that remain. A GPU whose confidence is below ``lifecycle.min_confidence`` counts as
+unknown here (one fresh gauge left of a GPU whose DCGM fields vanished, as an Xid 79 looks on a real
+exporter): the node's confidence adds up its GPUs' signals, so one such GPU of eight would otherwise
+leave its node healthy at confidence 0.88.
 Reductions over each node's GPUs are one stable sort by node and ``reduceat``, never a loop. The sort is
 kept while the GPU -> node map is the same array, and the consumer-independent and per-consumer parts are
 kept while they are made from the same derived scores (in the scorer's memory).
@@ -48,7 +51,7 @@ class _WorstMembers(Mapping[int, str]):
 
 
 def _roll_up_nodes(gpu: KindScores, node: KindScores, gpu_node: np.ndarray,
-                   shared: dict[str, Any] | None, kept: Kept) -> None:
+                   shared: dict[str, Any] | None, kept: Kept, min_confidence: float = 0.0) -> None:
     """A node is the weakest of its GPUs and its node-wide signals (min; never averaged away).
 
     Reductions over each node's GPUs are one stable sort by node and ``reduceat``, never a loop. What
@@ -121,8 +124,9 @@ def _roll_up_nodes(gpu: KindScores, node: KindScores, gpu_node: np.ndarray,
     key_c = (g_from[1] if g_from is not None else None, n_from[1] if n_from is not None else None)
     last_c = kept.roll_up_c.get(id(key_c[0]))
     if (key_c[0] is not None and key_c[1] is not None and last_c is not None and last_c[0] is key_c[0]
-            and last_c[1] is key_c[1] and last_c[2] is cat and last_c[3] is gpu_node):
-        value, reason, worst, members_ix = last_c[4]
+            and last_c[1] is key_c[1] and last_c[2] is cat and last_c[3] is gpu_node
+            and last_c[4][4] == min_confidence):
+        value, reason, worst, members_ix, _ = last_c[4]
         node.value, node.reason, node.worst = value.copy(), list(reason), worst.copy()
         if members_ix is not None:
             members = _WorstMembers(nn, gpu.names)
@@ -159,22 +163,25 @@ def _roll_up_nodes(gpu: KindScores, node: KindScores, gpu_node: np.ndarray,
     for i in np.flatnonzero(np.isnan(node.value)).tolist():
         node.reason[i] = REASON_NO_FRESH_DATA
         node.worst[i] = -1
-    _missing_gpus(gpu, node, gpu_node, gated_gpu, gate_any)
+    _missing_gpus(gpu, node, gpu_node, gated_gpu, gate_any, min_confidence)
     if key_c[0] is not None and key_c[1] is not None:
         wm = node.worst_member
         made = (node.value.copy(), list(node.reason), node.worst.copy(),
-                wm.ix.copy() if isinstance(wm, _WorstMembers) else None)
+                wm.ix.copy() if isinstance(wm, _WorstMembers) else None, min_confidence)
         if len(kept.roll_up_c) > 8:
             kept.roll_up_c.clear()
         kept.roll_up_c[id(key_c[0])] = (key_c[0], key_c[1], cat, gpu_node, made)
 
 
 def _missing_gpus(gpu: KindScores, node: KindScores, gpu_node: np.ndarray, gated_gpu: np.ndarray,
-                  gate_any: np.ndarray) -> None:
-    """An expected GPU that is unknown (no fresh data, not gated) leaves its node unknown, never a healthy
-    minimum over the GPUs that remain: reason ``missing:gpu4`` (its GPUs, in order). A node none of whose
-    GPUs is known stays ``no_fresh_data``; a gated node stays gated (a gate is certain evidence)."""
-    unknown = np.isnan(gpu.value) & ~gated_gpu
+                  gate_any: np.ndarray, min_confidence: float = 0.0) -> None:
+    """An expected GPU that is unknown (no fresh data, or confidence below ``min_confidence``: most of its
+    expected signals gone; not gated) leaves its node unknown, never a healthy minimum over the GPUs that
+    remain: reason ``missing:gpu4`` (its GPUs, in order). A node none of whose GPUs is known stays
+    ``no_fresh_data`` (or, all of them low confidence, its own low confidence); a gated node stays gated
+    (a gate is certain evidence)."""
+    with np.errstate(invalid="ignore"):
+        unknown = (np.isnan(gpu.value) | (gpu.confidence < min_confidence)) & ~gated_gpu
     if not unknown.any():
         return
     nn = len(node.names)
@@ -186,12 +193,17 @@ def _missing_gpus(gpu: KindScores, node: KindScores, gpu_node: np.ndarray, gated
     worst = np.array(node.worst)
     reason = list(node.reason)
     by_node: dict[int, list[str]] = {}
+    members = node.worst_member if isinstance(node.worst_member, _WorstMembers) else _WorstMembers(nn, gpu.names)
     for g in np.flatnonzero(unknown & partial[gpu_node]).tolist():
-        by_node.setdefault(int(gpu_node[g]), []).append(gpu.names[g].rsplit("/", 1)[-1])
+        i = int(gpu_node[g])
+        if i not in by_node:
+            members.ix[i] = g  # the node is named after its first missing GPU, not a healthy one
+        by_node.setdefault(i, []).append(gpu.names[g].rsplit("/", 1)[-1])
     for i, names in by_node.items():
         value[i] = np.nan
         worst[i] = -1
         reason[i] = "missing:" + ",".join(names)
+    node.worst_member = members
     node.value, node.worst, node.reason = value, worst, reason
 
 
