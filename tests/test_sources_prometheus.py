@@ -222,6 +222,26 @@ def test_against_real_prometheus(tmp_path: Path) -> None:
         assert res.exit_code == 2 and "cannot connect" in res.output
 
 
+def test_rank_samples_behind_a_prometheus_with_honor_labels_false_keep_their_training_jobs() -> None:
+    """Finding 2 behind a real Prometheus with its default honor_labels: false: the training job of each
+    rank sample arrives as exported_job (job is the scrape job's name), and ranks and their peers are still
+    keyed by the training job (16 ranks of two jobs, none compared with the other job's)."""
+    from test_sources_scrape import assert_ranks_kept_apart, rank_page_server
+
+    with rank_page_server() as url:
+        addr, path = url.removeprefix("http://").split("/", 1)
+        with prometheus([(addr, "/" + path, {})]) as prom:
+            prom.wait_for("fleethealth_rank_compute_seconds", min_results=16)
+            src = PrometheusSource(prom.url, default_policy(), timeout_s=5)
+            now = time.time()
+            snap = src.read(now)
+    assert not snap.source_errors, snap.source_errors
+    rows = [lab for m, lab, _, _ in snap.rows() if m == "fleethealth_rank_compute_seconds"]
+    assert {lab["job"] for lab in rows} == {"t0"}
+    assert {lab["exported_job"] for lab in rows} == {"pretrain-70b", "finetune-8b"}
+    assert_ranks_kept_apart(snap, now, exported=True)
+
+
 def test_reads_share_interning_and_compaction_keeps_last_timestamps(scripted: Scripted) -> None:
     from fleethealth.sources.prometheus import _Series
 

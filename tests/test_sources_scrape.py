@@ -3,10 +3,15 @@ fetches, timeouts and failures that make entities stale, never healthy."""
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from fleethealth.policy import default_policy
 from fleethealth.score.engine import score_snapshot
+from fleethealth.signals.snapshot import Snapshot
 from fleethealth.sources.base import Source
 from fleethealth.sources.scrape import ScrapeSource, ScrapeTarget
 from prom_harness import ExporterServer, FakeFleet, free_port
@@ -108,13 +113,9 @@ def _rank_page() -> bytes:
     return ("\n".join(lines) + "\n").encode()
 
 
-def test_a_page_with_its_own_job_label_keeps_its_jobs_apart() -> None:
-    """Finding 2: the scraper's job label must not merge ranks of different training jobs into one peer
-    group. honor_labels (default) keeps the page's `job`; with honor_labels: false (Prometheus' default)
-    the training job is in `exported_job`, and the engine still keys ranks and peers by it, and says so."""
-    import threading
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
+@contextlib.contextmanager
+def rank_page_server() -> Iterator[str]:
+    """A real HTTP exporter serving ``_rank_page`` on loopback; yields its /metrics URL."""
     body = _rank_page()
 
     class H(BaseHTTPRequestHandler):
@@ -130,32 +131,68 @@ def test_a_page_with_its_own_job_label_keeps_its_jobs_apart() -> None:
 
     srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{srv.server_address[1]}/metrics"
-    pol = default_policy()
-    now = 1_700_000_000.0
     try:
+        yield f"http://127.0.0.1:{srv.server_address[1]}/metrics"
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+def assert_ranks_kept_apart(snap: Snapshot, now: float, exported: bool) -> None:
+    """Both jobs' 8 ranks are entities of their own training job, each job's ranks peers of their own job
+    only (all alike: performance 1.0); a rank whose job came from exported_job says so in its note."""
+    fh = score_snapshot(snap, default_policy(), now)
+    ranks = fh.by_kind("rank")
+    assert sorted(t.entity for t in ranks) == sorted(
+        f"{j}/rank{r}" for j in ("pretrain-70b", "finetune-8b") for r in range(8))
+    for t in ranks:
+        assert t.categories["performance"] == 1.0, (t.entity, t.details)
+    notes = [d.note for t in ranks for d in t.details if d.signal == "rank_compute_time" and d.note]
+    assert len(notes) == (16 if exported else 0), notes
+    assert all("exported" in n and "job" in n for n in notes)
+
+
+def test_a_page_with_its_own_job_label_keeps_its_jobs_apart() -> None:
+    """Finding 2: the scraper's job label must not merge ranks of different training jobs into one peer
+    group. honor_labels (default) keeps the page's `job`; with honor_labels: false (Prometheus' default)
+    the training job is in `exported_job`, and the engine still keys ranks and peers by it, and says so."""
+    now = 1_700_000_000.0
+    with rank_page_server() as url:
         honored = ScrapeSource([ScrapeTarget(url, job="ranks")])
         snap_h = honored.read(now)
         honored.close()
         replaced = ScrapeSource([ScrapeTarget(url, job="ranks", honor_labels=False)])
         snap_r = replaced.read(now)
         replaced.close()
-    finally:
-        srv.shutdown()
-        srv.server_close()
     jobs = {lab["job"] for lab, _ in by_metric(snap_h)["fleethealth_rank_compute_seconds"]}
     assert jobs == {"pretrain-70b", "finetune-8b"}  # the page's own job kept
     assert {lab["job"] for lab, _ in by_metric(snap_h)["up"]} == {"ranks"}  # the target's own series: its job
     moved = by_metric(snap_r)["fleethealth_rank_compute_seconds"]
     assert {lab["job"] for lab, _ in moved} == {"ranks"}
     assert {lab["exported_job"] for lab, _ in moved} == {"pretrain-70b", "finetune-8b"}
-    for snap, exported in ((snap_h, False), (snap_r, True)):
-        fh = score_snapshot(snap, pol, now)
-        ranks = fh.by_kind("rank")
-        assert sorted(t.entity for t in ranks) == sorted(
-            f"{j}/rank{r}" for j in ("pretrain-70b", "finetune-8b") for r in range(8))
-        for t in ranks:  # each job's ranks are peers of their own job only: all alike, all healthy
-            assert t.categories["performance"] == 1.0, (t.entity, t.details)
-        notes = [d.note for t in ranks for d in t.details if d.signal == "rank_compute_time" and d.note]
-        assert bool(notes) == exported
-        assert all("exported" in n and "job" in n for n in notes)
+    assert_ranks_kept_apart(snap_h, now, exported=False)
+    assert_ranks_kept_apart(snap_r, now, exported=True)
+
+
+def test_honor_labels_in_the_controller_config() -> None:
+    """The scrape section's honor_labels (default true) is every target's, unless a target sets its own."""
+    from fleethealth.controller.build import build_sources
+    from fleethealth.controller.config import parse_config
+
+    cfg = parse_config("sources:\n  scrape:\n    targets:\n      - http://127.0.0.1:1/metrics\n"
+                       "      - {url: 'http://127.0.0.1:2/metrics', honor_labels: false}\n")
+    assert cfg.sources.scrape is not None and cfg.sources.scrape.honor_labels is True
+    sources, closers = build_sources(cfg, default_policy())
+    try:
+        src = next(s for s in sources if isinstance(s, ScrapeSource))
+        assert [t.honor_labels for t in src.targets] == [True, False]
+    finally:
+        for c in closers:
+            c()
+    cfg = parse_config("sources:\n  scrape:\n    honor_labels: false\n    targets: [http://127.0.0.1:1/metrics]\n")
+    sources, closers = build_sources(cfg, default_policy())
+    try:
+        assert [t.honor_labels for s in sources if isinstance(s, ScrapeSource) for t in s.targets] == [False]
+    finally:
+        for c in closers:
+            c()
