@@ -80,3 +80,23 @@ def test_compare_two_runs(run: tuple[dict, str, Path], tmp_path: Path) -> None:
     text.write_text("not json\n")
     bad = runner.invoke(app, ["backtest", "--compare", str(before), str(text)])
     assert bad.exit_code == 2 and "not a backtest JSON file" in bad.stderr and "Traceback" not in bad.output
+
+
+def test_the_two_gpu_hour_figures_have_their_own_names(run: tuple[dict, str, Path],
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    # QA finding 6: the metric table's `gpu_hours_lost` (jobs slowed by a faulty node not yet removed) and the
+    # KPI table's "GPU-hours lost" (GPU-hours of nodes isolated, unknown or slow) are different figures that
+    # were printed under the same name. Each now says what it counts; the old JSON key stays as an alias.
+    from fleethealth.cli.cmd_backtest import print_kpis, print_table
+
+    result, _, report = run
+    assert result["job_slowdown_gpu_h"] == result["gpu_hours_lost"]
+    assert result["job_slowdown_gpu_h_if_undetected"] == result["gpu_hours_lost_if_undetected"]
+    print_table(result)
+    print_kpis(result)
+    out = capsys.readouterr().out
+    assert "job GPU-h lost, slow undetected" in out and "gpu_hours_lost" not in out
+    assert "node GPU-hours lost" in out
+    page = report.read_text().split("<body>")[1]
+    assert "job GPU-h lost, slow undetected" in page and "node GPU-hours lost" in page
+    assert "GPU-h lost (baseline table)" not in page

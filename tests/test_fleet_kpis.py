@@ -123,7 +123,7 @@ def test_compare_says_better_or_worse_per_figure() -> None:
     table = compare_table(compare(before, after))
     good = next(r for r in table if r[1] == "GPU goodput")
     assert good[2:] == ["90.0%", "95.0%", "+5.0 pt", "better"]
-    lost = next(r for r in table if r[1] == "GPU-hours lost")
+    lost = next(r for r in table if r[1] == "node GPU-hours lost")
     assert lost[2:] == ["30.0", "40.0", "+10.0", "worse"]
 
 

@@ -33,9 +33,13 @@ Definitions (also in the README's backtest section):
   **transitions_per_node_day** / ``transitions_per_replica_day``: all transitions after warm-up.
 * **pages**: PAGE intents that open something (an incident's ``update`` and ``resolved`` pages are not
   new pages: decide.incidents); **budget_exhaustions**: such pages whose reason is ``budget_exhausted``.
-* **gpu_hours_lost**: the seed's arithmetic. A synchronous job runs at its slowest rank's pace, so while a
-  truly faulty node's ranks run x% slow and that node is not yet removed, the job loses x% of its
-  GPU-hours (the job's slowdown is its slowest faulty node's).
+* **job_slowdown_gpu_h** (printed "job GPU-h lost, slow undetected"; old key ``gpu_hours_lost``, kept as an
+  alias): the seed's arithmetic. A synchronous job runs at its slowest rank's pace, so while a truly faulty
+  node's ranks run x% slow and that node is not yet removed, the job loses x% of its GPU-hours (the job's
+  slowdown is its slowest faulty node's). ``job_slowdown_gpu_h_if_undetected`` (old
+  ``gpu_hours_lost_if_undetected``): the same had no node ever been removed. Not the fleet KPI "node
+  GPU-hours lost" (review.kpis: the GPU-hours of nodes isolated, of unknown health or DEGRADED), which
+  counts what removing a node costs, where this counts what leaving it in costs.
 """
 
 from __future__ import annotations
@@ -346,7 +350,9 @@ def score_arm(
         "pages": len(pages),
         "budget_exhaustions": sum(1 for _, r in pages if r == "budget_exhausted"),
         "groups": groups,
-        "gpu_hours_lost": round(lost, 3),
+        "job_slowdown_gpu_h": round(lost, 3),
+        "job_slowdown_gpu_h_if_undetected": round(lost_never, 3),
+        "gpu_hours_lost": round(lost, 3),  # old names of the two above, kept for existing JSON readers
         "gpu_hours_lost_if_undetected": round(lost_never, 3),
         "cycles": log.cycles,
         "cpu_s": round(log.cpu_s, 3),

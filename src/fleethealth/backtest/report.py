@@ -30,7 +30,7 @@ COLUMNS = [
     ("detection_s", "detect (median)", "dur"), ("removal_s", "remove (median)", "dur"),
     ("quarantines", "quarantines", "{}"), ("false_quarantines", "false", "{}"),
     ("flaps_per_node_day", "flaps/node/day", "{:.3f}"), ("pages", "pages", "{}"),
-    ("budget_exhaustions", "budget exhausted", "{}"), ("gpu_hours_lost", "GPU-h lost", "{:.1f}"),
+    ("budget_exhaustions", "budget exhausted", "{}"), ("job_slowdown_gpu_h", "job GPU-h lost, slow undetected", "{:.1f}"),
 ]
 
 CSS = """
@@ -370,10 +370,14 @@ DEFINITIONS: list[tuple[str, str]] = [
     ("flaps/node/day", "returns to the state a node just left, within an hour, per node per simulated day."),
     ("pages / budget exhausted", "pages that open something (an incident's updates and resolution do not "
                                  "count); budget exhausted: pages sent because a quarantine budget ran out."),
-    ("GPU-h lost (baseline table)", "GPU-hours the jobs lost while a truly faulty node's ranks ran slow and "
-                                    "the node was not yet removed (a synchronous job runs at its slowest "
-                                    "rank's pace)."),
-    ("GPU goodput (training goodput)", "1 - GPU-hours lost / GPU-hours, where a node's GPU-hours are lost while it is "
+    ("job GPU-h lost, slow undetected (baseline table)", "GPU-hours the jobs lost while a truly faulty node's "
+                                    "ranks ran slow and the node was not yet removed (a synchronous job runs at "
+                                    "its slowest rank's pace): what leaving a node in costs. JSON: "
+                                    "job_slowdown_gpu_h (also under its old name gpu_hours_lost)."),
+    ("node GPU-hours lost (KPIs)", "GPU-hours of nodes isolated (DRAINING, QUARANTINED, RECOVERING, FAILED), "
+                                   "else of unknown health, else slow (DEGRADED); each hour counted once: what "
+                                   "removing a node costs. JSON: kpis.POOL.lost_gpu_h."),
+    ("GPU goodput (training goodput)", "1 - node GPU-hours lost / GPU-hours, where a node's GPU-hours are lost while it is "
                          "isolated (DRAINING, QUARANTINED, RECOVERING, FAILED), else while its health is "
                          "unknown, else while DEGRADED (slow); each hour counted once."),
     ("serving SLO attainment", "share of replica time, among replicas with known SLO signals, in which every "

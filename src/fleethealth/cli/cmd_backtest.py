@@ -18,8 +18,10 @@ METRIC_ROWS = [
     ("precision", "{:.3f}"), ("recall", "{:.3f}"), ("detection_s", "dur"), ("removal_s", "dur"),
     ("quarantines", "{}"), ("false_quarantines", "{}"), ("flaps_per_node_day", "{:.3f}"),
     ("transitions_per_node_day", "{:.3f}"), ("pages", "{}"),
-    ("budget_exhaustions", "{}"), ("gpu_hours_lost", "{:.1f}"),
+    ("budget_exhaustions", "{}"), ("job_slowdown_gpu_h", "{:.1f}"),
 ]
+# Rows printed under another name than their JSON key.
+METRIC_LABELS = {"job_slowdown_gpu_h": "job GPU-h lost, slow undetected"}
 
 
 def _fmt(v: Any, f: str) -> str:
@@ -70,10 +72,10 @@ def print_table(result: dict[str, Any]) -> None:
                + (f"closed loop, {result.get('world_actions', 0)} actions applied to fleethealth's world"
                   if result.get("closed_loop") else "open loop"))
     w = max(12, *(len(n) for n, _ in arms))
-    kw = max(len(k) for k, _ in METRIC_ROWS) + 2
+    kw = max(len(METRIC_LABELS.get(k, k)) for k, _ in METRIC_ROWS) + 2
     typer.echo(f"{'metric':<{kw}}" + "".join(f"{n:>{w + 2}}" for n, _ in arms))
     for key, f in METRIC_ROWS:
-        typer.echo(f"{key:<{kw}}" + "".join(f"{_fmt(m.get(key), f):>{w + 2}}" for _, m in arms))
+        typer.echo(f"{METRIC_LABELS.get(key, key):<{kw}}" + "".join(f"{_fmt(m.get(key), f):>{w + 2}}" for _, m in arms))
     typer.echo("")
     for name, m in arms:
         t = m.get("targets", {})
@@ -98,6 +100,9 @@ def print_kpis(result: dict[str, Any]) -> None:
     if kpis:
         typer.echo("\nfleet KPIs (fleethealth):")
         typer.echo(text_table(summary_table(kpis)))
+        typer.echo("node GPU-hours lost: GPU-hours of nodes isolated, of unknown health or slow (DEGRADED), what "
+                   "removing a node costs;\njob GPU-h lost, slow undetected (above): what the jobs lost while a "
+                   "faulty node ran slow and was not yet removed.")
 
 
 def load_result(path: Path) -> dict[str, Any]:

@@ -12,9 +12,10 @@ Everything is pure: rows, the period and those measurements come in, ``PoolKpis`
 Definitions (per pool; the same words in the fleet view, the backtest report and the metrics' HELP):
 
 * **GPU-hours**: the pool's node GPUs times the period.
-* **GPU-hours lost**, each hour counted once, in this order: *isolated* (a node in DRAINING, QUARANTINED,
-  RECOVERING or FAILED: out of work), *unknown* (health unknown while not isolated: nobody can tell if its
-  work is right), *slow* (DEGRADED while neither: a synchronous job runs at its slowest rank's pace).
+* **GPU-hours lost** (printed "node GPU-hours lost"; not a backtest's job slowdown, backtest.metrics), each
+  hour counted once, in this order: *isolated* (a node in DRAINING, QUARANTINED, RECOVERING or FAILED: out
+  of work), *unknown* (health unknown while not isolated: nobody can tell if its work is right), *slow*
+  (DEGRADED while neither: a synchronous job runs at its slowest rank's pace).
 * **training goodput**: 1 - lost / GPU-hours, the share of GPU time that did useful work.
 * **serving SLO attainment**: the share of replica time (replicas with known SLO signals) in which every
   SLO signal of the replica was within its error budget on every burn-rate window; None without replicas.
@@ -105,7 +106,7 @@ DIRECTION: dict[str, int] = {
 }
 LABELS: dict[str, str] = {
     "goodput": "GPU goodput", "slo_attainment": "serving SLO attainment", "precision": "quarantine precision",
-    "health_mean": "mean node health", "lost_gpu_h": "GPU-hours lost", "lost_isolated_gpu_h": "  to isolated nodes",
+    "health_mean": "mean node health", "lost_gpu_h": "node GPU-hours lost", "lost_isolated_gpu_h": "  to isolated nodes",
     "lost_unknown_gpu_h": "  to unknown nodes", "lost_slow_gpu_h": "  to slow nodes",
     "detect_median_s": "time to detect (median)", "repair_median_s": "time to repair (median)",
     "flaps_per_entity_day": "flaps per entity-day", "pages": "pages", "quarantines": "quarantines",
