@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from fleethealth.controller.timeline import score_points, state_spans, timeline_svg
-from fleethealth.controller.view import _transition_reason, draining
+from fleethealth.controller.view import _transition_reason, draining, not_yet_routed
 
 T = 1_000_000.0
 ROWS = [
@@ -60,6 +60,20 @@ def test_when_a_replica_reads_as_draining() -> None:
     assert draining(Ent("r4", "QUARANTINED", {"node": "node-07"}, weight=0.0), nodes).startswith(
         "draining: out of routing (weight 0")
     assert draining(Ent("r5", "DRAINING", {}, last_reason="min:serving"), nodes) == "draining: min:serving"
+
+
+def test_starting_and_warming_replicas_are_not_draining() -> None:
+    # QA finding 10: right after a start every replica (WARMING, weight 0) read "draining: out of routing
+    # (weight 0, WARMING)", a fleet-wide drain to an SRE. They are not in routing yet; nothing drains them.
+    nodes = {"node-06": "DRAINING", "node-07": "READY"}
+    for state in ("STARTING", "WARMING"):
+        rep = Ent("r", state, {"node": "node-07"}, weight=0.0, last_reason="min:serving")
+        assert draining(rep, nodes) == ""
+        assert not_yet_routed(rep) == f"{state.lower()}: not in routing yet"
+        # its node going away still takes it
+        assert draining(Ent("r", state, {"node": "node-06"}, weight=0.0), nodes) == "draining: its node node-06 is DRAINING"
+    assert not_yet_routed(Ent("r", "READY", {"node": "node-07"})) == ""
+    assert not_yet_routed(Ent("r", "QUARANTINED", {"node": "node-07"}, weight=0.0)) == ""
 
 
 def test_a_return_to_ready_says_healthy_not_the_worst_category() -> None:

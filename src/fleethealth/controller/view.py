@@ -6,7 +6,8 @@ Per pool, a heatmap of nodes (rows) by GPUs (cells) coloured by score; unknown G
 a "?" (never a colour of the health scale), and each node's lifecycle state is marked beside it. Above it:
 actuation mode, kill switch, remediation freeze, budgets, and what waits for a human (FAILED entities,
 pages). Below: serving replicas with state and router weight (a replica whose node is being drained or
-quarantined, or that is out of routing, is marked draining, with why), the fleet KPIs per pool
+quarantined, or that is out of routing, is marked draining, with why; one STARTING or WARMING is not in
+routing yet, not draining), the fleet KPIs per pool
 (controller.fleet_kpis), and the feed of transitions and intents with their reasons (a return to READY
 says "healthy", not the least good category). The entity page shows the tuple, its score/state/intent
 timeline of the last hours from the state store (controller.timeline: an inline SVG), the signals behind
@@ -169,7 +170,7 @@ def render_fleet(controller: Any, runner: Any = None, now: float | None = None, 
         for e in reps:
             why = draining(e, node_state)
             mark = f' <span class="st st-DRAINING" title="{_e(why)}">draining</span>' if why else ""
-            reason = why or (e.last_reason if str(e.state) != "READY" else "")
+            reason = why or not_yet_routed(e) or (e.last_reason if str(e.state) != "READY" else "")
             parts.append(f'<tr data-entity="{_e(e.entity)}" data-state="{_e(e.state)}" data-draining="{"1" if why else "0"}"'
                          f' data-node="{_e(e.labels.get("node", ""))}"><td><a href="/entity/{_e(e.entity)}">'
                          f'{_e(e.entity)}</a></td><td><span class="st st-{_e(e.state)}">{_e(e.state)}</span>{mark}</td>'
@@ -182,18 +183,29 @@ def render_fleet(controller: Any, runner: Any = None, now: float | None = None, 
     return _page("fleethealth: fleet", "".join(parts))
 
 
+# A replica in these states has not entered routing yet: weight 0 there is no drain.
+NOT_YET_ROUTED = ("STARTING", "WARMING")
+
+
 def draining(replica: Any, node_state: dict[str, str]) -> str:
     """Why a replica is being taken out of service, or "" when it is not: its own lifecycle drains it, its
-    router weight is 0 while it is not READY, or its node is being drained or quarantined (its pods go)."""
+    router weight is 0 while it is not READY (STARTING and WARMING are not in routing yet: no drain), or its
+    node is being drained or quarantined (its pods go)."""
     state = str(replica.state)
     if state == "DRAINING":
         return "draining: " + (replica.last_reason or "its lifecycle drains it")
     node = replica.labels.get("node", "")
     if node_state.get(node) in ("DRAINING", "QUARANTINED"):
         return f"draining: its node {node} is {node_state[node]}"
-    if replica.weight is not None and replica.weight <= 0.0 and state != "READY":
+    if replica.weight is not None and replica.weight <= 0.0 and state not in ("READY", *NOT_YET_ROUTED):
         return f"draining: out of routing (weight 0, {state})"
     return ""
+
+
+def not_yet_routed(replica: Any) -> str:
+    """What the replicas table says of a replica that has not entered routing yet ("" for any other)."""
+    state = str(replica.state)
+    return f"{state.lower()}: not in routing yet" if state in NOT_YET_ROUTED else ""
 
 
 def _transition_reason(t: dict[str, Any]) -> str:
