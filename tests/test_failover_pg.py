@@ -22,10 +22,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 import pg_harness
 from act_support import wait_until
+from prom_harness import free_port
 from test_controller_k8s import dcgm_page
 
 k8s_harness = pytest.importorskip("k8s_harness")
@@ -88,13 +90,14 @@ def test_standby_takes_over_mid_drain_and_nothing_is_lost_or_repeated(
                                          "fo-train").get("status") or {}).get("currentHealthy") == 2, 30, 0.1,
                what="the PDB's status")
     db = postgres.new_database()
+    listen = {"a": "null", "b": f"127.0.0.1:{free_port()}"}  # the standby's API: history from the shared store
     page = tmp_path / "dcgm.prom"
     page.write_text(dcgm_page({n: 8 for n in NODES}))
     for who in ("a", "b"):
         (tmp_path / f"{who}.yaml").write_text(f"""
 interval_s: {CYCLE_S}
 state_db: {db}
-listen: null
+listen: {listen[who]}
 sources:
   files: [dcgm.prom]
 kubernetes:
@@ -160,6 +163,12 @@ actuation:
               f"{takeover_s:.2f} s after it, its commit seen at {visible_s:.2f} s (lease duration {LEASE_S:g} s, "
               f"cycle {CYCLE_S:g} s, bound {LEASE_S + CYCLE_S:g} s)")
         assert takeover_s <= LEASE_S + CYCLE_S, takeover_s
+        # the new leader serves the old leader's transitions and intents (read from the store, not memory)
+        api_b = f"http://{listen['b']}/api/v1"
+        trs = httpx.get(f"{api_b}/transitions", params={"entity": "fo-n1"}, timeout=10).json()["transitions"]
+        assert [(t["from"], t["to"]) for t in trs] == [("READY", "QUARANTINED")], trs
+        ints = httpx.get(f"{api_b}/intents", params={"entity": "fo-n1"}, timeout=10).json()["intents"]
+        assert "quarantine" in {i["intent"] for i in ints} and min(i["ts"] for i in ints) < wall_kill, ints
 
         # -- the budget is lifted: the new leader finishes the drain it took over ------------------------
         kube.api.request("DELETE", "/apis/policy/v1beta1/namespaces/default/poddisruptionbudgets/fo-train")
