@@ -58,6 +58,7 @@ CREATE TABLE IF NOT EXISTS intents (
 );
 CREATE INDEX IF NOT EXISTS intents_ts ON intents (ts);
 CREATE INDEX IF NOT EXISTS intents_status ON intents (status);
+CREATE INDEX IF NOT EXISTS intents_entity ON intents (entity, ts);
 CREATE TABLE IF NOT EXISTS inbox (id INTEGER PRIMARY KEY AUTOINCREMENT, ts REAL NOT NULL, event TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS evidence (
     key TEXT PRIMARY KEY, ts REAL NOT NULL, entity TEXT NOT NULL, reason TEXT NOT NULL, params TEXT NOT NULL,
