@@ -514,6 +514,19 @@ class Decider(SafetyRules, Repairs, FailureDomains):
                 want = False
             elif c.s.frozen:
                 return  # telemetry outage: keep what was decided before it
+            elif (es.last_known_ts is None and es.transitions == 0 and not es.no_new_work
+                    and c.now - es.since < self.policy.freshness.max_age_s):
+                # A cold history, not a node going dark: first seen less than one staleness window ago
+                # (es.since is when the entity was created: no transition yet) and never usable, as every
+                # node is on a replay's or a backtest's first cycle (counters need two samples). Holding
+                # it would cordon the whole fleet for one cycle and lift it the next. Safe to wait:
+                # nothing was published for it before, so the scheduler places work as it did before we
+                # saw the node; a gate is usable evidence (confidence 1) and still quarantines at once
+                # through the lifecycle; an existing hold is never lifted here; and a node still unknown
+                # after max_age_s is held as before. The fleet's confidence count skips never-usable
+                # entities for the same reason (safety._confidence_counts); the live controller warms
+                # up its first cycle without deciding (controller.loop).
+                return
             else:
                 want = True
         else:
