@@ -375,3 +375,48 @@ def test_a_family_exactly_ttl_s_old_is_still_expected() -> None:
     mem = ex.FamilyMemory(ttl_s=1000.0, refresh_s=500.0)
     mem.seen = {"n1": {"DCGM": 100.0}}
     assert mem.expectations(1100.0).families == {"n1": frozenset({"DCGM"})}
+
+
+def test_gpus_whose_samples_carry_only_a_scrape_job_label_are_in_no_training_job() -> None:
+    b = SnapshotBuilder()
+    for node in ("a1", "a2"):
+        b.add("fleethealth_node_info", {"node": node, "pool": "a"}, 1.0, NOW)
+        for g in range(2):
+            b.add("DCGM_FI_DEV_GPU_TEMP", {"gpu": str(g), "UUID": f"GPU-{node}-{g}", "Hostname": node,
+                                           "job": "dcgm-exporter"}, 50.0, NOW)
+    assert set(_groups_of(score_snapshot(b.build(NOW), POL, NOW), "gpu").values()) == {"pool=a"}
+
+
+def test_a_rank_sample_without_a_gpu_moves_no_gpu_out_of_its_job() -> None:
+    b = SnapshotBuilder()
+    for node in ("a1", "a2"):
+        b.add("fleethealth_node_info", {"node": node, "pool": "a"}, 1.0, NOW)
+        for g in range(2):
+            b.add("DCGM_FI_DEV_GPU_TEMP", {"gpu": str(g), "UUID": f"GPU-{node}-{g}", "Hostname": node}, 50.0, NOW)
+            b.add("fleethealth_rank_compute_seconds", {"job": "pretrain", "rank": f"{node}{g}", "node": node,
+                                                       "gpu": str(g), "peer_group": "s0"}, 0.5, NOW)
+    b.add("fleethealth_rank_compute_seconds", {"job": "stray", "rank": "0", "peer_group": "s9"}, 0.5, NOW)
+    assert set(_groups_of(score_snapshot(b.build(NOW), POL, NOW), "gpu").values()) == {"pool=a,job=pretrain"}
+
+
+def test_family_memory_of_a_scorers_stream_learns_a_replica_whose_family_changes_beside_steady_gpus() -> None:
+    """The controller's path: a Scorer over a SignalHistory keeps the GPU table between cycles, so steady
+    GPUs take the shortcut; a replica's family appearing in the same cycle is still learned."""
+    from fleethealth.score.scorer import Scorer
+    from fleethealth.signals.history import SignalHistory
+
+    sc = Scorer()
+    hist = SignalHistory(POL, memory_s=3600)
+    mem = ex.FamilyMemory(ttl_s=1000.0, refresh_s=500.0)
+    for at in (100.0, 130.0, 160.0):
+        b = SnapshotBuilder()
+        for node in ("n1", "n2"):
+            for g in range(4):
+                b.add("DCGM_FI_DEV_GPU_TEMP", {"gpu": str(g), "UUID": f"GPU-{node}-{g}", "Hostname": node}, 50.0, at)
+        b.add("vllm:num_requests_waiting", {"replica": "r1", "model_name": "m"}, 0.0, at)
+        # the same series every cycle (the tables stay the same); no value before 160: not fresh
+        b.add("sglang:num_queue_reqs", {"replica": "r1", "model_name": "m"}, 0.0 if at == 160.0 else float("nan"), at)
+        hist.add(b.build(at))
+        mem.learn(sc.score(hist.view(at), POL, at), at)
+    assert mem.seen["r1"] == {"vllm": 160.0, "sglang": 160.0}  # a changed entity: all its families now
+    assert mem.seen["n1"] == {"DCGM": 100.0}
