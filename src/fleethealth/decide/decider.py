@@ -13,7 +13,8 @@ order, on a private copy of the state (``decide.cycle.Cycle``):
    a transition emits its intents (``_transition``);
 4. consumers: the router gets SET_WEIGHT (weight = serving score, rounded to 0.01; held for
    ``router.hold_s`` after the last usable tuple, then lowered by ``drain_step`` per cycle); the training
-   scheduler gets NO_NEW_WORK for a node that is not READY or whose health is unknown, ALLOW_NEW_WORK
+   scheduler gets NO_NEW_WORK for a node that is not READY or whose health is unknown (a node never yet
+   usable, seen for less than ``freshness.max_age_s``, is a cold history, not held), ALLOW_NEW_WORK
    when it is READY and known again;
 5. incidents that no longer hold are resolved.
 
