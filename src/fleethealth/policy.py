@@ -381,6 +381,10 @@ class Expectation(Strict):
     carried_share: float = Field(default=0.5, ge=0, lt=1)  # carried by more than this share of the group
     gpu_group_by: list[str] = Field(default_factory=lambda: ["pool", "job"])
     replica_group_by: list[str] = Field(default_factory=lambda: ["pool", "model", "role"])
+    # a node's GPU count from its peers: a pool of at least gpu_count_min_peers nodes with GPUs, at least
+    # gpu_count_fraction of them with the same count k, expects k of each (fewer: missing:gpuN)
+    gpu_count_min_peers: int = Field(default=4, ge=2)
+    gpu_count_fraction: float = Field(default=0.8, gt=0.5, le=1)
 
 
 class Router(Strict):

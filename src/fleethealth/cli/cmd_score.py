@@ -301,6 +301,9 @@ def explain_tree(t: HealthTuple, fh: FleetHealth, flag_below: float = 0.9) -> Tr
             node_ix = fh.kinds["node"].names.index(t.entity)
             members = [i for i in range(len(ks.names)) if int(ks.member_of[i]) == node_ix]
         gl = root.add(f"GPUs ({len(members)}); the node is the weakest of them")
+        short = fh.kinds["node"].gpu_count_why.get(fh.kinds["node"].names.index(t.entity))
+        if short:  # the peers rule for the GPU count: why more GPUs are expected
+            gl.add(f"fewer GPUs than expected: {short}")
         for i in sorted(members, key=lambda i: (math.isnan(ks.value[i]), ks.value[i])):
             g = fh.tuples[ks.names[i]]
             branch = gl.add(f"[{_style(g)}]{g.entity}[/] {_fmt(g.value)} conf {_fmt(g.confidence, 2)} "

@@ -68,6 +68,8 @@ class KindScores:
     carry: np.ndarray | None = None  # signals x groups
     fams: list[str] = field(default_factory=list)
     fam_fresh: np.ndarray | None = None  # families x entities: reported fresh (what FamilyMemory learns)
+    # for a node short of GPUs by its peers (the node roll-up): node index -> why it is expected to have more
+    gpu_count_why: dict[int, str] = field(default_factory=dict)
     _stacked: dict[str, np.ndarray] = field(default_factory=dict)
     # what its scores were made from (the kind's derived scores, this consumer's entry of them): equal
     # tokens, equal scores (the node roll-up keeps its results by them)

@@ -13,6 +13,10 @@ What an entity should report comes from three places (README, "Expectation model
   ``pool``, model and ``role`` (``expectation.*_group_by``); a group smaller than
   ``expectation.min_group`` falls back to the pool, a pool that small to the whole kind. Two pools
   with different exporters never mark each other's signals missing;
+  The GPU count of a node follows the same idea (``gpu_count_from_peers``): when at least
+  ``expectation.gpu_count_min_peers`` nodes of a pool report GPUs and at least
+  ``expectation.gpu_count_fraction`` of them have the same count k, a node of that pool with fewer is
+  short of GPUs (the node roll-up reads it unknown, ``missing:gpu5``); a heterogeneous pool expects nothing;
 * **declared inventory**: entities the controller names (``nvidia.com/gpu`` capacity, ``gpu_capacity``,
   the GPUs a node is known to have had), with the reason it gives (``Expectations.declared``).
 
@@ -271,6 +275,47 @@ def kind_expect(kind: str, names: list[str], groups: PeerGroups | None, exp: Exp
                     declared[e] = True
                     why[e] = d
     return KindExpect(groups, prior, declared, why, carried_share)
+
+
+def gpu_count_from_peers(gpus_per_node: np.ndarray, pool_of_node: np.ndarray, pool_names: list[str],
+                         min_peers: int, fraction: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The peers rule for a node's GPU count. ``gpus_per_node``: GPUs each node reports (0: none, not a
+    peer); ``pool_of_node``: its pool's id (-1: none). A pool of at least ``min_peers`` nodes with GPUs
+    where at least ``fraction`` of them have the same count k expects k of each of them; a heterogeneous
+    pool expects nothing. Returns, per node, the expected count (0: nothing expected), how many of its
+    pool's nodes have that count and how many report GPUs (for the words of ``gpu_count_why``)."""
+    n = gpus_per_node.size
+    expect = np.zeros(n, np.int64)
+    agree = np.zeros(n, np.int64)
+    peers = np.zeros(n, np.int64)
+    has = (gpus_per_node > 0) & (pool_of_node >= 0)
+    if not has.any():
+        return expect, agree, peers
+    pool, cnt = pool_of_node[has], gpus_per_node[has].astype(np.int64)
+    npools = len(pool_names)
+    size = np.bincount(pool, minlength=npools)
+    # how many nodes of each pool share each count: one unique over (pool, count) keys
+    width = int(cnt.max()) + 1
+    keys, freq = np.unique(pool * width + cnt, return_counts=True)
+    kpool, kcount = keys // width, keys % width
+    # per pool, the most common count (the smallest on a tie): sort by pool, frequency desc, count
+    order = np.lexsort((kcount, -freq, kpool))
+    first = np.ones(order.size, bool)
+    first[1:] = kpool[order][1:] != kpool[order][:-1]
+    top = order[first]
+    mode = np.zeros(npools, np.int64)
+    mode_n = np.zeros(npools, np.int64)
+    mode[kpool[top]], mode_n[kpool[top]] = kcount[top], freq[top]
+    ok = (size >= min_peers) & (mode_n >= fraction * np.maximum(size, 1))
+    p = np.maximum(pool_of_node, 0)
+    on = (pool_of_node >= 0) & ok[p]
+    expect[on], agree[on], peers[on] = mode[p[on]], mode_n[p[on]], size[p[on]]
+    return expect, agree, peers
+
+
+def gpu_count_why(pool: str, agree: int, peers: int, k: int) -> str:
+    """Words for why a node is expected to have ``k`` GPUs (the peers rule)."""
+    return f"its peers ({pool}): {agree} of {peers} nodes have {k} GPUs"
 
 
 def expected_by(code: int, kind_expect: KindExpect | None, e: int, j: int, carry: np.ndarray | None) -> str:

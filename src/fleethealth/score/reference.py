@@ -143,7 +143,48 @@ def score_reference(snap: Snapshot, policy: Policy, now: float, how: str = "min"
         else:
             w = min(known, key=lambda h: h.value)  # type: ignore[arg-type,return-value]
             out[node] = RefHealth(w.value, conf, w.worst, w.reason)
+    _short_of_gpus(snap, policy, gpus_of_node, out)
     return out
+
+
+def _short_of_gpus(snap: Snapshot, policy: Policy, gpus_of_node: dict[str, set[str]],
+                   out: dict[str, RefHealth]) -> None:
+    """The peers rule for the GPU count, one node at a time: a pool of at least ``gpu_count_min_peers``
+    nodes with GPUs, at least ``gpu_count_fraction`` of them with the same count k; a node with fewer is
+    unknown, ``missing:`` the GPUs absent from 0..k-1, its confidence times its share of k."""
+    label = policy.expectation.gpu_group_by[0] if policy.expectation.gpu_group_by else "pool"
+    pool_of: dict[str, str] = {}
+    for _metric, labels, _value, _ts in snap.rows():
+        node = _node_of(labels, policy)
+        if node and labels.get(label) and node not in pool_of:
+            pool_of[node] = labels[label]
+    by_pool: dict[str, list[str]] = defaultdict(list)
+    for node in gpus_of_node:
+        by_pool[pool_of.get(node, "")].append(node)
+    for nodes in by_pool.values():
+        counts = [len(gpus_of_node[n]) for n in nodes]
+        if len(nodes) < policy.expectation.gpu_count_min_peers:
+            continue
+        k = max(set(counts), key=lambda c: (counts.count(c), -c))  # the most common; the smallest on a tie
+        if counts.count(k) < policy.expectation.gpu_count_fraction * len(nodes):
+            continue  # a heterogeneous pool expects nothing
+        for node in nodes:
+            have = len(gpus_of_node[node])
+            h = out[node]
+            if have >= k or h.reason.startswith("gate:"):
+                continue
+            conf = h.confidence * have / k
+            if h.value is None and not h.reason.startswith("missing:"):
+                out[node] = RefHealth(None, conf, h.worst, h.reason)
+                continue
+            ids = sorted(g.rsplit("/", 1)[-1] for g in gpus_of_node[node])
+            if all(i.startswith("gpu") and i[3:].isdigit() for i in ids):
+                got = {int(i[3:]) for i in ids}
+                lost = [f"gpu{i}" for i in range(k) if i not in got]
+            else:
+                lost = [f"gpus({have}/{k})"]
+            before = h.reason[len("missing:"):].split(",") if h.reason.startswith("missing:") else []
+            out[node] = RefHealth(None, conf, None, "missing:" + ",".join(before + [x for x in lost if x not in before]))
 
 
 def _rate(pts: list[tuple[float, float]], now: float, window: float, max_age: float,

@@ -76,7 +76,7 @@ class _Kinds(Mapping[str, KindScores]):
             gpu, node = self._make("gpu"), self._make("node")
             gpu.member_of = self._ev.gpu_node
             _roll_up_nodes(gpu, node, self._ev.gpu_node, self._ev.roll_up, self._kept(),
-                           self._ev.policy.lifecycle.min_confidence)
+                           self._ev.policy.lifecycle.min_confidence, self._ev.policy.expectation)
             self._done.update(gpu=gpu, node=node)
             return gpu if kind == "gpu" else node
         ks = self._done[kind] = self._make(kind)

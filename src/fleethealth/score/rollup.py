@@ -10,7 +10,9 @@ tracker's memory) makes an ungated node unknown with reason ``missing:gpuN``: a 
 minimum of the GPUs that remain. A GPU whose confidence is below ``lifecycle.min_confidence`` counts as
 unknown here (one fresh gauge left of a GPU whose DCGM fields vanished, as an Xid 79 looks on a real
 exporter): the node's confidence adds up its GPUs' signals, so one such GPU of eight would otherwise
-leave its node healthy at confidence 0.88.
+leave its node healthy at confidence 0.88. A node reporting fewer GPUs than its pool's common count
+(``expect.gpu_count_from_peers``: the peers rule of the expectation model) is unknown too, ``missing:gpu5``
+(``_short_of_gpus``), with no inventory and no past needed.
 Reductions over each node's GPUs are one stable sort by node and ``reduceat``, never a loop. The sort is
 kept while the GPU -> node map is the same array, and the consumer-independent and per-consumer parts are
 kept while they are made from the same derived scores (in the scorer's memory).
@@ -24,9 +26,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from fleethealth.score.aggregate import KindScores
+from fleethealth.score.expect import gpu_count_from_peers, gpu_count_why
 from fleethealth.score.health import REASON_NO_FRESH_DATA
 
 if TYPE_CHECKING:
+    from fleethealth.policy import Expectation
     from fleethealth.score.kept import Kept
 
 
@@ -51,7 +55,8 @@ class _WorstMembers(Mapping[int, str]):
 
 
 def _roll_up_nodes(gpu: KindScores, node: KindScores, gpu_node: np.ndarray,
-                   shared: dict[str, Any] | None, kept: Kept, min_confidence: float = 0.0) -> None:
+                   shared: dict[str, Any] | None, kept: Kept, min_confidence: float = 0.0,
+                   expectation: Expectation | None = None) -> None:
     """A node is the weakest of its GPUs and its node-wide signals (min; never averaged away).
 
     Reductions over each node's GPUs are one stable sort by node and ``reduceat``, never a loop. What
@@ -132,6 +137,7 @@ def _roll_up_nodes(gpu: KindScores, node: KindScores, gpu_node: np.ndarray,
             members = _WorstMembers(nn, gpu.names)
             members.ix[:] = members_ix
             node.worst_member = members
+        _short_of_gpus(gpu, node, gpu_node, gate_any, expectation)
         return
     # value: min over known GPU values and the node's own value
     own = node.value.copy()
@@ -171,6 +177,59 @@ def _roll_up_nodes(gpu: KindScores, node: KindScores, gpu_node: np.ndarray,
         if len(kept.roll_up_c) > 8:
             kept.roll_up_c.clear()
         kept.roll_up_c[id(key_c[0])] = (key_c[0], key_c[1], cat, gpu_node, made)
+    _short_of_gpus(gpu, node, gpu_node, gate_any, expectation)
+
+
+def _short_of_gpus(gpu: KindScores, node: KindScores, gpu_node: np.ndarray, gate_any: np.ndarray,
+                   expectation: Expectation | None) -> None:
+    """The peers rule for the GPU count (``expect.gpu_count_from_peers``): a node reporting fewer GPUs than
+    its pool's common count k is unknown, ``missing:gpu5`` (the indices absent from 0..k-1; ``gpus(7/8)``
+    when its GPU ids are not numbers), its confidence scaled by the share of GPUs it reports; a gated node
+    stays gated, a node with no fresh data stays so (its confidence scaled alike)."""
+    groups = gpu.expect.groups if gpu.expect is not None else None
+    if expectation is None or groups is None or len(groups.levels) < 2 or gpu_node.size == 0:
+        return
+    nn = len(node.names)
+    part, first, npools = groups.levels[1]
+    pool_of_node = np.full(nn, -1, np.int64)
+    pool_of_node[gpu_node[::-1]] = part[::-1] - first  # the pool of each node's first GPU
+    have = np.bincount(gpu_node, minlength=nn)[:nn]
+    k, agree, peers = gpu_count_from_peers(have, pool_of_node, groups.names[first:first + npools],
+                                           expectation.gpu_count_min_peers, expectation.gpu_count_fraction)
+    short = (have > 0) & (have < k) & ~gate_any
+    if not short.any():
+        return
+    idx = np.flatnonzero(short)
+    conf = node.confidence.copy()
+    conf[idx] = conf[idx] * have[idx] / k[idx]
+    node.confidence = conf
+    value, worst, reason = node.value.copy(), np.array(node.worst), list(node.reason)
+    ids: dict[int, list[str]] = {}
+    for g in np.flatnonzero(short[gpu_node]).tolist():  # only the GPUs of short nodes (a few)
+        ids.setdefault(int(gpu_node[g]), []).append(gpu.names[g].rsplit("/", 1)[-1])
+    why = dict(node.gpu_count_why)
+    for i in idx.tolist():
+        kk = int(k[i])
+        why[i] = gpu_count_why(groups.names[first + int(pool_of_node[i])], int(agree[i]), int(peers[i]), kk)
+        if not np.isnan(value[i]) or reason[i].startswith("missing:"):
+            lost = missing_gpu_ids(ids.get(i, []), kk)
+            before = reason[i][len("missing:"):].split(",") if reason[i].startswith("missing:") else []
+            reason[i] = "missing:" + ",".join(before + [x for x in lost if x not in before])
+            value[i] = np.nan
+            worst[i] = -1
+            if isinstance(node.worst_member, _WorstMembers):
+                node.worst_member.ix[i] = -1  # no GPU it reports decided it
+    node.value, node.worst, node.reason, node.gpu_count_why = value, worst, reason, why
+
+
+def missing_gpu_ids(present: list[str], k: int) -> list[str]:
+    """The GPUs absent from ``gpu0..gpu{k-1}`` (``present``: the node's GPU ids, ``gpuN``), or
+    ``gpus(n/k)`` when an id is not a number."""
+    nums = [p[3:] for p in present]
+    if not all(p.startswith("gpu") and x.isdigit() for p, x in zip(present, nums, strict=True)):
+        return [f"gpus({len(present)}/{k})"]
+    got = {int(x) for x in nums}
+    return [f"gpu{i}" for i in range(k) if i not in got]
 
 
 def _missing_gpus(gpu: KindScores, node: KindScores, gpu_node: np.ndarray, gated_gpu: np.ndarray,
