@@ -420,3 +420,24 @@ def test_family_memory_of_a_scorers_stream_learns_a_replica_whose_family_changes
         mem.learn(sc.score(hist.view(at), POL, at), at)
     assert mem.seen["r1"] == {"vllm": 160.0, "sglang": 160.0}  # a changed entity: all its families now
     assert mem.seen["n1"] == {"DCGM": 100.0}
+
+
+# --- a node's GPU count from its peers (gpu_count_from_peers) ------------------------------------------
+
+def _count(per_node: list[int], pools: list[int], names: list[str], min_peers: int = 4,
+           fraction: float = 0.8) -> tuple[list[int], list[int], list[int]]:
+    e, a, p = ex.gpu_count_from_peers(np.asarray(per_node), np.asarray(pools), names, min_peers, fraction)
+    return e.tolist(), a.tolist(), p.tolist()
+
+
+def test_a_pool_at_exactly_min_peers_and_fraction_expects_its_common_count() -> None:
+    assert _count([8, 8, 8, 8, 7], [0] * 5, ["a"], min_peers=5) == ([8] * 5, [4] * 5, [5] * 5)
+    assert _count([8, 8, 8, 7, 7], [0] * 5, ["a"], min_peers=5) == ([0] * 5, [0] * 5, [0] * 5)  # 3 of 5
+    assert _count([8, 8, 8, 8], [0] * 4, ["a"], min_peers=5) == ([0] * 4, [0] * 4, [0] * 4)  # too few
+
+
+def test_single_gpu_nodes_are_peers_too_and_each_pool_has_its_own_count() -> None:
+    assert _count([1, 1, 1, 1], [0] * 4, ["a"]) == ([1] * 4, [4] * 4, [4] * 4)
+    got = _count([8, 4, 8, 4, 8, 4, 8, 4, 0], [0, 1, 0, 1, 0, 1, 0, 1, -1], ["a", "b"])
+    assert got[0] == [8, 4, 8, 4, 8, 4, 8, 4, 0]
+    assert ex.gpu_count_why("pool=a", 4, 5, 8) == "its peers (pool=a): 4 of 5 nodes have 8 GPUs"
