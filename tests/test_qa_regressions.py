@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from fleethealth.review.kpis import EntityInfo, pool_kpis, state_seconds
@@ -21,3 +23,23 @@ def test_a_past_period_is_not_in_the_state_an_entity_took_later() -> None:
     # inside and after the transition the current state still counts
     assert state_seconds(trs, ents, 15 * DAY, 16 * DAY) == {"n": {"QUARANTINED": DAY}}
     assert pool_kpis(trs, [], ents, start=13 * DAY, end=15 * DAY)["train-a"].lost_isolated_gpu_h == pytest.approx(8 * 24)
+
+
+def test_explain_prints_a_peer_signals_deviation_as_a_share_not_a_rate(tmp_path: Path) -> None:
+    # ByteDance's straggler trace AR, reduced: one rank of a stage 136 % slower than its peers. explain printed
+    # `rank_compute_time [peer] raw=45.55 rate=1.36647/s`: the relative deviation from the peers' median, as a rate.
+    from typer.testing import CliRunner
+
+    from fleethealth.cli.main import app
+
+    rows = ["ts,metric,value,job,rank,node,gpu,peer_group"]
+    for step in range(3):
+        for rank, secs in ((0, 45.5), (4, 19.2), (8, 19.3), (12, 19.25)):
+            rows.append(f"{1796170000 + 30 * step},fleethealth_rank_compute_seconds,{secs},job-ar,{rank},n-{rank // 8},"
+                        f"{rank % 8},stage0")
+    table = tmp_path / "ar.csv"
+    table.write_text("\n".join(rows) + "\n")
+    res = CliRunner().invoke(app, ["explain", "job-ar/rank0", str(table)])
+    assert res.exit_code == 0, res.output
+    line = next(x for x in res.stdout.splitlines() if "rank_compute_time [peer]" in x)
+    assert "vs_peers=+136.1%" in line and "/s" not in line, line

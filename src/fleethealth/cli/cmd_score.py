@@ -324,7 +324,9 @@ def _add_categories(root: Tree, t: HealthTuple, mark_worst: bool = True) -> None
             parts = [escape(f"{d.signal} [{d.shape}]")]  # the shape in brackets, not a style tag
             if d.raw is not None:
                 parts.append(f"raw={d.raw:g}")
-            if d.rate is not None:
+            if d.rate is not None and d.shape == "peer":  # a peer signal's is its deviation from the peers' median
+                parts.append(f"vs_peers={d.rate:+.1%}")
+            elif d.rate is not None:
                 parts.append(f"rate={d.rate:g}/s")
             if d.z is not None:
                 parts.append(f"z={d.z:.2f}")
