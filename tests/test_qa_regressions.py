@@ -43,3 +43,22 @@ def test_explain_prints_a_peer_signals_deviation_as_a_share_not_a_rate(tmp_path:
     assert res.exit_code == 0, res.output
     line = next(x for x in res.stdout.splitlines() if "rank_compute_time [peer]" in x)
     assert "vs_peers=+136.1%" in line and "/s" not in line, line
+
+
+def test_tune_names_a_mistyped_path_before_running_and_a_bad_value_in_words() -> None:
+    # `tune -p bogus.key=1` ran the whole sweep (every point "invalid"), then suggested the current policy, exit 0; a bad
+    # value read "{'lifecycle.quarantine_dwell_s': 'abc'}: not a valid policy: lifecycle  Value error, ... [type=value_error,
+    # input_value={'flag_below': 0.9, ...}, input_type=dict]".
+    from typer.testing import CliRunner
+
+    from fleethealth.cli.main import app
+    from fleethealth.policy import default_policy
+    from fleethealth.review.tune import TuneError, with_overrides
+
+    r = CliRunner().invoke(app, ["tune", "-s", "xid79-off-bus", "-p", "bogus.key=1", "-j", "1"])
+    assert r.exit_code == 2 and "bogus.key: the policy has no 'bogus'" in r.output, r.output
+    with pytest.raises(TuneError) as e:
+        with_overrides(default_policy(), {"lifecycle.quarantine_dwell_s": "abc"})
+    msg = str(e.value)
+    assert msg.startswith("lifecycle.quarantine_dwell_s=abc: not a valid policy: lifecycle: quarantine_dwell_s: expected a"), msg
+    assert "{" not in msg and "type=" not in msg and "input_value" not in msg, msg

@@ -74,7 +74,7 @@ def register(app: typer.Typer) -> None:
             try:
                 with_overrides(pol, {p.path: p.values[0]})
             except TuneError as e:
-                if "no such setting" in str(e) or "no signal named" in str(e):
+                if "the policy has no" in str(e) or "no signal named" in str(e):  # any missing path part
                     fail(str(e))
         scs = [load_scenario_or_fail(s) for s in scenario]
         if compress_gaps and compress_gaps != "none":

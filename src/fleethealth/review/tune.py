@@ -92,10 +92,13 @@ def with_overrides(policy: Policy, overrides: Mapping[str, Any], version: str | 
         tree["version"] = version
     try:
         return Policy.model_validate(tree)
-    except Exception as e:  # pydantic's ValidationError: say which setting, in one line
-        first = str(e).splitlines()
-        raise TuneError(f"{dict(overrides)}: not a valid policy: {' '.join(first[1:3]).strip() or first[0]}"
-                        ) from None
+    except Exception as e:  # pydantic's ValidationError: say which setting, in one line, for a person
+        errors = getattr(e, "errors", None)
+        first = errors()[0] if callable(errors) and errors() else None
+        where = ".".join(str(x) for x in first["loc"]) if first else ""
+        why = str(first["msg"]).removeprefix("Value error, ") if first else str(e).splitlines()[0]
+        setting = ", ".join(f"{k}={v}" for k, v in overrides.items())
+        raise TuneError(f"{setting}: not a valid policy: {where + ': ' if where else ''}{why}") from None
 
 
 def candidate_yaml(policy: Policy, overrides: Mapping[str, Any], note: str = "") -> str:
