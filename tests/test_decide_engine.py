@@ -15,7 +15,10 @@ from fleethealth.decide.model import IntentKind, State
 from fleethealth.policy import Policy, default_policy
 from fleethealth.signals.snapshot import Snapshot, SnapshotBuilder
 
-STRAGGLERS = Path("/work/shared/data/stragglers")
+# shared/ lies beside the checkout (CI puts a copy there); a developer's is /work/shared
+_SHARED = next((p for p in (Path(__file__).resolve().parents[1].parent / "shared", Path("/work/shared")) if p.is_dir()),
+               Path("/work/shared"))
+STRAGGLERS = _SHARED / "data" / "stragglers"
 MODEL = "NVIDIA H100 80GB HBM3"
 
 
