@@ -147,26 +147,3 @@ def test_nodes_the_hard_gate_budget_held_are_not_quarantined_later_on_the_rate_b
     assert sorted(k for _, k, _ in r.state.ledger) == ["hard:node:h100"] * 5  # the rate budget untouched
     assert len(_new_pages(r, "budget_exhausted")) == 1
 
-
-def test_a_gpu_off_the_bus_on_a_suspect_driver_is_quarantined_at_once() -> None:
-    # a bad driver rollout: 10 nodes on the new driver degrade together (a suspect version: paged, not
-    # drained); a GPU falling off the bus on one of them is dead hardware whatever the driver did
-    bad = {i: "min:performance" for i in range(0, 40, 4)}
-
-    def f(t: float) -> list:
-        out = []
-        for i in range(40):
-            lab = {"pool": "h100", "driver_version": "575.1" if i % 4 == 0 else "550.9"}
-            if i == 8 and t >= 600:
-                out.append(tup("n08", 0.0, reason="gate:kernel_fallen_off", labels=lab, worst="hardware"))
-            elif i in bad and t >= 60:
-                out.append(tup(f"n{i:02d}", 0.2, reason=bad[i], labels=lab, worst="performance"))
-            else:
-                out.append(tup(f"n{i:02d}", 0.97, labels=lab))
-        return out
-
-    r = Run()
-    r.steps(0, 1800, 15, f)
-    assert [i for i in r.of(IntentKind.PAGE) if i.reason == "version_correlation"]
-    assert [(i.entity, i.ts) for i in r.of(IntentKind.QUARANTINE)] == [("n08", 600.0)]
-    assert r.st("n08") == State.QUARANTINED and r.st("n04") == State.DEGRADED  # the rest: held, not drained

@@ -266,18 +266,17 @@ class SafetyRules:
             # the smallest tier that fits: overload was answered at the instance (concurrency limit)
             return "held:overload"
         p = self.policy
-        # A confirmed hard gate's node is out of service whatever the cause, so isolating it costs nothing:
-        # a suspect version (a bad driver paging a human) does not hold it back, and only the hard-gate
-        # budget (a fleet-wide burst of bogus gates still stops there) limits it. A score-dwell rule on a
-        # node whose reason is such a gate is the same evidence by another path: it spends the same
-        # hard-gate budget, so a node that budget held is not quarantined minutes later on the rate budget.
+        # A suspect version holds hard gates too: a bad driver raises reset-class Xids (119 GSP timeouts)
+        # on healthy GPUs, and the catalog cannot tell those from a GPU that really fell off the bus.
+        for label in p.attribution.version_labels:
+            v = es.labels.get(label)
+            if v is not None and (label, v) in suspects:
+                return suspects[(label, v)]
+        # A score-dwell rule on a node whose reason is a confirmed hard gate is the same evidence by another
+        # path: it spends the same hard-gate budget, so a node that budget held is not quarantined minutes
+        # later on the rate budget beside it (the two budgets must not add up).
         hard = self._hard_gate(rule, es.last_reason) or (
             rule.cond in SIGNAL_CONDS and is_hard_gate_reason(es.last_reason, p))
-        if not hard:
-            for label in p.attribution.version_labels:
-                v = es.labels.get(label)
-                if v is not None and (label, v) in suspects:
-                    return suspects[(label, v)]
         b = p.budgets
         if es.kind == "node" and not hard:
             # a domain event (decide.domains): the domain is the suspect, its nodes are held, not drained
