@@ -79,9 +79,13 @@ def test_the_example_config_watches_sim_serve_out_of_the_box(tmp_path: Path) -> 
         ranks = until(lambda: (e := httpx.get(f"{url}/api/v1/health", params={"kind": "rank"}, timeout=5)
                                .json()["tuples"]) and len(e) == 256 + 128 and e, 60, "384 rank entities")
         assert {r["entity"].split("/")[0] for r in ranks} == {"pretrain-70b", "finetune-8b"}, ranks[:3]
-        # peers of one job only: a healthy fleet's ranks all score 1 on the rank-time comparison
-        assert all(r["categories"].get("performance") in (1.0, None) for r in ranks), [
-            (r["entity"], r["categories"]) for r in ranks if r["categories"].get("performance") != 1.0][:5]
+        # peers of one job only: with both jobs in one peer group half the training ranks read z 31-38,
+        # performance 0. A healthy simulated fleet's ranks read 1 on the rank-time comparison, bar a few
+        # whose noise crosses k_warn for a scrape while this box is loaded (seen: 5 of 384 at 0.7-0.84)
+        perf = [r["categories"].get("performance") for r in ranks]
+        low = [(r["entity"], r["categories"]) for r in ranks if r["categories"].get("performance") not in (1.0, None)]
+        assert sum(p in (1.0, None) for p in perf) >= 0.9 * len(perf), low[:5]
+        assert all(p is None or p >= 0.5 for p in perf), low[:5]
         log = (tmp_path / "ctl.log").read_text()
         assert "service discovery: 64 targets" in log, log[-2000:]
         h = httpx.get(f"{url}/healthz").json()
