@@ -153,3 +153,15 @@ def test_the_readme_explain_example_shows_real_values(tmp_path: Path) -> None:
     assert len(gpu_lines) == 8 and not any(" unknown " in line for line in gpu_lines)
     assert "gpu_temp [ramp] raw=" in out and "age=0s" in out  # the last scrape is the time scored
     assert "clock skew" not in res.output
+
+
+def test_a_gpu_missing_an_expected_signal_is_not_printed_healthy() -> None:
+    # a dcgm-exporter page whose field list lacks DCGM_FI_DEV_PCIE_REPLAY_COUNTER (an expected signal):
+    # every GPU is at 1.000 on what it has, at confidence 0.75. Printed 'healthy' it hid the gap.
+    page = Path(__file__).parent / "data" / "gpu-without-pcie-replay.prom"
+    r = CliRunner().invoke(_app(), ["score", str(page), "--kind", "gpu,node"], terminal_width=200)
+    assert r.exit_code == 0, r.output
+    rows = [ln for ln in r.output.splitlines() if "an-06" in ln]
+    assert len(rows) == 9 and not any("healthy" in ln for ln in rows), r.output
+    assert sum("incomplete: missing pcie_replay" in ln for ln in rows) == 8
+    assert any("incomplete: confidence 0.75" in ln for ln in rows)

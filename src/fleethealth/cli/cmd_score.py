@@ -184,7 +184,7 @@ def register(app: typer.Typer) -> None:
                 table.add_row(
                     t.entity + (f" ({t.worst_member})" if t.worst_member and not ok else ""), t.kind,
                     f"[{_style(t)}]{_fmt(t.value)}[/]", _fmt(t.confidence, 2), "-" if ok else t.worst or "-",
-                    "healthy" if ok else t.reason, ",".join(t.flags[:4]),
+                    "healthy" if ok else shown_reason(t), ",".join(t.flags[:4]),
                 )
             console.print(_time_line(now, got.recorded), markup=False)
             console.print(table)
@@ -239,9 +239,22 @@ def register(app: typer.Typer) -> None:
 def healthy(t: HealthTuple, flag_below: float) -> bool:
     """Known and at or above the policy's flag line: its least good category and ``min:`` reason are then
     only the weakest part of a healthy score, and printed they would read like an alarm. Something
-    expected and missing (``missing:``, ``pending:``) is never healthy, whatever the value."""
-    return (t.value is not None and t.value >= flag_below and not t.flags
+    expected and missing (``missing:``, ``pending:``, or a confidence below 1: an expected signal that is
+    not fresh) is never healthy, whatever the value."""
+    return (t.value is not None and t.value >= flag_below and not t.flags and t.confidence >= 1.0 - 1e-9
             and not t.reason.startswith(("missing:", "pending:")))
+
+
+def shown_reason(t: HealthTuple) -> str:
+    """The reason a person reads for an entity that is not ``healthy``: the tuple's, or, for a good value
+    whose confidence is below 1, which expected signals are not fresh (a ``min:`` reason would hide them)."""
+    if (t.value is not None and t.confidence < 1.0 - 1e-9 and not t.flags
+            and not t.reason.startswith(("missing:", "pending:", "gate:", "no_fresh_data"))):
+        gone = [d.signal for d in t.details if d.score is None and d.expected_by]
+        if gone:
+            return "incomplete: missing " + ",".join(gone[:4]) + ("..." if len(gone) > 4 else "")
+        return f"incomplete: confidence {t.confidence:.2f}"  # e.g. a node whose GPUs miss a signal
+    return t.reason
 
 
 def summary_words(summary: dict[str, Any]) -> str:
@@ -286,7 +299,7 @@ def explain_tree(t: HealthTuple, fh: FleetHealth, flag_below: float = 0.9) -> Tr
     ok = healthy(t, flag_below)
     head = (
         f"[bold]{t.entity}[/] ({t.kind}) value [{_style(t)}]{_fmt(t.value)}[/] confidence {_fmt(t.confidence, 2)} "
-        + ("[green]healthy[/]" if ok else f"reason [bold]{t.reason}[/]")
+        + ("[green]healthy[/]" if ok else f"reason [bold]{shown_reason(t)}[/]")
     )
     root = Tree(head)
     if t.labels:
