@@ -150,7 +150,7 @@ def test_fault_to_intent_and_prometheus_outage() -> None:
                 time.sleep(3 * CYCLE_S)
                 after = [i for i in ctl.published.recent_intents if i["ts"] >= t_kill]
                 assert "fleet_alert" in {i["intent"] for i in after}
-                assert not [i for i in after if i["intent"] in REMEDIATION], after
+                assert not [i for i in after if i["intent"] in REMEDIATION], [(i["entity"], i["intent"], i["reason"], i["params"]) for i in after]
                 assert httpx.get(f"{api.url}/healthz").status_code == 200  # the loop itself is fine
                 text = httpx.get(f"{api.url}/metrics").text
                 assert 'fleethealth_remediation_frozen 1.0' in text
