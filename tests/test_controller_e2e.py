@@ -71,6 +71,12 @@ def test_fault_to_intent_and_prometheus_outage() -> None:
     nodes = list(sim.fleet.nodes)
     exporter = sim_server.SimExporterServer(sim).start()  # simulated time moves only when told
     policy = e2e_policy()
+    # Dwells longer than max_age_s, as in production (90 s fresh, 120 s / 300 s dwells): while the outage
+    # turns the fleet stale signal by signal, a node scored on what is still fresh must not sit below a
+    # line for a whole dwell before the freeze (2 s dwells under a 4 s max_age once quarantined node-00
+    # from READY one cycle before the freeze on a loaded CI box). The fault here is a gate: no dwell.
+    policy = policy.model_copy(update={"lifecycle": policy.lifecycle.model_copy(
+        update={"degraded_dwell_s": 6.0, "quarantine_dwell_s": 12.0})})
     try:
         with prometheus([], scrape_interval_s=SCRAPE_S, http_sd=[f"{exporter.url}/sd"]) as prom:
             prom.wait_for("up == 1", min_results=len(nodes), timeout_s=30)
