@@ -18,6 +18,8 @@ from typing import Any
 
 import httpx
 
+from proc_support import stop_process
+
 ALERTMANAGER = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
 
 
@@ -110,14 +112,7 @@ class AlertmanagerServer:
         return list(httpx.get(f"{self.url}/api/v2/alerts", timeout=5).json())
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-        shutil.rmtree(self.dir, ignore_errors=True)
+        stop_process(self.proc, self.dir)
 
 
 @contextlib.contextmanager

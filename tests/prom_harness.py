@@ -26,6 +26,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from act_support import free_port
+from proc_support import stop_process
 
 PROMETHEUS = shutil.which("prometheus")
 
@@ -240,14 +241,7 @@ class PrometheusServer:
             self.proc.wait(10)
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-        shutil.rmtree(self.dir, ignore_errors=True)
+        stop_process(self.proc, self.dir)
 
 
 @contextlib.contextmanager

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -29,15 +28,6 @@ pytestmark = [pytest.mark.needs_k8s,
               pytest.mark.timeout(300)]
 NS = "fleethealth-system"
 CFG = ActuationConfig(mode="enforce", enforce=frozenset({IntentKind.NO_NEW_WORK, IntentKind.ALLOW_NEW_WORK}))
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[k8s_harness.KubeCluster]:
-    c = k8s_harness.KubeCluster().start()
-    try:
-        yield c
-    finally:
-        c.stop()
 
 
 def test_a_leader_that_lost_its_lease_writes_nothing(cluster: k8s_harness.KubeCluster, tmp_path: Path,

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,22 +36,6 @@ from k8s_harness import KubeCluster, apply_manifest, skip_reason
 pytestmark = [pytest.mark.needs_k8s, pytest.mark.skipif(skip_reason() is not None, reason=str(skip_reason()))]
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[KubeCluster]:
-    c = KubeCluster()
-    try:
-        c.start()
-    except Exception:
-        log = c.log("apiserver") + c.log("etcd")
-        c.stop()
-        raise RuntimeError("control plane did not start:\n" + log) from None
-    print(f"\nkube control plane ready in {c.start_s:.1f}s")
-    try:
-        yield c
-    finally:
-        c.stop()
 
 
 def rv(kube: Kube, node: str) -> str:

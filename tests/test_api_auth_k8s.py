@@ -6,7 +6,6 @@ permission is 403; with it the event is taken and audited in the store and as a 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -45,15 +44,6 @@ def bind(kube: Kube, role: str, ns: str, sa: str) -> None:
         "metadata": {"name": f"{role}-{sa}"},
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
         "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": ns}]})
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[k8s_harness.KubeCluster]:
-    c = k8s_harness.KubeCluster().start()
-    try:
-        yield c
-    finally:
-        c.stop()
 
 
 def test_rbac_decides_who_may_ack_and_every_action_is_audited(cluster: k8s_harness.KubeCluster,

@@ -8,7 +8,6 @@ peer is left alone.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,15 +23,6 @@ pytestmark = [
     pytest.mark.skipif(k8s_harness.skip_reason() is not None, reason=str(k8s_harness.skip_reason())),
     pytest.mark.timeout(300),
 ]
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[k8s_harness.KubeCluster]:
-    c = k8s_harness.KubeCluster().start()
-    try:
-        yield c
-    finally:
-        c.stop()
 
 
 def dcgm_page(nodes: dict[str, int]) -> str:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import stat
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -95,18 +94,6 @@ SNR_CRD = {
                            "schema": {"openAPIV3Schema": {"type": "object",
                                                           "x-kubernetes-preserve-unknown-fields": True}}}]},
 }
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[KubeCluster]:
-    if skip_reason() is not None:
-        pytest.skip(str(skip_reason()))
-    c = KubeCluster()
-    c.start()
-    try:
-        yield c
-    finally:
-        c.stop()
 
 
 def _wait_crd(kube: Any) -> None:

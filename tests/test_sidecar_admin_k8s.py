@@ -7,7 +7,6 @@ log and an Event on the replica's Pod; a sidecar that cannot ask the reviews ans
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -28,15 +27,6 @@ pytestmark = [
 DEPLOY = Path(__file__).parent.parent / "deploy"
 NS = "fleethealth-system"
 REPLICA = "llm-replica-k0"
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[k8s_harness.KubeCluster]:
-    c = k8s_harness.KubeCluster().start()
-    try:
-        yield c
-    finally:
-        c.stop()
 
 
 def shipped_rbac(admin: object) -> None:

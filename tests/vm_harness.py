@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 
 from act_support import free_port, wait_until
+from proc_support import stop_process
 
 VICTORIA_METRICS = shutil.which("victoria-metrics")
 
@@ -80,11 +81,4 @@ class VictoriaMetrics:
         return ""
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        shutil.rmtree(self.dir, ignore_errors=True)
+        stop_process(self.proc, self.dir)
