@@ -36,7 +36,9 @@ def _controller(db: Path, src: FleetSource, clock: FakeClock) -> tuple[Controlle
     return Controller(default_policy(), [src], interval_s=15.0, clock=clock, store=store), store
 
 
-def test_gated_node_stays_gated_across_a_restart(tmp_path: Path) -> None:
+def _gate_n2_then_restart(tmp_path: Path) -> tuple[Controller, Controller, SqliteStore, FleetSource, FakeClock]:
+    """A controller gates n2 (GPU 3 gone) and stops; five minutes later a new process opens the same store.
+    Returns the stopped controller (for what it recorded), the new one, its store, the source and the clock."""
     db = tmp_path / "state.db"
     clock = FakeClock()
     src = FleetSource()
@@ -45,12 +47,16 @@ def test_gated_node_stays_gated_across_a_restart(tmp_path: Path) -> None:
     _without(src, "n2", "3")
     run_for(ctl, clock, 30)
     assert ctl.state.entities["n2"].state == State.QUARANTINED
+    store.close()
+    clock.t += 300  # a new process has no history and no memory of its own; the store has both
+    ctl2, store2 = _controller(db, src, clock)
+    return ctl, ctl2, store2, src, clock
+
+
+def test_gated_node_stays_gated_across_a_restart(tmp_path: Path) -> None:
+    ctl, ctl2, store2, src, clock = _gate_n2_then_restart(tmp_path)
     h = ctl.published.health
     assert h is not None and h.tuples["n2"].reason == "gate:gpus_missing"
-    store.close()
-    # restart: a new process has no history and no memory of its own; the store has both
-    clock.t += 300
-    ctl2, store2 = _controller(db, src, clock)
     run_for(ctl2, clock, 60)
     assert ctl2.state.entities["n2"].state == State.QUARANTINED
     h = ctl2.published.health
@@ -152,20 +158,10 @@ def test_transitions_and_intents_are_served_from_the_store_after_a_restart(tmp_p
     from fleethealth.controller.api import ApiServer
     from prom_harness import free_port
 
-    db = tmp_path / "state.db"
-    clock = FakeClock()
-    src = FleetSource()
-    ctl, store = _controller(db, src, clock)
-    run_for(ctl, clock, 60)
-    _without(src, "n2", "3")
-    run_for(ctl, clock, 30)
-    assert ctl.state.entities["n2"].state == State.QUARANTINED
+    ctl, ctl2, store2, src, clock = _gate_n2_then_restart(tmp_path)
     before = [t for t in ctl.recent_transitions if t["entity"] == "n2"]
     before_intents = [i for i in ctl.recent_intents if i["entity"] == "n2"]
     assert before and before_intents
-    store.close()
-    clock.t += 300
-    ctl2, store2 = _controller(db, src, clock)
     srv = ApiServer(ctl2, "127.0.0.1", free_port()).start()
     try:
         run_for(ctl2, clock, 30)
