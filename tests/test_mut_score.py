@@ -1,0 +1,166 @@
+"""Behaviours of the scoring engine's stages (score/*) that mutation testing found unpinned (issue 21):
+exact values on small hand-computed fleets, the reasons and confidences operators read.
+
+The numbers come from the default policy: a ramp is 1 at ``warn`` and 0 at ``crit``; a category is the
+weighted mean of its fresh signals (a fresh 0 zeroes it); training takes the minimum across categories,
+serving the geometric mean; confidence is fresh / expected signals (1 for a gated entity).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from fleethealth.policy import default_policy
+from fleethealth.score.engine import score_snapshot
+from fleethealth.signals.snapshot import Snapshot, SnapshotBuilder
+from test_engine import fleet, gpu_labels
+
+NOW = 1_800_000_000.0
+POL = default_policy()
+
+
+def _replica(b: SnapshotBuilder, name: str, step: int, err_share: float, queue: float | None = None,
+             preempt_per_s: float | None = None, span: int = 3600) -> None:
+    """A replica serving 10 requests/s for ``span`` seconds, sampled every ``step`` seconds."""
+    lab = dict(replica=name, model_name="llama", build="v1")
+    for k in range(0, span + 1, step):
+        t = NOW - span + k
+        b.add("fleethealth_replica_requests_total", lab, 10.0 * k, t)
+        b.add("fleethealth_replica_errors_total", lab, err_share * 10.0 * k, t)
+        if preempt_per_s is not None:
+            b.add("vllm:num_preemptions_total", lab, preempt_per_s * k, t)
+    if queue is not None:
+        b.add("vllm:num_requests_waiting", lab, queue, NOW - 1)
+
+
+def _replicas() -> Snapshot:
+    b = SnapshotBuilder()
+    _replica(b, "burning", 60, 0.05)
+    _replica(b, "sparse", 600, 0.05)  # every 10 min: nothing twice inside the 5 min short window
+    _replica(b, "queued", 60, 0.0, queue=144, preempt_per_s=0.25)
+    _replica(b, "preempted", 60, 0.0, queue=144, preempt_per_s=2.75)
+    _replica(b, "storm", 60, 0.0, queue=144, preempt_per_s=6.0)
+    return b.build(NOW)
+
+
+def _detail(t, signal):  # type: ignore[no-untyped-def]
+    return next(d for d in t.details if d.signal == signal)
+
+
+def test_error_slo_burning_5x_scores_by_its_slower_window_pair() -> None:
+    """5% errors against a 99% objective is a 5x burn on every window: the 1 h/5 min pair ramps it
+    1 - 4/13.4 = 0.70, the 6 h/30 min pair 1 - 4/5 = 0.2; the SLO takes the worse."""
+    fh = score_snapshot(_replicas(), POL, NOW, consumer="training")
+    t = fh.tuples["burning"]
+    d = _detail(t, "error_slo")
+    assert d.score == pytest.approx(0.2, abs=1e-9)
+    assert d.raw == pytest.approx(5.0) and d.rate == pytest.approx(5.0)  # long and short burn, fastest pair
+    assert t.value == pytest.approx(0.2, abs=1e-9) and t.worst == "errors"
+    assert t.categories["errors"] == pytest.approx(0.2, abs=1e-9)
+    assert t.categories["serving"] is None and t.categories["load"] is None
+
+
+def test_an_slo_with_its_short_window_missing_scores_by_the_other_pair() -> None:
+    """Sampled every 10 min, the 5 min window holds one sample: that pair has no burn rate (not 0, not
+    healthy) and the score is the 6 h/30 min pair's alone; the short burn shown is unknown."""
+    t = score_snapshot(_replicas(), POL, NOW, consumer="training").tuples["sparse"]
+    d = _detail(t, "error_slo")
+    assert d.score == pytest.approx(0.2, abs=1e-9)
+    assert d.rate is None and d.raw == pytest.approx(5.0)
+    assert t.value == pytest.approx(0.2, abs=1e-9) and t.worst == "errors"
+
+
+def test_replica_lacking_what_its_peers_report_says_so_and_loses_confidence() -> None:
+    """The other replicas report queue depth and preemptions: expected of this one too (by peers), so
+    its confidence is 1 fresh of 3 expected and the reason names what is missing."""
+    t = score_snapshot(_replicas(), POL, NOW, consumer="training").tuples["burning"]
+    assert t.confidence == pytest.approx(1 / 3)
+    assert t.reason == "missing:queue_depth,preemptions"
+    ok = score_snapshot(_replicas(), POL, NOW, consumer="training").tuples["queued"]
+    assert ok.confidence == 1.0
+
+
+@pytest.mark.parametrize(("name", "load", "preempt"), [
+    ("queued", (0.5 * 1 + 1.0 * 0.5) / 1.5, 1.0),      # queue 144: ramp(32, 256) = 0.5; 0.25/s preemptions fine
+    ("preempted", (0.5 * 1 + 0.5 * 0.5) / 1.5, 0.5),   # 2.75/s: ramp(0.5, 5) = 0.5
+    ("storm", 0.0, 0.0),                               # 6/s: past crit, a fresh 0 zeroes the category
+])
+def test_load_category_is_the_weighted_mean_of_queue_depth_and_preemptions(name: str, load: float,
+                                                                          preempt: float) -> None:
+    snap = _replicas()
+    t = score_snapshot(snap, POL, NOW, consumer="training").tuples[name]
+    assert _detail(t, "queue_depth").score == pytest.approx(0.5)
+    assert _detail(t, "preemptions").score == pytest.approx(preempt)
+    assert t.categories["load"] == pytest.approx(load, abs=1e-12)
+    assert t.categories["errors"] == 1.0
+    assert t.value == pytest.approx(load, abs=1e-12) and t.reason == "min:load" and t.worst == "load"
+    g = score_snapshot(snap, POL, NOW, consumer="serving").tuples[name]
+    assert g.value == pytest.approx((1.0 * load) ** 0.5, abs=1e-12)  # gmean of errors and load
+    assert g.reason == "gmean:load" and g.worst == "load" and g.confidence == 1.0
+
+
+def _gpu_fleet() -> Snapshot:
+    """Six healthy nodes and node x, whose GPUs each miss or break something."""
+    b = fleet()
+    for g in range(8):
+        lab = gpu_labels("x", g)
+        b.add("DCGM_FI_DEV_GPU_TEMP", lab, 60.0, NOW - 5)
+        b.add("DCGM_FI_DEV_SM_CLOCK", lab, 1980.0, NOW - 500 if g < 4 else NOW - 5)  # stale on 0-3
+        b.add("DCGM_FI_DEV_XID_ERRORS", lab, 0, NOW - 5)
+        b.add("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", lab, 5, NOW - 5)  # one sample: no rate yet
+        if g == 1:
+            b.add("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", lab, 5, NOW - 5)
+        if g == 2:
+            b.add("DCGM_FI_DEV_ROW_REMAP_FAILURE", lab, 1, NOW - 5)
+        if g == 3:
+            b.add("DCGM_FI_DEV_GPU_TEMP", lab, 90.0, NOW - 4)
+            b.add("DCGM_FI_DEV_ROW_REMAP_PENDING", lab, 1, NOW - 5)
+    return b.build(NOW)
+
+
+def test_gpu_confidence_is_fresh_over_expected_signals() -> None:
+    fh = score_snapshot(_gpu_fleet(), POL, NOW)
+    # xid, temp fresh; pcie (one sample) and sm_clock (stale) expected: 2 of 4
+    g0 = fh.tuples["x/gpu0"]
+    assert g0.confidence == 0.5 and g0.value == 1.0
+    assert g0.reason == "min:hardware" and g0.worst == "hardware"  # equal categories: the first
+    # the fresh clock counts: 3 of 4
+    assert fh.tuples["x/gpu4"].confidence == 0.75
+    assert fh.tuples["x/gpu4"].categories["performance"] == 1.0
+
+
+def test_a_counter_seen_once_is_pending_and_named_in_the_reason() -> None:
+    """An SBE counter with one sample has no rate yet: expected (its family reports), not fresh, and the
+    reason says which signals wait for a second sample. Confidence 2 of 6 (xid, temp fresh; sm_clock,
+    pcie_replay, ecc_sbe, ecc_sbe_sustained not yet)."""
+    t = score_snapshot(_gpu_fleet(), POL, NOW).tuples["x/gpu1"]
+    assert t.value == 1.0
+    assert t.reason == "pending:ecc_sbe,ecc_sbe_sustained,pcie_replay"
+    assert t.confidence == pytest.approx(1 / 3)
+
+
+def test_a_gate_decides_value_worst_reason_and_full_confidence() -> None:
+    fh = score_snapshot(_gpu_fleet(), POL, NOW)
+    t = fh.tuples["x/gpu2"]
+    assert t.value == 0.0 and t.confidence == 1.0
+    assert t.reason == "gate:row_remap_failure" and t.worst == "memory"
+    assert t.categories["memory"] == 0.0 and t.categories["thermal"] == 1.0
+    node = fh.tuples["x"]
+    assert node.value == 0.0 and node.confidence == 1.0 and node.reason == "gate:row_remap_failure"
+    assert node.worst == "memory" and node.worst_member == "x/gpu2"
+    assert node.flags == ("row_remap_pending",)
+    assert node.categories["thermal"] == 0.5  # the node's category is its worst GPU's
+
+
+def test_flag_and_ramp_in_min_and_gmean() -> None:
+    """gpu3: 90 C is thermal 0.5, a pending row remap is memory 0.8 (a flag), hardware 1: training
+    reads 0.5 (thermal), serving the geometric mean (1 * 0.8 * 0.5) ** (1/3). Confidence: xid, temp and
+    the remap flag fresh of 5 expected (with sm_clock stale and pcie_replay pending) = 0.6."""
+    snap = _gpu_fleet()
+    t = score_snapshot(snap, POL, NOW, consumer="training").tuples["x/gpu3"]
+    assert t.value == 0.5 and t.reason == "min:thermal" and t.worst == "thermal"
+    assert t.categories["memory"] == pytest.approx(0.8) and t.flags == ("row_remap_pending",)
+    assert t.confidence == pytest.approx(0.6)
+    g = score_snapshot(snap, POL, NOW, consumer="serving").tuples["x/gpu3"]
+    assert g.value == pytest.approx(0.4 ** (1 / 3), abs=1e-12)
+    assert g.reason == "gmean:thermal" and g.worst == "thermal" and g.confidence == pytest.approx(0.6)
