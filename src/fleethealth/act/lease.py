@@ -1,15 +1,24 @@
-"""Leader election through a coordination.k8s.io/v1 Lease, as client-go's leaderelection does it.
+"""Leader election through a coordination.k8s.io/v1 Lease, as client-go's leaderelection does it, and the
+renewing thread it shares with ``act.shard_leases``.
 
-Expiry is judged on the local clock from when this replica last *observed* the record change, so clock
-skew between replicas does not matter. A leader that fails to renew for renew_deadline_s (shorter than
-the lease duration) stops acting before anyone else can take over.
+Expiry (``lease_expiry``): a Lease held by another replica expires at its ``renewTime`` plus its
+``leaseDurationSeconds``, brought onto the local monotonic clock, and a standby schedules its attempt for
+that moment (``RenewingThread``: the next step is due at the earliest expiry it waits for, not at the next
+poll). The holder's wall clock is trusted only to remove the lag of observing a renewal: the expiry is
+clamped between [observed + duration - retry period, observed + duration], ``observed`` being when this
+replica saw the record change (client-go's rule, which no clock skew affects). So a skewed clock moves a
+take-over at most one retry period earlier than client-go's, never before the holder's renew deadline
+(at most the duration less one retry period), and a missing or unreadable renewTime falls back to
+client-go's rule. A leader that fails to renew for renew_deadline_s (shorter than the lease duration)
+stops acting before anyone else can take over.
 
-``start()`` runs step() on its own thread every ``retry_period_s`` (client-go's RetryPeriod), apart from
-the reconcile loop, so a long cycle never costs the leader its Lease and a standby sees the Lease expire
-within one retry period; ``on_acquired`` (the controller's ``wake``) lets the new leader's first cycle
-start at once instead of at its next tick. Take-over after a leader dies: at most the lease duration plus
-two retry periods after its last renewal, plus the new leader's first cycle. Without start(), step() is
-called by the caller (once per controller interval: a replica that loses the lease stops within one).
+``start()`` runs step() on its own thread (``RenewingThread``) every ``retry_period_s`` (client-go's
+RetryPeriod), or sooner when the Lease it waits for expires first, apart from the reconcile loop, so a
+long cycle never costs the leader its Lease; ``on_acquired`` (the controller's ``wake``) lets the new
+leader's first cycle start at once instead of at its next tick. Take-over after a leader dies: its last
+renewal plus the lease duration plus the API's latency, then the new leader's first cycle. Without
+start(), step() is called by the caller (once per controller interval: a replica that loses the lease
+stops within one).
 """
 
 from __future__ import annotations
@@ -26,18 +35,99 @@ from fleethealth.act.kube_api import Kube, KubeError
 
 log = logging.getLogger("fleethealth.lease")
 
+# How long after the computed expiry a waiting replica tries (the API's write latency is on top): the
+# holder's clock and ours agree to a few ms at best, and a try that comes too early costs a retry period.
+EXPIRY_MARGIN_S = 0.005
+
 
 def micro_time(ts: float) -> str:
     return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-class LeaseElector:
+def parse_micro_time(text: Any) -> float | None:
+    """A Lease's MicroTime (``2026-12-02T03:44:53.123456Z``, fraction optional) as Unix seconds; None when
+    missing or unreadable."""
+    if not isinstance(text, str) or not text.endswith("Z"):
+        return None
+    body = text[:-1]
+    try:
+        fmt = "%Y-%m-%dT%H:%M:%S.%f" if "." in body else "%Y-%m-%dT%H:%M:%S"
+        return datetime.strptime(body, fmt).replace(tzinfo=UTC).timestamp()
+    except ValueError:
+        return None
+
+
+def lease_expiry(spec: Mapping[str, Any], observed_at: float, now: float, wall_now: float,
+                 default_duration_s: float, retry_period_s: float) -> float:
+    """When, on this replica's monotonic clock (``now`` is that clock, ``wall_now`` the wall clock read at
+    the same moment), a Lease record first seen here at ``observed_at`` expires: its renewTime plus its
+    duration, clamped to [observed_at + duration - retry_period_s, observed_at + duration] (see the module
+    docstring: a skewed clock costs at most one retry period, and never lets a replica take a Lease
+    before its holder's renew deadline). Pure."""
+    duration = float(spec.get("leaseDurationSeconds") or default_duration_s)
+    latest = observed_at + duration
+    renewed = parse_micro_time(spec.get("renewTime"))
+    if renewed is None:
+        return latest
+    by_renewal = now + (renewed + duration - wall_now)
+    return min(latest, max(latest - retry_period_s, by_renewal))
+
+
+class RenewingThread:
+    """A daemon thread that calls ``tick()`` until ``stop()``; ``tick`` returns how long to wait before
+    the next one (a retry period, or less when a Lease it waits for expires sooner). An exception in a
+    tick is logged and the thread goes on after a retry period: a bug must not end the renewals
+    silently."""
+
+    retry_period_s: float
+    thread_name = "lease-renewer"
+
+    def __init__(self) -> None:
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def tick(self) -> float:
+        raise NotImplementedError
+
+    def tick_failed(self) -> None:
+        """After a tick raised (the error is logged): bring what others read back in line."""
+
+    def start(self) -> RenewingThread:
+        """Tick on a daemon thread until stop()."""
+        if self._thread is None:
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._loop, name=self.thread_name, daemon=True)
+            self._thread.start()
+        return self
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                wait = self.tick()
+            except Exception:
+                log.exception("%s: step failed", self.thread_name)
+                self.tick_failed()
+                wait = self.retry_period_s
+            self._stop.wait(max(0.0, wait))
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(10)
+            self._thread = None
+
+    def running(self) -> bool:
+        return self._thread is not None
+
+
+class LeaseElector(RenewingThread):
     def __init__(self, kube: Kube, identity: str, name: str = "fleethealth-controller",
                  namespace: str = "fleethealth-system", lease_duration_s: float = 15.0,
                  renew_deadline_s: float | None = None, clock: Callable[[], float] = time.monotonic,
                  wall: Callable[[], float] = time.time, retry_period_s: float | None = None,
                  on_acquired: Callable[[], None] | None = None, labels: Mapping[str, str] | None = None,
                  annotations: Callable[[], Mapping[str, str]] | None = None) -> None:
+        super().__init__()
         self.kube = kube
         # Lease metadata a sharded replica writes with each renewal (controller.shards: the shard-set label
         # its replicas list by, and the shard's published confidence counts)
@@ -56,42 +146,48 @@ class LeaseElector:
         self.transitions = 0
         self.retry_period_s = retry_period_s if retry_period_s is not None else max(0.05, lease_duration_s / 7.5)
         self.on_acquired = on_acquired
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
         self._leading = False
+        self._expires_at: float | None = None  # when the Lease another replica holds expires (local clock)
         # The fencing epoch: the Lease's leaseTransitions when this replica took it (it only grows, one per
         # change of holder), so a write carrying a lower epoch comes from a deposed leader (act.fence).
         self.epoch: int | None = None
 
+    thread_name = "lease-elector"
+
     def start(self) -> LeaseElector:
-        """Step on a daemon thread every retry period until stop()."""
-        if self._thread is None:
-            self._stop.clear()
-            self._thread = threading.Thread(target=self._loop, name="lease-elector", daemon=True)
-            self._thread.start()
+        """Step on a daemon thread every retry period (or at the expiry it waits for) until stop()."""
+        super().start()
         return self
 
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            try:
-                leading = self.step()
-            except Exception as e:  # a bug here must not end leader election silently
-                log.error("lease step failed: %s: %s", type(e).__name__, e)
-                leading = self.is_leader()
-            if leading and not self._leading:
-                log.warning("%s holds the Lease %s/%s now", self.identity, self.namespace, self.name)
-                if self.on_acquired is not None:
-                    self.on_acquired()
-            elif self._leading and not leading:
-                log.warning("%s lost the Lease %s/%s", self.identity, self.namespace, self.name)
-            self._leading = leading
-            self._stop.wait(self.retry_period_s)
+    def tick(self) -> float:
+        self._changed(self.step())
+        return self.next_step_in()
 
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(10)
-            self._thread = None
+    def tick_failed(self) -> None:
+        self._changed(self.is_leader())
+
+    def _changed(self, leading: bool) -> None:
+        if leading and not self._leading:
+            log.warning("%s holds the Lease %s/%s now", self.identity, self.namespace, self.name)
+            if self.on_acquired is not None:
+                self.on_acquired()
+        elif self._leading and not leading:
+            log.warning("%s lost the Lease %s/%s", self.identity, self.namespace, self.name)
+        self._leading = leading
+
+    def next_step_in(self) -> float:
+        """Seconds until the next step is due: a retry period, or sooner when the Lease another replica
+        holds expires first (then just after its expiry)."""
+        wait = self.retry_period_s
+        if self._expires_at is not None and not self.is_leader():
+            wait = min(wait, self._expires_at + EXPIRY_MARGIN_S - self.clock())
+        return max(0.0, wait)
+
+    def expiry(self, lease: Mapping[str, Any], now: float) -> float:
+        """When the Lease as listed expires on this replica's clock (``lease_expiry``), noting the record
+        as observed."""
+        return lease_expiry(lease.get("spec") or {}, self.observe(lease, now), now, self.wall(),
+                            self.lease_duration_s, self.retry_period_s)
 
     def renewed_ago(self) -> float | None:
         """Seconds since this replica last renewed the Lease (None: it does not hold it)."""
@@ -113,7 +209,7 @@ class LeaseElector:
             self._try(lease)
         return self.is_leader()
 
-    def observe(self, lease: dict[str, Any], now: float | None = None) -> float:
+    def observe(self, lease: Mapping[str, Any], now: float | None = None) -> float:
         """Note the Lease's record as seen (listed by someone else): expiry counts from when it last
         changed here, whether or not this replica ever tried to take it. Returns that time."""
         spec = lease.get("spec") or {}
@@ -157,14 +253,13 @@ class LeaseElector:
             return
         spec = lease.get("spec") or {}
         holder = spec.get("holderIdentity")
-        record = (holder, spec.get("renewTime"), spec.get("acquireTime"))
-        if record != self._observed:
-            self._observed, self._observed_at = record, now
-        duration = float(spec.get("leaseDurationSeconds") or self.lease_duration_s)
+        expires = self.expiry(lease, now)
         held_by_other = bool(holder) and holder != self.identity
-        if held_by_other and self._observed_at + duration > now:
+        if held_by_other and expires > now:
             self._last_renew = None  # someone else leads and their lease is live
+            self._expires_at = expires
             return
+        self._expires_at = None
         transitions = int(spec.get("leaseTransitions") or 0)
         acquire = spec.get("acquireTime") if holder == self.identity else None
         if holder != self.identity:

@@ -3,9 +3,9 @@
 
 Theory of operation
 - Every ``retry_period_s`` a step: renew this replica's membership Lease, LIST every Lease of the shard
-  set (label ``fleethealth.io/shard-set``) in one call, note each record as observed on the local clock
-  (expiry counts from when a record last changed here, as client-go does, so clock skew does not
-  matter), and hand what it saw to the pure ``controller.shards.plan``: renew the shards held, take the
+  set (label ``fleethealth.io/shard-set``) in one call, note each record's expiry (``act.lease.lease_expiry``:
+  its renewTime plus its duration, clamped to within one retry period of when the record last changed
+  here, so clock skew costs at most that), and hand what it saw to the pure ``controller.shards.plan``: renew the shards held, take the
   ones the plan gives, release the ones beyond the fair share once their controller has stopped (kept and
   told to stop until then: a shard's last commit lands before its next holder's first). Each shard Lease
   is a ``LeaseElector``
@@ -16,9 +16,13 @@ Theory of operation
   every step; ``holds(shard)`` and the elector's ``held_until()`` are what the shard's controller and
   actuation runner check before deciding and acting (renew deadline rule: a holder that could not renew
   for 2/3 of the lease duration stops before anyone else may take over).
-- Take-over after a holder dies: its shards' records stop changing; at most one lease duration plus one
-  retry period later they read free here; the preferred replica with room takes one at once, anyone
-  after ``grace_s`` more. Failures of the API are logged; holdings lapse by themselves at the deadline.
+- Take-over after a holder dies: its shards' records stop changing. The next step is not left to the
+  retry period: it is due just after the earliest expiry this replica waits for (another replica's shard
+  or membership Lease, or a free shard's grace), so the dead holder's membership and shards read free here
+  at their last renewTime plus the lease duration (plus ``EXPIRY_MARGIN_S`` and one LIST), and the preferred
+  replica with room takes one in that same step; anyone after ``grace_s`` more. Renewals go on every retry
+  period (``RenewingThread``, shared with the single-leader ``LeaseElector``). Failures of the API are
+  logged; holdings lapse by themselves at the deadline.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from fleethealth.act.kube_api import Kube, KubeError
-from fleethealth.act.lease import LeaseElector
+from fleethealth.act.lease import EXPIRY_MARGIN_S, LeaseElector, RenewingThread
 from fleethealth.controller.shards import PUBLICATION_ANNOTATION, LeaseView, PeerBook, Plan, plan
 
 log = logging.getLogger("fleethealth.shards")
@@ -46,17 +50,19 @@ def lease_name(prefix: str, kind: str, name: str) -> str:
     return f"{prefix}-{kind}-{safe}"[:253]
 
 
-class ShardLeases:
+class ShardLeases(RenewingThread):
     def __init__(self, kube: Kube, identity: str, shards: Sequence[str], *, prefix: str = "fleethealth",
                  namespace: str = "fleethealth-system", lease_duration_s: float = 15.0,
                  retry_period_s: float | None = None, grace_s: float | None = None,
                  stale_after_s: float | None = None, clock: Callable[[], float] = time.monotonic,
+                 wall: Callable[[], float] = time.time,
                  publication: Callable[[str], str | None] | None = None,
                  on_acquired: Callable[[str], None] | None = None,
                  on_lost: Callable[[str], None] | None = None,
                  after_step: Callable[[], None] | None = None,
                  on_release: Callable[[str], None] | None = None,
                  drained: Callable[[str], bool] | None = None) -> None:
+        super().__init__()
         self.kube = kube
         self.identity = identity
         self.shards = list(shards)
@@ -74,12 +80,14 @@ class ShardLeases:
         self.drained = drained  # whether its controller has stopped (then the Lease is released)
         self.peers = PeerBook(stale_after_s if stale_after_s is not None else 3 * lease_duration_s)
         self._labels = {SET_LABEL: prefix}
+        self.wall = wall
         self.member = LeaseElector(kube, identity, lease_name(prefix, "member", identity), namespace,
-                                   lease_duration_s=lease_duration_s, clock=clock,
-                                   labels={**self._labels, ROLE_LABEL: "member"})
+                                   lease_duration_s=lease_duration_s, clock=clock, wall=wall,
+                                   retry_period_s=self.retry_period_s, labels={**self._labels, ROLE_LABEL: "member"})
         self.electors: dict[str, LeaseElector] = {
             s: LeaseElector(kube, identity, lease_name(prefix, "shard", s), namespace,
-                            lease_duration_s=lease_duration_s, clock=clock,
+                            lease_duration_s=lease_duration_s, clock=clock, wall=wall,
+                            retry_period_s=self.retry_period_s,
                             labels={**self._labels, ROLE_LABEL: "shard"}, annotations=self._annotations(s))
             for s in self.shards}
         self._others: dict[str, LeaseElector] = {}  # other replicas' member Leases, as observed
@@ -87,8 +95,7 @@ class ShardLeases:
         self._held: set[str] = set()
         self.last_plan = Plan()
         self.lock = threading.Lock()  # held while stepping; readers of the PeerBook take it too
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._due: float | None = None  # the earliest expiry or grace end this replica waits for (its clock)
 
     def _annotations(self, shard: str) -> Callable[[], dict[str, str]]:
         def get() -> dict[str, str]:
@@ -119,12 +126,26 @@ class ShardLeases:
                     .get("items", []))
 
     def _live(self, e: LeaseElector, lease: dict[str, Any], now: float) -> str | None:
-        """The Lease's holder while its record is live as observed here, else None."""
-        seen = e.observe(lease, now)
-        spec = lease.get("spec") or {}
-        holder = spec.get("holderIdentity") or None
-        duration = float(spec.get("leaseDurationSeconds") or self.lease_duration_s)
-        return holder if holder and seen + duration > now else None
+        """The Lease's holder while its record is live as seen here (``lease_expiry``), else None; another
+        replica's live record's expiry becomes a moment the next step is due."""
+        expires = e.expiry(lease, now)
+        holder = (lease.get("spec") or {}).get("holderIdentity") or None
+        if not holder or expires <= now:
+            return None
+        if holder != self.identity:
+            self._wake_at(expires)
+        return holder
+
+    def _wake_at(self, t: float) -> None:
+        self._due = t if self._due is None else min(self._due, t)
+
+    def next_step_in(self) -> float:
+        """Seconds until the next step: a retry period (the renewals), or just after the earliest expiry
+        or grace end this replica waits for when that comes first."""
+        wait = self.retry_period_s
+        if self._due is not None:
+            wait = min(wait, self._due + EXPIRY_MARGIN_S - self.clock())
+        return max(0.0, wait)
 
     def step(self) -> Plan:
         with self.lock:
@@ -133,6 +154,7 @@ class ShardLeases:
     def _step(self) -> Plan:
         self.member.step()
         now = self.clock()
+        self._due = None
         try:
             items = self._list()
         except KubeError as err:
@@ -149,8 +171,9 @@ class ShardLeases:
                 continue
             other = self._others.get(name)
             if other is None:
-                other = self._others[name] = LeaseElector(self.kube, "?", name, self.namespace,
-                                                          lease_duration_s=self.lease_duration_s, clock=self.clock)
+                other = self._others[name] = LeaseElector(
+                    self.kube, "?", name, self.namespace, lease_duration_s=self.lease_duration_s, clock=self.clock,
+                    wall=self.wall, retry_period_s=self.retry_period_s)
             holder = self._live(other, it, now)
             if holder:
                 members.append(holder)
@@ -165,6 +188,8 @@ class ShardLeases:
                 self.peers.observe(s, ann, now)
             if holder is None:
                 self._free_since.setdefault(s, now)
+                if not self.electors[s].is_leader():
+                    self._wake_at(self._free_since[s] + self.grace_s)  # when anyone may take it
             else:
                 self._free_since.pop(s, None)
             views[s] = LeaseView(holder, now - self._free_since.get(s, now))
@@ -203,29 +228,20 @@ class ShardLeases:
                 self.on_lost(s)
         self._held = now_held
 
-    # -- the thread ---------------------------------------------------------------------------------
+    # -- the thread (act.lease.RenewingThread) --------------------------------------------------------
+    thread_name = "shard-leases"
+
     def start(self) -> ShardLeases:
-        if self._thread is None:
-            self._stop.clear()
-            self._thread = threading.Thread(target=self._loop, name="shard-leases", daemon=True)
-            self._thread.start()
+        super().start()
         return self
 
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self.step()
-            except Exception:  # a bug here must not end the shard leases silently
-                log.exception("shard lease step failed")
-                with self.lock:
-                    self._notify()
-            self._stop.wait(self.retry_period_s)
+    def tick(self) -> float:
+        self.step()
+        return self.next_step_in()
 
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(10)
-            self._thread = None
+    def tick_failed(self) -> None:
+        with self.lock:
+            self._notify()
 
     def release_all(self) -> None:
         """Clean shutdown: give every shard (and the membership) up, so others take over at once."""

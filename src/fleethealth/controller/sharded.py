@@ -23,9 +23,11 @@ Theory of operation
   outbox, and decides on its first cycle (no warm-up: its first read of the store covers the whole rate
   window, so rates have their samples).
 - The fleet-wide telemetry-loss freeze: after each decided cycle the shard's counts of entities in
-  service and at low confidence are published in the shard's Lease (renewed every retry period); before
-  each cycle the other shards' counts (a stale shard's as all low confidence) are handed to the shard's
-  decider, which adds them to its own before applying ``fleet.low_confidence_fraction``. So every shard
+  service and at low confidence (the decision's ``confidence_counts``) are published in the shard's Lease
+  (renewed every retry period); before each cycle the other shards' counts (a stale shard's as all low
+  confidence) are handed to the shard's decider through its public input (``DecisionLoop.fleet_peers``,
+  ``Decider.decide(fleet_peers=...)``), which adds them to its own before applying
+  ``fleet.low_confidence_fraction``. So every shard
   freezes when the fleet's share crosses the threshold, whichever shard lost its telemetry.
 - On ``listen`` a replica serves ``/healthz`` (503 while a shard it holds has not completed a cycle for
   three intervals) and ``/metrics`` (per shard: held here, cycles, last cycle's CPU, the published counts
@@ -41,41 +43,16 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 from fleethealth.controller.config import ControllerConfig
 from fleethealth.controller.shards import Publication, ShardSpec, owns, shard_matcher
-from fleethealth.decide.decider import Decider
 from fleethealth.policy import Policy, load_policy
 
 log = logging.getLogger("fleethealth.shards")
-
-
-# -- the freeze's counts, in and out of a shard's decider ------------------------------------------------
-@dataclass(slots=True)
-class FleetCounts:
-    """What the shard's decider adds to its own confidence counts (``peers``: the other shards' in service
-    and low confidence) and what it counted itself in its last decided cycle (``own``)."""
-
-    peers: tuple[int, int] = (0, 0)
-    own: tuple[int, int] | None = None
-
-
-def shard_decider(counts: FleetCounts) -> type[Decider]:
-    """A Decider whose fleet-wide confidence counts include the other shards'. A class per shard (the
-    controller makes a fresh decider of the same type on taking over, and it must see the same counts)."""
-
-    class ShardDecider(Decider):
-        def _confidence_counts(self, c: Any, obs: Mapping[str, Any]) -> tuple[int, int]:
-            total, low = super()._confidence_counts(c, obs)
-            counts.own = (total, low)
-            peers_total, peers_low = counts.peers
-            return total + peers_total, low + peers_low
-
-    return ShardDecider
 
 
 # -- a shard's part of the configuration ---------------------------------------------------------------
@@ -230,14 +207,12 @@ def shard_main(cfg_data: dict[str, Any], slots: Any, parent: int, log_level: int
     # No warm-up cycle: a shard reads a Prometheus-compatible store, whose first read covers the whole
     # rate window (the history the last holder read too), so a shard taken over decides on its first cycle
     ctl.warm_up = False
-    counts = FleetCounts()
 
     def holds() -> bool:
         return not slots[STOP] and time.monotonic() < slots[HELD_UNTIL]
 
     ctl.is_leader = holds
     asm.runner.is_leader = holds
-    ctl.loop.decider = shard_decider(counts)(policy)
     # fencing: the shard's Lease (not the replica's, which has none) and the shard's store claim
     from fleethealth.act.fence import Fences, StoreFence
 
@@ -250,11 +225,11 @@ def shard_main(cfg_data: dict[str, Any], slots: Any, parent: int, log_level: int
         if callable(bind):
             bind(fence)
 
-    def peers(now: float) -> None:
-        counts.peers = (int(slots[PEERS_TOTAL]), int(slots[PEERS_LOW]))
+    def peers(now: float) -> None:  # the decider's public input for the fleet-wide freeze (Decider.decide)
+        ctl.loop.fleet_peers = (int(slots[PEERS_TOTAL]), int(slots[PEERS_LOW]))
 
     def report(rep: Any) -> None:
-        own = counts.own
+        own = ctl.loop.confidence_counts  # this cycle's own counts, without the peers'
         if not rep.skipped and own is not None:
             slots[OWN_TOTAL], slots[OWN_LOW], slots[OWN_TS] = float(own[0]), float(own[1]), float(rep.ts)
         slots[CYCLES] += 1

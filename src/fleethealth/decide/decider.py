@@ -119,12 +119,17 @@ class Decider(SafetyRules, Repairs, FailureDomains):
 
     # ------------------------------------------------------------------------------------------
     def decide(self, state: DecisionState, health: Any, now: float, events: Sequence[Event] = (),
-               serving: Any = None, labels_key: Hashable | None = None) -> Decision:
+               serving: Any = None, labels_key: Hashable | None = None,
+               fleet_peers: tuple[int, int] = (0, 0)) -> Decision:
         """One cycle. ``health``: the remediation consumer's FleetHealth (or a mapping / iterable of
         HealthTuples); ``serving``: the serving consumer's FleetHealth for router weights (defaults to
         ``health``). ``labels_key``: equal across cycles only while the entities' metadata labels cannot
         differ (``DecisionLoop`` passes ``signals.history.shape_token`` of the scored view); labels are
-        then reused instead of asked for again. The input state is not modified."""
+        then reused instead of asked for again. ``fleet_peers``: the rest of the fleet's (in service, low
+        confidence) counts, added to this decider's own before ``fleet.low_confidence_fraction`` applies
+        (a shard's controller passes the other shards' published counts, ``controller.shards``, so a
+        telemetry loss anywhere freezes every shard); the decision's ``confidence_counts`` are its own,
+        without them (what a shard publishes). The input state is not modified."""
         p = self.policy
         lc = p.lifecycle
         c = Cycle(p, state.shallow(), now, self._version)
@@ -197,7 +202,7 @@ class Decider(SafetyRules, Repairs, FailureDomains):
             if fast:
                 obs_of[eid] = (ht, (drain, floor), made)
 
-        self._fleet_confidence(c, obs)
+        own_counts = self._fleet_confidence(c, obs, fleet_peers)
         blamed = self._app_xids(c, life, flagged_gpus)
         for n, why in blamed.items():
             o = obs.get(n)
@@ -256,7 +261,7 @@ class Decider(SafetyRules, Repairs, FailureDomains):
                 self._router(c, es, None if st is None else Observation(st.value, st.confidence, st.reason))
         c.close_incidents()
         s.last_ts = now
-        return Decision(s, c.transitions, c.intents, now)
+        return Decision(s, c.transitions, c.intents, now, confidence_counts=own_counts)
 
     def _unsteady(self, c: Cycle, obs: Mapping[str, Observation | None], serving_by_id: Mapping[str, HealthTuple],
                   by_id: Mapping[str, HealthTuple], ev_by_entity: Mapping[str, list[Event]]) -> list[str]:

@@ -91,6 +91,11 @@ class DecisionLoop:
         self._newest = _NewestTs()
         self.history = history if history is not None else SignalHistory(policy)
         self.decider = Decider(policy)
+        # the rest of the fleet's (in service, low confidence) counts for the freeze (Decider.decide's
+        # fleet_peers: a shard's controller sets the other shards' before each cycle), and this loop's own
+        # from its last decision (what the shard publishes)
+        self.fleet_peers: tuple[int, int] = (0, 0)
+        self.confidence_counts: tuple[int, int] | None = None
         loaded = store.load() if store is not None else None
         self.state: DecisionState = loaded if loaded is not None else DecisionState()
 
@@ -109,10 +114,12 @@ class DecisionLoop:
         health = self.scorer(view, self.policy, now, "remediation")
         serving = self.scorer(view, self.policy, now, "serving") if _has_replicas(health) else None
         decision = self.decider.decide(self.state, health, now, events, serving,
-                                       labels_key=_labels_key(health, view, now, self.policy, self._newest))
+                                       labels_key=_labels_key(health, view, now, self.policy, self._newest),
+                                       fleet_peers=self.fleet_peers)
         if self.store is not None:
             self.store.commit(decision)
         self.state = decision.state
+        self.confidence_counts = decision.confidence_counts
         return CycleResult(now, decision, health)
 
 

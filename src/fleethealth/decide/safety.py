@@ -82,8 +82,11 @@ class SafetyRules:
                   and not es.no_new_work and not es.blocked):
                 del c.s.entities[eid]
 
-    def _fleet_confidence(self, c: Cycle, obs: Mapping[str, Observation | None]) -> None:
-        """Entities out of service do not count (their telemetry may rightly be gone), nor do ones gone
+    def _fleet_confidence(self, c: Cycle, obs: Mapping[str, Observation | None],
+                          peers: tuple[int, int] = (0, 0)) -> tuple[int, int]:
+        """Returns this decider's own (counted, low) before ``peers`` (other shards' in service and low
+        confidence, ``Decider.decide``'s ``fleet_peers``) are added to them for the threshold.
+        Entities out of service do not count (their telemetry may rightly be gone), nor do ones gone
         for longer than ABSENT_GRACE_S (scaled down, decommissioned), nor ones that never had a usable
         observation (a controller's first cycles: rates and burn rates need two samples, so a whole fleet
         reads low confidence at start; that is warm-up, not a telemetry outage, and nothing acts on it
@@ -103,6 +106,8 @@ class SafetyRules:
                        and (es.last_known_ts is not None or c.s.frozen or usable(eid))]
             low = [eid for eid in counted if not usable(eid)]
             total, n_low = len(counted), len(low)
+        own = (total, n_low)
+        total, n_low = total + peers[0], n_low + peers[1]
         frac = n_low / total if total else 0.0
         frozen = total >= p.fleet.min_entities and frac >= p.fleet.low_confidence_fraction
         if frozen and not c.s.frozen:
@@ -115,6 +120,7 @@ class SafetyRules:
             c.emit(IntentKind.FLEET_ALERT, "fleet", "fleet_confidence_restored",
                    {"state": "resolved", "low": n_low, "total": total, "fraction": round(frac, 4),
                     "remediation": "resumed"})
+        return own
 
     def _confidence_counts(self, c: Cycle, obs: Mapping[str, Observation | None]) -> tuple[int, int]:
         """``_fleet_confidence``'s two counts in one pass: entities counted, and those without a usable

@@ -216,6 +216,9 @@ class Decision:
     transitions: list[Transition] = field(default_factory=list)
     intents: list[Intent] = field(default_factory=list)
     ts: float = 0.0
+    # this decider's own (in service, low confidence) counts of the freeze, before any ``fleet_peers``
+    # were added (what a shard publishes to the others); not persisted
+    confidence_counts: tuple[int, int] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"ts": self.ts, "state": self.state.to_dict(),
