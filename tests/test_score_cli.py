@@ -67,6 +67,21 @@ def test_kernel_log_only_nodes_appear_with_their_events(tmp_path: Path, recordin
     assert by["node-99"]["worst_member"] == "node-99/gpu0000:18:00.0"
 
 
+def test_a_kernel_log_alone_is_scored_as_of_its_newest_line(tmp_path: Path) -> None:
+    """No exporter page to go with it: an Xid 79 logged long ago still reads as the gate it was then (not as
+    stale data of an unknown GPU); nothing at all is a one-line error."""
+    log = tmp_path / "kern.log"
+    log.write_text("2025-12-29T09:30:00+00:00 node-7 kernel: [12345.678901] NVRM: Xid (PCI:0000:3b:00): 79, "
+                   "pid=0, GPU has fallen off the bus.\n")
+    res = runner.invoke(_app(), ["score", "--kernel-log", str(log), "--format", "json"])
+    assert res.exit_code == 0, res.output
+    by = {t["entity"]: t for t in _json_lines(res.stdout)}
+    assert by["node-7"]["reason"] == "gate:kernel_xid" and by["node-7"]["value"] == 0.0
+    assert by["node-7/gpu0000:3b:00.0"]["confidence"] == 1.0
+    res = runner.invoke(_app(), ["score"])
+    assert res.exit_code == 2 and "nothing to score" in res.output
+
+
 @pytest.mark.parametrize("command", ["score", "explain", "replay"])
 def test_inputs_without_a_sample_exit_2_with_one_line(tmp_path: Path, command: str) -> None:
     empty = tmp_path / "empty.prom"

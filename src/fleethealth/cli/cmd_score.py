@@ -56,7 +56,8 @@ def read_all(
     max_input_mb: float | None = None, policy: Policy | None = None,
 ) -> Inputs:
     """Read exposition/table files or URLs (and kernel logs) into one snapshot. ``at`` None: the
-    recording's last sample when a recorded table is among the inputs, else now. Unreadable inputs, and
+    recording's last sample when a recorded table is among the inputs, the newest kernel-log line when
+    kernel logs are the only input, else now. Unreadable inputs, and
     inputs that yield no sample at all, exit 2 with one line; notices (a page given an instance, recorded
     samples after ``at``) go to stderr."""
     from fleethealth.sources.inputs import (
@@ -90,6 +91,11 @@ def read_all(
                 fail(f"{p}: cannot read: {e.strerror or e}")
             res = parse_kernel_log(text, source=str(p), node=node, bus_to_gpu=bus, now=when)
             parts.append(_kernel_only_gpus(res.snapshot))
+        if at is None and not inputs:
+            # Kernel logs alone read as a recording does: as of their newest line, so that an Xid logged an
+            # hour ago scores as what it was then, not as stale data (--at scores them at another time).
+            newest = [float(part.ts.max()) for part in parts[1:] if len(part)]
+            when = max(newest, default=when)
         snap = merge_snapshots(parts, when)
     err = Console(stderr=True, highlight=False)
     for n in got.notices:
@@ -142,7 +148,8 @@ def print_issues(snap: Snapshot, fh: FleetHealth, limit: int = 20) -> None:
 def register(app: typer.Typer) -> None:
     @app.command()
     def score(
-        inputs: Annotated[list[str], typer.Argument(help="Exposition files, recorded tables (csv/jsonl/parquet) or URLs")],
+        inputs: Annotated[list[str] | None, typer.Argument(
+            help="Exposition files, recorded tables (csv/jsonl/parquet) or URLs (none: only --kernel-log)")] = None,
         policy: Annotated[Path | None, typer.Option(help="Policy YAML (default: the shipped policy)")] = None,
         at: Annotated[str | None, typer.Option(
             help="Score as of this time (unix s or ISO 8601); default: a recording's last sample, else now")] = None,
@@ -165,8 +172,10 @@ def register(app: typer.Typer) -> None:
         bad = [k for k in kinds if k not in all_kinds]
         if bad:
             fail(f"--kind {bad[0]!r} is unknown: expected one of {', '.join(all_kinds)}")
+        if not inputs and not kernel_log:
+            fail("nothing to score: give exposition files, recorded tables or URLs, or --kernel-log FILE")
         pol = load_policy_or_fail(policy)
-        got = read_all(inputs, None if at is None else parse_at(at), kernel_log, node, max_input_mb, pol)
+        got = read_all(inputs or [], None if at is None else parse_at(at), kernel_log, node, max_input_mb, pol)
         snap, now = got.snapshot, got.at
         fh = score_snapshot(snap, pol, now, consumer=consumer)
         tuples = [t for k in kinds for t in fh.by_kind(k)]
