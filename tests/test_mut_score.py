@@ -11,9 +11,9 @@ from __future__ import annotations
 import pytest
 
 from fleethealth.policy import default_policy
-from fleethealth.score.engine import score_snapshot
+from fleethealth.score.engine import Scorer, score_snapshot
 from fleethealth.signals.snapshot import Snapshot, SnapshotBuilder
-from test_engine import fleet, gpu_labels
+from test_engine import fleet, gpu_labels, healthy_node
 
 NOW = 1_800_000_000.0
 POL = default_policy()
@@ -164,3 +164,81 @@ def test_flag_and_ramp_in_min_and_gmean() -> None:
     g = score_snapshot(snap, POL, NOW, consumer="serving").tuples["x/gpu3"]
     assert g.value == pytest.approx(0.4 ** (1 / 3), abs=1e-12)
     assert g.reason == "gmean:thermal" and g.worst == "thermal" and g.confidence == pytest.approx(0.6)
+
+
+def _nodes() -> Snapshot:
+    """Six healthy nodes (n0-n5) and five that each show one roll-up rule (see the test)."""
+    b = fleet()
+    for n in "abde":
+        healthy_node(b, n, gpus=7 if n == "d" else 8)
+    b.add("DCGM_FI_DEV_GPU_TEMP", gpu_labels("a", 5), 90.0, NOW - 4)   # thermal 0.5
+    b.add("DCGM_FI_DEV_GPU_TEMP", gpu_labels("a", 6), 87.5, NOW - 4)   # thermal 0.75
+    for n in "ab":  # NVSwitch errors on the node's fabric: its own nvlink category, a 0.8 flag
+        b.add("fleethealth_kernel_sxid_total", {"Hostname": n}, 0, NOW - 100)
+        b.add("fleethealth_kernel_sxid_total", {"Hostname": n}, 2, NOW - 10)
+    for g in range(8):  # c: gpu3 entirely stale; gpu5 only its temperature fresh (confidence 1/4)
+        lab = gpu_labels("c", g)
+        ts = NOW - 500 if g in (3, 5) else NOW - 5
+        b.add("DCGM_FI_DEV_GPU_TEMP", lab, 60.0, NOW - 5 if g == 5 else ts)
+        b.add("DCGM_FI_DEV_SM_CLOCK", lab, 1980.0 + g, ts)
+        b.add("DCGM_FI_DEV_XID_ERRORS", lab, 0, ts)
+        b.add("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", lab, 5, ts - 30)
+        b.add("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", lab, 5, ts)
+    b.add("DCGM_FI_DEV_XID_ERRORS", gpu_labels("e", 2), 79, NOW - 3)  # gated
+    b.add("DCGM_FI_DEV_GPU_TEMP", gpu_labels("e", 4), 99.0, NOW - 3)   # thermal 0: lower, not gated
+    return b.build(NOW)
+
+
+# node -> (value, confidence, reason, worst category, worst member, flags) for training (min)
+NODE_ROLLUP = {
+    # the weakest GPU decides and is named; the node's own 0.8 nvlink flag is less bad
+    "a": (0.5, 1.0, "min:thermal", "thermal", "a/gpu5", ("nvswitch_sxid",)),
+    # the node's own signal is its worst: no GPU decided it
+    "b": (0.8, 1.0, "min:nvlink", "nvlink", None, ("nvswitch_sxid",)),
+    # an unknown GPU and one below min_confidence (0.5) leave the node unknown, named after the first;
+    # confidence adds up the GPUs' signals: 6 x 4 fresh + 0 + 1 of 32 expected
+    "c": (None, 25 / 32, "missing:gpu3,gpu5", None, "c/gpu3", ()),
+    # 7 GPUs where every peer node has 8: unknown, confidence scaled by 7/8
+    "d": (None, 7 / 8, "missing:gpu7", None, None, ()),
+    # a gated GPU is named before a lower ungated one; a gate is certain: confidence 1
+    "e": (0.0, 1.0, "gate:xid", "hardware", "e/gpu2", ("xid:79",)),
+}
+
+
+@pytest.mark.parametrize("node", sorted(NODE_ROLLUP))
+def test_node_roll_up_value_confidence_reason_and_member(node: str) -> None:
+    value, conf, reason, worst, member, flags = NODE_ROLLUP[node]
+    t = score_snapshot(_nodes(), POL, NOW, consumer="training").tuples[node]
+    assert (t.value, t.reason, t.worst, t.worst_member, t.flags) == (value, reason, worst, member, flags)
+    assert t.confidence == pytest.approx(conf, abs=1e-12)
+
+
+def test_node_categories_are_the_minimum_over_its_gpus_and_its_own() -> None:
+    fh = score_snapshot(_nodes(), POL, NOW, consumer="training")
+    a = fh.tuples["a"].categories
+    assert a["thermal"] == 0.5 and a["nvlink"] == pytest.approx(0.8) and a["hardware"] == 1.0
+    assert "memory" not in a  # no GPU or node signal of it is fresh
+    e = fh.tuples["e"].categories
+    assert e["hardware"] == 0.0 and e["thermal"] == 0.0 and e["pcie"] == 1.0
+    assert fh.tuples["c/gpu3"].value is None and fh.tuples["c/gpu5"].confidence == 0.25
+
+
+def test_a_scorer_cycle_after_cycle_and_consumer_after_consumer_rolls_up_the_same() -> None:
+    """What the scorer keeps between cycles (sorts, derived scores, per-consumer roll-ups) never changes
+    a node's tuple: the same snapshot scored again, for training then serving, reads as scored alone."""
+    snap = _nodes()
+    s = Scorer()
+    for _ in range(3):
+        for consumer in ("training", "serving"):
+            got = s.score(snap, POL, NOW, consumer=consumer)
+            alone = score_snapshot(snap, POL, NOW, consumer=consumer)
+            for n in NODE_ROLLUP:
+                a, b = got.tuples[n], alone.tuples[n]
+                assert (a.value, a.confidence, a.reason, a.worst, a.worst_member, a.flags) == (
+                    b.value, b.confidence, b.reason, b.worst, b.worst_member, b.flags)
+    serving = s.score(snap, POL, NOW, consumer="serving")
+    # serving: gpu a/gpu5 is 0.5 ** (1/4) = 0.84 by geometric mean, above the node's own nvlink 0.8
+    assert serving.tuples["a"].value == pytest.approx(0.8) and serving.tuples["a"].reason == "gmean:nvlink"
+    assert serving.tuples["a"].worst_member is None
+    assert serving.tuples["a/gpu5"].value == pytest.approx(0.5 ** 0.25, abs=1e-12)
+    assert s.score(snap, POL, NOW, consumer="training").tuples["a"].worst_member == "a/gpu5"
