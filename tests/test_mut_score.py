@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import pytest
 
-from fleethealth.policy import default_policy
+from fleethealth.policy import default_policy, default_policy_text, parse_policy
 from fleethealth.score.engine import Scorer, score_snapshot
+from fleethealth.signals.history import SignalHistory
 from fleethealth.signals.snapshot import Snapshot, SnapshotBuilder
 from test_engine import fleet, gpu_labels, healthy_node
 
@@ -242,3 +243,92 @@ def test_a_scorer_cycle_after_cycle_and_consumer_after_consumer_rolls_up_the_sam
     assert serving.tuples["a"].worst_member is None
     assert serving.tuples["a/gpu5"].value == pytest.approx(0.5 ** 0.25, abs=1e-12)
     assert s.score(snap, POL, NOW, consumer="training").tuples["a"].worst_member == "a/gpu5"
+
+
+# replica -> (sampled every s, error share, share of requests slower than the 2 s TTFT threshold)
+SLO_REPLICAS = {
+    "burning": (60, 0.05, 0.0), "sparse": (600, 0.05, 0.0), "slow": (60, 0.0, 0.04),
+    "stale": (60, 0.05, 0.0),  # its last scrape 120 s ago, past max_age_s 90
+    "coarse": (60, 0.0, 0.5),  # its histogram has no bucket at the 2 s threshold
+}
+
+
+def _slo_scrape(b: SnapshotBuilder, k: int) -> None:
+    t = NOW - 3600 + k
+    for name, (step, err, slow) in SLO_REPLICAS.items():
+        if k % step or (name == "stale" and k > 3480):
+            continue
+        lab = dict(replica=name, model_name="llama", build="v1")
+        reqs = 10.0 * k
+        b.add("fleethealth_replica_requests_total", lab, reqs, t)
+        b.add("fleethealth_replica_errors_total", lab, err * reqs, t)
+        b.add("vllm:time_to_first_token_seconds_count", lab, reqs, t)
+        le = "5.0" if name == "coarse" else "2.0"
+        b.add("vllm:time_to_first_token_seconds_bucket", {**lab, "le": le}, (1 - slow) * reqs, t)
+        b.add("vllm:time_to_first_token_seconds_bucket", {**lab, "le": "+Inf"}, reqs, t)
+
+
+def _slo_snapshots() -> dict[str, Snapshot]:
+    """The same hour of scrapes as one snapshot (the row path) and as a history's view (the batched
+    counter-matrix path): both must read the same."""
+    h = SignalHistory(POL)
+    whole = SnapshotBuilder()
+    for k in range(0, 3601, 60):
+        b = SnapshotBuilder()
+        _slo_scrape(b, k)
+        _slo_scrape(whole, k)
+        h.add(b.build(NOW - 3600 + k))
+    return {"rows": whole.build(NOW), "view": h.view(NOW)}
+
+
+@pytest.fixture(scope="module")
+def slo_snaps() -> dict[str, Snapshot]:
+    return _slo_snapshots()
+
+
+@pytest.mark.parametrize("path", ["rows", "view"])
+def test_slo_burn_rates_on_rows_and_on_a_history_view(slo_snaps: dict[str, Snapshot], path: str) -> None:
+    fh = score_snapshot(slo_snaps[path], POL, NOW, consumer="serving")
+    burning = fh.tuples["burning"]
+    err = _detail(burning, "error_slo")
+    assert err.score == pytest.approx(0.2, abs=1e-9) and err.age_s == 0.0
+    assert err.raw == pytest.approx(5.0) and err.rate == pytest.approx(5.0)
+    assert _detail(burning, "ttft_slo").score == 1.0 and _detail(burning, "ttft_slo").rate == 0.0
+    # serving: geometric mean of serving 1 and errors 0.2
+    assert burning.value == pytest.approx(0.2 ** 0.5, abs=1e-9) and burning.reason == "gmean:errors"
+    assert burning.confidence == 1.0
+    # 4% slower than 2 s: a 4x burn, 1 - 3/5 on the 6 h pair
+    slow = fh.tuples["slow"]
+    ttft = _detail(slow, "ttft_slo")
+    assert ttft.score == pytest.approx(0.4, abs=1e-9) and ttft.raw == pytest.approx(4.0)
+    assert ttft.rate == pytest.approx(4.0)
+    assert slow.value == pytest.approx(0.4 ** 0.5, abs=1e-9) and slow.worst == "serving"
+    # one sample in the 5 min window: that pair unknown, the score the other pair's
+    sparse = _detail(fh.tuples["sparse"], "error_slo")
+    assert sparse.score == pytest.approx(0.2, abs=1e-9) and sparse.rate is None
+    assert sparse.raw == pytest.approx(5.0)
+    # requests last counted 120 s ago: stale, the burn still shown, the replica unknown
+    stale = fh.tuples["stale"]
+    assert _detail(stale, "error_slo").score is None and _detail(stale, "error_slo").age_s == 120.0
+    assert _detail(stale, "error_slo").raw == pytest.approx(5.0)
+    assert stale.value is None and stale.reason == "no_fresh_data" and stale.confidence == 0.0
+    # no bucket at the threshold: the latency SLO cannot be read (not healthy), errors still are
+    coarse = fh.tuples["coarse"]
+    assert _detail(coarse, "ttft_slo").score is None and _detail(coarse, "ttft_slo").raw is None
+    assert _detail(coarse, "error_slo").score == 1.0 and coarse.value == 1.0
+    assert coarse.confidence == 0.5
+
+
+@pytest.mark.parametrize("path", ["rows", "view"])
+def test_a_signal_s_own_slo_objective_replaces_the_policy_s(slo_snaps: dict[str, Snapshot], path: str) -> None:
+    """error_slo at 95%: 5% errors burn exactly the budget (1x), which scores 1."""
+    anchor = "    requests_metric: fleethealth_replica_requests_total\n"
+    text = default_policy_text()
+    assert text.count(anchor) == 1
+    pol = parse_policy(text.replace(anchor, anchor + "    objective: 0.95\n"))
+    t = score_snapshot(slo_snaps[path], pol, NOW, consumer="serving").tuples["burning"]
+    err = _detail(t, "error_slo")
+    assert err.raw == pytest.approx(1.0) and err.score == 1.0 and t.value == 1.0
+    # the latency SLO keeps the policy's 99%
+    slow = score_snapshot(slo_snaps[path], pol, NOW, consumer="serving").tuples["slow"]
+    assert _detail(slow, "ttft_slo").score == pytest.approx(0.4, abs=1e-9)
