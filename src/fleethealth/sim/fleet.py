@@ -1,5 +1,6 @@
-"""The simulated fleet's topology: nodes of 8 GPUs in pools, racks and tensor-parallel groups, training
-jobs with ranks and pipeline stages, serving replicas. Built once from the scenario; every per-step
+"""The simulated fleet's topology: nodes of 8 GPUs in pools, racks and tensor-parallel groups, failure
+domains above the rack (NVLink domain, switch, power and cooling zone, when the scenario's ``topology``
+sets them), training jobs with ranks and pipeline stages, serving replicas. Built once from the scenario; every per-step
 array in the simulation is indexed by the integer ids assigned here (node, gpu, rank, replica).
 """
 
@@ -72,6 +73,8 @@ class Fleet:
     # gpu -> replica index or -1
     gpu_replica: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     gpu_rank: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    # failure domains above the rack (scenario ``topology``): label -> value per node
+    node_domains: dict[str, list[str]] = field(default_factory=dict)
 
     @property
     def n_nodes(self) -> int:
@@ -99,6 +102,13 @@ class Fleet:
     def rack_nodes(self, rack: str) -> list[int]:
         return [i for i, r in enumerate(self.node_rack) if r == rack]
 
+    def domain_nodes(self, label: str, value: str) -> list[int]:
+        """Nodes of one failure domain (``rack``, or a topology label: ``nvlink_domain``, ``switch``,
+        ``power_zone``, ``cooling_zone``); empty when the fleet has no such label or value."""
+        if label == "rack":
+            return self.rack_nodes(value)
+        return [i for i, v in enumerate(self.node_domains.get(label, ())) if v == value]
+
     def job_by_name(self, name: str) -> Job:
         for j in self.jobs:
             if j.name == name:
@@ -116,7 +126,7 @@ class Fleet:
             "node": self.nodes[n], "pool": self.node_pool[n], "rack": self.node_rack[n],
             "tp_group": self.node_tp_group[n], "driver_version": self.node_driver[n],
             "kernel_version": self.spec.kernel_version,
-        }
+        } | {label: values[n] for label, values in self.node_domains.items()}
 
 
 def build_fleet(spec: FleetSpec, seed: int) -> Fleet:
@@ -187,7 +197,8 @@ def build_fleet(spec: FleetSpec, seed: int) -> Fleet:
         base += pool.nodes
     racks = [f"rack-{i // spec.nodes_per_rack:02d}" for i in range(total)]
     uuids = [_uuid(seed, nodes[g // gpn], g % gpn) for g in range(total * gpn)]
-    fleet = Fleet(spec, nodes, node_pool, racks, node_tp, node_driver, gpn, uuids, jobs, replicas)
+    fleet = Fleet(spec, nodes, node_pool, racks, node_tp, node_driver, gpn, uuids, jobs, replicas,
+                  node_domains=topology_labels(spec, total))
     fleet.rank_gpu = np.asarray(rank_gpu, np.int64)
     fleet.rank_job = np.asarray(rank_job, np.int64)
     fleet.rank_stage = np.asarray(rank_stage, np.int64)
@@ -198,6 +209,26 @@ def build_fleet(spec: FleetSpec, seed: int) -> Fleet:
     fleet.gpu_rank = np.full(total * gpn, -1, np.int64)
     fleet.gpu_rank[fleet.rank_gpu] = np.arange(len(rank_gpu))
     return fleet
+
+
+# topology label -> (the value's prefix, what the scenario's TopologySpec groups by)
+DOMAIN_PREFIX = {"nvlink_domain": "nvl", "switch": "sw", "power_zone": "pz", "cooling_zone": "cz"}
+
+
+def topology_labels(spec: FleetSpec, total: int) -> dict[str, list[str]]:
+    """The failure-domain labels of each node above its rack: an NVLink domain every
+    ``nvlink_domain_nodes`` consecutive nodes; a switch, power and cooling zone every so many consecutive
+    racks. Only the labels the topology sets."""
+    topo = spec.topology
+    rack = [i // spec.nodes_per_rack for i in range(total)]
+    out: dict[str, list[str]] = {}
+    if topo.nvlink_domain_nodes:
+        out["nvlink_domain"] = [f"nvl-{i // topo.nvlink_domain_nodes:02d}" for i in range(total)]
+    for label, per in (("switch", topo.racks_per_switch), ("power_zone", topo.racks_per_power_zone),
+                       ("cooling_zone", topo.racks_per_cooling_zone)):
+        if per:
+            out[label] = [f"{DOMAIN_PREFIX[label]}-{r // per:02d}" for r in rack]
+    return out
 
 
 def bus_id(gpu_index: int) -> str:

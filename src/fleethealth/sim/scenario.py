@@ -6,7 +6,9 @@ something users write by hand to replay their own incidents. Durations accept se
 whose onset is not inside the run (``onset >= duration``) is an error: it could only be scored as a miss.
 
 Targets are strings resolved against the fleet once it is built: ``node-37``, ``node-37/gpu3``,
-``pool:train-a``, ``rack:rack-02``, ``job:pretrain-70b``, ``replica:llama3-70b-007``, ``build:v0.7.0``.
+``pool:train-a``, ``rack:rack-02``, ``job:pretrain-70b``, ``replica:llama3-70b-007``, ``build:v0.7.0``, and
+the topology's domains: ``nvlink_domain:nvl-00``, ``switch:sw-00``, ``power_zone:pz-00``,
+``cooling_zone:cz-00``.
 
 Shape of a file (``fleethealth sim show noise-only`` prints a complete one; ``fleethealth sim faults``
 lists the kinds)::
@@ -18,6 +20,8 @@ lists the kinds)::
     fleet:
       nodes_per_rack: 8     # nodes are named node-00, node-01, ...; racks rack-00, ...
       dcgm_fields: full     # or: default (dcgm-exporter's default list, no ECC/NVLink/violations)
+      topology: {racks_per_power_zone: 4}   # optional domain labels: nvlink_domain_nodes,
+                            # racks_per_switch, racks_per_power_zone, racks_per_cooling_zone
       pools:
         - {name: train-a, nodes: 48, workload: training,
            jobs: [{name: pretrain-70b, pp: 4, compute_s: 1.82}]}
@@ -34,7 +38,8 @@ driver, rollout_s, delay_s, fraction; serving_build_regression ttft_factor, itl_
 cuda_oom class (single_request | batch_overload | fragmentation | driver), count, interval_s, xid;
 stage_imbalance stage_weights; seq_imbalance sigma; replica_restart gap_s; sbe_climb base_per_s, doubling_s,
 fault_after_s; slow_rank cause (host | nic | pcie), slowdown, link_gen, link_width; intermittent signal
-(nvlink | pcie), duty, period_s; cooling_event ramp_s, max_c; clock_skew skew_s. GPU-level faults take
+(nvlink | pcie), duty, period_s; cooling_event ramp_s, max_c; clock_skew skew_s; job_crash first_xid, xid, repeat_s, spread_s; power_brownout
+ramp_s, power_drop_w, clock_drop. GPU-level faults take
 ``gpu: N`` when the target is a whole node. ``magnitude`` scales every fault's effect.
 """
 
@@ -74,6 +79,8 @@ FaultKind = Literal[
     "cooling_event",
     "frozen_exporter",
     "clock_skew",
+    "job_crash",
+    "power_brownout",
 ]
 
 FAULT_KINDS: tuple[str, ...] = FaultKind.__args__  # type: ignore[attr-defined]
@@ -136,6 +143,24 @@ class PoolSpec(Strict):
         return self
 
 
+class TopologySpec(Strict):
+    """Failure domains above the rack, as node labels (``fleethealth_node_info``, where a real fleet's node
+    labels reach the scrape; the default policy's ``domains.labels`` names them). Each is off (no label)
+    unless set, so a scenario without ``topology`` serves what it always did.
+
+    ``nvlink_domain_nodes``: nodes per multi-node NVLink domain (GB200 NVL72: 18 trays of 4 GPUs, one
+    rack; GPU feature discovery labels such nodes ``nvidia.com/gpu.clique=<cluster uuid>.<clique id>``,
+    exported here as ``nvlink_domain``); an HGX node is its own NVLink domain, so none is labelled.
+    ``racks_per_switch`` (``switch``: the leaf switch a rack's nodes hang off), ``racks_per_power_zone``
+    (``power_zone``: a power shelf or PDU group) and ``racks_per_cooling_zone`` (``cooling_zone``: a
+    CDU or a row's air handler): consecutive racks share one."""
+
+    nvlink_domain_nodes: int | None = Field(default=None, ge=1)
+    racks_per_switch: int | None = Field(default=None, ge=1)
+    racks_per_power_zone: int | None = Field(default=None, ge=1)
+    racks_per_cooling_zone: int | None = Field(default=None, ge=1)
+
+
 class FleetSpec(Strict):
     gpus_per_node: int = Field(default=8, ge=1, le=16)
     nodes_per_rack: int = Field(default=8, ge=1)
@@ -149,6 +174,7 @@ class FleetSpec(Strict):
     # export DCGM_FI_DEV_PCIE_LINK_GEN / _LINK_WIDTH and the device maxima (Gen5 x16 unless a fault
     # downtrains a link); off by default, so recordings made before these fields stay as they were
     pcie_link_fields: bool = False
+    topology: TopologySpec = Field(default_factory=TopologySpec)
     pools: list[PoolSpec] = Field(min_length=1)
 
     @field_validator("pools")
