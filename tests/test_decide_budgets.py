@@ -37,7 +37,9 @@ def test_three_gpus_off_the_bus_within_ten_minutes_are_all_quarantined_at_once()
     assert q == {"n03": 0.0, "n17": 240.0, "n40": 600.0}  # each the cycle its GPU fell off
     assert not _new_pages(r, "budget_exhausted")
     ledger = sorted(k for _, k, _ in r.state.ledger)
-    assert ledger == ["hard:node:h100"] * 3  # the rate budget is untouched for the scorer's judgements
+    # physical evidence (a GPU off the bus) has its own budget; the rate budget is untouched for the
+    # scorer's judgements
+    assert ledger == ["physical:node:h100"] * 3
 
 
 def test_a_fleet_wide_burst_of_hard_gates_still_stops_at_the_hard_budget_and_pages_once() -> None:

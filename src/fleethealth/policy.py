@@ -312,6 +312,10 @@ class Budgets(Strict):
     ])
     hard_gate_fraction_per_hour: float = Field(default=0.1, ge=0, le=1)
     hard_gate_min_per_hour: int = Field(default=3, ge=0)
+    # physical evidence of dead hardware (attribution.physical_xids / physical_gates): its own budget, so
+    # the gates a bad driver raises before its version is suspect cannot spend it
+    physical_fraction_per_hour: float = Field(default=0.1, ge=0, le=1)
+    physical_min_per_hour: int = Field(default=3, ge=0)
     # pages as incidents (decide.incidents): an update at most this often, resolved after this long unseen
     incident_update_s: float = Field(default=1800.0, ge=0)
     incident_clear_s: float = Field(default=900.0, gt=0)
@@ -330,6 +334,13 @@ class Attribution(Strict):
     version_labels: list[str] = Field(default_factory=lambda: ["driver_version", "build", "kernel_version"])
     version_min_entities: int = Field(default=3, ge=2)
     version_fraction: float = Field(default=0.5, gt=0, le=1)
+    # Physical evidence (README: Physical evidence): a gated node with one of these Xids flagged, or gated
+    # by one of these signals, has hardware that is dead whatever the software did; a suspect version
+    # does not hold it, and it spends budgets.physical_*, not the hard-gate budget.
+    physical_xids: list[int] = Field(default_factory=lambda: [48, 64, 79, 95, 140])
+    physical_gates: list[str] = Field(default_factory=lambda: [
+        "gpus_missing", "kernel_fallen_off", "ecc_dbe", "row_remap_failure",
+    ])
 
 
 class Domains(Strict):
@@ -437,6 +448,18 @@ class Policy(Strict):
             if missing:
                 raise ValueError(f"labels {missing} are not in metadata_labels: only labels copied onto tuples "
                                  "can group nodes into domains")
+        return v
+
+    @field_validator("attribution")
+    @classmethod
+    def _physical_gates_are_signals(cls, v: Attribution, info: ValidationInfo) -> Attribution:
+        signals = info.data.get("signals")
+        # the defaults name the shipped policy's signals; a policy with its own signals may lack them
+        if signals is not None and "physical_gates" in v.model_fields_set:
+            names = {s.name for s in signals}
+            unknown = [x for x in v.physical_gates if x not in names]
+            if unknown:
+                raise ValueError(f"physical_gates {unknown} are not signals of this policy")
         return v
 
     @field_validator("signals")

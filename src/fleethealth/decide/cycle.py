@@ -52,8 +52,11 @@ def is_hard_gate_reason(reason: str, policy: Policy) -> bool:
     return reason.startswith("gate:") and reason[5:] in policy.budgets.hard_gates
 
 
-def budget_key(kind: str, pool: str, hard: bool) -> str:
-    """The ledger's key: confirmed hard gates spend their own budget (``hard:`` prefix)."""
+def budget_key(kind: str, pool: str, hard: bool, physical: bool = False) -> str:
+    """The ledger's key: confirmed hard gates spend their own budget (``hard:`` prefix), physical
+    evidence of dead hardware another one (``physical:``, ``decide.safety._physical_evidence``)."""
+    if physical:
+        return f"physical:{kind}:{pool}"
     return f"hard:{kind}:{pool}" if hard else f"{kind}:{pool}"
 
 
@@ -79,6 +82,7 @@ class Cycle:
         self.pool_sizes: dict[str, int] | None = None  # computed on the first budget check of a cycle
         self.copied: set[str] = set()
         self.gpu_by_node: Mapping[str, list[HealthTuple]] = {}  # this cycle's flagged GPUs per node
+        self.node_flags: Mapping[str, set[str]] = {}  # this cycle's flags per node (its own and its GPUs')
         self.domains: dict[tuple[str, str], str] = {}  # (label, value) -> open domain incident (decide.domains)
         self.chronic: Mapping[str, Any] = {}  # node -> this cycle's chronic-slowness evidence (decide.chronic)
 

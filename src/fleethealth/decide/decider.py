@@ -229,6 +229,7 @@ class Decider(SafetyRules, Repairs, FailureDomains):
                                            drain_reset=o.drain_reset)
 
         c.gpu_by_node = gpu_by_node
+        c.node_flags = node_flags
         self._repairs(c, obs, node_flags, ev_by_entity)
 
         # Deterministic order that spends budgets on whoever has waited longest (a held remediation's
@@ -405,8 +406,9 @@ class Decider(SafetyRules, Repairs, FailureDomains):
             es.blocked, es.blocked_since = None, None
         es.flagged = False
         if dst in REMEDIATION_TARGETS and src not in ISOLATED_STATES:
-            c.s.ledger.append((now, budget_key(es.kind, es.labels.get("pool", "default"),
-                                               self._hard_gate(rule, es.last_reason)), es.entity))
+            physical, hard = self._budget_class(c, es, rule)  # the budget the veto checked
+            c.s.ledger.append((now, budget_key(es.kind, es.labels.get("pool", "default"), hard, physical),
+                               es.entity))
         worst = None if t is None else t.worst
         tier = choose_tier(es.kind, reason, worst)
         info: dict[str, Any] = {"from": str(src), "value": None if o is None else o.value}

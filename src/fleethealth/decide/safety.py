@@ -27,7 +27,13 @@ a cluster. Pure; a mixin of ``Decider`` (reads ``self.policy`` and ``self.fast``
   ``version_min_entities`` unhealthy entities and at least ``version_fraction`` of all unhealthy ones,
   and over-represented against the rest of the fleet (its unhealthy rate more than twice that of the
   other versions; or, when every entity runs it, at least ``version_fraction`` of them unhealthy), is
-  suspect: one incident about it, and no entity carrying it is quarantined.
+  suspect: one incident about it, and no entity carrying it is quarantined, except on physical evidence.
+* Physical evidence (``_physical_evidence``): a gated node with an Xid of ``attribution.physical_xids``
+  flagged (79 off the bus, 48 DBE, 95/140 uncorrectable ECC, 64 remap failure) or gated by a signal of
+  ``attribution.physical_gates`` (a GPU missing, a DBE counter, a failed remap) is dead hardware whatever
+  software it runs: no suspect version, domain or TP group holds it, and it spends its own budget
+  (``budgets.physical_*``, ledger ``physical:``), so the gates a bad driver raised before its version was
+  suspect (Xid 119, which the catalog cannot tell from a dead GPU) cannot use up what a dead GPU needs.
 """
 
 from __future__ import annotations
@@ -272,17 +278,16 @@ class SafetyRules:
             # the smallest tier that fits: overload was answered at the instance (concurrency limit)
             return "held:overload"
         p = self.policy
-        # A suspect version holds hard gates too: a bad driver raises reset-class Xids (119 GSP timeouts)
-        # on healthy GPUs, and the catalog cannot tell those from a GPU that really fell off the bus.
-        for label in p.attribution.version_labels:
-            v = es.labels.get(label)
-            if v is not None and (label, v) in suspects:
-                return suspects[(label, v)]
-        # A score-dwell rule on a node whose reason is a confirmed hard gate is the same evidence by another
-        # path: it spends the same hard-gate budget, so a node that budget held is not quarantined minutes
-        # later on the rate budget beside it (the two budgets must not add up).
-        hard = self._hard_gate(rule, es.last_reason) or (
-            rule.cond in SIGNAL_CONDS and is_hard_gate_reason(es.last_reason, p))
+        physical, hard = self._budget_class(c, es, rule)
+        if not physical:
+            # A suspect version holds hard gates too: a bad driver raises reset-class Xids (119 GSP
+            # timeouts) on healthy GPUs, and the catalog cannot tell those from a GPU that really fell off
+            # the bus; only physical evidence (a GPU off the bus, a DBE, a failed remap) is not the
+            # version's doing.
+            for label in p.attribution.version_labels:
+                v = es.labels.get(label)
+                if v is not None and (label, v) in suspects:
+                    return suspects[(label, v)]
         b = p.budgets
         if es.kind == "node" and not hard:
             # a domain event (decide.domains): the domain is the suspect, its nodes are held, not drained
@@ -301,13 +306,15 @@ class SafetyRules:
                                 "limit": b.max_per_tp_group}, sig=isolated)
                     return f"tp_group:{g}"
         pool = es.labels.get("pool", "default")
-        key = budget_key(es.kind, pool, hard)
+        key = budget_key(es.kind, pool, hard, physical)
         if c.pool_sizes is None:
             c.pool_sizes = defaultdict(int)
             for o in c.s.entities.values():
                 c.pool_sizes[f"{o.kind}:{o.labels.get('pool', 'default')}"] += 1
         size = c.pool_sizes[f"{es.kind}:{pool}"]
-        if hard:
+        if physical:
+            allowed = max(b.physical_min_per_hour, math.floor(b.physical_fraction_per_hour * size))
+        elif hard:
             allowed = max(b.hard_gate_min_per_hour, math.floor(b.hard_gate_fraction_per_hour * size))
         else:
             allowed = max(b.quarantine_min_per_hour, math.floor(b.quarantine_fraction_per_hour * size))
@@ -317,9 +324,40 @@ class SafetyRules:
         if es.entity not in spent and used >= allowed:
             c.incident(f"budget:{es.kind}:{pool}", f"pool/{pool}", "budget_exhausted",
                        {"pool": pool, "kind": es.kind, "used": used, "allowed": allowed, "pool_size": size,
-                        "wanted": es.entity, "window_s": b.window_s, "budget": "hard_gate" if hard else "rate"},
+                        "wanted": es.entity, "window_s": b.window_s,
+                        "budget": "physical" if physical else "hard_gate" if hard else "rate"},
                        sig=used)
-            return f"budget:{pool}" + (":hard_gate" if hard else "")
+            return f"budget:{pool}" + (":physical" if physical else ":hard_gate" if hard else "")
+        return None
+
+    def _budget_class(self, c: Cycle, es: EntityLifecycle, rule: Rule) -> tuple[bool, bool]:
+        """(physical, hard) of a remediation: which budget it spends and which vetoes it skips. Physical
+        evidence (``_physical_evidence``) is also hard. A score-dwell rule on a node whose reason is a
+        confirmed hard gate is the same evidence by another path: it spends the same budget, so a node
+        that budget held is not quarantined minutes later on the rate budget beside it (budgets must not
+        add up). The veto and the ledger (``Decider._transition``) both ask here."""
+        physical = self._physical_evidence(c, es) is not None
+        hard = physical or self._hard_gate(rule, es.last_reason) or (
+            rule.cond in SIGNAL_CONDS and is_hard_gate_reason(es.last_reason, self.policy))
+        return physical, hard
+
+    def _physical_evidence(self, c: Cycle, es: EntityLifecycle) -> str | None:
+        """What says a gated node's hardware is dead whatever software it runs: its gate signal when it is
+        one of ``attribution.physical_gates`` (``gate:gpus_missing``), else the lowest of
+        ``attribution.physical_xids`` flagged on the node or its GPUs this cycle (``xid:79``); None for
+        any other node. Only a gate counts: a node gated by a bad driver's Xid 119 has no physical
+        evidence, one whose GPU also logged Xid 79 has."""
+        reason = es.last_reason
+        if es.kind != "node" or not reason.startswith("gate:"):
+            return None
+        a = self.policy.attribution
+        if reason[5:] in a.physical_gates:
+            return reason
+        flags = c.node_flags.get(es.entity)
+        if flags:
+            for x in sorted(a.physical_xids):
+                if f"xid:{x}" in flags:
+                    return f"xid:{x}"
         return None
 
     def _hard_gate(self, rule: Rule, reason: str) -> bool:
