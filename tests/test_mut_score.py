@@ -12,6 +12,7 @@ import pytest
 
 from fleethealth.policy import default_policy, default_policy_text, parse_policy
 from fleethealth.score.engine import Scorer, score_snapshot
+from fleethealth.score.health import HealthTuple, SignalDetail
 from fleethealth.signals.history import SignalHistory
 from fleethealth.signals.snapshot import Snapshot, SnapshotBuilder
 from test_engine import fleet, gpu_labels, healthy_node
@@ -332,3 +333,24 @@ def test_a_signal_s_own_slo_objective_replaces_the_policy_s(slo_snaps: dict[str,
     # the latency SLO keeps the policy's 99%
     slow = score_snapshot(slo_snaps[path], pol, NOW, consumer="serving").tuples["slow"]
     assert _detail(slow, "ttft_slo").score == pytest.approx(0.4, abs=1e-9)
+
+
+def test_health_tuple_json_is_what_the_api_serves() -> None:
+    """A tuple's JSON: values to 6 places, unknown as null, the worst member, flags and labels only when
+    there are some, and each signal's detail on request."""
+    d = SignalDetail("gpu_temp", "thermal", "ramp", 90.0, None, None, 0.5, 4.0, 1.0, note="hot",
+                     expected_by="own exporter")
+    t = HealthTuple("n1/gpu5", "gpu", 0.123456789, 2 / 3, "thermal", "min:thermal",
+                    {"thermal": 0.5, "memory": None}, (d,), {"node": "n1"}, "n1/gpu5", ("xid:13",), NOW)
+    assert t.known and not HealthTuple("x", "node", None, 0.0, None, "no_fresh_data").known
+    want = {"entity": "n1/gpu5", "kind": "gpu", "value": 0.123457, "confidence": 0.666667, "worst": "thermal",
+            "reason": "min:thermal", "categories": {"thermal": 0.5, "memory": None},
+            "worst_member": "n1/gpu5", "flags": ["xid:13"], "labels": {"node": "n1"}}
+    assert t.to_dict() == want
+    assert t.to_dict(with_details=True) == {**want, "details": [{
+        "signal": "gpu_temp", "category": "thermal", "shape": "ramp", "raw": 90.0, "rate": None, "z": None,
+        "score": 0.5, "age_s": 4.0, "weight": 1.0, "note": "hot", "expected_by": "own exporter"}]}
+    bare = HealthTuple("n2", "node", None, 0.0, None, "no_fresh_data")
+    assert bare.to_dict() == {"entity": "n2", "kind": "node", "value": None, "confidence": 0.0, "worst": None,
+                              "reason": "no_fresh_data", "categories": {}}
+    assert bare.ts == 0.0 and bare.details == () and bare.worst_member is None
