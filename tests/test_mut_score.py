@@ -354,3 +354,45 @@ def test_health_tuple_json_is_what_the_api_serves() -> None:
     assert bare.to_dict() == {"entity": "n2", "kind": "node", "value": None, "confidence": 0.0, "worst": None,
                               "reason": "no_fresh_data", "categories": {}}
     assert bare.ts == 0.0 and bare.details == () and bare.worst_member is None
+
+
+def test_one_scorer_never_answers_a_new_question_with_a_kept_evaluation() -> None:
+    """A scorer reuses its last evaluation only for the same snapshot, policy, time, inventory and
+    expectations: a later time (samples gone stale), an inventory naming a silent node, another snapshot
+    or policy each read as scored alone."""
+    snap = _gpu_fleet()
+    s = Scorer()
+    assert s.score(snap, POL, NOW, consumer="training").tuples["x/gpu3"].value == 0.5
+    # 100 s later every sample is stale (max_age_s 90): unknown, not last call's 0.5
+    later = s.score(snap, POL, NOW + 100, consumer="training").tuples["x/gpu3"]
+    assert later.value is None and later.reason == "no_fresh_data" and later.ts == NOW + 100
+    # an inventory naming a node with no samples: it gets an unknown tuple
+    inv = {"node": ["ghost"]}
+    ghost = s.score(snap, POL, NOW, consumer="training", inventory=inv).tuples["ghost"]
+    assert ghost.value is None and ghost.confidence == 0.0 and ghost.reason == "no_fresh_data"
+    assert s.score(snap, POL, NOW, consumer="training", inventory=dict(inv)).tuples.get("ghost") is not None
+    assert s.score(snap, POL, NOW, consumer="training").tuples.get("ghost") is None
+    # another snapshot: its own scores
+    other = s.score(_nodes(), POL, NOW, consumer="training")
+    assert other.tuples.get("x/gpu3") is None and other.tuples["a"].value == 0.5
+    # another policy (thermal warn 50, crit 70): 60 C is 0.5 now
+    text = default_policy_text().replace("    warn: 85\n    crit: 95", "    warn: 50\n    crit: 70")
+    pol = parse_policy(text)
+    assert s.score(_nodes(), pol, NOW, consumer="training").tuples["n0"].value == pytest.approx(0.5)
+    assert s.score(_nodes(), POL, NOW, consumer="training").tuples["n0"].value == 1.0
+
+
+def test_consumers_and_aggregation_overrides() -> None:
+    snap = _gpu_fleet()
+    s = Scorer()
+    with pytest.raises(ValueError, match="unknown consumer 'router': expected one of training, serving, "
+                                         "remediation"):
+        s.score(snap, POL, NOW, consumer="router")
+    rem = s.score(snap, POL, NOW).tuples["x/gpu3"]  # remediation: min, as training
+    assert rem.value == 0.5 and rem.reason == "min:thermal"
+    mean = s.score(snap, POL, NOW, consumer="training", aggregation="mean")
+    t = mean.tuples["x/gpu3"]
+    assert t.value == pytest.approx((1.0 + 0.8 + 0.5) / 3) and t.reason == "mean:thermal"
+    assert mean.consumer == "training" and mean.now == NOW
+    g = s.score(snap, POL, NOW, consumer="training", aggregation="gmean").tuples["x/gpu3"]
+    assert g.value == pytest.approx(0.4 ** (1 / 3)) and g.reason == "gmean:thermal"
