@@ -10,8 +10,10 @@ rest) on a real kube-apiserver (tests/k8s_harness.py) sharing one real PostgreSQ
 One replica is SIGKILLed: its shard is taken over at the victim's last renewal plus the lease duration
 (the figure is printed; the assertion is that it is never before the victim's renew deadline) and decided
 again; no pool is decided by two shards or dropped (the shards' lifecycles partition the
-fleet; each shard's committed cycles come from one writer at a time), and a telemetry loss in one shard's
-pools freezes remediation in every shard (the fleet-wide freeze sees every shard's confidence).
+fleet; each shard's committed cycles come from one writer at a time); each survivor serves the API of the
+shards it holds (reads, the authenticated and audited ack) and names the holder of the others; and a
+telemetry loss in one shard's pools freezes remediation in every shard (the fleet-wide freeze sees every
+shard's confidence).
 """
 
 from __future__ import annotations
@@ -210,6 +212,81 @@ def test_the_freeze_counts_the_other_shards_through_the_deciders_public_input(fa
     # no peers (one controller): the default, its own counts alone
     d = Decider(load_policy(None), fast=fast).decide(DecisionState(), health(1.0), 0.0)
     assert not d.state.frozen and d.confidence_counts is not None
+
+
+# -- pure: the sharded replica's /api/v1 routing ------------------------------------------------------------
+
+
+def _router(held: set[str], holders: dict[str, str | None], ports: dict[str, int],
+            calls: list[tuple[str, str, dict[str, str], bytes]]) -> Any:
+    from fleethealth.controller.shard_api import ShardApiRouter
+
+    specs = [ShardSpec("s1", ("p1",)), ShardSpec("s2", matcher='pool=~"p2"'), ShardSpec("s3", rest=True)]
+
+    def forward(method: str, url: str, headers: Any, body: bytes) -> tuple[int, bytes, dict[str, str]]:
+        calls.append((method, url, dict(headers), body))
+        return 202, b'{"accepted": {}}', {"content-type": "application/json", "set-cookie": "x", "server": "uvicorn"}
+
+    return ShardApiRouter("rep-a", specs, "pool", "s3cret", lambda s: s in held, lambda s: holders.get(s),
+                          lambda s: ports.get(s, 0), forward, max_body_bytes=1000)
+
+
+def test_a_replica_forwards_its_shards_api_and_names_the_holder_of_the_others() -> None:
+    calls: list[tuple[str, str, dict[str, str], bytes]] = []
+    r = _router({"s1", "s3"}, {"s2": "rep-b", "s3": None}, {"s1": 4100, "s3": 0}, calls)
+    body = b'{"kind": "ack", "entity": "n1", "to": "READY"}'
+    hdrs = {"Authorization": "Bearer t0k", "Content-Type": "application/json", "X-Fleethealth-Proxy": "forged",
+            "X-Fleethealth-Peer": "10.0.0.9:1"}
+    code, data, out = r.route("POST", "/api/v1/shards/s1/events", hdrs, body, "10.1.2.3:5555")
+    assert code == 202 and out == {"content-type": "application/json"}  # only what the caller needs back
+    method, url, fwd, sent = calls[-1]
+    assert (method, url, sent) == ("POST", "http://127.0.0.1:4100/api/v1/events", body)
+    # the caller's token and address go on, with the replica's secret; a caller's own claims do not
+    assert fwd == {"Authorization": "Bearer t0k", "Content-Type": "application/json",
+                   "x-fleethealth-peer": "10.1.2.3:5555", "x-fleethealth-proxy": "s3cret"}
+    # by pool: the shard whose matcher selects it (the rest shard for an unlisted pool)
+    r.route("GET", "/api/v1/states?pool=p1&kind=node", {}, b"", "10.1.2.3:5555")
+    assert calls[-1][1] == "http://127.0.0.1:4100/api/v1/states?pool=p1&kind=node"
+    # held elsewhere: 421, one line naming the holder
+    code, data, out = r.route("GET", "/api/v1/states?pool=p2", {}, b"", "10.1.2.3:5555")
+    detail = json.loads(data)
+    assert code == 421 and out["X-Fleethealth-Shard-Holder"] == "rep-b" and detail["holder"] == "rep-b"
+    assert detail["detail"] == "shard s2 is held by replica rep-b, not by rep-a: send the request to that replica"
+    # held here but its controller still starting (no port yet), or held by no one: 503, retry
+    code, data, out = r.route("GET", "/api/v1/states?pool=zz", {}, b"", "10.1.2.3:5555")
+    assert code == 503 and "starting" in json.loads(data)["detail"] and out["Retry-After"]
+    r2 = _router(set(), {}, {}, calls)
+    code, data, _ = r2.route("GET", "/api/v1/shards/s2/states", {}, b"", "10.1.2.3:5555")
+    assert code == 503 and "held by no replica" in json.loads(data)["detail"]
+    # no shard named: 400 with who holds what; an unknown shard: 404; too large: 413
+    n = len(calls)
+    code, data, _ = r.route("GET", "/api/v1/states", {}, b"", "10.1.2.3:5555")
+    assert code == 400 and "s1 here, s2 at rep-b, s3 here" in json.loads(data)["detail"]
+    assert r.route("GET", "/api/v1/shards/nope/states", {}, b"", "x:1")[0] == 404
+    assert r.route("POST", "/api/v1/shards/s1/events", {}, b"x" * 1001, "x:1")[0] == 413
+    assert len(calls) == n  # none of those reached a shard
+
+
+def test_a_shards_api_takes_the_callers_address_only_with_the_replicas_secret() -> None:
+    import asyncio
+
+    from fleethealth.controller.shard_api import ForwardedPeer
+
+    seen: list[Any] = []
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        seen.append(scope["client"])
+
+    mw = ForwardedPeer(app, "s3cret")
+
+    def call(headers: list[tuple[bytes, bytes]]) -> Any:
+        asyncio.run(mw({"type": "http", "client": ("127.0.0.1", 4000), "headers": headers}, None, None))
+        return seen[-1]
+
+    assert call([(b"x-fleethealth-peer", b"10.1.2.3:5555"), (b"x-fleethealth-proxy", b"s3cret")]) == ("10.1.2.3", 5555)
+    assert call([(b"x-fleethealth-peer", b"10.1.2.3:5555"), (b"x-fleethealth-proxy", b"guess")]) == ("127.0.0.1", 4000)
+    assert call([(b"x-fleethealth-peer", b"10.1.2.3:5555")]) == ("127.0.0.1", 4000)
+    assert call([]) == ("127.0.0.1", 4000)
 
 
 # -- for real: VictoriaMetrics + sim serve + kube-apiserver + PostgreSQL + three replicas --------------------
@@ -413,6 +490,10 @@ shards:
         for s in SHARDS:
             assert not _sql(schema_db(s), "SELECT key FROM intents WHERE reason='fleet_confidence_low'"), s
 
+        # -- /api/v1 on the survivors: each serves the shards it holds, names the holder of the others -----
+        _api_on_the_survivors(kube, {w: f"http://127.0.0.1:{ports[w]}" for w in survivors}, holders(),
+                              stack["pools"], schema_db("s2"))
+
         # -- telemetry lost in s1's pool: every shard freezes ----------------------------------------------
         t_fault = time.time()
         r = httpx.post(f"{stack['sim_url']}/control/fault", json={"kind": "exporter_outage", "target": "pool:p1",
@@ -468,6 +549,77 @@ shards:
         assert not dup, (s, dup)
         assert _sql(schema_db(s), "SELECT value FROM meta WHERE key='fence'"), s  # the holder's claim
     assert set(owner) == set(pools), f"dropped: {sorted(set(pools) - set(owner))[:5]}"
+
+
+def _sa_token(kube: Any, ns: str, name: str) -> str:
+    k8s_harness.apply_manifest(kube, {"apiVersion": "v1", "kind": "ServiceAccount",
+                                      "metadata": {"name": name, "namespace": ns}})
+    r = kube.api.request("POST", f"/api/v1/namespaces/{ns}/serviceaccounts/{name}/token",
+                         {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+                          "spec": {"expirationSeconds": 3600}})
+    return str(r["status"]["token"])
+
+
+def _api_on_the_survivors(kube: Any, urls: dict[str, str], held: dict[str, str | None], pools: dict[str, str],
+                          s2_db: str) -> None:
+    """The one-controller API per shard on the replicas (controller.shard_api), with the cluster's own
+    authentication (TokenReview) and RBAC (SubjectAccessReview, the shipped ClusterRoles): reads of a
+    shard held here, the audited ack of an operator, a 421 naming the holder for a shard held elsewhere."""
+    import httpx
+    import yaml
+
+    ns = "fleethealth-system"
+    for doc in yaml.safe_load_all((Path(__file__).parent.parent / "deploy" / "rbac.yaml").read_text()):
+        if doc:
+            k8s_harness.apply_manifest(kube, doc)
+    sre, nobody = _sa_token(kube, ns, "shard-sre"), _sa_token(kube, ns, "shard-nobody")
+    k8s_harness.apply_manifest(kube, {
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+        "metadata": {"name": "fleethealth-operator-shard-sre"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "fleethealth-operator"},
+        "subjects": [{"kind": "ServiceAccount", "name": "shard-sre", "namespace": ns}]})
+    holder = held["s2"]
+    assert holder is not None
+    other = next(w for w in urls if w != holder)
+    here = urls[holder]
+
+    def states() -> httpx.Response | None:
+        r = httpx.get(f"{here}/api/v1/shards/s2/states", params={"kind": "node"}, timeout=10)
+        return r if r.status_code == 200 and r.json()["entities"] else None
+
+    r = wait_until(states, 60, 0.2, what="s2's API on its new holder")
+    nodes = {e["entity"] for e in r.json()["entities"]}
+    assert nodes and {pools[n] for n in nodes} == {"p2"}, "only the shard's own pool"
+    by_pool = httpx.get(f"{here}/api/v1/states", params={"pool": "p2", "kind": "node"}, timeout=10)
+    assert by_pool.status_code == 200 and {e["entity"] for e in by_pool.json()["entities"]} == nodes
+    h = httpx.get(f"{here}/api/v1/shards/s2/health", params={"kind": "node"}, timeout=10).json()
+    assert {t["entity"] for t in h["tuples"]} == nodes
+    # a shard held elsewhere: one line naming its holder, read or write
+    r = httpx.get(f"{urls[other]}/api/v1/states", params={"pool": "p2"}, timeout=10)
+    assert r.status_code == 421 and r.headers["x-fleethealth-shard-holder"] == holder, r.text
+    assert r.json()["detail"] == f"shard s2 is held by replica {holder}, not by {other}: send the request to that replica"
+    node = sorted(nodes)[0]
+    ack = {"kind": "ack", "entity": node, "to": "READY"}
+    r = httpx.post(f"{urls[other]}/api/v1/shards/s2/events", json=ack, headers={"Authorization": f"Bearer {sre}"},
+                   timeout=10)
+    assert r.status_code == 421 and holder in r.json()["detail"]
+    assert httpx.get(f"{here}/api/v1/states", timeout=10).status_code == 400  # which shard?
+    # the writes: authenticated (TokenReview), authorised (RBAC), audited in the shard's store
+    events = f"{here}/api/v1/shards/s2/events"
+    r = httpx.post(events, json=ack, timeout=10)
+    assert r.status_code == 401 and r.headers["www-authenticate"].startswith("Bearer")
+    r = httpx.post(events, json=ack, headers={"Authorization": f"Bearer {nobody}"}, timeout=10)
+    assert r.status_code == 403 and r.json()["detail"].startswith(
+        f"system:serviceaccount:{ns}:shard-nobody may not ready nodes/{node}"), r.text
+    r = httpx.post(events, json={**ack, "actor": "someone-else"}, headers={"Authorization": f"Bearer {sre}"},
+                   timeout=10)
+    assert r.status_code == 202 and r.json()["accepted"]["actor"] == f"system:serviceaccount:{ns}:shard-sre", r.text
+    rows = _sql(s2_db, "SELECT actor, verb, target, allowed, remote FROM audit ORDER BY id")
+    assert [(a.rsplit(":", 1)[1], v, t, bool(ok)) for a, v, t, ok, _ in rows] == [
+        ("shard-nobody", "ready", f"node/{node}", False), ("shard-sre", "ready", f"node/{node}", True)], rows
+    assert all(remote.startswith("127.0.0.1:") for *_, remote in rows)  # the caller's address, forwarded
+    print(f"shards: /api/v1 of s2 served by {holder} ({len(nodes)} nodes of p2), {other} answers 421 naming it; "
+          "ack 401/403/202 and audited in s2's store")
 
 
 @pytest.mark.slow

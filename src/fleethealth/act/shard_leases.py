@@ -93,6 +93,7 @@ class ShardLeases(RenewingThread):
         self._others: dict[str, LeaseElector] = {}  # other replicas' member Leases, as observed
         self._free_since: dict[str, float] = {}
         self._held: set[str] = set()
+        self._holders: dict[str, str | None] = {}  # each shard's live holder as last listed
         self.last_plan = Plan()
         self.lock = threading.Lock()  # held while stepping; readers of the PeerBook take it too
         self._due: float | None = None  # the earliest expiry or grace end this replica waits for (its clock)
@@ -107,6 +108,12 @@ class ShardLeases(RenewingThread):
     def holds(self, shard: str) -> bool:
         e = self.electors.get(shard)
         return e is not None and e.is_leader()
+
+    def holder(self, shard: str) -> str | None:
+        """The shard's holder as last listed (its Lease's holderIdentity while live); None: free or unknown."""
+        if self.holds(shard):
+            return self.identity
+        return self._holders.get(shard)
 
     def held(self) -> list[str]:
         return sorted(s for s in self.shards if self.holds(s))
@@ -193,6 +200,8 @@ class ShardLeases(RenewingThread):
             else:
                 self._free_since.pop(s, None)
             views[s] = LeaseView(holder, now - self._free_since.get(s, now))
+        if listed_ok:
+            self._holders = {s: v.holder for s, v in views.items()}
         if not listed_ok:  # without a view of the others only renew what is held (never take blindly)
             p = Plan(renew=tuple(s for s in self.shards if self.electors[s].is_leader()))
         else:

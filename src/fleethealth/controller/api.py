@@ -31,7 +31,7 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from fastapi import FastAPI, HTTPException, Query, Request
@@ -487,13 +487,16 @@ class ApiServer:
     """uvicorn in a daemon thread; ``start()`` returns once the socket accepts connections."""
 
     def __init__(self, controller: Controller, host: str, port: int, runner: Any = None, *,
-                 guard: Guard | None = None, auditor: Auditor | None = None, api: ApiConfig | None = None) -> None:
+                 guard: Guard | None = None, auditor: Auditor | None = None, api: ApiConfig | None = None,
+                 wrap: Callable[[Any], Any] | None = None) -> None:
+        """``wrap``: an ASGI middleware around the app (a sharded replica's shard: the caller's address
+        forwarded by the replica, controller.shard_api)."""
         import uvicorn
 
         self.host, self.port = host, port
         app = create_app(controller, runner, guard=guard, auditor=auditor, api=api)
         # proxy_headers off: the loopback rule for reads must see the TCP peer, not X-Forwarded-For.
-        config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
+        config = uvicorn.Config(app if wrap is None else wrap(app), host=host, port=port, log_level="warning", access_log=False,
                                 lifespan="off", proxy_headers=False)
         from fleethealth.auth.redact import install_log_redaction
 

@@ -30,9 +30,12 @@ Theory of operation
   ``fleet.low_confidence_fraction``. So every shard
   freezes when the fleet's share crosses the threshold, whichever shard lost its telemetry.
 - On ``listen`` a replica serves ``/healthz`` (503 while a shard it holds has not completed a cycle for
-  three intervals) and ``/metrics`` (per shard: held here, cycles, last cycle's CPU, the published counts
-  and whether each shard's publication is stale as seen here). The per-entity API (``/api/v1/*``) of the
-  one-controller mode is not served here yet. A shard's log lines carry its name.
+  three intervals), ``/metrics`` (per shard: held here, cycles, last cycle's CPU, the published counts
+  and whether each shard's publication is stale as seen here) and, for the shards it holds, the
+  one-controller API (``/api/v1/shards/<shard>/<endpoint>`` or ``/api/v1/<endpoint>?pool=<pool>``:
+  reads and the authenticated, audited writes, served by the shard's process); a shard held elsewhere
+  is answered with one line naming its holder (``controller.shard_api``). A shard's log lines carry its
+  name.
 """
 
 from __future__ import annotations
@@ -40,10 +43,11 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
+import secrets
 import socket
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
@@ -112,8 +116,9 @@ def ensure_schema(state_db: str | None, shard: str) -> None:
 
 # -- one shard's controller in its own process ------------------------------------------------------------
 # The shared slots between a replica and a shard's process (multiprocessing.Array of doubles).
-HELD_UNTIL, PEERS_TOTAL, PEERS_LOW, OWN_TOTAL, OWN_LOW, OWN_TS, STOP, CYCLES, LAST_CPU, LAST_TS, EPOCH = range(11)
-N_SLOTS = 11
+(HELD_UNTIL, PEERS_TOTAL, PEERS_LOW, OWN_TOTAL, OWN_LOW, OWN_TS, STOP, CYCLES, LAST_CPU, LAST_TS, EPOCH,
+ API_PORT) = range(12)
+N_SLOTS = 12
 
 
 def kube_client(cfg: ControllerConfig) -> Any:
@@ -166,7 +171,7 @@ def _die_with_parent() -> None:
 
 
 def shard_main(cfg_data: dict[str, Any], slots: Any, parent: int, log_level: int, identity: str,
-               assignment: Any) -> None:
+               assignment: Any, api_secret: str = "") -> None:
     """A shard's process: started as a spare (libraries imported, policy loaded) that waits on
     ``assignment`` (a Pipe end) for (shard, Lease name); then its controller, deciding and acting only
     while ``slots[HELD_UNTIL]`` (the replica's Lease deadline on the shared monotonic clock) is ahead,
@@ -244,6 +249,13 @@ def shard_main(cfg_data: dict[str, Any], slots: Any, parent: int, log_level: int
         ctl.stop()
 
     threading.Thread(target=watch, name="shard-watch", daemon=True).start()
+    if api_secret:  # the shard's /api/v1, which the replica's listener forwards to (controller.shard_api)
+        from fleethealth.controller.shard_api import serve_shard_api
+
+        try:
+            slots[API_PORT] = float(serve_shard_api(asm, api_secret).port)
+        except Exception as e:  # no API is no reason to stop deciding: the replica answers 503 for it
+            log.error("shard %s: cannot serve its API: %s: %s", shard, type(e).__name__, e)
     log.warning("shard %s: controller started, reading %s", shard,
                 ", ".join(getattr(s, "matchers", "") or s.name for s in ctl.sources))
     try:
@@ -285,6 +297,8 @@ class ShardedReplica:
         self._lock = threading.Lock()
         self._stopped = threading.Event()
         self._mp = multiprocessing.get_context("spawn")  # never fork a process that runs threads
+        # what this replica's listener shows its shards' APIs to vouch for the caller's address
+        self._api_secret = secrets.token_hex(16) if cfg.listen else ""
         sh = cfg.shards
         retry = min(k.lease_duration_s / 7.5, cfg.interval_s / 4)
         self.leases = ShardLeases(
@@ -294,6 +308,14 @@ class ShardedReplica:
             else k.lease_duration_s + 3 * cfg.interval_s,
             publication=self._publication, on_acquired=self._acquired, on_lost=self._lost,
             after_step=self._share, on_release=self._stop_shard, drained=self._drained)
+        from fleethealth.controller.shard_api import ShardApiRouter, httpx_forward
+
+        self.router = ShardApiRouter(self.identity, self.specs, sh.label, self._api_secret, self.leases.holds,
+                                     self.leases.holder, self._api_port, httpx_forward(), cfg.api.max_body_bytes)
+
+    def _api_port(self, shard: str) -> int:
+        run = self._runs.get(shard)
+        return 0 if run is None else int(run.slots[API_PORT])
 
     # -- lease callbacks (on the lease thread, under its lock: quick) ----------------------------------
     def _acquired(self, shard: str) -> None:
@@ -313,7 +335,8 @@ class ShardedReplica:
         mine, theirs = self._mp.Pipe()
         proc = self._mp.Process(target=shard_main, name="shard-spare", daemon=True,
                                 args=(self.cfg.model_dump(), slots, os.getpid(),
-                                      logging.getLogger().getEffectiveLevel(), self.identity, theirs))
+                                      logging.getLogger().getEffectiveLevel(), self.identity, theirs,
+                                      self._api_secret))
         proc.start()
         return ShardRun("", slots, proc, mine)
 
@@ -393,7 +416,8 @@ class ShardedReplica:
         return "\n".join(lines) + "\n"
 
     def serve(self, host: str, port: int) -> Any:
-        """/healthz and /metrics on a daemon thread; returns the server (``shutdown()`` stops it)."""
+        """/healthz, /metrics and the shards' /api/v1 (``controller.shard_api``) on a daemon thread; returns
+        the server (``shutdown()`` stops it)."""
         from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
         replica = self
@@ -403,6 +427,8 @@ class ShardedReplica:
                 pass
 
             def do_GET(self) -> None:  # noqa: N802
+                if self.path.startswith("/api/v1/") or self.path.startswith("/api/v1?"):
+                    return self._api("GET")
                 if self.path == "/healthz":
                     ok, why = replica.health(time.time())
                     code, body, ctype = (200 if ok else 503), why + "\n", "text/plain"
@@ -410,9 +436,30 @@ class ShardedReplica:
                     code, body, ctype = 200, replica.metrics_text(), "text/plain; version=0.0.4"
                 else:
                     code, body, ctype = 404, "not found\n", "text/plain"
-                data = body.encode()
+                self._reply(code, body.encode(), {"Content-Type": ctype})
+
+            def do_POST(self) -> None:  # noqa: N802
+                if not self.path.startswith("/api/v1/"):
+                    return self._reply(404, b"not found\n", {"Content-Type": "text/plain"})
+                self._api("POST")
+
+            def _api(self, method: str) -> None:
+                try:
+                    n = int(self.headers.get("Content-Length") or 0)
+                except ValueError:
+                    n = -1
+                if n < 0 or n > replica.router.max_body_bytes:
+                    return self._reply(413 if n > 0 else 400, b'{"detail": "bad or too large Content-Length"}',
+                                       {"Content-Type": "application/json"})
+                body = self.rfile.read(n) if n else b""
+                code, data, headers = replica.router.route(method, self.path, dict(self.headers.items()), body,
+                                                           f"{self.client_address[0]}:{self.client_address[1]}")
+                self._reply(code, data, headers)
+
+            def _reply(self, code: int, data: bytes, headers: Mapping[str, str]) -> None:
                 self.send_response(code)
-                self.send_header("Content-Type", ctype)
+                for k, v in headers.items():
+                    self.send_header(k, v)
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)
