@@ -32,7 +32,8 @@ def test_builtins_exist_and_build() -> None:
     for name in builtin_names():
         sim = built(name)
         assert sim.scenario.name == name
-        assert sim.fleet.n_gpus == 512
+        # HGX fleets of 64 nodes x 8 GPUs; the GB200 NVL72 fleet is five racks of 18 trays x 4 GPUs
+        assert sim.fleet.n_gpus == (360 if name == "xid45-nvl72-crash" else 512)
         assert sim.scenario.step == 15
 
 

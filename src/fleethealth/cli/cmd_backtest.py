@@ -178,6 +178,9 @@ def register(app: typer.Typer) -> None:
         duration: Annotated[str | None, typer.Option("--duration", help="override the scenario's duration")]
         = None,
         seed: Annotated[int | None, typer.Option("--seed", help="override the scenario's seed")] = None,
+        nodes: Annotated[int | None, typer.Option(
+            "--nodes", help="run the scenario on a fleet of about this many nodes (pools scaled, rounded to "
+                            "whole racks; each fault on the same place of its pool)")] = None,
         cycle: Annotated[float, typer.Option("--cycle", help="decision cycle in simulated seconds (plus one "
                                                              "on every Xid/OOM event)")] = 60.0,
         compress_gaps: Annotated[str | None, typer.Option(
@@ -205,6 +208,13 @@ def register(app: typer.Typer) -> None:
         from fleethealth.review.kpis import SloSampler
 
         sc, pol = load_inputs(scenario, policy, duration, seed)
+        if nodes is not None:
+            from fleethealth.sim.sizes import resize
+
+            try:
+                sc = resize(sc, nodes)
+            except ValueError as e:
+                fail(f"--nodes: {e}")
         if compress_gaps is not None:
             from fleethealth.backtest.runner import compress
             from fleethealth.sim.scenario import parse_duration
