@@ -81,13 +81,58 @@ def test_a_flaky_link_is_failed_for_repair_at_its_third_episode_instead_of_relea
     assert [i.ts for i in r.of(IntentKind.QUARANTINE)] == [0.0, HOUR, 2 * HOUR]
     assert [i.ts for i in r.of(IntentKind.RELEASE) if i.params.get("canary")] == [600.0, HOUR + 600]
     failed = [t for t in r.transitions if t.to_state == State.FAILED]
-    assert [(t.ts, t.reason, t.detail) for t in failed] == [(2 * HOUR + 600, "recurring:xid:74", "recurring")]
+    assert [(t.ts, t.reason, t.detail) for t in failed] == [(2 * HOUR, "recurring:xid:74", "recurring")]
     (page,) = [p for p in r.of(IntentKind.PAGE) if p.reason == "recurring:xid:74"]
     assert page.params["state"] == "FAILED" and page.params["action"] == "repair"
     assert (page.params["episodes"], page.params["first"], page.params["family"]) == (3, 0.0, "xid:74")
     assert page.params["gpus"] == {"n1/gpu2": 3}
     assert page.params["summary"].startswith("n1: 3 episodes of xid:74 in 7 days, on n1/gpu2 (3)")
     assert r.st("n1") == State.FAILED
+
+
+def test_the_escalation_happens_in_the_cycle_of_the_quarantine_and_no_test_is_sent() -> None:
+    # the third episode: cordoned, evidence captured, FAILED and paged in that one cycle; no active test
+    # (it would pass, the link being quiet, and release the node into its fourth episode), no repair ladder
+    r = Run()
+    _flaky(r, 2)
+    transitions, intents = r.step(2 * HOUR, _burst())
+    assert [(t.from_state, t.to_state, t.reason) for t in transitions] == [
+        (State.READY, State.QUARANTINED, "gate:xid"), (State.QUARANTINED, State.FAILED, "recurring:xid:74")]
+    assert [(i.kind, i.reason) for i in intents] == [
+        (IntentKind.NO_NEW_WORK, "gate:xid"), (IntentKind.CAPTURE_EVIDENCE, "gate:xid"),
+        (IntentKind.QUARANTINE, "gate:xid"), (IntentKind.PAGE, "recurring:xid:74")]
+    page = intents[-1].params
+    assert (page["state"], page["from"], page["action"], page["episodes"], page["family"]) == (
+        "FAILED", "QUARANTINED", "repair", 3, "xid:74")
+    assert page["gpus"] == {"n1/gpu2": 3} and page["severity"] == "page"
+    assert r.st("n1") == State.FAILED and r.state.entities["n1"].repair is None
+    # the test result that would have come does nothing to a FAILED node
+    transitions, intents = r.step(2 * HOUR + 600, [tup("n1", 0.97)],
+                                  [Event(2 * HOUR + 590, "active_test", "n1", passed=True)])
+    assert not transitions and IntentKind.RELEASE not in [i.kind for i in intents]
+
+
+def test_a_recurring_drain_and_reset_is_failed_in_its_cycle_without_the_reset() -> None:
+    # Xid 154 drain-and-reset three times: drained each time; the third time no reset is scheduled
+    def burst() -> list:
+        return [tup("n1", 0.0, reason="gate:xid", flags=("xid:74", "recovery_action:DRAIN_AND_RESET"),
+                    worst="hardware")]
+
+    r = Run()
+    for k in range(3):
+        t0 = k * HOUR
+        transitions, intents = r.step(t0, burst())
+        if k < 2:
+            assert IntentKind.SCHEDULE_RESET in [i.kind for i in intents]
+            r.step(t0 + 600, [tup("n1", 0.97)], [Event(t0 + 590, "reset", "n1", passed=True)])
+            r.step(t0 + 660, [tup("n1", 0.97)], [Event(t0 + 650, "active_test", "n1", passed=True)])
+            r.steps(t0 + 720, t0 + HOUR - 60, 60, lambda t: [tup("n1", 0.97)])
+            assert r.st("n1") == State.READY
+    assert [(t.from_state, t.to_state) for t in transitions] == [
+        (State.READY, State.DRAINING), (State.DRAINING, State.FAILED)]
+    assert [i.kind for i in intents] == [IntentKind.NO_NEW_WORK, IntentKind.CAPTURE_EVIDENCE, IntentKind.DRAIN,
+                                         IntentKind.PAGE]
+    assert intents[-1].reason == "recurring:xid:74" and intents[-1].params["episodes"] == 3
 
 
 def test_without_the_rule_the_same_link_is_released_three_times() -> None:

@@ -417,6 +417,9 @@ class Decider(SafetyRules, Repairs, FailureDomains):
             if dst == State.QUARANTINED:
                 c.emit(IntentKind.PAGE, es.entity, reason, {"severity": "page", **info})
         fresh_isolation = src not in ISOLATED_STATES
+        # the max_episodes-th isolation of one family: FAILED in this same cycle, before a test or a
+        # repair ladder is started that could only release the node into its next episode
+        escalate = recurring.escalates_now(es, src, dst, now, p)
         if dst == State.QUARANTINED:
             if es.kind == "node" and not es.no_new_work:
                 es.no_new_work = True
@@ -430,7 +433,8 @@ class Decider(SafetyRules, Repairs, FailureDomains):
                 c.emit(IntentKind.DRAIN, es.entity, reason, info, tier)
                 if tier == Tier.POD:
                     c.emit(IntentKind.REBUILD_WORKER, es.entity, reason, info, Tier.POD)
-            if not (ladder.isolating(es.repair) or fresh_isolation and self._start_repair(c, es, flags, reason)):
+            if not (escalate or ladder.isolating(es.repair)
+                    or fresh_isolation and self._start_repair(c, es, flags, reason)):
                 for f in sorted(flags):
                     action = f.removeprefix(RECOVERY_PREFIX)
                     if f.startswith(RECOVERY_PREFIX) and action in ("GPU_RESET", "NODE_REBOOT"):
@@ -447,7 +451,8 @@ class Decider(SafetyRules, Repairs, FailureDomains):
             c.emit(IntentKind.CAPTURE_EVIDENCE, es.entity, reason,
                    {"window_s": p.freshness.rate_window_s, "before": "drain", **info}, Tier.NODE)
             c.emit(IntentKind.DRAIN, es.entity, reason, {"scope": scope, **info}, Tier.NODE)
-            if not (ladder.isolating(es.repair) or fresh_isolation and self._start_repair(c, es, flags, reason)):
+            if not (escalate or ladder.isolating(es.repair)
+                    or fresh_isolation and self._start_repair(c, es, flags, reason)):
                 c.emit(IntentKind.SCHEDULE_RESET, es.entity, reason,
                        {"action": "GPU_RESET", "when": "after_drain", "drain": True}, Tier.NODE)
         elif dst == State.RECOVERING:
@@ -464,6 +469,8 @@ class Decider(SafetyRules, Repairs, FailureDomains):
         elif dst == State.READY and src in ISOLATED_STATES:
             es.repair = None
             c.emit(IntentKind.RELEASE, es.entity, reason, {"canary": False, **info}, tier)
+        if escalate is not None:
+            self._transition(c, es, escalate, o, t, None, flags)
 
     def _episode(self, c: Cycle, es: EntityLifecycle, src: State, dst: State, prev_since: float, why: str,
                  flags: set[str], t: HealthTuple | None) -> None:

@@ -19,9 +19,12 @@ week apart at most; the time in between is lost work every time.
   ``app_xid`` for attribution. ``gpus``: the node's flagged GPUs and its worst member, so a page can
   say which GPU keeps failing.
 * When an isolation is the ``recurring.max_episodes``-th episode of its family within the window, the
-  lifecycle's ``recurring`` condition holds (``escalation``): QUARANTINED or DRAINING go to FAILED with
-  reason ``recurring:<family>`` on the next cycle, before any test can release the node again, and the
-  FAILED page carries the episodes (count, first, per GPU) and asks for a repair. Degraded spells count
+  node goes on to FAILED with reason ``recurring:<family>`` in the same cycle (``escalates_now``: the
+  decider takes the lifecycle's ``recurring`` rule right after the isolation's own intents, so the node
+  is cordoned and its evidence captured, but no active test or repair ladder is started that could only
+  release it into its next episode), and the FAILED page carries the episodes (count, first, per GPU) and
+  asks for a repair. The lifecycle's ``recurring`` condition (``escalation``) still holds for an
+  isolated node on later cycles (a state restored from before this rule). Degraded spells count
   towards the limit but never escalate by themselves: FAILED takes a node out of service, and only an
   isolation has passed the budgets that guard capacity.
 * A human's release of a FAILED node (``ack`` to READY) is taken as a repair: the node's episodes are
@@ -34,6 +37,7 @@ from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
+from fleethealth.decide.lifecycle import RULES, Cond, Rule
 from fleethealth.decide.model import State
 from fleethealth.decide.state import EntityLifecycle
 from fleethealth.policy import Policy
@@ -113,6 +117,17 @@ def escalation(es: EntityLifecycle, now: float, policy: Policy) -> str | None:
     if cur is None or len(cur[1]) < limit:
         return None
     return REASON_PREFIX + cur[0]
+
+
+def escalates_now(es: EntityLifecycle, src: State, dst: State, now: float, policy: Policy) -> Rule | None:
+    """The lifecycle rule to FAILED when the isolation ``src -> dst`` just recorded (``es`` already in
+    ``dst``) is the max_episodes-th of its family: the decider takes it in the same cycle, so no active
+    test or repair ladder is started for a node that is handed to a human anyway. None otherwise."""
+    if dst not in EPISODE_ISOLATIONS or src in EPISODE_ISOLATIONS or src == State.FAILED:
+        return None
+    if escalation(es, now, policy) is None:
+        return None
+    return next((r for r in RULES if r.src == dst and r.cond == Cond.RECURRING), None)
 
 
 def page_params(es: EntityLifecycle, now: float, policy: Policy) -> dict[str, Any]:
