@@ -8,6 +8,8 @@ serving the geometric mean; confidence is fresh / expected signals (1 for a gate
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 
 from fleethealth.policy import default_policy, default_policy_text, parse_policy
@@ -396,3 +398,67 @@ def test_consumers_and_aggregation_overrides() -> None:
     assert mean.consumer == "training" and mean.now == NOW
     g = s.score(snap, POL, NOW, consumer="training", aggregation="gmean").tuples["x/gpu3"]
     assert g.value == pytest.approx(0.4 ** (1 / 3)) and g.reason == "gmean:thermal"
+
+
+def _labelled() -> Snapshot:
+    b = SnapshotBuilder()
+    for g in range(2):
+        lab = dict(gpu=str(g), UUID=f"U{g}", Hostname="h1", modelName="H100", pci_bus_id=f"00:{g}", job="train",
+                   DCGM_FI_DRIVER_VERSION="550.1", pool="a")
+        b.add("DCGM_FI_DEV_GPU_TEMP", lab, 60.0 + 35 * g, NOW - 5)
+        b.add("DCGM_FI_DEV_SM_CLOCK", lab, 1980.0, NOW - 500)
+    b.add("fleethealth_node_info", {"Hostname": "h1", "kernel_version": "6.1", "pool": "b"}, 1, NOW - 5)
+    lab = dict(replica="h1", model_name="llama", build="v7")  # a replica named like the node
+    b.add("vllm:num_requests_waiting", lab, 3, NOW - 5)
+    b.add("fleethealth_replica_info", {"replica": "h1", "zone": "z1"}, 1, NOW - 5)
+    return b.build(NOW)
+
+
+def test_result_names_labels_details_and_summary() -> None:
+    fh = score_snapshot(_labelled(), POL, NOW)
+    # a replica called like a node keeps its own tuple, prefixed by its kind
+    assert list(fh.tuples) == ["h1/gpu0", "h1/gpu1", "h1", "replica:h1"] and len(fh) == 4
+    assert [t.entity for t in fh] == ["h1/gpu0", "h1/gpu1", "h1", "h1"]
+    assert fh.tuples["replica:h1"].kind == "replica" and fh.tuples["h1"].kind == "node"
+    assert fh.get("nope") is None and fh.by_kind("rank") == []
+    # a GPU's metadata labels come from its samples, the driver also under its plain name
+    g0 = fh.tuples["h1/gpu0"]
+    assert g0.labels == {"DCGM_FI_DRIVER_VERSION": "550.1", "UUID": "U0", "job": "train", "modelName": "H100",
+                         "pci_bus_id": "00:0", "pool": "a", "driver_version": "550.1"}
+    # a node's: its first GPU's node-wide labels, then its info metric's (which win: pool b)
+    assert fh.tuples["h1"].labels == {"DCGM_FI_DRIVER_VERSION": "550.1", "modelName": "H100", "pool": "b",
+                                      "driver_version": "550.1", "Hostname": "h1", "kernel_version": "6.1"}
+    assert fh.tuples["replica:h1"].labels == {"build": "v7", "model_name": "llama", "replica": "h1", "zone": "z1"}
+    # details: every expected or seen signal, with why a score is missing
+    d = {x.signal: x for x in g0.details}
+    assert list(d) == ["xid", "gpu_temp", "pcie_replay", "sm_clock"]
+    assert (d["gpu_temp"].score, d["gpu_temp"].raw, d["gpu_temp"].age_s, d["gpu_temp"].note) == (1.0, 60.0, 5.0, "")
+    assert (d["sm_clock"].score, d["sm_clock"].raw, d["sm_clock"].age_s, d["sm_clock"].note) == (None, None, 500.0,
+                                                                                                   "stale")
+    assert (d["xid"].score, d["xid"].age_s, d["xid"].note) == (None, None, "missing")
+    assert d["gpu_temp"].expected_by == "reporting"
+    assert d["xid"].expected_by == "its exporter reports this family (policy: expected)"
+    assert g0.confidence == 0.25
+    # 95 C is thermal 0 on gpu1: one of two GPUs below 0.7
+    assert fh.summary() == {
+        "gpu": {"entities": 2, "unknown": 0, "below_0.7": 1, "mean_confidence": 0.25},
+        "node": {"entities": 1, "unknown": 0, "below_0.7": 1, "mean_confidence": 0.25},
+        "replica": {"entities": 1, "unknown": 0, "below_0.7": 0, "mean_confidence": 1.0},
+    }
+    assert fh.policy_version == POL.version_tag and fh.now == NOW
+
+
+def test_a_result_read_after_its_scorer_is_gone_reads_the_same() -> None:
+    """A result holds its scorer's memory weakly: read (made lazily, serving) after the scorer is
+    dropped, its kinds aggregate with a memory of their own, the same numbers."""
+    want = score_snapshot(_replicas(), POL, NOW, consumer="serving").tuples["preempted"]
+    s = Scorer()
+    fh = s.score(_replicas(), POL, NOW, consumer="serving")
+    del s
+    gc.collect()
+    got = fh.tuples["preempted"]
+    assert (got.value, got.reason, got.confidence) == (want.value, want.reason, want.confidence)
+    assert got.value == pytest.approx(0.5 ** 0.5)
+    assert len(fh.kinds) == 4 and list(fh.kinds) == ["gpu", "node", "replica", "rank"]
+    with pytest.raises(KeyError):
+        fh.kinds["pod"]
