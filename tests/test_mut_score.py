@@ -462,3 +462,57 @@ def test_a_result_read_after_its_scorer_is_gone_reads_the_same() -> None:
     assert len(fh.kinds) == 4 and list(fh.kinds) == ["gpu", "node", "replica", "rank"]
     with pytest.raises(KeyError):
         fh.kinds["pod"]
+
+
+def test_entities_are_named_by_the_policy_s_labels_in_order() -> None:
+    """A node is named by the first non-empty of Hostname, node, hostname, instance; a replica by replica,
+    pod, instance; a rank by the exporter's own job (exported_job, when a scraper displaced it) and its
+    rank; a sample with an empty gpu or rank label is no GPU or rank."""
+    b = SnapshotBuilder()
+    b.add("DCGM_FI_DEV_GPU_TEMP", {"gpu": "0", "node": "by-node", "hostname": "lower", "instance": "i:9400"}, 60,
+          NOW - 5)
+    b.add("DCGM_FI_DEV_GPU_TEMP", {"gpu": "0", "Hostname": "", "hostname": "lower-only", "instance": "i:9400"}, 60,
+          NOW - 5)
+    b.add("DCGM_FI_DEV_GPU_TEMP", {"gpu": "0", "instance": "inst:9400"}, 60, NOW - 5)
+    b.add("DCGM_FI_DEV_GPU_TEMP", {"gpu": "", "Hostname": "no-gpu"}, 60, NOW - 5)
+    b.add("vllm:num_requests_waiting", {"pod": "p-1", "instance": "i2"}, 1, NOW - 5)
+    b.add("vllm:num_requests_waiting", {"instance": "i3"}, 1, NOW - 5)
+    b.add("vllm:num_requests_waiting", {"replica": "", "pod": "p-2"}, 1, NOW - 5)
+    for r in range(5):  # rank 4 twice as slow as its four peers
+        b.add("fleethealth_rank_compute_seconds", {"job": "scrape", "exported_job": "llm", "rank": str(r),
+                                                   "node": "by-node", "gpu": "0", "peer_group": "dp"},
+              1.0 + (r == 4), NOW - 3)
+    b.add("fleethealth_rank_compute_seconds", {"job": "j2", "rank": "", "node": "by-node", "gpu": "0",
+                                               "peer_group": "dp"}, 1.0, NOW - 3)
+    fh = score_snapshot(b.build(NOW), POL, NOW)
+    assert list(fh.tuples) == [
+        "by-node/gpu0", "lower-only/gpu0", "inst:9400/gpu0", "by-node", "lower-only", "inst:9400",
+        "p-1", "i3", "p-2", "llm/rank0", "llm/rank1", "llm/rank2", "llm/rank3", "llm/rank4"]
+    slow = fh.tuples["llm/rank4"]
+    assert slow.value == 0.0 and slow.reason == "min:performance" and slow.kind == "rank"
+    d = _detail(slow, "rank_compute_time")
+    assert d.note.startswith("peers grouped by the exporter's own job/peer_group (exported_*")
+    assert fh.tuples["llm/rank0"].value == 1.0 and _detail(fh.tuples["llm/rank0"], "rank_compute_time").z == 0.0
+    # the GPU's rank sample alone in its (scrape job, dp) group: too few peers, not scored
+    g = _detail(fh.tuples["by-node/gpu0"], "rank_compute_time")
+    assert g.score is None and g.note == "too few peers (< 4) in its group: not scored"
+    assert "too_few_peers:rank_compute_time" in fh.tuples["by-node/gpu0"].flags
+
+
+def test_entities_that_appear_later_in_a_history_are_scored() -> None:
+    """A scorer resolves each label set once for the life of a history: a node whose exporter starts
+    reporting later is resolved when it appears, and scored by its own samples."""
+    h = SignalHistory(POL)
+    s = Scorer()
+    for k in range(6):
+        t = NOW - 150 + 30 * k
+        b = SnapshotBuilder()
+        for i in range(3 if k < 3 else 4):
+            for g in range(8):
+                b.add("DCGM_FI_DEV_GPU_TEMP", gpu_labels(f"h{i}", g), 60.0 + 30 * (i == 3 and g == 2), t)
+        h.add(b.build(t))
+        fh = s.score(h.view(t), POL, t, consumer="training")
+        assert len(fh.by_kind("node")) == (3 if k < 3 else 4)
+    late = fh.tuples["h3"]
+    assert late.value == 0.5 and late.worst_member == "h3/gpu2" and late.reason == "min:thermal"
+    assert fh.tuples["h0"].value == 1.0
