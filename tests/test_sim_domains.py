@@ -105,6 +105,21 @@ def test_a_power_brownout_brakes_every_gpu_of_its_zone_and_only_those() -> None:
     assert all(not g.faulty and g.expected_action == "page" and g.group == "power:power_zone:pz-00" for g in truth)
 
 
+def test_a_degraded_nvlink_fabric_counts_errors_on_every_gpu_of_its_domain_and_only_those() -> None:
+    fault = {"kind": "nvlink_fabric", "target": "nvlink_domain:nvl-01", "onset": "5m", "end": "40m"}
+    sim = Simulation(small_scenario([fault], duration="1h", **TOPO))
+    for _ in range(int(1500 / 15)):
+        snap = sim.step()
+    crc = series(snap, "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL")
+    domain = {"node-02", "node-03"}
+    for ls, v in crc.items():
+        assert (v > 1000) == (dict(ls)["Hostname"] in domain), (ls, v)
+    truth = sim.ground_truth
+    assert {g.entity for g in truth} == domain
+    assert all(not g.faulty and g.expected_action == "page" and g.group == "fabric:nvlink_domain:nvl-01"
+               for g in truth)
+
+
 def test_the_builtin_domain_scenarios_load_with_their_topology() -> None:
     sc = load_scenario("xid45-nvl72-crash")
     fleet = build_fleet(sc.fleet, sc.seed)
@@ -112,6 +127,8 @@ def test_the_builtin_domain_scenarios_load_with_their_topology() -> None:
     # the crashing job fills two NVL72 racks, each its own NVLink domain
     assert sorted({fleet.node_labels(int(n))["nvlink_domain"] for n in job.nodes}) == ["nvl-00", "nvl-01"]
     assert fleet.gpus_per_node == 4 and sc.fleet.nodes_per_rack == 18
+    fab = load_scenario("nvl72-fabric-degraded")
+    assert build_fleet(fab.fleet, fab.seed).domain_nodes("nvlink_domain", "nvl-01") == list(range(18, 36))
     for name in ("power-zone-brownout", "power-zone-brownout-xid79"):
         sc = load_scenario(name)
         fleet = build_fleet(sc.fleet, sc.seed)
@@ -173,3 +190,18 @@ def test_a_power_zone_brownout_is_one_page_and_a_gpu_off_the_bus_inside_it_is_st
     assert xid79 and xid79[0]["removal_s"] is not None and xid79[0]["removal_s"] <= 30
     brown = [r for r in res["incidents"] if r["fault"] == "power_brownout"]
     assert brown and all(r["action_ok"] for r in brown), brown
+
+
+FABRIC = "name: fabric-short\nseed: {seed}\nduration: 150m\n" + FLEET + """\
+faults:
+  - {kind: nvlink_fabric, target: "nvlink_domain:nvl-02", onset: 20m, end: 120m}
+"""
+
+
+def test_a_degraded_nvlink_fabric_is_one_page_for_its_domain_and_no_node_drained() -> None:
+    res, pages = backtest(FABRIC, 73)
+    assert res["quarantines"] == 0, res["false_quarantine_list"]
+    g = {x["group"]: x for x in res["groups"]}["fabric:nvlink_domain:nvl-02"]
+    assert g["paged"] and g["budget_held"], g
+    # the NVLink domain is also rack-02 here (an NVL72 rack is its domain): paged once, as the rack
+    assert [p for p in pages if p[1] == "domain_correlation"] == [("domain/rack=rack-02", "domain_correlation")]

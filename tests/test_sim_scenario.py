@@ -33,7 +33,7 @@ def test_builtins_exist_and_build() -> None:
         sim = built(name)
         assert sim.scenario.name == name
         # HGX fleets of 64 nodes x 8 GPUs; the GB200 NVL72 fleet is five racks of 18 trays x 4 GPUs
-        assert sim.fleet.n_gpus == (360 if name == "xid45-nvl72-crash" else 512)
+        assert sim.fleet.n_gpus == (360 if name in ("xid45-nvl72-crash", "nvl72-fabric-degraded") else 512)
         assert sim.scenario.step == 15
 
 

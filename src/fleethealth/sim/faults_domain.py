@@ -1,5 +1,6 @@
 """Failure-domain faults for the simulator (issue 16 items 1 and 5): events that make many nodes of one
-domain look bad at once while none of them is broken.
+domain look bad at once while none of them is broken: a job's crash, a power zone's brownout, an NVLink
+domain's fabric.
 
 Theory of operation
 -------------------
@@ -22,6 +23,12 @@ targets are usually a whole domain of the scenario's topology (``nvlink_domain:n
   clock-event reasons carry the hardware power brake (0x80). Nothing on the nodes is broken. Ground truth:
   not faulty, expected action ``page``, group ``power:<target>``: one page for the zone, its nodes held,
   not drained one per budget window.
+
+* ``nvlink_fabric``: the NVSwitch fabric of one multi-node NVLink domain degrades (a switch tray, a
+  cable cartridge; ``nvlink_domain:nvl-01``): every GPU of the domain counts NVLink CRC errors at ``rate``
+  per second (default 40; replays and recoveries follow) and its collectives slow (``slowdown``, default
+  4%). No Xid, no GPU is broken: ground truth not faulty, expected action ``page``, group
+  ``fabric:<target>``: one page for the domain (its fabric is the suspect), not 18 drained trays.
 
 No fault here reads the wall clock or draws from a shared stream: time is the simulated ``t`` and each fault
 has its own generator (``Fault.rng``), so adding one never changes the rest of the fleet's noise.
@@ -112,4 +119,22 @@ class PowerBrownout(Fault):
                 for n in self.t.nodes]
 
 
-DOMAIN_FAULT_CLASSES: tuple[type[Fault], ...] = (JobCrash, PowerBrownout)
+class NvlinkFabric(Fault):
+    """One NVLink domain's switch fabric degrades: NVLink errors on all its GPUs (see the module)."""
+
+    kind = "nvlink_fabric"
+    hardware = False
+    expected_action = "page"
+
+    def apply(self, sim: Simulation, t: float, eff: Effects) -> None:
+        g = self.t.gpus
+        eff.nvlink_rate[g] += float(self.param("rate", 40.0)) * self.m
+        eff.compute_mul[g] *= 1.0 + float(self.param("slowdown", 0.04)) * self.m
+
+    def truth(self) -> list[GroundTruth]:
+        grp = "fabric:" + self.t.label
+        return [self.gt(self.fleet.nodes[n], "node", False, "page", "NVLink fabric degraded", grp)
+                for n in self.t.nodes]
+
+
+DOMAIN_FAULT_CLASSES: tuple[type[Fault], ...] = (JobCrash, PowerBrownout, NvlinkFabric)

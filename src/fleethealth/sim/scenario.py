@@ -39,7 +39,7 @@ cuda_oom class (single_request | batch_overload | fragmentation | driver), count
 stage_imbalance stage_weights; seq_imbalance sigma; replica_restart gap_s; sbe_climb base_per_s, doubling_s,
 fault_after_s; slow_rank cause (host | nic | pcie), slowdown, link_gen, link_width; intermittent signal
 (nvlink | pcie), duty, period_s; cooling_event ramp_s, max_c; clock_skew skew_s; job_crash first_xid, xid, repeat_s, spread_s; power_brownout
-ramp_s, power_drop_w, clock_drop. GPU-level faults take
+ramp_s, power_drop_w, clock_drop; nvlink_fabric rate, slowdown. GPU-level faults take
 ``gpu: N`` when the target is a whole node. ``magnitude`` scales every fault's effect.
 """
 
@@ -81,6 +81,7 @@ FaultKind = Literal[
     "clock_skew",
     "job_crash",
     "power_brownout",
+    "nvlink_fabric",
 ]
 
 FAULT_KINDS: tuple[str, ...] = FaultKind.__args__  # type: ignore[attr-defined]
