@@ -1,0 +1,3 @@
+"""Mutation-killing tests for decide/chronic.py (issue 21): behaviours the decider's other tests leave open."""
+
+from __future__ import annotations
