@@ -347,14 +347,15 @@ def interleaved_latency(targets: dict[str, tuple[str, int | None]], engine_pid: 
 
 
 def throughput_slices(targets: dict[str, tuple[str, int | None]], engine_pid: int,
-                      a: argparse.Namespace) -> dict[str, dict[str, float]]:
+                      a: argparse.Namespace, rt: bool) -> dict[str, dict[str, float]]:
     """Throughput, interleaved: every target gets ``--slices`` short runs, one after the other in turn, so a
     change in the other tenants' load hits all of them alike; each target keeps one warm client (connections
     are not reopened per slice). Figures: requests per second (median), the ratio to direct as the median of
     each slice against direct's slice in the same turn (adjacent in time), and the CPU the whole chain spent
     per request (this client, the sidecar if any, the engine; schedstat, ns): on a machine whose cores the
     chain saturates, throughput is the inverse of that, so direct's chain CPU over a target's is the
-    throughput ratio that the load of other tenants cannot blur."""
+    throughput ratio that the load of other tenants cannot blur. ``rt``: the chain runs SCHED_FIFO (only
+    when it is pinned to fewer CPUs than the machine has, so the other tenants keep the rest)."""
     rps: dict[str, list[float]] = {k: [] for k in targets}
     cpu: dict[str, list[float]] = {k: [] for k in targets}
     slice_s = a.seconds / a.slices
@@ -377,12 +378,23 @@ def throughput_slices(targets: dict[str, tuple[str, int | None]], engine_pid: in
             for c in clients.values():
                 await c.aclose()
 
-    asyncio.run(run())
+    everyone = sorted({os.getpid(), engine_pid, *(pid for _, pid in targets.values() if pid is not None)})
+    if rt:
+        realtime(everyone, True)
+    try:
+        asyncio.run(run())
+    finally:
+        if rt:
+            realtime(everyone, False)
     d_rps, d_cpu = rps["direct"], cpu["direct"]
     return {k: {"rps": statistics.median(rps[k]), "chain_cpu_ms": statistics.median(cpu[k]),
                 "rps_ratio": statistics.median(x / y for x, y in zip(rps[k], d_rps, strict=True)),
                 "cpu_ratio": statistics.median(y / x for x, y in zip(cpu[k], d_cpu, strict=True))}
             for k in targets}
+
+
+def chain_cpus(spec: str) -> set[int]:
+    return {int(c) for part in spec.split(":") for c in part.split(",")}
 
 
 def pin(pids: dict[str, list[int]], spec: str) -> None:
@@ -422,6 +434,10 @@ def main() -> None:
 
     import tempfile
 
+    # Throughput saturates the chain's CPUs: real-time only when they leave the other tenants a CPU.
+    rt_throughput = a.rt and bool(a.cpus) and len(chain_cpus(a.cpus)) < (os.cpu_count() or 1)
+    rt_phases = "latency and throughput" if rt_throughput else "latency" if a.rt else "no"
+
     tmp = Path(tempfile.mkdtemp(prefix="bench-sidecar-"))
     ep = free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
@@ -446,7 +462,8 @@ def main() -> None:
                 a.cpus)
         print(f"# fleethealth sidecar benchmark ({os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}; "
               f"{a.requests} sequential requests, {a.streams} streams of {a.tokens} tokens, "
-              f"{a.concurrency} concurrent for {a.seconds:g} s; {a.rounds} alternating rounds, medians)")
+              f"{a.concurrency} concurrent for {a.seconds:g} s; {a.rounds} alternating rounds, medians; "
+              f"pinned {a.cpus or 'no'}; real-time {rt_phases})")
         results: dict[str, list[dict[str, float]]] = {"direct": [], **{k: [] for k in procs}}
         for _ in range(a.rounds):
             results["direct"].append(measure(direct, None, engine.pid, a))
@@ -455,7 +472,7 @@ def main() -> None:
         med = {k: {f: statistics.median(r[f] for r in rs) for f in rs[0]} for k, rs in results.items()}
         targets: dict[str, tuple[str, int | None]] = {"direct": (direct, None)}
         targets.update({n: (f"http://127.0.0.1:{ports[n]}", procs[n].pid) for n in procs})
-        for k, v in throughput_slices(targets, engine.pid, a).items():
+        for k, v in throughput_slices(targets, engine.pid, a, rt_throughput).items():
             med[k].update(v)
         for k, v in interleaved_latency(targets, engine.pid, a.requests * a.rounds, a.rt).items():
             med[k].update(v)  # replaces the per-round latencies: interleaved is the figure that holds
