@@ -516,3 +516,90 @@ def test_entities_that_appear_later_in_a_history_are_scored() -> None:
     late = fh.tuples["h3"]
     assert late.value == 0.5 and late.worst_member == "h3/gpu2" and late.reason == "min:thermal"
     assert fh.tuples["h0"].value == 1.0
+
+
+class _Scrapes:
+    """Samples recorded once, read two ways: one snapshot (the row path) and a history's view, one
+    scrape per timestamp (the engine's view path: gauge rows, counter matrices, Xid layouts)."""
+
+    def __init__(self) -> None:
+        self.rows: list[tuple[str, dict[str, str], float, float]] = []
+
+    def add(self, metric: str, labels: dict[str, str], value: float, ts: float) -> None:
+        self.rows.append((metric, dict(labels), float(value), float(ts)))
+
+    def both(self) -> dict[str, Snapshot]:
+        whole = SnapshotBuilder()
+        by_t: dict[float, list[tuple[str, dict[str, str], float, float]]] = {}
+        for r in self.rows:
+            whole.add(*r)
+            by_t.setdefault(r[3], []).append(r)
+        h = SignalHistory(POL)
+        for t in sorted(by_t):
+            b = SnapshotBuilder()
+            for r in by_t[t]:
+                b.add(*r)
+            h.add(b.build(t))
+        return {"rows": whole.build(NOW), "view": h.view(NOW)}
+
+
+def _signal_fleet() -> dict[str, Snapshot]:
+    r = _Scrapes()
+    for i in range(6):
+        for g in range(8):
+            lab = gpu_labels(f"n{i}", g)
+            for t in (NOW - 65, NOW - 35, NOW - 5):
+                r.add("DCGM_FI_DEV_GPU_TEMP", lab, 60.0, t)
+                r.add("DCGM_FI_DEV_SM_CLOCK", lab, 1881.0 if (i, g) == (2, 3) else 1980.0 + g, t)
+                r.add("DCGM_FI_DEV_XID_ERRORS", lab, 0, t)
+                r.add("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", lab, 5, t)
+    r.add("DCGM_FI_DEV_GPU_RECOVERY_ACTION", gpu_labels("n0", 0), 2, NOW - 5)  # NODE_REBOOT: a gate
+    r.add("DCGM_FI_DEV_GPU_RECOVERY_ACTION", gpu_labels("n0", 1), 3, NOW - 5)  # DRAIN_P2P: a flag only
+    r.add("DCGM_FI_DEV_ROW_REMAP_FAILURE", gpu_labels("n0", 2), 1, NOW - 5)
+    for link in range(2):  # per-link NVLink counters of one GPU: 1/s and 2/s
+        lab = {**gpu_labels("n1", 0), "link": str(link)}
+        for k, t in enumerate((NOW - 65, NOW - 35, NOW - 5)):
+            r.add("DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL", lab, 30 * k * (link + 1), t)
+    r.add("DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL", gpu_labels("n1", 1), 0, NOW - 65)
+    r.add("DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL", gpu_labels("n1", 1), 6000, NOW - 5)  # 100/s
+    return r.both()
+
+
+@pytest.fixture(scope="module")
+def signal_snaps() -> dict[str, Snapshot]:
+    return _signal_fleet()
+
+
+@pytest.mark.parametrize("path", ["rows", "view"])
+def test_gates_flags_counters_and_peers_read_the_same_on_rows_and_views(signal_snaps: dict[str, Snapshot],
+                                                                       path: str) -> None:
+    fh = score_snapshot(signal_snaps[path], POL, NOW)
+    reboot = fh.tuples["n0/gpu0"]
+    d = _detail(reboot, "recovery_action")
+    assert reboot.value == 0.0 and reboot.reason == "gate:recovery_action"
+    assert (d.raw, d.score, d.age_s) == (2.0, 0.0, 5.0)
+    assert d.note == "gate fired: DCGM_FI_DEV_GPU_RECOVERY_ACTION=2"
+    assert reboot.flags == ("recovery_action:NODE_REBOOT",)
+    drain = fh.tuples["n0/gpu1"]  # 3 is not one of the gate's values: flagged, not gated
+    assert drain.value == 1.0 and drain.flags == ("recovery_action:DRAIN_P2P",)
+    assert _detail(drain, "recovery_action").score == 1.0 and _detail(drain, "recovery_action").note == ""
+    remap = _detail(fh.tuples["n0/gpu2"], "row_remap_failure")
+    assert remap.note == "gate fired: DCGM_FI_DEV_ROW_REMAP_FAILURE=1" and remap.score == 0.0
+    # a GPU's link counters add up: 1/s + 2/s = 3/s, ramp(1, 100): 1 - 2/99; raw is the larger count
+    links = _detail(fh.tuples["n1/gpu0"], "nvlink_crc_flit")
+    assert links.rate == pytest.approx(3.0) and links.score == pytest.approx(97 / 99)
+    assert links.raw == 120.0 and links.age_s == 5.0
+    assert fh.tuples["n1/gpu0"].reason == "min:nvlink" and fh.tuples["n1/gpu0"].flags == ()
+    # 100/s is the critical rate: 0, and the floor flag the lifecycle's fast path acts on
+    storm = fh.tuples["n1/gpu1"]
+    assert _detail(storm, "nvlink_crc_flit").rate == pytest.approx(100.0) and storm.value == 0.0
+    assert storm.flags == ("floor:nvlink_crc_flit",)
+    # a clock 5% below the fleet's median 1983.5 (z far past k_crit): performance 0; the peer signal's
+    # rate is its relative shortfall (what decide.chronic prices), negative for a faster GPU
+    slow = fh.tuples["n2/gpu3"]
+    clk = _detail(slow, "sm_clock")
+    assert clk.rate == pytest.approx((1983.5 - 1881) / 1983.5) and clk.z is not None and clk.z > 6
+    assert clk.score == 0.0 and slow.reason == "min:performance" and slow.worst == "performance"
+    fast = _detail(fh.tuples["n2/gpu4"], "sm_clock")
+    assert fast.rate == pytest.approx((1983.5 - 1984) / 1983.5) and fast.score == 1.0
+    assert _detail(fh.tuples["n2/gpu4"], "pcie_replay").rate == 0.0
