@@ -603,3 +603,56 @@ def test_gates_flags_counters_and_peers_read_the_same_on_rows_and_views(signal_s
     fast = _detail(fh.tuples["n2/gpu4"], "sm_clock")
     assert fast.rate == pytest.approx((1983.5 - 1984) / 1983.5) and fast.score == 1.0
     assert _detail(fh.tuples["n2/gpu4"], "pcie_replay").rate == 0.0
+
+
+def _cycle_scrape(k: int, t: float) -> Snapshot:
+    """Cycle k of a changing fleet: a node joins at 3, a GPU heats at 4, a PCIe storm from 5, n1's
+    exporter stops at 4, an Xid 79 at 6; three replicas, one burning errors."""
+    b = SnapshotBuilder()
+    for i in range(7 if k >= 3 else 6):
+        if i == 1 and k >= 4:
+            continue
+        for g in range(8):
+            lab = gpu_labels(f"n{i}", g)
+            b.add("DCGM_FI_DEV_GPU_TEMP", lab, 90.0 if (i, g, k >= 4) == (4, 4, True) else 60.0, t)
+            b.add("DCGM_FI_DEV_SM_CLOCK", lab, 1980.0 + g, t)
+            b.add("DCGM_FI_DEV_XID_ERRORS", lab, 79 if (i, g) == (2, 1) and k >= 6 else 0, t)
+            storm = (i, g) == (3, 0) and k >= 5
+            b.add("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", lab, 5 + (6000 * (k - 4) if storm else 0), t)
+    for r, err in (("r0", 0.0), ("r1", 0.05), ("r2", 0.0)):
+        lab = dict(replica=r, model_name="llama", build="v1")
+        reqs = 300.0 * (k + 1)
+        b.add("fleethealth_replica_requests_total", lab, reqs, t)
+        b.add("fleethealth_replica_errors_total", lab, err * reqs, t)
+        b.add("vllm:num_requests_waiting", lab, 144.0 if r == "r2" else 1.0, t)
+    return b.build(t)
+
+
+def test_a_scorer_on_a_changing_history_reads_each_cycle_as_a_fresh_scorer() -> None:
+    """What a scorer keeps per layout (the evaluation plan, peer groups, SLO bins, derived scores)
+    is used only while it holds: as nodes join, heat, storm, stop and gate, every cycle's tuples equal
+    those of a scorer that never saw the earlier cycles."""
+    h = SignalHistory(POL)
+    s = Scorer()
+    seen: dict[int, dict[str, tuple[object, ...]]] = {}
+    for k in range(8):
+        t = NOW - 210 + 30 * k
+        h.add(_cycle_scrape(k, t))
+        view = h.view(t)
+        for consumer in ("training", "serving"):
+            kept = s.score(view, POL, t, consumer=consumer)
+            fresh = score_snapshot(view, POL, t, consumer=consumer)
+            assert list(kept.tuples) == list(fresh.tuples)
+            for key in fresh.tuples:
+                a, b = kept.tuples[key], fresh.tuples[key]
+                assert (a.value, a.confidence, a.reason, a.worst, a.worst_member, a.flags) == (
+                    b.value, b.confidence, b.reason, b.worst, b.worst_member, b.flags), (k, consumer, key)
+            if consumer == "training":
+                seen[k] = {e: (kept.tuples[e].value, kept.tuples[e].reason) for e in ("n1", "n2", "n3", "n4", "r1")
+                           if e in kept.tuples}
+    assert seen[2]["n4"] == (1.0, "min:hardware") and "n6" not in seen[2]
+    assert seen[4]["n4"] == (0.5, "min:thermal")
+    assert seen[5]["n3"][1] == "min:pcie" and seen[5]["n3"][0] == 0.0
+    assert seen[6]["n2"] == (0.0, "gate:xid")
+    assert seen[7]["n1"] == (None, "no_fresh_data")  # its last samples 120 s old by then
+    assert seen[7]["r1"][1] == "min:errors"
