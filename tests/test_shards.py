@@ -468,8 +468,10 @@ shards:
               f"at {lease_seen_s:.2f} s), its first decided cycle "
               f"{float(first) - wall_kill:.2f} s after it (lease duration {LEASE_S:g} s, cycle {CYCLE_S:g} s; "
               "the new holder hands the shard to its spare process, which decides on its first cycle)")
+        took = re.findall(r"takes shard s2 from \S+, ([\d.]+) s after", logs[after["holderIdentity"]].read_text())
         print(f"shards: taken {1000 * (since_renewal_s - LEASE_S):+.0f} ms after the victim's last renewTime plus "
-              "the lease duration (the survivors' step is scheduled at that expiry, not polled)")
+              "the lease duration (the survivors' step is scheduled at that expiry, not polled); the taker's log: "
+              f"{took[-1] if took else '?'} s after the renewal when it decided")
         # never before the victim's renew deadline (2/3 of the duration after its last renewal), by when it
         # had stopped deciding and acting: the take-over is prompt, never early
         assert since_renewal_s >= LEASE_S * 2 / 3, since_renewal_s

@@ -5,11 +5,12 @@ Expiry (``lease_expiry``): a Lease held by another replica expires at its ``rene
 ``leaseDurationSeconds``, brought onto the local monotonic clock, and a standby schedules its attempt for
 that moment (``RenewingThread``: the next step is due at the earliest expiry it waits for, not at the next
 poll). The holder's wall clock is trusted only to remove the lag of observing a renewal: the expiry is
-clamped between [observed + duration - retry period, observed + duration], ``observed`` being when this
-replica saw the record change (client-go's rule, which no clock skew affects). So a skewed clock moves a
-take-over at most one retry period earlier than client-go's, never before the holder's renew deadline
-(at most the duration less one retry period), and a missing or unreadable renewTime falls back to
-client-go's rule. A leader that fails to renew for renew_deadline_s (shorter than the lease duration)
+clamped between [observed + renew deadline, observed + duration], ``observed`` being when this replica saw
+the record change (the upper end is client-go's rule, which no clock skew affects). The holder stopped
+acting at its renew deadline counted from before its renewal was written, so no earlier than ``observed``
+plus that deadline: a skewed clock can never let a replica take a Lease while its holder may still act
+(the holder's deadline is taken to be this replica's own, as a fraction of the duration: replicas of one
+deployment share their configuration). A missing or unreadable renewTime falls back to client-go's rule. A leader that fails to renew for renew_deadline_s (shorter than the lease duration)
 stops acting before anyone else can take over.
 
 ``start()`` runs step() on its own thread (``RenewingThread``) every ``retry_period_s`` (client-go's
@@ -29,7 +30,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Self
 
 from fleethealth.act.kube_api import Kube, KubeError
 
@@ -58,19 +59,19 @@ def parse_micro_time(text: Any) -> float | None:
 
 
 def lease_expiry(spec: Mapping[str, Any], observed_at: float, now: float, wall_now: float,
-                 default_duration_s: float, retry_period_s: float) -> float:
+                 default_duration_s: float, renew_fraction: float = 2 / 3) -> float:
     """When, on this replica's monotonic clock (``now`` is that clock, ``wall_now`` the wall clock read at
     the same moment), a Lease record first seen here at ``observed_at`` expires: its renewTime plus its
-    duration, clamped to [observed_at + duration - retry_period_s, observed_at + duration] (see the module
-    docstring: a skewed clock costs at most one retry period, and never lets a replica take a Lease
-    before its holder's renew deadline). Pure."""
+    duration, clamped to [observed_at + renew_fraction * duration, observed_at + duration] (see the module
+    docstring: whatever the clocks, never before the holder's renew deadline, ``renew_fraction`` of the
+    duration). Pure."""
     duration = float(spec.get("leaseDurationSeconds") or default_duration_s)
     latest = observed_at + duration
     renewed = parse_micro_time(spec.get("renewTime"))
     if renewed is None:
         return latest
     by_renewal = now + (renewed + duration - wall_now)
-    return min(latest, max(latest - retry_period_s, by_renewal))
+    return min(latest, max(observed_at + renew_fraction * duration, by_renewal))
 
 
 class RenewingThread:
@@ -92,7 +93,7 @@ class RenewingThread:
     def tick_failed(self) -> None:
         """After a tick raised (the error is logged): bring what others read back in line."""
 
-    def start(self) -> RenewingThread:
+    def start(self) -> Self:
         """Tick on a daemon thread until stop()."""
         if self._thread is None:
             self._stop.clear()
@@ -187,7 +188,7 @@ class LeaseElector(RenewingThread):
         """When the Lease as listed expires on this replica's clock (``lease_expiry``), noting the record
         as observed."""
         return lease_expiry(lease.get("spec") or {}, self.observe(lease, now), now, self.wall(),
-                            self.lease_duration_s, self.retry_period_s)
+                            self.lease_duration_s, self.renew_deadline_s / self.lease_duration_s)
 
     def renewed_ago(self) -> float | None:
         """Seconds since this replica last renewed the Lease (None: it does not hold it)."""

@@ -4,8 +4,8 @@
 Theory of operation
 - Every ``retry_period_s`` a step: renew this replica's membership Lease, LIST every Lease of the shard
   set (label ``fleethealth.io/shard-set``) in one call, note each record's expiry (``act.lease.lease_expiry``:
-  its renewTime plus its duration, clamped to within one retry period of when the record last changed
-  here, so clock skew costs at most that), and hand what it saw to the pure ``controller.shards.plan``: renew the shards held, take the
+  its renewTime plus its duration, never before the renew deadline counted from when the record last
+  changed here, so clock skew never lets it take a shard whose holder may still act), and hand what it saw to the pure ``controller.shards.plan``: renew the shards held, take the
   ones the plan gives, release the ones beyond the fair share once their controller has stopped (kept and
   told to stop until then: a shard's last commit lands before its next holder's first). Each shard Lease
   is a ``LeaseElector``
@@ -35,7 +35,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from fleethealth.act.kube_api import Kube, KubeError
-from fleethealth.act.lease import EXPIRY_MARGIN_S, LeaseElector, RenewingThread
+from fleethealth.act.lease import EXPIRY_MARGIN_S, LeaseElector, RenewingThread, parse_micro_time
 from fleethealth.controller.shards import PUBLICATION_ANNOTATION, LeaseView, PeerBook, Plan, plan
 
 log = logging.getLogger("fleethealth.shards")
@@ -217,8 +217,17 @@ class ShardLeases(RenewingThread):
                 if self.on_release is not None:
                     self.on_release(s)
                 keep.append(s)
-        for s in (*p.renew, *keep, *p.acquire):
+        for s in (*p.renew, *keep):
             self.electors[s].step(by_name.get(self.electors[s].name))
+        for s in p.acquire:
+            listed = by_name.get(self.electors[s].name)
+            if self.electors[s].step(listed) and listed is not None:
+                spec = listed.get("spec") or {}
+                renewed = parse_micro_time(spec.get("renewTime"))
+                if spec.get("holderIdentity") and renewed is not None:  # a take-over, not a first claim
+                    log.warning("%s takes shard %s from %s, %.3f s after its last renewal (lease %s s)",
+                                self.identity, s, spec["holderIdentity"], self.wall() - renewed,
+                                spec.get("leaseDurationSeconds"))
         self.last_plan = p
         self._notify()
         if self.after_step is not None:
