@@ -160,19 +160,29 @@ faults:
 """
 
 
+PAGE_PARAMS: dict[tuple[str, str], list[dict[str, Any]]] = {}  # every page of an incident, updates too
+
+
 def backtest(text: str, seed: int) -> tuple[dict[str, Any], list[tuple[str, str]]]:
-    """The evaluation, and the product's new pages as (entity, reason)."""
+    """The evaluation, and the product's new pages as (entity, reason); all pages' params in PAGE_PARAMS."""
     sc = Scenario.model_validate(yaml.safe_load(text.replace("{seed}", str(seed))))
     run = run_backtest(sc, default_policy(), ["static-rules"], cycle_s=60.0)
-    pages = [(it.entity, it.reason) for it in run.arms[PRODUCT].intents
-             if it.kind == IntentKind.PAGE and is_new_page(it.params)]
-    return evaluate(run), pages
+    new = [it for it in run.arms[PRODUCT].intents if it.kind == IntentKind.PAGE and is_new_page(it.params)]
+    for it in run.arms[PRODUCT].intents:
+        if it.kind == IntentKind.PAGE:
+            PAGE_PARAMS.setdefault((it.entity, it.reason), []).append(dict(it.params))
+    return evaluate(run), [(it.entity, it.reason) for it in new]
 
 
 def test_an_xid_45_storm_after_a_job_crash_drains_no_node_where_any_xid_drains_rule_drains_all() -> None:
     res, pages = backtest(CRASH, 71)
     assert res["quarantines"] == 0, res["false_quarantine_list"]
-    assert ("job/pretrain-a", "app_xid:job") in pages, pages  # the job's ticket
+    assert ("job/pretrain-a", "app_xid:job") in pages, pages  # the job's ticket ...
+    # ... opened on the first Xid 13, updated (not re-sent) as the Xid 45 cleanup reaches the job's 8 nodes,
+    # naming the NVLink domains the storm covered (nvl-00 and nvl-01)
+    ticket = max(PAGE_PARAMS[("job/pretrain-a", "app_xid:job")], key=lambda p: p.get("n_nodes", 0))
+    assert "xid:45" in ticket["xids"] and ticket["n_nodes"] == 8, ticket
+    assert {"nvlink_domain=nvl-00", "nvlink_domain=nvl-01"} <= set(ticket["domains"]), ticket
     assert res["targets"]["no_quarantine"]
     static = res["baselines"]["static-rules"]
     assert static["false_quarantines"] >= 4, static  # the rule drains the job's nodes
