@@ -54,7 +54,8 @@ XID_MESSAGES = {
 
 
 class JobCrash(Fault):
-    """One job crashes over and over; each crash logs Xid 45 on every GPU it held (see the module)."""
+    """A job crashes (Xid 13 on one GPU) and every GPU it held logs Xid 45 (preemptive cleanup) across its
+    NVLink domain; it restarts and crashes again every repeat_s. No node is faulty: the job's ticket."""
 
     kind = "job_crash"
     hardware = False
@@ -93,7 +94,8 @@ class JobCrash(Fault):
 
 
 class PowerBrownout(Fault):
-    """A power zone sags: every GPU behind it power-braked and slower (see the module)."""
+    """A power zone browns out (target power_zone:NAME): every GPU behind it power-braked (clock-event
+    0x80), clocks down 10%, compute slower. Not broken: one page for the zone, its nodes held."""
 
     kind = "power_brownout"
     hardware = False
@@ -120,7 +122,8 @@ class PowerBrownout(Fault):
 
 
 class NvlinkFabric(Fault):
-    """One NVLink domain's switch fabric degrades: NVLink errors on all its GPUs (see the module)."""
+    """An NVLink domain's NVSwitch fabric degrades (target nvlink_domain:NAME): NVLink CRC errors on all its
+    GPUs, collectives slower, no Xid. Not broken: one page for the domain, its nodes held."""
 
     kind = "nvlink_fabric"
     hardware = False
