@@ -656,3 +656,20 @@ def test_a_scorer_on_a_changing_history_reads_each_cycle_as_a_fresh_scorer() -> 
     assert seen[6]["n2"] == (0.0, "gate:xid")
     assert seen[7]["n1"] == (None, "no_fresh_data")  # its last samples 120 s old by then
     assert seen[7]["r1"][1] == "min:errors"
+
+
+def test_an_inventory_gpu_implies_its_node_even_one_the_snapshot_lacks() -> None:
+    """The structural tracker declares the GPUs of a node it remembers (``inventory['gpu']``); once all of
+    that node's samples have left the view, the GPU's node exists only through it. It scored a crash
+    ("gpu without node": the whole cycle lost); now the node and its GPU read unknown, never healthy,
+    and a declared GPU of a reporting node makes that node missing it."""
+    inv = {"gpu": ["n0/gpu9", "gone/gpu3", "no-slash"], "replica": ["r9"], "pod": ["ignored"]}
+    fh = score_snapshot(fleet().build(NOW), POL, NOW, inventory=inv)
+    for e in ("gone/gpu3", "gone", "no-slash", "(no-node-label)", "r9", "n0/gpu9"):
+        t = fh.tuples[e]
+        assert (t.value, t.confidence, t.reason) == (None, 0.0, "no_fresh_data"), e
+    assert fh.tuples["gone/gpu3"].kind == "gpu" and fh.tuples["gone"].kind == "node"
+    n0 = fh.tuples["n0"]
+    assert n0.value is None and n0.reason == "missing:gpu9" and n0.worst_member == "n0/gpu9"
+    assert n0.confidence == pytest.approx(32 / 36)  # 8 GPUs x 4 fresh of 9 x 4 expected
+    assert fh.tuples["n1"].value == 1.0

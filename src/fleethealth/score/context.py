@@ -23,7 +23,7 @@ import numpy as np
 
 from fleethealth.policy import Policy
 from fleethealth.score.kernels import _fresh_rate, _window, _windows
-from fleethealth.score.resolve import KINDS, _KindTable, _resolver_for, _uniq
+from fleethealth.score.resolve import KINDS, UNNAMED_NODE, _KindTable, _resolver_for, _uniq
 from fleethealth.signals.snapshot import CounterMatrix, InputIssue, Snapshot
 
 if TYPE_CHECKING:
@@ -334,13 +334,20 @@ def _entity_tables(ctx: _Ctx, policy: Policy, inventory: Mapping[str, Sequence[s
             if inv_kind not in found:
                 continue
             inv_ids: list[int] = []
+            inv_nodes: list[int] = []
             for name in names:
-                if inv_kind == "gpu" and "/gpu" in name:
-                    node = name.rsplit("/gpu", 1)[0]
-                    inv_ids.append(r._kid(f"gpu:{name}", r._kid("node:" + node)))
+                if inv_kind == "gpu":
+                    # a declared GPU implies its node, as a sampled one does: the structural tracker
+                    # declares the GPUs of a node whose samples have all left the view (else: "gpu
+                    # without node", the whole cycle lost); a name not node/gpuN sits under the placeholder
+                    node = name.rsplit("/gpu", 1)[0] if "/gpu" in name else UNNAMED_NODE
+                    inv_nodes.append(r._kid("node:" + node))
+                    inv_ids.append(r._kid(f"gpu:{name}", inv_nodes[-1]))
                 else:
                     inv_ids.append(r._kid(f"{inv_kind}:{name}"))
             found[inv_kind].append(np.asarray(inv_ids, np.int64))
+            if inv_nodes:
+                found["node"].append(np.asarray(inv_nodes, np.int64))
     out: dict[str, _KindTable] = {}
     n_keys = len(r.key_names)
     for kind in KINDS:
