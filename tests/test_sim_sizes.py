@@ -91,3 +91,21 @@ def test_any_size_either_resolves_every_target_or_says_why(name: str, nodes: int
     assert len(r.faults) == len(sc.faults)
     for f in r.faults:
         assert resolve_targets(fleet, f.targets, None).nodes
+
+
+def test_backtest_runs_a_builtin_at_another_size_and_refuses_one_it_cannot_keep() -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from fleethealth.cli.main import app
+
+    runner = CliRunner()
+    res = runner.invoke(app, ["backtest", "-s", "power-zone-brownout", "--nodes", "32", "--compress", "30m",
+                              "-b", "none", "--format", "json", "--no-progress"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output)
+    assert out["gpus"] == 32 * 8 and out["quarantines"] == 0
+    assert [g["group"] for g in out["groups"]] == ["power:power_zone:pz-01"]
+    bad = runner.invoke(app, ["backtest", "-s", "xid45-nvl72-crash", "--nodes", "20", "-b", "none"])
+    assert bad.exit_code != 0 and "--nodes" in bad.output and "pretrain-" in bad.output
