@@ -356,3 +356,78 @@ def test_a_correlated_event_on_nodes_missing_from_the_pool_map_is_still_held_to_
     assert (g["quarantined"], g["budget_held"]) == (3, False)  # max(1, 2% of 0) = 1 an hour, 3 taken
     one = ArmLog("x", transitions=[tr(1200, "ghost-0", State.QUARANTINED), tr(1200 + 3600, "ghost-1", State.QUARANTINED)])
     assert score(one, truths).metrics["groups"][0]["budget_held"] is True
+
+
+def test_the_job_slowdown_is_reported_under_its_current_names_as_under_the_old_ones() -> None:
+    """``job_slowdown_gpu_h`` and ``..._if_undetected`` (the printed "job GPU-h lost, slow undetected") are
+    the figures the report reads; the old names are aliases. Both rounded to three decimals."""
+    small = [SlowRecord(T0 + k * 15.0, "node-01", "j", 1, 0.5) for k in range(3)]  # 0.00625 h
+    caught = ArmLog("x", transitions=[tr(30, "node-01", State.QUARANTINED)])  # removed after two steps
+    m = score(caught, [gt("node-01", "thermal", 0)], slow=small).metrics
+    assert (m["job_slowdown_gpu_h"], m["job_slowdown_gpu_h_if_undetected"]) == (0.004, 0.006)
+    assert (m["gpu_hours_lost"], m["gpu_hours_lost_if_undetected"]) == (0.004, 0.006)
+    tiny = [SlowRecord(T0, "node-01", "j", 1, 0.01)]  # 0.0000417 h
+    m2 = score(ArmLog("x"), [gt("node-01", "thermal", 0)], slow=tiny).metrics
+    assert (m2["job_slowdown_gpu_h"], m2["job_slowdown_gpu_h_if_undetected"]) == (0.0, 0.0)
+
+
+def test_a_return_after_a_restart_through_warm_up_is_no_flap() -> None:
+    # node-03 degraded, restarted (STARTING) and, once warm, degraded again within the flap window: the
+    # restart ends the episode, so the second DEGRADED is no return to the state the first one left
+    trs = [tr(0, "node-03", State.DEGRADED), tr(60, "node-03", State.STARTING, State.DEGRADED),
+           tr(120, "node-03", State.READY, State.STARTING), tr(180, "node-03", State.DEGRADED)]
+    m = score(ArmLog("x", transitions=trs), []).metrics
+    assert m["flaps_per_node_day"] == 0.0
+    assert m["transitions_per_node_day"] == pytest.approx(3 / 10)  # the way out of STARTING is not counted
+
+
+def test_only_new_pages_count_and_other_intents_are_no_pages() -> None:
+    log = ArmLog("x", intents=[it(100, IntentKind.PAGE, "pool/train-a", "budget_exhausted"),
+                               it(200, IntentKind.PAGE, "pool/train-a", "budget_exhausted", state="update"),
+                               it(300, IntentKind.PAGE, "pool/train-a", "budget_exhausted", state="resolved"),
+                               it(400, IntentKind.DRAIN, "node-01", "budget_exhausted"),
+                               it(500, IntentKind.SET_WEIGHT, "llama-000", "budget_exhausted", weight=0.5)])
+    m = score(log, []).metrics
+    assert (m["pages"], m["budget_exhaustions"]) == (1, 1)
+
+
+def test_a_correlated_events_hard_gate_quarantines_spend_their_own_budget() -> None:
+    """Confirmed hard gates (Xid, ECC DBE, ...) spend ``hard:`` budget: max(3, 10% of the pool) an hour,
+    next to the ordinary max(1, 2%); three Xid quarantines in an hour of a pool of five hold the budget,
+    three ordinary ones do not."""
+    members = ["node-00", "node-01", "node-02"]
+    truths = [gt(n, "xid_79", 600, group="xid:x") for n in members]
+    hard = ArmLog("x", transitions=[tr(1200 + 60 * i, n, State.QUARANTINED, reason="gate:xid")
+                                    for i, n in enumerate(members)])
+    assert score(hard, truths).metrics["groups"][0]["budget_held"] is True
+    four = truths + [gt("node-03", "xid_79", 600, group="xid:x")]
+    hard4 = ArmLog("x", transitions=[tr(1200 + 60 * i, n, State.QUARANTINED, reason="gate:xid")
+                                     for i, n in enumerate(members + ["node-03"])])
+    assert score(hard4, four).metrics["groups"][0]["budget_held"] is False
+    soft = ArmLog("x", transitions=[tr(1200 + 60 * i, n, State.QUARANTINED, reason="min:thermal")
+                                    for i, n in enumerate(members)])
+    assert score(soft, truths).metrics["groups"][0]["budget_held"] is False
+    # one ordinary and three hard in the hour: each budget holds on its own
+    mixed = ArmLog("x", transitions=[*hard4.transitions[:3], tr(1500, "node-03", State.QUARANTINED)])
+    assert score(mixed, four).metrics["groups"][0]["budget_held"] is True
+
+
+def test_nodes_missing_from_the_pool_map_share_the_budget_of_the_pool_named_default() -> None:
+    ghosts = ["ghost-0", "ghost-1"]
+    truths = [gt(n, "bad_driver", 600, action="page", group="driver:z") for n in ghosts]
+    log = ArmLog("x", transitions=[tr(1200, "ghost-0", State.QUARANTINED), tr(1300, "ghost-1", State.QUARANTINED)])
+    # with 100 known nodes in the pool 'default' its budget is 2 an hour: the two unmapped nodes fit in it
+    big = [f"d-{i:03d}" for i in range(100)]
+    m = score_arm(log, truths, replica_node={}, nodes=big + ghosts, node_pool=dict.fromkeys(big, "default"),
+                  start=T0, end=T0 + 86400, policy=default_policy())
+    assert m.metrics["groups"][0]["budget_held"] is True
+
+
+def test_flaps_and_transitions_per_replica_day_with_one_replica_and_with_none() -> None:
+    trs = [tr(100, "llama-000", State.DEGRADED), tr(200, "llama-000", State.READY, State.DEGRADED)]
+    m = score_arm(ArmLog("x", transitions=trs), [], replica_node={"llama-000": "node-09"}, nodes=NODES,
+                  node_pool=POOL, start=T0, end=T0 + 86400, policy=default_policy()).metrics
+    assert (m["flaps_per_replica_day"], m["transitions_per_replica_day"]) == (1.0, 2.0)
+    none = score_arm(ArmLog("x", transitions=trs), [], replica_node={}, nodes=NODES, node_pool=POOL, start=T0,
+                     end=T0 + 86400, policy=default_policy()).metrics
+    assert (none["flaps_per_replica_day"], none["transitions_per_replica_day"]) == (0.0, 0.0)
