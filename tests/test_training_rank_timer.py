@@ -282,3 +282,190 @@ def test_exported_pages_scored_by_the_engine_flag_the_slow_rank_and_its_gpu() ->
     assert all(h.value == 1.0 for e, h in ranks.items() if e != "train/rank5")
     assert health.tuples["node0/gpu5"].value == 0.0
     assert health.tuples["node1"].value == 1.0
+
+
+# --- compute in flight: a hung rank's step never ends -----------------------------------------------------
+
+
+def _steps(t: RankTimer, clock: FakeClock, computes: list[float], collectives: int = 3) -> None:
+    for compute in computes:
+        t.step_begin()
+        for _ in range(collectives):
+            clock.t += compute / collectives
+            t.mark_collective()
+        clock.t += 0.5  # waiting for the slowest peer
+        t.step_end()
+
+
+def test_compute_in_flight_grows_until_the_rank_has_entered_its_collectives() -> None:
+    clock = FakeClock()
+    t = RankTimer(job="j", rank=0, node="n", gpu="0", clock=clock, smooth_steps=3)
+    t.step_begin()
+    clock.t += 50.0
+    assert t.compute_in_flight() is None  # no step with a collective has ended: the count is unknown
+    t.mark_collective()
+    t.step_end()
+    _steps(t, clock, [1.0, 1.2, 1.1])
+    clock.t += 30.0  # a slow data loader between step_end() and step_begin(): not a step
+    assert t.compute_in_flight() is None
+    t.step_begin()
+    clock.t += 0.4
+    t.mark_collective()
+    assert t.compute_in_flight() == pytest.approx(0.4)
+    assert t.exported_compute_seconds() == pytest.approx(1.1)  # within its recent spread: the median
+    clock.t += 0.85
+    assert t.exported_compute_seconds() == pytest.approx(1.25)  # longer than every recent step: in flight
+    clock.t += 100.0
+    assert t.exported_compute_seconds() == pytest.approx(101.25)  # hung: grows at every read
+    t.mark_collective()
+    t.mark_collective()  # all three entered: it waits for its peers, its compute is over
+    clock.t += 30.0
+    assert t.compute_in_flight() is None and t.exported_compute_seconds() == pytest.approx(1.1)
+    t.step_end()
+    assert t.compute_seconds() == pytest.approx(1.2)  # the long step counts once it ended (median of 3)
+
+
+def test_without_step_begin_the_step_in_flight_starts_at_the_previous_end() -> None:
+    clock = FakeClock()
+    t = RankTimer(job="j", rank=0, node="n", gpu="0", clock=clock)
+    for _ in range(3):
+        clock.t += 1.0
+        t.mark_collective()
+        clock.t += 0.5
+        t.step_end()
+    clock.t += 7.0  # the next step, never begun explicitly, still has not entered its collective
+    assert t.compute_in_flight() == pytest.approx(7.0) and t.exported_compute_seconds() == pytest.approx(7.0)
+
+
+def test_the_engine_flags_a_hung_rank_from_its_compute_in_flight() -> None:
+    """16 ranks export their pages while rank 5 hangs before its collective (no error, no step ends) and the
+    other 15 wait for it inside the collective: only the in-flight reading tells them apart."""
+    from prometheus_client import generate_latest
+
+    from fleethealth.policy import default_policy
+    from fleethealth.score.engine import score_snapshot
+    from fleethealth.signals.snapshot import merge_snapshots
+    from fleethealth.sources.exposition import parse_exposition
+
+    now = 1_700_000_000.0
+    pages = []
+    for r in range(16):
+        clock = FakeClock()
+        t = RankTimer(job="train", peer_group="stage0", rank=r, node=f"node{r // 8}", gpu=str(r % 8), clock=clock)
+        _steps(t, clock, [1.82 + 0.003 * ((r * 7 + s) % 5) for s in range(5)], collectives=2)
+        t.step_begin()
+        clock.t += 1.0
+        t.mark_collective()
+        if r != 5:
+            clock.t += 0.8
+            t.mark_collective()  # done: waiting in the collective for rank 5
+        clock.t += 120.0  # two minutes of hang
+        pages.append(parse_exposition(generate_latest(t.registry()), default_ts=now, source=f"rank{r}"))
+    health = score_snapshot(merge_snapshots(pages, now), default_policy(), now, consumer="training")
+    ranks = {h.entity: h for h in health.by_kind("rank")}
+    assert ranks["train/rank5"].value == 0.0 and ranks["train/rank5"].worst == "performance"
+    assert all(h.value == 1.0 for e, h in ranks.items() if e != "train/rank5")
+    assert health.tuples["node0/gpu5"].value == 0.0
+
+
+HANG_AT = 3  # the step in which rank 1 hangs
+
+
+def _hang_worker(rank: int, world: int, rdzv: str, out_dir: str) -> None:
+    """Runs in a spawned process: DDP on gloo, each rank serving its timer over HTTP; in step HANG_AT rank 1
+    hangs in its forward (before any collective) until the test releases it, while rank 0 enters its
+    collectives and waits there for rank 1, as a silent hang looks from outside."""
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{rdzv}", rank=rank, world_size=world)
+    out = Path(out_dir)
+
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = torch.nn.Linear(32, 512)
+            self.b = torch.nn.Linear(512, 8)
+            self.step = 0
+
+        def forward(self, x: Any) -> Any:
+            if rank == 1 and self.step == HANG_AT:
+                (out / "hung").write_text("1")
+                deadline = time.monotonic() + 120
+                while not (out / "release").exists() and time.monotonic() < deadline:
+                    time.sleep(0.02)
+            return self.b(torch.relu(self.a(x)))
+
+    torch.manual_seed(0)
+    net = Net()
+    model = DistributedDataParallel(net, bucket_cap_mb=0.02)
+    timer = RankTimer(job="hang", peer_group="dp", node=f"node{rank}", gpu="0").attach(model)
+    port = timer.serve(0, addr="127.0.0.1")
+    (out / f"port{rank}").write_text(str(port))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    done = []
+    for s in range(HANG_AT + 1):
+        net.step = s
+        timer.step_begin()
+        model(torch.randn(16, 32)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+        timing = timer.step_end()
+        assert timing is not None
+        done.append(timing.compute_s)
+        dist.barrier()
+    (out / f"done{rank}").write_text(json.dumps(done))
+    timer.close()
+    dist.destroy_process_group()
+
+
+def _scrape(port: int) -> float | None:
+    samples = _families(httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text).get(COMPUTE_METRIC, [])
+    return samples[0].value if samples else None
+
+
+@pytest.mark.timeout(240)
+def test_a_hung_ddp_rank_scraped_over_http_reports_its_compute_in_flight(tmp_path: Path) -> None:
+    pytest.importorskip("torch", reason="torch is not installed (pip install torch==2.13.0)")
+    import multiprocessing
+
+    sys.path.insert(0, str(Path(__file__).parent))  # the children import this module by name
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_hang_worker, args=(r, 2, str(tmp_path / "rdzv"), str(tmp_path))) for r in range(2)]
+    for p in procs:
+        p.start()
+    try:
+        deadline = time.monotonic() + 180  # a wait for the processes to get there, not an assertion on time
+        while not ((tmp_path / "hung").exists() and (tmp_path / "port0").exists()
+                   and (tmp_path / "port1").exists()):
+            assert time.monotonic() < deadline and all(p.is_alive() for p in procs), "workers did not start"
+            time.sleep(0.05)
+        port0, port1 = (int((tmp_path / f"port{r}").read_text()) for r in range(2))
+        # rank 0 finished its computes and waits in the collective: its reading is its finished steps'
+        # median and stays there; rank 1's compute in flight overtakes it and keeps growing
+        waiting = _scrape(port0)
+        hung = _scrape(port1)
+        while hung is None or waiting is None or hung <= 3 * waiting:
+            assert time.monotonic() < deadline, (waiting, hung)
+            time.sleep(0.05)
+            waiting, hung = _scrape(port0), _scrape(port1)
+        time.sleep(0.05)
+        later = _scrape(port1)
+        assert later is not None and later > hung
+        assert _scrape(port0) == waiting
+        (tmp_path / "release").write_text("1")
+        for p in procs:
+            p.join(60)
+        assert [p.exitcode for p in procs] == [0, 0]
+        finished = [json.loads((tmp_path / f"done{r}").read_text()) for r in range(2)]
+        assert waiting == pytest.approx(statistics.median(finished[0][:HANG_AT][-5:]))
+        # the hung step, once released, is recorded as the long compute it was
+        assert finished[1][HANG_AT] > hung
+    finally:
+        (tmp_path / "release").write_text("1")
+        for p in procs:
+            p.join(10)
+            if p.is_alive():
+                p.kill()

@@ -27,8 +27,22 @@ would measure launch time, not compute), read once the GPU has passed them so th
 sync to the step (the host may run up to ``MAX_PENDING_STEPS`` ahead); on the CPU, ``time.perf_counter``. A step runs from
 ``step_begin()`` (or, if it is not called, the previous ``step_end()``) to ``step_end()``.
 
-Export: ``fleethealth_rank_compute_seconds{job, rank, node, gpu, peer_group}`` (the median of the last
-``smooth_steps`` steps, so one data-loader hiccup does not flag a rank), plus ``..._step_seconds``,
+Compute in flight: a rank that hangs never ends its step, so its finished steps alone would keep reporting the
+healthy compute time they had while its job stands still (silent-hang detection reads the hung rank's growing
+compute, as the simulator's hung ranks report it). While a step has begun (its ``step_begin()``; without that
+call, the previous ``step_end()``; a loop that calls it spends the time between ``step_end()`` and
+``step_begin()``, its data loading, outside any step) and the rank has not yet entered as many collectives as
+its last step that entered any did, its compute is still running: ``compute_in_flight()`` is the host time
+since the step began. A rank that has entered them all is waiting for its peers at the collective: its compute
+is over, nothing is in flight. Before the first step with a collective has ended the count is unknown, and
+nothing is in flight either (a first step's compilation is not a hang). Host time: exact on the CPU; with CUDA
+events it is the host's view (the host runs at most ``MAX_PENDING_STEPS`` ahead of the device, and a device
+that hangs stops the host at its next wait, where its step then stays in flight).
+
+Export: ``fleethealth_rank_compute_seconds{job, rank, node, gpu, peer_group}``, read at every scrape: the
+median of the last ``smooth_steps`` steps (so one data-loader hiccup does not flag a rank), or the compute
+in flight once it is longer than every one of those steps (so a step within the rank's usual spread reads
+as the median; a hung rank's value grows from one scrape to the next), plus ``..._step_seconds``,
 ``..._first_collective_seconds`` and ``fleethealth_rank_steps_total``, through a prometheus-client
 registry served on a port (``serve``), a node-exporter textfile (``write_textfile``), or a callback
 (``on_step``). Values are also in-process: ``last``, ``history``.
@@ -192,6 +206,12 @@ class RankTimer:
         self._lock = threading.Lock()  # hooks run on autograd's thread, step_end on the caller's
         self._begin: Any = None
         self._boundary: Any = None
+        # host times of the same marks, for the compute in flight (a CUDA event cannot be read while the
+        # step it ends has not reached it)
+        self._begin_host: float | None = None
+        self._boundary_host: float | None = None
+        self._step_collectives: int | None = None  # collectives of the last step that entered any
+        self._calls_step_begin = False  # then the time between step_end() and step_begin() is not a step
         self._first: Any = None
         self._last: Any = None
         self._collectives = 0
@@ -292,8 +312,11 @@ class RankTimer:
     # -- the step -------------------------------------------------------------------------------------
 
     def step_begin(self) -> None:
+        host = self._cpu_clock.clock()
         with self._lock:
             self._begin = self._clock.mark()
+            self._begin_host = host
+            self._calls_step_begin = True
             self._first = self._last = None
             self._collectives = 0
 
@@ -305,6 +328,7 @@ class RankTimer:
             if self._begin is None:
                 # No step_begin(): the step started where the previous one ended.
                 self._begin = self._boundary
+                self._begin_host = self._boundary_host
             if self._first is None:
                 self._first = mark
             self._last = mark
@@ -315,12 +339,15 @@ class RankTimer:
         device has passed the step's end (``wait=True`` waits for it, ``flush()`` for all). None if the
         step was never begun or is still running on the GPU; it then lands in ``history`` later."""
         end = self._clock.mark()
+        host = self._cpu_clock.clock()
         with self._lock:
             begin = self._begin if self._begin is not None else self._boundary
             first, last, n = self._first, self._last, self._collectives
-            self._boundary = end
-            self._begin = self._first = self._last = None
+            self._boundary, self._boundary_host = end, host
+            self._begin = self._first = self._last = self._begin_host = None
             self._collectives = 0
+            if n > 0 and begin is not None:
+                self._step_collectives = n
         if begin is None:
             return None
         pending = _Pending(self._step, begin, first, last, end, n)
@@ -372,8 +399,33 @@ class RankTimer:
         return self.history[-1] if self.history else None
 
     def compute_seconds(self) -> float | None:
-        """The exported value: median compute time over the last ``smooth_steps`` steps."""
+        """Median compute time over the last ``smooth_steps`` finished steps."""
         return self._median("compute_s")
+
+    def compute_in_flight(self) -> float | None:
+        """Host seconds since the step in progress began, while this rank has not yet entered as many
+        collectives as its last step with any did (its compute is still running, or hung); None when no
+        step is in progress, when it has entered them all (it waits for its peers), or before the first
+        step with a collective ended (see the module doc)."""
+        now = self._cpu_clock.clock()
+        with self._lock:
+            began = self._begin_host
+            if began is None and not self._calls_step_begin:
+                began = self._boundary_host  # the step started where the previous one ended
+            expected = self._step_collectives
+            if began is None or expected is None or self._collectives >= expected:
+                return None
+            return max(0.0, now - began)
+
+    def exported_compute_seconds(self) -> float | None:
+        """What ``fleethealth_rank_compute_seconds`` reads now: the median of recent steps, or the compute
+        in flight once it is longer than every one of them (a step within the rank's own recent spread
+        is not news; a hung rank's value grows at every read)."""
+        running = self.compute_in_flight()
+        recent = [t.compute_s for t in list(self.history)[-self.smooth_steps:] if t.compute_s is not None]
+        if running is not None and (not recent or running > max(recent)):
+            return running
+        return statistics.median(recent) if recent else None
 
     def _median(self, attr: str) -> float | None:
         recent = [getattr(t, attr) for t in list(self.history)[-self.smooth_steps:]]
@@ -389,9 +441,8 @@ class RankTimer:
 
             reg = CollectorRegistry()
             names = list(LABELS)
+            reg.register(_ComputeCollector(self))  # read at scrape time: the compute in flight moves
             self._gauges = {
-                COMPUTE_METRIC: Gauge(COMPUTE_METRIC, "Compute time of a step up to its last entry into the "
-                                      "gradient collective (median of recent steps).", names, registry=reg),
                 FIRST_COLLECTIVE_METRIC: Gauge(FIRST_COLLECTIVE_METRIC, "Time from step start to the first "
                                                "gradient bucket entering the collective.", names, registry=reg),
                 STEP_METRIC: Gauge(STEP_METRIC, "Whole-step time (equal across synchronous ranks).", names,
@@ -407,7 +458,6 @@ class RankTimer:
             return
         labels = self.labels()
         values = {
-            COMPUTE_METRIC: self.compute_seconds(),
             FIRST_COLLECTIVE_METRIC: self._median("first_collective_s"),
             STEP_METRIC: self._median("step_s"),
         }
@@ -437,3 +487,26 @@ class RankTimer:
             self._server.shutdown()
             self._server.server_close()
             self._server = None
+
+
+class _ComputeCollector:
+    """``fleethealth_rank_compute_seconds`` for a prometheus-client registry, computed when scraped
+    (``RankTimer.exported_compute_seconds``); no sample while nothing is known."""
+
+    def __init__(self, timer: RankTimer) -> None:
+        self.timer = timer
+
+    def describe(self) -> list[Any]:
+        return []  # computed at collect time; describing would call collect at registration
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import GaugeMetricFamily
+
+        fam = GaugeMetricFamily(COMPUTE_METRIC, "Compute time of a step up to its last entry into the gradient "
+                                "collective (median of recent steps), or of the step still in flight when longer.",
+                                labels=list(LABELS))
+        value = self.timer.exported_compute_seconds()
+        if value is not None:
+            labels = self.timer.labels()
+            fam.add_metric([labels[k] for k in LABELS], value)
+        yield fam
