@@ -54,7 +54,7 @@ class Kept:
 
     def __init__(self) -> None:
         # (id(label-set list), node labels, replica labels) -> resolver (holds the list)
-        self.resolvers: dict[tuple[int, tuple[str, ...], tuple[str, ...]], _Resolver] = {}
+        self.resolvers: dict[tuple[int, tuple[str, ...], tuple[str, ...], tuple[str, ...]], _Resolver] = {}
         # ("g", metric, match, kind, id(table)) -> (table, the block's series, rows or None)
         self.gauges: dict[tuple[Any, ...], tuple[_KindTable, np.ndarray, _GaugeRows | None]] = {}
         # (metric, match, kind, id(table)) -> (table, series, entity per series, series usable, one per entity)
