@@ -195,8 +195,10 @@ class ShardLeases(RenewingThread):
                 self.peers.observe(s, ann, now)
             if holder is None:
                 self._free_since.setdefault(s, now)
-                if not self.electors[s].is_leader():
-                    self._wake_at(self._free_since[s] + self.grace_s)  # when anyone may take it
+                if not self.electors[s].is_leader() and self._free_since[s] + self.grace_s > now:
+                    # when anyone may take it (once past, the retry period paces the tries: a take that
+                    # failed must not be retried in a tight loop)
+                    self._wake_at(self._free_since[s] + self.grace_s)
             else:
                 self._free_since.pop(s, None)
             views[s] = LeaseView(holder, now - self._free_since.get(s, now))
