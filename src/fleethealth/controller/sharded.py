@@ -182,6 +182,13 @@ def shard_main(cfg_data: dict[str, Any], slots: Any, parent: int, log_level: int
     import fleethealth.sources.prometheus  # noqa: F401
     from fleethealth.controller.build import build
 
+    if api_secret:
+        import uvicorn  # noqa: F401  (with FastAPI, seconds to import: done while spare)
+
+        import fleethealth.controller.api  # noqa: F401
+        import fleethealth.controller.security  # noqa: F401
+        import fleethealth.controller.shard_api  # noqa: F401
+
     cfg = ControllerConfig.model_validate(cfg_data)
     specs = shard_specs(cfg)
     policy = load_policy(cfg.policy)
@@ -252,10 +259,13 @@ def shard_main(cfg_data: dict[str, Any], slots: Any, parent: int, log_level: int
     if api_secret:  # the shard's /api/v1, which the replica's listener forwards to (controller.shard_api)
         from fleethealth.controller.shard_api import serve_shard_api
 
-        try:
-            slots[API_PORT] = float(serve_shard_api(asm, api_secret).port)
-        except Exception as e:  # no API is no reason to stop deciding: the replica answers 503 for it
-            log.error("shard %s: cannot serve its API: %s: %s", shard, type(e).__name__, e)
+        def serve() -> None:  # on a thread: the first cycle of a shard taken over does not wait for it
+            try:
+                slots[API_PORT] = float(serve_shard_api(asm, api_secret).port)
+            except Exception as e:  # no API is no reason to stop deciding: the replica answers 503 for it
+                log.error("shard %s: cannot serve its API: %s: %s", shard, type(e).__name__, e)
+
+        threading.Thread(target=serve, name="shard-api", daemon=True).start()
     log.warning("shard %s: controller started, reading %s", shard,
                 ", ".join(getattr(s, "matchers", "") or s.name for s in ctl.sources))
     try:
