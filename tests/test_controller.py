@@ -288,9 +288,11 @@ def test_http_endpoint(served: tuple[Controller, FleetSource, FakeClock, str]) -
     assert 'fleethealth_confidence{entity="n1/gpu0",kind="gpu"}' in text
     assert 'fleethealth_transitions_total{from="READY",to="QUARANTINED"} 1' in text
     assert 'fleethealth_source_up{source="fleet"} 1.0' in text
-    # an Xid gate is confirmed dead hardware: it spends its own budget (max(3, 10% of 6)), not the rate one
+    # an Xid 79 (off the bus) is physical evidence of dead hardware: it spends its own budget (max(3, 10% of
+    # 6)), neither the rate one nor the hard-gate one a bad driver's gates spend
     assert 'fleethealth_budget_remaining{kind="node",pool="a"} 1.0' in text
-    assert 'fleethealth_hard_gate_budget_remaining{kind="node",pool="a"} 2.0' in text
+    assert 'fleethealth_hard_gate_budget_remaining{kind="node",pool="a"} 3.0' in text
+    assert 'fleethealth_physical_budget_remaining{kind="node",pool="a"} 2.0' in text
     assert "fleethealth_cycle_duration_seconds " in text and "fleethealth_cycle_overruns_total 0" in text
     from prometheus_client.parser import text_string_to_metric_families
 

@@ -77,7 +77,8 @@ class _Metrics:
         return "\n".join(self.lines) + "\n"
 
 
-def _budget_left(pub: Published, controller: Controller, hard: bool) -> dict[tuple[str, str], float]:
+def _budget_left(pub: Published, controller: Controller, hard: bool,
+                 physical: bool = False) -> dict[tuple[str, str], float]:
     """Quarantines still allowed per (kind, pool) in the current budget window, counted the way the
     decider counts them: distinct entities under the ledger key ``decide.decider.budget_key`` gives (pool
     label default "default"); confirmed hard gates (``hard``) have their own, larger budget."""
@@ -92,9 +93,11 @@ def _budget_left(pub: Published, controller: Controller, hard: bool) -> dict[tup
     for ts, ledger_key, entity in pub.state.ledger:
         if pub.ts - ts < b.window_s:
             spent.setdefault(ledger_key, set()).add(entity)
-    lo, frac = ((b.hard_gate_min_per_hour, b.hard_gate_fraction_per_hour) if hard
+    lo, frac = ((b.physical_min_per_hour, b.physical_fraction_per_hour) if physical
+                else (b.hard_gate_min_per_hour, b.hard_gate_fraction_per_hour) if hard
                 else (b.quarantine_min_per_hour, b.quarantine_fraction_per_hour))
-    return {(kind, pool): float(max(0, max(lo, math.floor(frac * n)) - len(spent.get(budget_key(kind, pool, hard), ()))))
+    return {(kind, pool): float(max(0, max(lo, math.floor(frac * n))
+                                    - len(spent.get(budget_key(kind, pool, hard, physical), ()))))
             for (kind, pool), n in sorted(sizes.items())}
 
 
@@ -106,6 +109,11 @@ def budget_remaining(pub: Published, controller: Controller) -> dict[tuple[str, 
 def hard_gate_budget_remaining(pub: Published, controller: Controller) -> dict[tuple[str, str], float]:
     """The confirmed hard gates' budget left per (kind, pool)."""
     return _budget_left(pub, controller, hard=True)
+
+
+def physical_budget_remaining(pub: Published, controller: Controller) -> dict[tuple[str, str], float]:
+    """The budget of physical evidence (a GPU off the bus, a DBE, a failed remap) left per (kind, pool)."""
+    return _budget_left(pub, controller, hard=True, physical=True)
 
 
 def render_metrics(controller: Controller, runner: Any = None) -> str:
@@ -199,6 +207,9 @@ def render_metrics(controller: Controller, runner: Any = None) -> str:
     m.family("fleethealth_hard_gate_budget_remaining", "gauge",
              "Quarantines of confirmed hard gates (dead hardware) still allowed per pool in the window.",
              [({"kind": k, "pool": p}, v) for (k, p), v in hard_gate_budget_remaining(pub, controller).items()])
+    m.family("fleethealth_physical_budget_remaining", "gauge",
+             "Quarantines on physical evidence (GPU off the bus, DBE, failed remap) still allowed per pool.",
+             [({"kind": k, "pool": p}, v) for (k, p), v in physical_budget_remaining(pub, controller).items()])
     m.family("fleethealth_remediation_frozen", "gauge", "1 while fleet-wide confidence is low (telemetry problem).",
              [({}, 1.0 if pub.state.frozen else 0.0)])
     if runner is not None:
