@@ -3,13 +3,14 @@
 
 Theory of operation
 - Every ``retry_period_s`` a step: renew this replica's membership Lease, LIST every Lease of the shard
-  set (label ``fleethealth.io/shard-set``) in one call, note each record's expiry (``act.lease.lease_expiry``:
-  its renewTime plus its duration, never before the renew deadline counted from when the record last
-  changed here, so clock skew never lets it take a shard whose holder may still act), and hand what it saw to the pure ``controller.shards.plan``: renew the shards held, take the
-  ones the plan gives, release the ones beyond the fair share once their controller has stopped (kept and
-  told to stop until then: a shard's last commit lands before its next holder's first). Each shard Lease
-  is a ``LeaseElector``
-  (same acquire/renew/409 rules as the single-leader case), stepped with the Lease just listed.
+  set (label ``fleethealth.io/shard-set``) in one call, note each record's expiry
+  (``act.lease.lease_expiry``: its renewTime plus its duration, never before the renew deadline counted
+  from when the record last changed here, so clock skew never lets it take a shard whose holder may still
+  act), and hand what it saw to the pure ``controller.shards.plan``: take the ones the plan gives (first:
+  a take-over waits for no other write), renew the shards held, release the ones beyond the fair share
+  once their controller has stopped (kept and told to stop until then: a shard's last commit lands before
+  its next holder's first). Each shard Lease is a ``LeaseElector`` (same acquire/renew/409 rules as the
+  single-leader case), stepped with the Lease just listed.
 - A renewal also writes the shard's publication (its confidence counts) into the Lease's annotations,
   and every listed shard's annotation goes into the ``PeerBook`` (the fleet-wide freeze).
 - ``on_acquired(shard)`` / ``on_lost(shard)`` run on this thread when holding changes, ``after_step`` after
@@ -159,7 +160,12 @@ class ShardLeases(RenewingThread):
             return self._step()
 
     def _step(self) -> Plan:
-        self.member.step()
+        # The membership first, so a replica's membership always expires before its shards (a survivor
+        # then finds room for them at their expiry); not again in a step scheduled soon after the last
+        # one (an expiry's), where the write would only delay the take.
+        ago = self.member.renewed_ago()
+        if ago is None or ago >= self.retry_period_s / 2:
+            self.member.step()
         now = self.clock()
         self._due = None
         try:
@@ -219,9 +225,7 @@ class ShardLeases(RenewingThread):
                 if self.on_release is not None:
                     self.on_release(s)
                 keep.append(s)
-        for s in (*p.renew, *keep):
-            self.electors[s].step(by_name.get(self.electors[s].name))
-        for s in p.acquire:
+        for s in p.acquire:  # takes first: a take-over waits for no other write
             listed = by_name.get(self.electors[s].name)
             if self.electors[s].step(listed) and listed is not None:
                 spec = listed.get("spec") or {}
@@ -230,6 +234,8 @@ class ShardLeases(RenewingThread):
                     log.warning("%s takes shard %s from %s, %.3f s after its last renewal (lease %s s)",
                                 self.identity, s, spec["holderIdentity"], self.wall() - renewed,
                                 spec.get("leaseDurationSeconds"))
+        for s in (*p.renew, *keep):
+            self.electors[s].step(by_name.get(self.electors[s].name))
         self.last_plan = p
         self._notify()
         if self.after_step is not None:
