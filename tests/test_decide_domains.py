@@ -206,3 +206,30 @@ def test_an_open_domain_incident_still_holds_its_last_bad_nodes() -> None:
     assert resolved.ts == 1740.0 + 900.0  # the last cycle it held, plus incident_clear_s
     # held up to the cycle that resolves it; the next cycle it is a node on its own (budget: one an hour)
     assert [(i.entity, i.ts) for i in r.of(IntentKind.QUARANTINE)] == [("n16", resolved.ts + 60)]
+
+
+def _zones(bad_racks: set[int]):  # type: ignore[no-untyped-def]
+    """Racks r0-r2 behind power zone pz0, r3-r5 behind pz1, every node on driver v1; the nodes of
+    ``bad_racks`` power-braked (score 0.2) from the start."""
+    zone = {i: {"power_zone": f"pz{i // (3 * PER_RACK)}"} for i in range(RACKS * PER_RACK)}
+
+    def make(t: float) -> list:
+        return _fleet({i: (0.2, "min:clocks") for i in range(RACKS * PER_RACK) if i // PER_RACK in bad_racks},
+                      labels=zone)
+    return make
+
+
+def test_half_a_small_fleet_in_one_power_zone_is_the_zone_not_the_driver_every_node_runs() -> None:
+    """A brownout of pz1 takes half the fleet (24 of 48 nodes, all on the one driver there is): a version
+    with no contrast would be 'suspect' at 50%, but one domain holds every bad node, so the zone pages."""
+    r = Run()
+    r.steps(0, 1800, 60, _zones({3, 4, 5}))
+    assert not r.of(IntentKind.QUARANTINE) and not r.of(IntentKind.DRAIN)
+    assert not _new_pages(r, "version_correlation")
+    assert [p.entity for p in _new_pages(r, "domain_correlation")] == ["domain/power_zone=pz1"]
+
+
+def test_half_a_fleet_spread_over_domains_still_suspects_the_version() -> None:
+    r = Run()
+    r.steps(0, 1800, 60, _zones({0, 2, 4}))
+    assert [p.entity for p in _new_pages(r, "version_correlation")] == ["version/driver_version=v1"]

@@ -27,6 +27,8 @@ treats the domain like a suspect driver version (``decide.safety``'s version cor
   ``incident_clear_s`` after it stops holding) with its evidence: which nodes, which reasons, its size,
   and the action taken. While the incident is open, every member is kept as a member even past
   ``window_s`` (a three-hour cooling failure stays one event).
+* A version every node runs (no contrast) is not the suspect when one domain holds all the unhealthy
+  nodes (``one_domain``, asked by ``SafetyRules._versions``): the domain explains them, and pages.
 * While a domain's incident is open, the safety vetoes (``SafetyRules._veto``) hold every signal-driven
   quarantine or drain of a node in that domain (reason ``domain:<label>=<value>``), confirmed hard
   gates excepted; the held node gets ``policy.domains.action``: ``no_new_work`` (the soft fallback's
@@ -39,7 +41,7 @@ when at least ``min_nodes`` nodes are unhealthy or a domain incident is open.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from fleethealth.decide.cycle import Cycle, is_hard_gate_reason
 from fleethealth.decide.lifecycle import Observation
@@ -146,6 +148,21 @@ class FailureDomains:
             return True
         return any(es.labels.get(label) and domain_key(label, es.labels[label]) in open_domains
                    for label in self.policy.domains.labels)
+
+
+def one_domain(entities: Mapping[str, EntityLifecycle], nodes: Iterable[str], labels: list[str]) -> str | None:
+    """``label=value`` of a failure domain that holds every one of ``nodes`` (None: none does, or there are
+    no nodes). The version correlation asks this of a version every node runs: with no contrast between
+    versions, a domain that holds all the bad nodes explains them better (a power zone that browns out in
+    a small fleet is half the fleet on one driver, but it is the zone)."""
+    names = list(nodes)
+    if not names:
+        return None
+    for label in labels:
+        first = entities[names[0]].labels.get(label) if names[0] in entities else None
+        if first and all(n in entities and entities[n].labels.get(label) == first for n in names):
+            return f"{label}={first}"
+    return None
 
 
 def domain_hold(c: Cycle, es: EntityLifecycle, labels: list[str]) -> str | None:

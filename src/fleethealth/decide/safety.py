@@ -52,7 +52,7 @@ from fleethealth.decide.cycle import (
     budget_key,
     is_hard_gate_reason,
 )
-from fleethealth.decide.domains import domain_hold, quiet_hold
+from fleethealth.decide.domains import domain_hold, one_domain, quiet_hold
 from fleethealth.decide.lifecycle import (
     ISOLATED_STATES,
     REMEDIATION_TARGETS,
@@ -252,8 +252,10 @@ class SafetyRules:
                         other_rate = (sum(nbad.values()) - k) / other_pop
                         if not rate > 2 * other_rate:
                             continue
-                    elif rate < a.version_fraction:
-                        continue
+                    elif rate < a.version_fraction or (kind == "node" and one_domain(
+                            c.s.entities, (e for e in bad if c.s.entities[e].labels.get(label) == v),
+                            p.domains.labels)):
+                        continue  # every node runs it: no contrast; a domain holding all the bad ones explains them
                     out[(label, v)] = f"version:{label}={v}"
                     c.incident(f"version:{kind}:{label}={v}", f"version/{label}={v}", "version_correlation",
                                {"label": label, "value": v, "kind": kind, "unhealthy": k,
