@@ -263,6 +263,7 @@ def test_a_replica_forwards_its_shards_api_and_names_the_holder_of_the_others() 
     code, data, _ = r.route("GET", "/api/v1/states", {}, b"", "10.1.2.3:5555")
     assert code == 400 and "s1 here, s2 at rep-b, s3 here" in json.loads(data)["detail"]
     assert r.route("GET", "/api/v1/shards/nope/states", {}, b"", "x:1")[0] == 404
+    assert r.route("GET", "/api/v1/shards/s1/../../metrics", {}, b"", "x:1")[0] == 400  # the shard's API only
     assert r.route("POST", "/api/v1/shards/s1/events", {}, b"x" * 1001, "x:1")[0] == 413
     assert len(calls) == n  # none of those reached a shard
 

@@ -99,6 +99,8 @@ class ShardApiRouter:
 
     def route(self, method: str, target: str, headers: Mapping[str, str], body: bytes, peer: str) -> Reply:
         shard, path, query = self.shard_for(target)
+        if any(seg in (".", "..") for seg in path.split("/")):  # only the shard's /api/v1 is reachable
+            return _error(400, "no '.' or '..' segments in an API path")
         if shard is None:
             return _error(400, "a sharded replica serves /api/v1 per shard: /api/v1/shards/<shard>/<endpoint> "
                                f"or ?pool=<pool> (shards: {self.where()})")
