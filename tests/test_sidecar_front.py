@@ -16,6 +16,7 @@ import httpx
 from fake_engine import ServerThread, running_pair, wait_until
 from fleethealth.serve.app import create_app
 from fleethealth.serve.config import SidecarConfig
+from fleethealth.serve.proxy import Exchange
 from fleethealth.serve.server import http_protocol
 
 
@@ -230,7 +231,10 @@ def test_many_concurrent_streams_and_requests_are_relayed_whole_and_leave_nothin
         wait_until(lambda: not p.sc.active, 5)
         assert p.sc.outcomes == {"completed": 180}
         assert (p.sc.admission.active, p.sc.admission.queued, p.sc._busy_streams, p.sc._busy_whole) == (0, 0, 0, 0)
-        assert not p.sc.proxy_core.pool.busy and p.sc.progress.proxy_active == 0
+        # The background loop polls the engine every 50 ms on the same pool, so one of its fetches may be in
+        # flight: no connection may still be held by a proxied request.
+        assert not [c for c in p.sc.proxy_core.pool.busy if isinstance(c.listener, Exchange)]
+        assert p.sc.progress.proxy_active == 0
 
 
 def test_idle_client_connections_are_closed_after_the_keep_alive_timeout() -> None:

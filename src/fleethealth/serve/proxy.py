@@ -313,7 +313,7 @@ class _Whole:
 
 
 def pool_request(pool: Pool, target: bytes, headers: Headers, body: bytes) -> bytes:
-    return pool.request_head(b"POST", target, forward_headers(headers), len(body)) + body
+    return pool.request_head(b"POST", target, headers, len(body), _HOP) + body
 
 
 class Exchange:

@@ -183,12 +183,15 @@ class Pool:
         self._idle: list[Connection] = []
         self.busy: set[Connection] = set()  # an exchange in flight
 
-    def request_head(self, method: bytes, target: bytes, headers: Headers, body_len: int) -> bytes:
-        """The request line and headers for ``target`` (path and query, from the client)."""
-        parts = [method, b" ", self.prefix, target, b" HTTP/1.1\r\nhost: ", self.host_header,
-                 b"\r\ncontent-length: ", str(body_len).encode(), b"\r\naccept-encoding: identity\r\n"]
+    def request_head(self, method: bytes, target: bytes, headers: Headers, body_len: int,
+                     skip: frozenset[bytes] = frozenset()) -> bytes:
+        """The request line and headers for ``target`` (path and query, from the client); headers named in
+        ``skip`` are left out (the proxy's hop-by-hop set: filtered here, in the one pass that writes them)."""
+        parts = [b"%b %b%b HTTP/1.1\r\nhost: %b\r\ncontent-length: %d\r\naccept-encoding: identity\r\n"
+                 % (method, self.prefix, target, self.host_header, body_len)]
         for k, v in headers:
-            parts += (k, b": ", v, b"\r\n")
+            if k not in skip:
+                parts += (k, b": ", v, b"\r\n")
         parts.append(b"\r\n")
         return b"".join(parts)
 
