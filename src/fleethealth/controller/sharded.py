@@ -246,7 +246,19 @@ def shard_main(cfg_data: dict[str, Any], slots: Any, parent: int, log_level: int
             slots[OWN_TOTAL], slots[OWN_LOW], slots[OWN_TS] = float(own[0]), float(own[1]), float(rep.ts)
         slots[CYCLES] += 1
         slots[LAST_CPU], slots[LAST_TS] = rep.cpu_s, rep.ts
+        if api_secret and not api_started.is_set():  # after the first cycle: it competes for no CPU with it
+            api_started.set()
+            threading.Thread(target=serve_api, name="shard-api", daemon=True).start()
 
+    def serve_api() -> None:  # the shard's /api/v1, which the replica's listener forwards to (shard_api)
+        from fleethealth.controller.shard_api import serve_shard_api
+
+        try:
+            slots[API_PORT] = float(serve_shard_api(asm, api_secret).port)
+        except Exception as e:  # no API is no reason to stop deciding: the replica answers 503 for it
+            log.error("shard %s: cannot serve its API: %s: %s", shard, type(e).__name__, e)
+
+    api_started = threading.Event()
     ctl.pre_cycle.append(peers)
     ctl.on_cycle = report
 
@@ -256,16 +268,6 @@ def shard_main(cfg_data: dict[str, Any], slots: Any, parent: int, log_level: int
         ctl.stop()
 
     threading.Thread(target=watch, name="shard-watch", daemon=True).start()
-    if api_secret:  # the shard's /api/v1, which the replica's listener forwards to (controller.shard_api)
-        from fleethealth.controller.shard_api import serve_shard_api
-
-        def serve() -> None:  # on a thread: the first cycle of a shard taken over does not wait for it
-            try:
-                slots[API_PORT] = float(serve_shard_api(asm, api_secret).port)
-            except Exception as e:  # no API is no reason to stop deciding: the replica answers 503 for it
-                log.error("shard %s: cannot serve its API: %s: %s", shard, type(e).__name__, e)
-
-        threading.Thread(target=serve, name="shard-api", daemon=True).start()
     log.warning("shard %s: controller started, reading %s", shard,
                 ", ".join(getattr(s, "matchers", "") or s.name for s in ctl.sources))
     try:
