@@ -2,15 +2,16 @@
 
 The engine's FleetHealth is columnar (``score.engine``): per entity kind, arrays of value, confidence and
 worst category, with reasons, flags and metadata labels beside them. The decider needs full
-``HealthTuple`` objects only for lifecycle entities (nodes and replicas) and for the few GPUs that carry
-flags (a 100k-GPU fleet has few), and never reads the per-signal details or category maps, so
-``_light_tuples`` builds tuples straight from the columns without them. A plain mapping or iterable of
+``HealthTuple`` objects only for lifecycle entities (nodes and replicas) and for the GPUs that carry
+flags, and never reads the per-signal details or category maps, so ``_light_tuples`` and
+``_flagged_gpus`` build tuples straight from the columns without them (a fleet-wide flag storm, every
+GPU flagged, made one full tuple per GPU: ~14 s of a cycle at 100k GPUs). A plain mapping or iterable of
 tuples (tests, replay) is accepted as well.
 
 Reuse across cycles (the decider's ``fast`` path): ``_light_tuples_reusing`` keeps last cycle's columns
 as bit patterns (``_Rows``) and hands back the same tuple object for every row whose columns, reason,
 flags, worst member and labels are unchanged; ``_serving_replicas`` does the same for the serving
-consumer's replica rows. Identity then carries the meaning "nothing changed" to the decider's other
+consumer's replica rows and ``_flagged_gpus`` for the flagged GPUs' rows. Identity then carries the meaning "nothing changed" to the decider's other
 caches. These caches are answers, never state: they live in the ``Decider`` object the caller holds,
 and a cache that cannot be compared (a different set of names, categories or shapes) is rebuilt whole.
 """
@@ -18,7 +19,7 @@ and a cache that cannot be compared (a different set of names, categories or sha
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
@@ -62,18 +63,58 @@ def _lifecycle_and_flagged(health: Any, memo: LabelMemo | None = None,
             if rows is not None:
                 rows.clear()
             life = [t for k in LIFECYCLE_KINDS for t in health.by_kind(k)]
-        gpus: list[HealthTuple] = []
-        ks = kinds.get("gpu")
-        if ks is not None:
-            for i in sorted(ks.flags):
-                if ks.flags[i]:
-                    t = health.get(ks.names[i])
-                    if t is not None:
-                        gpus.append(t)
-        return life, gpus
+        return life, _flagged_gpus(health, memo, rows)
     tuples = _all_tuples(health)
     return ([t for t in tuples if t.kind in LIFECYCLE_KINDS],
             [t for t in tuples if t.kind == "gpu" and t.flags])
+
+
+_FLAGGED = "gpu:flagged"  # the key of the flagged GPUs' rows in the decider's row cache
+
+
+def _flagged_gpus(health: Any, memo: LabelMemo | None, rows: dict[str, _Rows] | None) -> list[HealthTuple]:
+    """The GPUs that carry flags, as tuples built straight from the columns like the lifecycle ones (the
+    decider reads a GPU tuple's name, flags and labels, never its per-signal details: building those made
+    a fleet-wide flag storm cost ~14 s at 100k GPUs). ``rows``: with a label memo, a flagged row whose
+    columns are unchanged since last cycle keeps last cycle's tuple; nothing is kept while none is
+    flagged."""
+    ks = health.kinds.get("gpu")
+    flagged = sorted(i for i, f in ks.flags.items() if f) if ks is not None else []
+    prev = rows.get(_FLAGGED) if rows is not None else None
+    if rows is None or ks is None or memo is None or not flagged:
+        if rows is not None:
+            rows.pop(_FLAGGED, None)
+        return [_tuple_at(health, ks, i, _labels_at(health, ks, i, memo)) for i in flagged]
+    diff = None if prev is None or prev.memo is not memo else _changed_rows(ks, prev)
+    if diff is None:
+        changed = None
+        value, conf, reason = _bits(ks.value), _bits(ks.confidence), [str(r) for r in ks.reason]
+        flags, wm = {int(i): tuple(f) for i, f in ks.flags.items()}, dict(ks.worst_member)
+    else:
+        changed, value, conf, reason, flags, wm = diff
+    out: list[HealthTuple] = []
+    by_row: dict[int, HealthTuple] = {}
+    for i in flagged:
+        t = prev.by_row.get(i) if changed is not None and prev is not None and not changed[i] else None
+        if t is None:
+            t = _tuple_at(health, ks, i, _labels_at(health, ks, i, memo))
+        by_row[i] = t
+        out.append(t)
+    rows[_FLAGGED] = _Rows(_FLAGGED, prev.names if diff is not None and prev is not None else list(ks.names), value,
+                           conf, np.array(ks.worst, np.int64), reason, flags, wm, list(ks.categories), memo, [], by_row)
+    return out
+
+
+def _labels_at(health: Any, ks: Any, i: int, memo: LabelMemo | None) -> dict[str, str]:
+    """Row ``i``'s metadata labels, through the decider's memo when it has one (as ``_light_tuples``)."""
+    if memo is None:
+        labels: dict[str, str] = health.meta.labels(ks.kind, i)
+        return labels
+    key = (ks.kind, ks.names[i])
+    hit = memo.get(key)
+    if hit is None:
+        hit = memo[key] = health.meta.labels(ks.kind, i)
+    return hit
 
 
 def _replica_tuple(name: str, kind: EntityKind, value: float, confidence: float, reason: str, now: float) -> HealthTuple:
@@ -169,6 +210,7 @@ class _Rows:
     categories: list[str]
     memo: LabelMemo | None
     tuples: list[HealthTuple]
+    by_row: dict[int, HealthTuple] = field(default_factory=dict)  # the flagged GPUs' tuples (``_flagged_gpus``)
 
 
 def _bits(a: Any) -> np.ndarray:
