@@ -425,7 +425,8 @@ def main() -> None:
                     help="also measure a bare uvloop byte relay (no parsing): the floor for any Python proxy")
     ap.add_argument("--relay", default=None, help=argparse.SUPPRESS)  # LISTEN:UPSTREAM, the floor's process
     ap.add_argument("--rt", action="store_true",
-                    help="latency phase under SCHED_FIFO (the chain is not delayed by other tenants)")
+                    help="the chain under SCHED_FIFO (not delayed by other tenants): the latency phase, and the "
+                         "throughput phase too when --cpus leaves the others a CPU (1:1:1 on 2 cores)")
     a = ap.parse_args()
     if a.relay:
         listen, upstream = a.relay.split(":")
