@@ -302,7 +302,9 @@ def interleaved_latency(targets: dict[str, tuple[str, int | None]], engine_pid: 
     Besides the wall time, each request's wall time less the run-queue wait its chain (this client's thread,
     the sidecar if any, the engine) accrued meanwhile: the time one of them was runnable but another tenant
     held the CPU. In a sequential request at most one process of the chain works at a time, so what is left
-    is the chain's own latency: its CPU, the system calls and the wakeups. ``rt``: the chain runs SCHED_FIFO
+    is the chain's own latency: its CPU, the system calls and the wakeups (a lower bound: two processes of
+    the chain that wait at once are both subtracted, so on a crowded machine it can read below the
+    uncontended figure, even below direct's). ``rt``: the chain runs SCHED_FIFO
     for this phase (the other tenants cannot delay it; sequential, so it holds one core at a time)."""
     body = {"model": "fake-model", "prompt": "hello", "max_tokens": 1}
     names = list(targets)
