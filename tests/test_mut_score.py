@@ -12,7 +12,7 @@ import gc
 
 import pytest
 
-from fleethealth.policy import default_policy, default_policy_text, parse_policy
+from fleethealth.policy import Policy, default_policy, default_policy_text, parse_policy
 from fleethealth.score.engine import Scorer, score_snapshot
 from fleethealth.score.health import HealthTuple, SignalDetail
 from fleethealth.signals.history import SignalHistory
@@ -528,13 +528,13 @@ class _Scrapes:
     def add(self, metric: str, labels: dict[str, str], value: float, ts: float) -> None:
         self.rows.append((metric, dict(labels), float(value), float(ts)))
 
-    def both(self) -> dict[str, Snapshot]:
+    def both(self, policy: Policy = POL) -> dict[str, Snapshot]:
         whole = SnapshotBuilder()
         by_t: dict[float, list[tuple[str, dict[str, str], float, float]]] = {}
         for r in self.rows:
             whole.add(*r)
             by_t.setdefault(r[3], []).append(r)
-        h = SignalHistory(POL)
+        h = SignalHistory(policy)
         for t in sorted(by_t):
             b = SnapshotBuilder()
             for r in by_t[t]:
@@ -673,3 +673,66 @@ def test_an_inventory_gpu_implies_its_node_even_one_the_snapshot_lacks() -> None
     assert n0.value is None and n0.reason == "missing:gpu9" and n0.worst_member == "n0/gpu9"
     assert n0.confidence == pytest.approx(32 / 36)  # 8 GPUs x 4 fresh of 9 x 4 expected
     assert fh.tuples["n1"].value == 1.0
+
+
+# a policy that also reads the request counter over 12 h: the history keeps it in another counter group
+# than the error counter (retention), so the view's SLO batch reads the two groups apart
+SPLIT_POL = parse_policy(default_policy_text().replace("  - name: queue_depth\n", """  - name: request_rate_12h
+    metric: fleethealth_replica_requests_total
+    category: load
+    shape: ramp
+    kind: counter
+    rate_window_s: 43200
+    warn: 1000
+    crit: 2000
+    entities: [replica]
+    expected: false
+  - name: queue_depth
+"""))
+
+
+def _slo_edge_cases(policy: Policy = POL) -> dict[str, Snapshot]:
+    """Error SLOs at their edges, an hour of scrapes every minute (10 requests/s each)."""
+    r = _Scrapes()
+    for k in range(0, 3601, 60):
+        t = NOW - 3600 + k
+
+        def rep(name: str, reqs: float | dict[str, float], errs: float | None, t: float = t) -> None:
+            lab = dict(replica=name, model_name="llama", build="v1")
+            for route, v in (reqs.items() if isinstance(reqs, dict) else [("", reqs)]):
+                r.add("fleethealth_replica_requests_total", {**lab, "route": route} if route else lab, v, t)
+            if errs is not None:
+                r.add("fleethealth_replica_errors_total", lab, errs, t)
+
+        if k % 900 == 0:  # every 15 min: the 30 min window holds exactly two samples, the 5 min one one
+            rep("quarter-hourly", 10.0 * k, 0.5 * k)
+        rep("overcounted", 10.0 * k, 20.0 * k)  # more errors than requests (two counters out of step)
+        rep("two-routes", {"a": 6.0 * k, "b": 4.0 * k}, 0.5 * k)  # requests counted per route
+        rep("late-errors", 10.0 * k, 0.5 * (k - 1800) if k >= 1800 else None)  # errors counted from 30 min ago
+        rep("zz-no-errors", 10.0 * k, None)  # no error counter at all
+    return r.both(policy)
+
+
+@pytest.mark.parametrize("path", ["rows", "view", "view, counters in two groups"])
+def test_error_slo_edges_on_rows_and_views(path: str) -> None:
+    pol = SPLIT_POL if path.endswith("two groups") else POL
+    fh = score_snapshot(_slo_edge_cases(pol)[path.split(",")[0]], pol, NOW, consumer="serving")
+
+    def err(name: str) -> tuple[float | None, float | None, float | None]:
+        d = _detail(fh.tuples[name], "error_slo")
+        return d.score, d.raw, d.rate
+
+    score, raw, rate = err("quarter-hourly")  # the 6 h / 30 min pair alone: 5x burn, 0.2
+    assert score == pytest.approx(0.2, abs=1e-9) and raw == pytest.approx(5.0) and rate is None
+    score, raw, rate = err("overcounted")  # a bad share past 1 counts as 1: burn 1 / (1 - 0.99) = 100
+    assert score == 0.0 and raw == pytest.approx(100.0) and rate == pytest.approx(100.0)
+    score, raw, rate = err("two-routes")  # 0.5 errors/s of 6 + 4 requests/s
+    assert score == pytest.approx(0.2, abs=1e-9) and raw == pytest.approx(5.0) and rate == pytest.approx(5.0)
+    assert fh.tuples["two-routes"].categories["errors"] == pytest.approx(0.2, abs=1e-9)
+    # errors counted from 30 min ago: 900 errors over the 6 h window's 36,000 requests (2.5x: 1 - 1.5/5),
+    # over the hour's 35,400 (its first sample is outside the window); the short windows read 5x
+    score, raw, rate = err("late-errors")
+    assert score == pytest.approx(0.7, abs=1e-9) and raw == pytest.approx(900 / 35400 / 0.01)
+    assert rate == pytest.approx(5.0)
+    score, raw, rate = err("zz-no-errors")  # no error samples: no errors, not unknown
+    assert (score, raw, rate) == (1.0, 0.0, 0.0) and fh.tuples["zz-no-errors"].value == 1.0
