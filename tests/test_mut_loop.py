@@ -149,3 +149,125 @@ def test_replicas_are_also_scored_for_serving_and_a_dry_run_persists_nothing() -
     loop.cycle(None, 10.0)
     assert scorer.asked[2:] == [(10.0, "remediation", 2), (10.0, "serving", 2)]
     assert loop.state.entities["r1"].state in (State.STARTING, State.WARMING, State.READY)
+
+
+def test_samples_of_one_time_keep_their_recorded_order_in_a_large_scrape() -> None:
+    # 64 samples of one scrape time after an earlier one: the cycle takes them in the order recorded
+    snap = recording([0.0] + [7.0] * 64)
+    ((_, first), (_, second)) = scrape_groups(snap)
+    assert first.tolist() == [0] and second.tolist() == list(range(1, 65))
+
+
+def _engine_asking() -> tuple[list[str], Any]:
+    from fleethealth.score.scorer import Scorer as EngineScorer
+
+    asked: list[str] = []
+    engine = EngineScorer()
+
+    def score(view: Snapshot, policy: Policy, now: float, consumer: str) -> Any:
+        asked.append(consumer)
+        return engine.score(view, policy, now, consumer)
+
+    return asked, score
+
+
+def test_the_engine_scores_serving_only_for_a_fleet_with_replicas() -> None:
+    b = SnapshotBuilder()
+    b.add("DCGM_FI_DEV_GPU_TEMP", {"Hostname": "n1", "gpu": "0", "UUID": "GPU-1"}, 50.0, 0.0)
+    asked, score = _engine_asking()
+    loop = DecisionLoop(POLICY, scorer=score)
+    loop.cycle(b.build(0.0), 0.0)
+    assert asked == ["remediation"]
+    lab = {"replica": "r1", "model_name": "llama", "build": "v1"}
+    b2 = SnapshotBuilder()
+    b2.add("fleethealth_replica_requests_total", lab, 100.0, 15.0)
+    b2.add("fleethealth_replica_errors_total", lab, 0.0, 15.0)
+    loop.cycle(b2.build(15.0), 15.0)
+    assert asked == ["remediation", "remediation", "serving"]
+    assert "r1" in loop.state.entities
+
+
+def test_a_sample_from_the_future_is_read_when_its_time_comes_with_its_labels() -> None:
+    """A node whose first sample is stamped an hour ahead (clock skew) is ignored now and read at its
+    time, with its own labels: the loop does not reuse the labels of the cycles before it."""
+    def scrape(at: float, extra: bool) -> Snapshot:
+        b = SnapshotBuilder()
+        b.add("DCGM_FI_DEV_GPU_TEMP", {"Hostname": "n1", "gpu": "0", "UUID": "GPU-1"}, 50.0, at)
+        b.add("fleethealth_node_info", {"node": "n1", "pool": "p1"}, 1.0, at)
+        if extra:
+            b.add("DCGM_FI_DEV_GPU_TEMP", {"Hostname": "n9", "gpu": "0", "UUID": "GPU-9"}, 50.0, 3600.0)
+            b.add("fleethealth_node_info", {"node": "n9", "pool": "p9"}, 1.0, 3600.0)
+        return b.build(at)
+
+    asked, score = _engine_asking()
+    loop = DecisionLoop(POLICY, scorer=score)
+    loop.cycle(scrape(0.0, True), 0.0)
+    assert "n9" not in loop.state.entities
+    for k in range(1, 4):
+        loop.cycle(scrape(15.0 * k, False), 15.0 * k)
+    loop.cycle(scrape(3600.0, False), 3600.0)
+    assert loop.state.entities["n9"].labels.get("pool") == "p9"
+    assert loop.state.entities["n1"].labels.get("pool") == "p1"
+
+
+@dataclass
+class ListScorer:
+    """A scorer that hands back a plain list of tuples (the decider accepts one)."""
+
+    asked: list[str] = field(default_factory=list)
+
+    def __call__(self, view: Snapshot, policy: Policy, now: float, consumer: str) -> list[HealthTuple]:
+        self.asked.append(consumer)
+        return [HealthTuple("n1", "node", 0.95, 1.0, "thermal", "min:thermal")]
+
+
+def test_a_scorer_that_returns_a_plain_list_of_tuples_is_decided_on() -> None:
+    scorer = ListScorer()
+    loop = DecisionLoop(POLICY, scorer=scorer)
+    loop.cycle(recording([0.0]), 0.0)
+    assert scorer.asked == ["remediation"] and loop.state.entities["n1"].last_value == 0.95
+
+
+def test_a_given_history_and_policy_are_the_loops() -> None:
+    from fleethealth.signals.history import SignalHistory
+
+    pol = POLICY.model_copy(update={"fleet": POLICY.fleet.model_copy(update={"min_entities": 1})})
+    assert pol.version_tag != POLICY.version_tag
+    history = SignalHistory(pol)
+    history.add(recording([0.0, 5.0]))
+    scorer = AskingScorer()
+    loop = DecisionLoop(pol, scorer=scorer, history=history)
+    assert loop.history is history
+    res = loop.cycle(recording([10.0]), 10.0)
+    assert scorer.asked == [(10.0, "remediation", 3)]  # the samples already in the given history count
+    assert res.decision.state.entities["n1"].state == State.READY
+
+    def gate(view: Snapshot, policy: Policy, now: float, consumer: str) -> list[HealthTuple]:
+        return [HealthTuple("n1", "node", 0.0, 1.0, "xid", "gate:xid")]
+
+    loop.scorer = gate
+    bad = loop.cycle(None, 25.0).decision
+    assert bad.intents and {i.policy_version for i in bad.intents} == {pol.version_tag}
+    assert {t.policy_version for t in bad.transitions} == {pol.version_tag}
+
+
+def test_replay_cuts_scrapes_at_the_group_width_it_is_given() -> None:
+    loop = DecisionLoop(POLICY, scorer=AskingScorer())
+    assert [r.now for r in replay_cycles(loop, recording([0.0, 1.5, 15.0]), group_s=2.0)] == [1.5, 15.0]
+
+
+def test_the_other_shards_low_confidence_freezes_this_shards_loop() -> None:
+    """A sharded controller sets ``fleet_peers`` (the other shards' entities in service and how many of
+    them read low confidence) before each cycle: telemetry lost elsewhere freezes remediation here too;
+    ``confidence_counts`` are this loop's own, for the other shards."""
+    scorer = AskingScorer()
+    loop = DecisionLoop(POLICY, scorer=scorer)
+    for k in range(3):
+        loop.cycle(recording([15.0 * k]), 15.0 * k)
+    assert loop.fleet_peers == (0, 0) and not loop.state.frozen
+    assert loop.confidence_counts == (1, 0)
+    loop.fleet_peers = (100, 90)
+    res = loop.cycle(recording([45.0]), 45.0)
+    assert loop.state.frozen and [i.reason for i in res.decision.intents if i.kind.value == "fleet_alert"] == [
+        "fleet_confidence_low"]
+    assert loop.confidence_counts == (1, 0)  # its own, not the fleet's
