@@ -6,8 +6,8 @@ Theory of operation
   (``controller.api.create_app``: reads, and the authenticated, audited writes: events such as ack,
   active_test, reset; the kill switch; incident labels) on a loopback port of its own, with the same
   security as one controller (``controller.security``: token file or TokenReview, SubjectAccessReview,
-  audit rows in the shard's part of the store and Kubernetes Events). Its port goes to the replica
-  through the shared slots.
+  audit rows in the shard's part of the store and Kubernetes Events), started after the shard's first
+  cycle (a shard taken over decides first). Its port goes to the replica through the shared slots.
 - The replica's listener routes ``/api/v1/shards/<shard>/<endpoint>`` (or ``/api/v1/<endpoint>?pool=P``:
   the shard whose matcher selects pool P) to that process (``ShardApiRouter.route``), passing the
   caller's Authorization, body and address. The address travels in ``X-Fleethealth-Peer`` with a secret
