@@ -37,9 +37,10 @@ def dur(s: float) -> str:
     return f"{s:.0f}s" if s < 120 else f"{s / 60:.1f} min" if s < 7200 else f"{s / 3600:.1f} h"
 
 
-def load_inputs(scenario: str, policy: Path | None, duration: str | None, seed: int | None) -> tuple[Any, Any]:
+def load_inputs(scenario: str, policy: Path | None, duration: str | None, seed: int | None,
+                nodes: int | None = None) -> tuple[Any, Any]:
 
-    sc = load_scenario_or_fail(scenario, duration, seed)
+    sc = load_scenario_or_fail(scenario, duration, seed, nodes)
     return sc, load_policy_or_fail(policy)
 
 
@@ -207,14 +208,7 @@ def register(app: typer.Typer) -> None:
         from fleethealth.backtest.report import write_report
         from fleethealth.review.kpis import SloSampler
 
-        sc, pol = load_inputs(scenario, policy, duration, seed)
-        if nodes is not None:
-            from fleethealth.sim.sizes import resize
-
-            try:
-                sc = resize(sc, nodes)
-            except ValueError as e:
-                fail(f"--nodes: {e}")
+        sc, pol = load_inputs(scenario, policy, duration, seed, nodes)
         if compress_gaps is not None:
             from fleethealth.backtest.runner import compress
             from fleethealth.sim.scenario import parse_duration

@@ -63,9 +63,11 @@ def register(app: typer.Typer) -> None:
     def truth(
         scenario: Annotated[str, typer.Option("--scenario", "-s", help="built-in name or YAML file")],
         fmt: Annotated[str, typer.Option("--format", help="table | json")] = "table",
+        nodes: Annotated[int | None, typer.Option(
+            "--nodes", help="on a fleet of about this many nodes (pools scaled in whole racks)")] = None,
     ) -> None:
         """The scenario's ground truth: which entity is faulty, from when, and the right action."""
-        sim = _sim(load_scenario_or_fail(scenario))
+        sim = _sim(load_scenario_or_fail(scenario, nodes=nodes))
         rows = sim.ground_truth
         if fmt == "json":
             typer.echo(json.dumps([g.to_dict() for g in rows], indent=1))
@@ -83,9 +85,11 @@ def register(app: typer.Typer) -> None:
         seed: Annotated[int | None, typer.Option(help="override the seed")] = None,
         every: Annotated[int, typer.Option(help="record every N-th step")] = 1,
         events: Annotated[Path | None, typer.Option(help="write non-metric events (OOMs, Xid lines) as JSONL")] = None,
+        nodes: Annotated[int | None, typer.Option(
+            "--nodes", help="on a fleet of about this many nodes (pools scaled in whole racks)")] = None,
     ) -> None:
         """Run a scenario; report generation speed; optionally write a recording."""
-        sc = load_scenario_or_fail(scenario, duration, seed)
+        sc = load_scenario_or_fail(scenario, duration, seed, nodes)
         sim = _sim(sc)
         if every < 1:
             fail("--every must be at least 1")
@@ -126,11 +130,13 @@ def register(app: typer.Typer) -> None:
         host: Annotated[str, typer.Option(help="address to bind")] = "127.0.0.1",
         speed: Annotated[float, typer.Option(help="simulated seconds per wall second")] = 1.0,
         seed: Annotated[int | None, typer.Option(help="override the seed")] = None,
+        nodes: Annotated[int | None, typer.Option(
+            "--nodes", help="on a fleet of about this many nodes (pools scaled in whole racks)")] = None,
     ) -> None:
         """Serve every node's metrics over HTTP (/metrics/<node>, /sd for Prometheus http_sd)."""
         from fleethealth.sim.server import SimExporterServer
 
-        sc = load_scenario_or_fail(scenario, None, seed)
+        sc = load_scenario_or_fail(scenario, None, seed, nodes)
         sim = _sim(sc)
         if speed <= 0:
             fail("--speed must be positive")

@@ -21,10 +21,12 @@ def fail(message: str, code: int = 2) -> NoReturn:
     sys.exit(code)
 
 
-def load_scenario_or_fail(scenario: str, duration: str | None = None, seed: int | None = None) -> Scenario:
-    """A built-in scenario or YAML file, with an optional duration ("6h") and seed; a bad one is a clean
-    one-line error."""
+def load_scenario_or_fail(scenario: str, duration: str | None = None, seed: int | None = None,
+                          nodes: int | None = None) -> Scenario:
+    """A built-in scenario or YAML file, with an optional duration ("6h"), seed and fleet size (nodes:
+    sim.sizes.resize); a bad one is a clean one-line error."""
     from fleethealth.sim.scenario import ScenarioError, load_scenario, parse_duration
+    from fleethealth.sim.sizes import resize
 
     try:
         sc = load_scenario(scenario)
@@ -33,9 +35,15 @@ def load_scenario_or_fail(scenario: str, duration: str | None = None, seed: int 
             over["duration"] = parse_duration(duration)
         if seed is not None:
             over["seed"] = seed
-        return sc.with_overrides(**over) if over else sc
+        sc = sc.with_overrides(**over) if over else sc
     except (ScenarioError, ValueError) as e:
         fail(str(e))
+    if nodes is None:
+        return sc
+    try:
+        return resize(sc, nodes)
+    except ValueError as e:
+        fail(f"--nodes: {e}")
 
 
 def load_policy_or_fail(path: str | Path | None) -> Policy:
