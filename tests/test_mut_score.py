@@ -14,6 +14,7 @@ import pytest
 
 from fleethealth.policy import Policy, default_policy, default_policy_text, parse_policy
 from fleethealth.score.engine import Scorer, score_snapshot
+from fleethealth.score.expect import FamilyMemory
 from fleethealth.score.health import HealthTuple, SignalDetail
 from fleethealth.signals.history import SignalHistory
 from fleethealth.signals.snapshot import Snapshot, SnapshotBuilder
@@ -736,3 +737,25 @@ def test_error_slo_edges_on_rows_and_views(path: str) -> None:
     assert rate == pytest.approx(5.0)
     score, raw, rate = err("zz-no-errors")  # no error samples: no errors, not unknown
     assert (score, raw, rate) == (1.0, 0.0, 0.0) and fh.tuples["zz-no-errors"].value == 1.0
+
+
+def test_the_families_each_entity_reported_fresh_are_what_the_family_memory_learns() -> None:
+    """The controller teaches ``FamilyMemory`` from each scored cycle (what a node's GPUs and each replica
+    reported fresh): the result carries the kind's families and which were fresh."""
+    fm = FamilyMemory()
+    fm.learn(score_snapshot(_nodes(), POL, NOW), NOW)
+    assert fm.seen["a"] == {"DCGM": NOW} and fm.seen["c"] == {"DCGM": NOW} and len(fm.seen) == 11
+    fm.learn(score_snapshot(_replicas(), POL, NOW + 10, consumer="serving"), NOW + 10)
+    assert fm.seen["storm"] == {"vllm": NOW + 10} and fm.seen["sparse"] == {"vllm": NOW + 10}
+
+
+def test_a_policy_turning_critical_zeroes_off_takes_effect_on_the_same_scorer() -> None:
+    """The same signals with critical_zeroes_category off (a reload): a preemption storm at 0 is
+    averaged into the load category, (0.5 x 1 + 0 x 0.5) / 1.5, not kept from the last cycle's 0."""
+    snap = _replicas()
+    s = Scorer()
+    assert s.score(snap, POL, NOW, consumer="training").tuples["storm"].categories["load"] == 0.0
+    off = POL.model_copy(update={"critical_zeroes_category": False})
+    t = s.score(snap, off, NOW, consumer="training").tuples["storm"]
+    assert t.categories["load"] == pytest.approx(0.5 / 1.5) and t.value == pytest.approx(0.5 / 1.5)
+    assert s.score(snap, POL, NOW, consumer="training").tuples["storm"].categories["load"] == 0.0
