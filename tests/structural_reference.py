@@ -217,21 +217,23 @@ class StructuralTracker:
                 gnodes = st.rank[self._pair_nodes()[hit]]
                 gpu_now[: st.rank_n] += np.bincount(gnodes, minlength=st.rank_n)
 
-        # (session 14) a GPU still fresh whose newest GPU sample is older than its node's newest GPU
-        # sample is missing from the read just made: not counted now
-        pair_t: dict[int, float] = {}
-        node_t: dict[int, float] = {}
+        # (session 14) a GPU still fresh whose newest sample of each GPU metric it has is older than
+        # its node's newest sample of that metric is missing from the read just made: not counted now
+        # (per metric: a source that queries metric by metric may see a scrape land between two queries)
+        pair_t: dict[tuple[int, int], float] = {}
+        node_t: dict[tuple[int, int], float] = {}
         if n:
-            for sid, t in zip(fs[is_gpu_metric[fm]].tolist(), ft[is_gpu_metric[fm]].tolist(), strict=True):
+            g = is_gpu_metric[fm]
+            for sid, m, t in zip(fs[g].tolist(), fm[g].tolist(), ft[g].tolist(), strict=True):
                 p = int(st.pair_id[sid])
                 if p >= 0:
-                    pair_t[p] = max(pair_t.get(p, -math.inf), t)
-            pn = {p: int(st.rank[self._pair_nodes()[p]]) for p in pair_t}
-            for p, t in pair_t.items():
-                node_t[pn[p]] = max(node_t.get(pn[p], -math.inf), t)
-            for p, t in pair_t.items():
-                if t < node_t[pn[p]]:
-                    gpu_now[pn[p]] -= 1
+                    pair_t[(p, m)] = max(pair_t.get((p, m), -math.inf), t)
+            pn = {p: int(st.rank[self._pair_nodes()[p]]) for p, _ in pair_t}
+            for (p, m), t in pair_t.items():
+                node_t[(pn[p], m)] = max(node_t.get((pn[p], m), -math.inf), t)
+            read_now = {p for (p, m), t in pair_t.items() if t >= node_t[(pn[p], m)]}
+            for p in {p for p, _ in pair_t} - read_now:
+                gpu_now[pn[p]] -= 1
 
         cap = gpu_capacity or {}
         gpu_now_l, retained_l, current_l = gpu_now.tolist(), retained.tolist(), current.tolist()

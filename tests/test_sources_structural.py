@@ -151,6 +151,35 @@ def test_a_gpu_missing_from_the_page_just_read_is_missing_at_once() -> None:
         assert derived(tr.observe(h.view(30), 30).snapshot)[(GPUS_MISSING, "n1")] == 0.0
 
 
+def test_a_scrape_landing_between_two_metric_queries_misses_no_gpu() -> None:
+    """A Prometheus source queries metric by metric, so a scrape can land between two queries: the
+    metric read later has the newer time. With a metric only GPU 0 carries read after the scrape, the
+    other seven GPUs' newest samples are older than their node's newest, yet none left the page (before
+    the fix: gpus_missing 7, a hard gate on a healthy node). A GPU really gone still counts at once."""
+    def read(tr: StructuralTracker, h: SignalHistory, at: float, temp_at: float, gpus: list[int],
+             indexed: bool) -> tuple[float, dict[str, int]]:
+        b = SnapshotBuilder()
+        for g in gpus:
+            b.add("DCGM_FI_DEV_GPU_TEMP", {"Hostname": "n1", "gpu": str(g)}, 50.0, temp_at)
+        b.add("DCGM_FI_DEV_FB_USED", {"Hostname": "n1", "gpu": "0"}, 1.0, at)  # only GPU 0 reports it
+        h.add(b.build(at))
+        v = h.view(at + 1)
+        if not indexed:
+            v = Snapshot(v.at, v.metrics, v.labelsets, v.metric_ids, v.series_ids, v.values, v.ts)
+        r = tr.observe(v, at + 1)
+        return derived(r.snapshot)[(GPUS_MISSING, "n1")], r.gpus_now
+
+    for indexed in (True, False):
+        tr = StructuralTracker(max_age_s=90)
+        h = SignalHistory(default_policy())
+        assert read(tr, h, 0, 0, list(range(8)), indexed) == (0.0, {"n1": 8})
+        # the temperatures queried before the scrape of 15 landed (their samples still those of 0), the
+        # framebuffer after it
+        assert read(tr, h, 15, 0, list(range(8)), indexed) == (0.0, {"n1": 8}), indexed
+        # GPU 3 gone from the page read at 30: its temperature stops at 14, the others' reach 30
+        assert read(tr, h, 30, 30, [0, 1, 2, 4, 5, 6, 7], indexed) == (1.0, {"n1": 7}), indexed
+
+
 def test_the_trackers_memory_survives_a_restart() -> None:
     """``memory()`` (kept in the state store by the controller) and ``restore()``: a GPU removed while the
     controller was down is missing on the first read of the new tracker, without any capacity."""

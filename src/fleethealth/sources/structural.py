@@ -20,11 +20,12 @@ what a node is expected to have by its own past (the expectation model's "prior"
 to the controller, which keeps it in the state store, and ``restore()`` takes it back after a restart, so
 a GPU that fell off the bus before (or while the controller was down) is still expected.
 
-Absence inside a fresh read is evidence at once: a GPU whose newest sample is fresh but older than the
-newest GPU sample of its node (it was on the exporter's page and is missing from the page just read) is
-not counted among the node's GPUs now, so ``gpus_missing`` rises on the first read without it, not a
-staleness window later (``_absent_now``; one exporter page carries one timestamp, as Prometheus stores a
-scrape).
+Absence inside a fresh read is evidence at once: a GPU whose newest samples are fresh but older, metric
+by metric, than the newest sample of that metric on its node (it was on the exporter's page and is
+missing from the page just read) is not counted among the node's GPUs now, so ``gpus_missing`` rises on
+the first read without it, not a staleness window later (``_absent_now``; one exporter page carries one
+timestamp, as Prometheus stores a scrape; compared per metric because a source that queries metric by
+metric can see a scrape land between two queries).
 
 It runs every decision cycle, so a history view is read through its index (``_fresh_indexed``): the
 gauge rows and each counter series' latest sample, never the hours of counter samples, and while the
@@ -307,15 +308,20 @@ class StructuralTracker:
                 dict(zip(out_names, expected.tolist(), strict=True)), vals.reshape(-1))
 
     def _absent_now(self, view: Snapshot, now: float, st: _SeriesTable, masks: _Masks) -> np.ndarray | None:
-        """Per node of the series table, the GPUs still fresh whose newest GPU sample is older than the
-        newest GPU sample of their node: missing from the read just made (None: none). Read off the GPU
-        metrics' gauge blocks of a history view (counters' series stop with the gauges), or every row."""
+        """Per node of the series table, the GPUs still fresh whose newest sample of every GPU metric they
+        have is older than their node's newest sample of that metric: missing from the read just made
+        (None: none). Per metric, because a source that queries metric by metric (Prometheus) may see a
+        scrape land between two queries: then every GPU's newest sample of a metric read later is newer
+        than its samples of one read earlier, and a metric only some GPUs carry would make the others
+        look absent. Read off the GPU metrics' gauge blocks of a history view (counters' series stop
+        with the gauges), or every row."""
         is_gpu = masks[2]
         limit = now + self.future_skew_s
         ix = view.index_upto(limit)
+        parts: list[tuple[np.ndarray, np.ndarray]] = []  # (series, time) of one GPU metric's rows
         if ix is not None:
-            got = [ix.rows(view, a, b)[::2] for m, (a, b) in ix.bounds.items()
-                   if b > a and m < is_gpu.size and is_gpu[m] and m not in ix.counters]
+            parts = [ix.rows(view, a, b)[::2] for m, (a, b) in ix.bounds.items()
+                     if b > a and m < is_gpu.size and is_gpu[m] and m not in ix.counters]
             for m, cm in ix.counters.items():  # a counter's newest sample per series: its column's last
                 if m < is_gpu.size and is_gpu[m]:
                     g = ix.groups[cm.group]
@@ -323,39 +329,40 @@ class StructuralTracker:
                         continue
                     cols = np.arange(cm.c0, cm.c1)
                     if g.dense:
-                        got.append((g.series[cols], g.t[-1][cols]))
+                        parts.append((g.series[cols], g.t[-1][cols]))
                     else:
                         last = g.last[cols]
                         ok = last >= 0
-                        got.append((g.series[cols[ok]], g.t[last[ok], cols[ok]]))
-            if not got:
-                return None
-            sids = np.concatenate([p[0] for p in got]) if len(got) > 1 else got[0][0]
-            ts = np.concatenate([p[1] for p in got]) if len(got) > 1 else got[0][1]
-        else:
-            if not len(view):
-                return None
+                        parts.append((g.series[cols[ok]], g.t[last[ok], cols[ok]]))
+        elif len(view):
             rows = is_gpu[view.metric_ids] & (view.ts <= limit)
+            mids = view.metric_ids[rows]
             sids, ts = view.series_ids[rows], view.ts[rows]
-        fresh = ts > now - self.max_age_s
-        if not fresh.any():
+            parts = [(sids[mids == m], ts[mids == m]) for m in np.unique(mids).tolist()]
+        lo = now - self.max_age_s
+        fresh_parts = []
+        t_min, t_max = np.inf, -np.inf
+        for sids, ts in parts:
+            pid = st.pair_id[sids]
+            ok = (ts > lo) & (pid >= 0)
+            if ok.any():
+                fresh_parts.append((pid[ok], ts[ok]))
+                t_min, t_max = min(t_min, float(ts[ok].min())), max(t_max, float(ts[ok].max()))
+        if sum(p.size for p, _ in fresh_parts) < 2 or t_min == t_max:  # one read time for every GPU: none absent
             return None
-        sids, ts = sids[fresh], ts[fresh]
-        pid = st.pair_id[sids]
-        ok = pid >= 0
-        pid, ts = pid[ok], ts[ok]
-        if pid.size < 2 or ts.min() == ts.max():  # one read time for every GPU: none absent
+        pair_nodes = self._pair_nodes()
+        seen = np.zeros(len(self._pair_node), bool)
+        current = np.zeros(len(self._pair_node), bool)
+        for pid, ts in fresh_parts:
+            pn = st.rank[pair_nodes[pid]]
+            nt = np.full(st.rank_n, -np.inf)
+            np.maximum.at(nt, pn, ts)
+            seen[pid] = True
+            current[pid[ts >= nt[pn]]] = True
+        gone = np.flatnonzero(seen & ~current)
+        if not gone.size:
             return None
-        pt = np.full(len(self._pair_node), -np.inf)
-        np.maximum.at(pt, pid, ts)
-        has = np.flatnonzero(pt > -np.inf)
-        pn = st.rank[self._pair_nodes()[has]]
-        nt = np.full(st.rank_n, -np.inf)
-        np.maximum.at(nt, pn, pt[has])
-        gone = pt[has] < nt[pn]
-        if not gone.any():
-            return None
-        return np.bincount(pn[gone], minlength=st.rank_n)
+        return np.bincount(st.rank[pair_nodes[gone]], minlength=st.rank_n)
 
     # -- what the fresh samples say ----------------------------------------------------------------
 
