@@ -197,7 +197,7 @@ def _run_sharded(cfg: Any, bounded: bool) -> None:
             server = replica.serve(hp[0], hp[1])
         except OSError as e:
             fail(f"cannot listen on {cfg.listen}: {e.strerror or e}")
-        logging.getLogger("fleethealth.controller").info("serving /healthz and /metrics on %s", cfg.listen)
+        logging.getLogger("fleethealth.controller").info("serving /healthz, /metrics and /api/v1 (routed to the shards this replica holds) on %s", cfg.listen)
     try:
         replica.run()
     finally:
