@@ -14,7 +14,7 @@ import pytest
 
 from fleethealth.policy import Policy, default_policy, default_policy_text, parse_policy
 from fleethealth.score.engine import Scorer, score_snapshot
-from fleethealth.score.expect import FamilyMemory
+from fleethealth.score.expect import Expectations, FamilyMemory
 from fleethealth.score.health import HealthTuple, SignalDetail
 from fleethealth.signals.history import SignalHistory
 from fleethealth.signals.snapshot import Snapshot, SnapshotBuilder
@@ -759,3 +759,20 @@ def test_a_policy_turning_critical_zeroes_off_takes_effect_on_the_same_scorer() 
     t = s.score(snap, off, NOW, consumer="training").tuples["storm"]
     assert t.categories["load"] == pytest.approx(0.5 / 1.5) and t.value == pytest.approx(0.5 / 1.5)
     assert s.score(snap, POL, NOW, consumer="training").tuples["storm"].categories["load"] == 0.0
+
+
+def test_a_declared_gpu_without_samples_says_why_each_signal_is_expected() -> None:
+    """A GPU declared by inventory (with why) and never sampled: unknown, and each signal its peers carry
+    is expected of it "declared by inventory (...)"; its node reads missing it."""
+    ex = Expectations(families={"n0": frozenset({"DCGM"})},
+                      declared={"n0/gpu9": "nvidia.com/gpu capacity 10", "new/gpu0": "nvidia.com/gpu capacity 1"})
+    fh = score_snapshot(fleet().build(NOW), POL, NOW, inventory={"gpu": ["n0/gpu9", "new/gpu0"]}, expectations=ex)
+    g9 = fh.tuples["n0/gpu9"]
+    assert (g9.value, g9.confidence, g9.reason) == (None, 0.0, "no_fresh_data")
+    assert [(d.signal, d.expected_by) for d in g9.details] == [
+        (s, "declared by inventory (nvidia.com/gpu capacity 10); its peers (all GPUs) carry it: 48 of 50")
+        for s in ("xid", "gpu_temp", "pcie_replay", "sm_clock")]
+    assert _detail(fh.tuples["new/gpu0"], "xid").expected_by.startswith("declared by inventory (nvidia.com/gpu "
+                                                                       "capacity 1)")
+    assert fh.tuples["n0"].reason == "missing:gpu9" and fh.tuples["new"].reason == "no_fresh_data"
+    assert _detail(fh.tuples["n0/gpu1"], "xid").expected_by == "reporting"
