@@ -506,7 +506,7 @@ def _checks(lines: np.ndarray, widths: np.ndarray, ids: np.ndarray, rows: list[b
     out: list[_RowCheck] = []
     if widths.shape[0] == 0:
         return out
-    by_width = np.argsort(widths, kind="stable")
+    by_width = _stable_argsort(widths)
     starts = _run_starts(widths[by_width])
     for sel in np.split(by_width, starts[1:]):
         w = int(widths[sel[0]])
@@ -516,12 +516,20 @@ def _checks(lines: np.ndarray, widths: np.ndarray, ids: np.ndarray, rows: list[b
         per = np.bincount(tidx)
         if sel.shape[0] >= 256 and per.min() == per.max():  # the lines as (k-th occurrence, row): the table k times
             # over; the lines by row, per[0] of each in turn, read column by column
-            order = np.argsort(tidx, kind="stable").reshape(per.shape[0], int(per[0])).T.ravel()
+            order = _stable_argsort(tidx).reshape(per.shape[0], int(per[0])).T.ravel()
             out.append(_RowCheck(w, at[order], None if by is None else by[order], table, None, int(per[0]),
                                  table.tobytes()))
         else:
             out.append(_RowCheck(w, at, by, table, tidx))
     return out
+
+
+def _stable_argsort(a: np.ndarray) -> np.ndarray:
+    """``np.argsort(a, kind="stable")`` of non-negative ints; below 65536 as uint16, which numpy sorts by
+    radix (a cold plan's 2.8M line widths: ~0.05 s instead of ~0.25 s)."""
+    if a.shape[0] and int(a.min()) >= 0 and int(a.max()) < 65536:
+        return np.argsort(a.astype(np.uint16), kind="stable")
+    return np.argsort(a, kind="stable")
 
 
 def _apply(plan: _ChunkPlan, tx: _Text, names: SnapshotBuilder, b: SnapshotBuilder, shared: bool,
