@@ -776,3 +776,28 @@ def test_a_declared_gpu_without_samples_says_why_each_signal_is_expected() -> No
                                                                        "capacity 1)")
     assert fh.tuples["n0"].reason == "missing:gpu9" and fh.tuples["new"].reason == "no_fresh_data"
     assert _detail(fh.tuples["n0/gpu1"], "xid").expected_by == "reporting"
+
+
+def test_serving_nodes_read_first_are_rolled_up_from_their_gpus() -> None:
+    """The serving consumer's kinds are made on first access: nodes asked for before GPUs are still
+    the weakest of their GPUs (the roll-up comes with them), as when GPUs are read first."""
+    snap = _nodes()
+    nodes_first = score_snapshot(snap, POL, NOW, consumer="serving")
+    node = nodes_first.kinds["node"]
+    by_name = dict(zip(node.names, node.value.tolist(), strict=True))
+    assert by_name["e"] == 0.0 and by_name["a"] == pytest.approx(0.8)
+    gpus_first = score_snapshot(snap, POL, NOW, consumer="serving")
+    assert gpus_first.kinds["gpu"] is not None
+    for n in NODE_ROLLUP:
+        a, b = nodes_first.tuples[n], gpus_first.tuples[n]
+        assert (a.value, a.reason, a.worst_member, a.confidence) == (b.value, b.reason, b.worst_member, b.confidence)
+
+
+def test_a_gpu_s_labels_gather_every_series_it_reports() -> None:
+    """A GPU's metadata labels come from all its series: a pod label only its clock series carries is
+    still the GPU's (and the first value of a label wins)."""
+    b = fleet()
+    b.add("DCGM_FI_DEV_SM_CLOCK", {**gpu_labels("n0", 0), "pod": "train-0", "namespace": "ml"}, 1980.0, NOW - 2)
+    labels = score_snapshot(b.build(NOW), POL, NOW).tuples["n0/gpu0"].labels
+    assert labels["pod"] == "train-0" and labels["namespace"] == "ml" and labels["modelName"] == (
+        "NVIDIA H100 80GB HBM3")
