@@ -801,3 +801,47 @@ def test_a_gpu_s_labels_gather_every_series_it_reports() -> None:
     labels = score_snapshot(b.build(NOW), POL, NOW).tuples["n0/gpu0"].labels
     assert labels["pod"] == "train-0" and labels["namespace"] == "ml" and labels["modelName"] == (
         "NVIDIA H100 80GB HBM3")
+
+
+def test_each_pool_expects_its_own_gpu_count() -> None:
+    """The peers rule per pool: 4-GPU nodes of pool small are whole, a 7-GPU node where 4 of its 5
+    pool big peers have 8 is missing:gpu7, with the words explain prints; the fleet's first GPU can
+    decide its node (index 0 is a GPU like any other)."""
+    b = SnapshotBuilder()
+    for pool, gpus in (("small", 4), ("big", 8)):
+        for i in range(5):
+            for g in range(gpus - (pool == "big" and i == 0)):
+                lab = {**gpu_labels(f"{pool}{i}", g), "pool": pool}
+                hot = (pool, i, g) in (("small", 0, 0), ("big", 1, 0))
+                b.add("DCGM_FI_DEV_GPU_TEMP", lab, 90.0 if hot else 60.0, NOW - 5)
+                b.add("DCGM_FI_DEV_XID_ERRORS", lab, 0, NOW - 5)
+    fh = score_snapshot(b.build(NOW), POL, NOW)
+    short = fh.tuples["big0"]
+    assert (short.value, short.reason, short.worst_member) == (None, "missing:gpu7", None)
+    assert short.confidence == pytest.approx(0.5 * 7 / 8)  # temp and xid of 4 expected, times 7 of 8 GPUs
+    node = fh.kinds["node"]
+    assert node.gpu_count_why == {node.names.index("big0"): "its peers (pool=big): 4 of 5 nodes have 8 GPUs"}
+    for name in ("small0", "small1", "big1", "big2"):
+        assert fh.tuples[name].reason != "missing:gpu7" and fh.tuples[name].value is not None
+    assert fh.tuples["small0"].worst_member == "small0/gpu0" and fh.tuples["small0"].value == 0.5
+    assert fh.tuples["big1"].worst_member == "big1/gpu0" and fh.tuples["big1"].value == 0.5
+
+
+def test_a_node_worse_by_its_own_signal_still_reads_missing_for_an_unknown_gpu() -> None:
+    """No GPU decides node solo (its own NVSwitch flag, 0.8, is lower than every GPU): an unknown GPU
+    still makes it unknown, named after that GPU. Confidence: its own signal and 7 GPUs x 4 fresh of
+    1 + 8 x 4 expected."""
+    b = SnapshotBuilder()
+    for g in range(8):
+        lab = gpu_labels("solo", g)
+        ts = NOW - (500 if g == 3 else 5)
+        b.add("DCGM_FI_DEV_GPU_TEMP", lab, 60.0, ts)
+        b.add("DCGM_FI_DEV_SM_CLOCK", lab, 1980.0, ts)
+        b.add("DCGM_FI_DEV_XID_ERRORS", lab, 0, ts)
+        b.add("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", lab, 5, ts - 30)
+        b.add("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", lab, 5, ts)
+    b.add("fleethealth_kernel_sxid_total", {"Hostname": "solo"}, 0, NOW - 100)
+    b.add("fleethealth_kernel_sxid_total", {"Hostname": "solo"}, 2, NOW - 10)
+    t = score_snapshot(b.build(NOW), POL, NOW).tuples["solo"]
+    assert (t.value, t.reason, t.worst_member) == (None, "missing:gpu3", "solo/gpu3")
+    assert t.confidence == pytest.approx(29 / 33) and t.flags == ("nvswitch_sxid",)
