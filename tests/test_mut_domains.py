@@ -80,3 +80,30 @@ def test_a_hard_gate_on_a_node_met_first_does_not_hide_the_domain_behind_it() ->
                                           17: (0.2, "min:thermal"), 18: (0.2, "min:thermal")}))
     assert [p.entity for p in _domain_pages(r)] == ["domain/rack=r2"]
     assert r.st("n00") == State.QUARANTINED
+
+
+def test_a_domains_size_counts_every_node_of_it_whatever_else_the_fleet_holds() -> None:
+    """3 bad nodes of cooling zone cz1's 16 are under its fraction (0.3): no event, also when a serving
+    replica was seen before any node."""
+    r = Run()
+    bad = {16: (0.2, "min:thermal"), 17: (0.2, "min:thermal"), 24: (0.2, "min:thermal")}
+    r.steps(0, 600, 60, lambda t: [tup("r1", 0.95, kind="replica"), *_fleet(bad)])
+    assert not _domain_pages(r)
+
+
+def test_a_suspect_versions_nodes_met_first_do_not_hide_a_domain_event_behind_them() -> None:
+    """Nodes n01, n09 and n25 (three racks) run driver v2 and go bad: the version is the suspect. Rack r4
+    overheats at the same time on driver v1: that is still the rack's event."""
+    r = Run()
+    v2 = {1, 9, 25}
+
+    def make(t: float) -> list:
+        bad = {i: (0.2, "min:clocks") for i in v2} | {32 + k: (0.2, "min:thermal") for k in range(3)}
+        out = _fleet(bad)
+        return [tup(x.entity, x.value, x.confidence, x.reason,
+                    labels={**x.labels, "driver_version": "v2" if i in v2 else "v1"}) for i, x in enumerate(out)]
+
+    r.steps(0, 600, 60, make)
+    assert [p.entity for p in _domain_pages(r)] == ["domain/rack=r4"]
+    assert [p.entity for p in r.of(IntentKind.PAGE) if p.reason == "version_correlation"] == [
+        "version/driver_version=v2"]
