@@ -183,6 +183,9 @@ def test_an_xid_45_storm_after_a_job_crash_drains_no_node_where_any_xid_drains_r
     ticket = max(PAGE_PARAMS[("job/pretrain-a", "app_xid:job")], key=lambda p: p.get("n_nodes", 0))
     assert "xid:45" in ticket["xids"] and ticket["n_nodes"] == 8, ticket
     assert {"nvlink_domain=nvl-00", "nvlink_domain=nvl-01"} <= set(ticket["domains"]), ticket
+    # the job crashes three times; its ticket grows and never shrinks back to the one GPU that crashed first
+    counts = [p["n_nodes"] for p in PAGE_PARAMS[("job/pretrain-a", "app_xid:job")] if "n_nodes" in p]
+    assert counts == sorted(counts) and counts[-1] == 8, counts
     assert res["targets"]["no_quarantine"]
     static = res["baselines"]["static-rules"]
     assert static["false_quarantines"] >= 4, static  # the rule drains the job's nodes

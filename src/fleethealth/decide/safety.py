@@ -180,11 +180,17 @@ class SafetyRules:
             else:
                 del c.s.app_xids[n]
         for job in sorted(jobs):
-            c.incident(f"job:{job}", f"job/{job}", "app_xid:job",
-                       {"severity": "ticket", "job": job, "xids": sorted(job_xids[job]),
-                        "nodes": sorted(jobs[job])[:20], "n_nodes": len(jobs[job]),
-                        "domains": self._job_domains(c, jobs[job])},
-                       sig=[len(jobs[job]), sorted(job_xids[job])])
+            # the nodes it hit within the window, not only this cycle's: a job that crashes again starts
+            # with one GPU's Xid 13 a cycle before the Xid 45 cleanup, and its ticket must not shrink to 1
+            seen = {n for n, js in c.s.app_xids.items() if job in js}
+            key = f"job:{job}"
+            xids = sorted(job_xids[job] | set(c.s.incidents.get(key, {}).get("xids", ())))  # all it logged
+            c.incident(key, f"job/{job}", "app_xid:job",
+                       {"severity": "ticket", "job": job, "xids": xids,
+                        "nodes": sorted(seen)[:20], "n_nodes": len(seen),
+                        "domains": self._job_domains(c, seen)},
+                       sig=[len(seen), xids])
+            c.s.incidents[key]["xids"] = xids
         for job in sorted({j for js in c.s.app_xids.values() for j in js} - set(jobs)):
             incidents.refresh(c.s.incidents, f"job:{job}", c.now)  # still inside its window: still open
         out: dict[str, str] = {}
