@@ -344,10 +344,11 @@ def test_health_tuple_json_is_what_the_api_serves() -> None:
     d = SignalDetail("gpu_temp", "thermal", "ramp", 90.0, None, None, 0.5, 4.0, 1.0, note="hot",
                      expected_by="own exporter")
     t = HealthTuple("n1/gpu5", "gpu", 0.123456789, 2 / 3, "thermal", "min:thermal",
-                    {"thermal": 0.5, "memory": None}, (d,), {"node": "n1"}, "n1/gpu5", ("xid:13",), NOW)
+                    {"thermal": 0.5, "memory": None, "load": 1 / 3}, (d,), {"node": "n1"}, "n1/gpu5", ("xid:13",),
+                    NOW)
     assert t.known and not HealthTuple("x", "node", None, 0.0, None, "no_fresh_data").known
     want = {"entity": "n1/gpu5", "kind": "gpu", "value": 0.123457, "confidence": 0.666667, "worst": "thermal",
-            "reason": "min:thermal", "categories": {"thermal": 0.5, "memory": None},
+            "reason": "min:thermal", "categories": {"thermal": 0.5, "memory": None, "load": 0.333333},
             "worst_member": "n1/gpu5", "flags": ["xid:13"], "labels": {"node": "n1"}}
     assert t.to_dict() == want
     assert t.to_dict(with_details=True) == {**want, "details": [{
