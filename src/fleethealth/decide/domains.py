@@ -26,7 +26,10 @@ treats the domain like a suspect driver version (``decide.safety``'s version cor
   ``domain_correlation``: one firing page, an update when the membership changes, one resolution
   ``incident_clear_s`` after it stops holding) with its evidence: which nodes, which reasons, its size,
   and the action taken. While the incident is open, every member is kept as a member even past
-  ``window_s`` (a three-hour cooling failure stays one event).
+  ``window_s`` (a three-hour cooling failure stays one event), and a node of the domain counts as
+  unhealthy while its score is below ``lifecycle.ready_above``, not only ``degraded_below`` (the
+  lifecycle's hysteresis: a rack still warm just above ``degraded_below`` is one incident, not resolved
+  and then found too late, its nodes DEGRADED for longer than ``window_s``, and drained one by one).
 * A version every node runs (no contrast) is not the suspect when one domain holds all the unhealthy
   nodes (``one_domain``, asked by ``SafetyRules._versions``): the domain explains them, and pages.
 * While a domain's incident is open, the safety vetoes (``SafetyRules._veto``) hold every signal-driven
@@ -82,10 +85,16 @@ class FailureDomains:
         if not dm.labels:
             return
         minc, deg = lc.min_confidence, lc.degraded_below
+        # An open event keeps a node while its score is below ready_above (the lifecycle's own way back),
+        # so a rack still warm just above degraded_below is not resolved, then found again too late (its
+        # nodes DEGRADED for longer than window_s are no new event) and drained one per budget window.
+        keep = lc.ready_above if open_domains else deg
+        open_set = frozenset(open_domains)
         unhealthy: list[str] = []
         for eid, o in obs.items():
-            if (o is not None and o.value is not None and o.confidence >= minc and (o.gate or o.value < deg)
-                    and ents[eid].kind == "node"):
+            if (o is not None and o.value is not None and o.confidence >= minc and ents[eid].kind == "node"
+                    and (o.gate or o.value < deg
+                         or (o.value < keep and self._in_open_domain(ents[eid], open_set)))):
                 unhealthy.append(eid)
         if len(unhealthy) < dm.min_nodes and not open_domains:
             return
@@ -137,6 +146,10 @@ class FailureDomains:
             if key.startswith(INCIDENT_PREFIX):
                 label, _, v = key[len(INCIDENT_PREFIX):].partition("=")
                 c.domains[(label, v)] = key
+
+    def _in_open_domain(self, es: EntityLifecycle, open_set: frozenset[str]) -> bool:
+        return any(es.labels.get(label) and domain_key(label, es.labels[label]) in open_set
+                   for label in self.policy.domains.labels)
 
     def _domain_member(self, c: Cycle, es: EntityLifecycle, o: Observation, open_domains: list[str]) -> bool:
         """An unhealthy node that belongs to a domain event: not a confirmed hard gate (hardware), not a
