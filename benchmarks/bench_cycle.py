@@ -2,6 +2,7 @@
 
     python benchmarks/bench_cycle.py [--gpus 100000] [--cycles 6] [--prom-sample-nodes 200] [--json]
     python benchmarks/bench_cycle.py --old /tmp/old-tree [--rounds 2]   # old vs new, alternating runs
+    python benchmarks/bench_cycle.py --storm [--old /tmp/old-tree]      # a fleet-wide flag storm
 
 The fleet is N GPUs behind N/8 dcgm-exporter endpoints (25 default fields, real label sets, as
 ``fleethealth.bench.parse`` generates them). Each cycle the source parses every endpoint's page with our
@@ -12,7 +13,9 @@ out: it is the network's cost, not the controller's. The first cycle is cold (no
 before); later cycles are the steady state (same label strings, new values): the median of the later
 half of the cycles (the structural tracker settles its layout in the two cycles after the first). ``--old PATH`` runs this benchmark (the same pages) on another tree's fleethealth
 (``git worktree add PATH COMMIT``) and on this one, each in a fresh process, alternately, and prints them side by side with the CPU
-calibration taken before each run (the machine may be shared). prometheus-client's parser and our one-call-per-page path are timed on a subsample of the same
+calibration taken before each run (the machine may be shared). ``--storm``: from the third cycle on every GPU
+reports Xid 79 (a fleet-wide flag storm: every GPU flagged, every node gated), and the decisions' CPU
+per cycle is what to read. prometheus-client's parser and our one-call-per-page path are timed on a subsample of the same
 pages, and all are reported in samples per second of CPU. CPU time (process time) is reported next to
 wall time: the machine may be shared.
 """
@@ -23,11 +26,13 @@ import argparse
 import gc
 import json
 import os
+import re
 import resource
 import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -79,18 +84,22 @@ def node_pages(n_gpus: int, seed: int = 0) -> list[bytes]:
 
 
 class PagesSource:
-    """Parses every page on each read, like the direct scraper after its fetches."""
+    """Parses every page on each read, like the direct scraper after its fetches. ``storm``: the pages
+    read from the third read on (``storm_pages``)."""
 
     name = "pages"
 
-    def __init__(self, pages: list[bytes]) -> None:
+    def __init__(self, pages: list[bytes], storm: list[bytes] | None = None) -> None:
         self.pages = pages
+        self.storm = storm
+        self.reads = 0
         self.parse_s = 0.0
         self.parse_cpu_s = 0.0
         # (an older tree, run by --old, may have no page plans: it parses as it did)
         self.plans = exposition.PagePlans() if hasattr(exposition, "PagePlans") else None
 
     def read(self, now: float) -> Snapshot:
+        self.reads += 1
         t0, c0 = time.perf_counter(), time.process_time()
         snap = parse_many(self.items, default_ts=now, plans=self.plans) if self.plans is not None else parse_many(
             self.items, default_ts=now)
@@ -100,7 +109,13 @@ class PagesSource:
 
     @property
     def items(self) -> list[tuple[bytes, dict[str, str], str]]:
-        return [(page, {"instance": f"node-{i:05d}:9400"}, f"node-{i:05d}") for i, page in enumerate(self.pages)]
+        pages = self.storm if self.storm is not None and self.reads > 2 else self.pages
+        return [(page, {"instance": f"node-{i:05d}:9400"}, f"node-{i:05d}") for i, page in enumerate(pages)]
+
+
+def storm_pages(pages: list[bytes]) -> list[bytes]:
+    """The same pages with Xid 79 (fallen off the bus) on every GPU."""
+    return [re.sub(rb"(DCGM_FI_DEV_XID_ERRORS\{[^}]*\}) 0", rb"\1 79", p) for p in pages]
 
 
 def prom_client_rate(pages: list[bytes]) -> tuple[float, int]:
@@ -137,7 +152,7 @@ def batched_rate(pages: list[bytes]) -> tuple[float, int]:
 
 
 def bench_cycle(gpus: int = 100_000, cycles: int = 6, interval_s: float = 15.0,
-                prom_sample_nodes: int = 200) -> dict[str, Any]:
+                prom_sample_nodes: int = 200, storm: bool = False) -> dict[str, Any]:
     calibration = cpu_calibration_ms()
     t0 = time.perf_counter()
     pages = node_pages(gpus)
@@ -148,7 +163,7 @@ def bench_cycle(gpus: int = 100_000, cycles: int = 6, interval_s: float = 15.0,
     batched_sample_rate, _ = batched_rate(sample)
     clear_label_cache()  # the first cycle below is cold
 
-    src = PagesSource(pages)
+    src = PagesSource(pages, storm_pages(pages) if storm else None)
     ctl = Controller(default_policy(), [src], interval_s=interval_s)
     reports = []
     now = 1_700_000_000.0
@@ -184,6 +199,9 @@ def bench_cycle(gpus: int = 100_000, cycles: int = 6, interval_s: float = 15.0,
         "parse_wall_s_per_cycle": [round(r[2], 3) for r in reports],
         "parse_cpu_s_per_cycle": [round(r[3], 3) for r in reports],
         "cycle_cpu_s_per_cycle": [round(r[1], 3) for r in reports],
+        "decide_cpu_s_per_cycle": [round(r[0].stage_cpu_s.get("decide_persist", 0.0), 3) for r in reports],
+        "intents_per_cycle": [len(r[0].intents) for r in reports],
+        "storm": storm,
         "parse_cold_cpu_s": round(reports[0][3], 3),
         "parse_samples_per_cpu_s_subsample_batched": round(batched_sample_rate),
         "parse_samples_per_cpu_s_subsample_per_page": round(ours_sample_rate),
@@ -206,11 +224,12 @@ def main() -> None:
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--old", help="another tree (git worktree) to run beside this one, alternately")
     ap.add_argument("--rounds", type=int, default=2, help="with --old: runs of each tree")
+    ap.add_argument("--storm", action="store_true", help="every GPU reports Xid 79 from the third cycle on")
     a = ap.parse_args()
     if a.old:
-        side_by_side(Path(a.old), a.gpus, a.cycles, a.rounds, a.prom_sample_nodes)
+        side_by_side(Path(a.old), a.gpus, a.cycles, a.rounds, a.prom_sample_nodes, a.storm)
         return
-    r = bench_cycle(a.gpus, a.cycles, prom_sample_nodes=a.prom_sample_nodes)
+    r = bench_cycle(a.gpus, a.cycles, prom_sample_nodes=a.prom_sample_nodes, storm=a.storm)
     if a.json:
         print(json.dumps(r))
         return
@@ -230,34 +249,40 @@ def main() -> None:
           f"{r['first_cycle_over_steady']}x the steady state; peak memory {r['max_rss_mib']:,} MiB (the generated "
           f"pages included); one core, 15 s interval: about {r['gpus_per_15s_on_one_core']:,} GPUs; CPU "
           f"calibration {r['calibration_ms']} ms")
+    if r["storm"]:
+        print(f"flag storm from cycle 3 (every GPU Xid 79): decisions CPU s per cycle {r['decide_cpu_s_per_cycle']}, "
+              f"intents per cycle {r['intents_per_cycle']}")
 
 
-def _run_tree(tree: Path, gpus: int, cycles: int, prom_sample_nodes: int) -> dict[str, Any]:
+def _run_tree(tree: Path, gpus: int, cycles: int, prom_sample_nodes: int, storm: bool = False) -> dict[str, Any]:
     """This benchmark (this very script, the same pages) on ``tree``'s fleethealth, in a fresh process."""
     env = dict(os.environ, PYTHONPATH=str(tree / "src"))
     cmd = [sys.executable, str(Path(__file__).resolve()), "--gpus", str(gpus), "--cycles", str(cycles),
-           "--prom-sample-nodes", str(prom_sample_nodes), "--json"]
+           "--prom-sample-nodes", str(prom_sample_nodes), "--json", *(["--storm"] if storm else [])]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True, cwd=tree).stdout
     r: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
     return r
 
 
-def side_by_side(old: Path, gpus: int, cycles: int, rounds: int, prom_sample_nodes: int) -> None:
+def side_by_side(old: Path, gpus: int, cycles: int, rounds: int, prom_sample_nodes: int, storm: bool = False) -> None:
     here = Path(__file__).resolve().parent.parent
     runs: dict[str, list[dict[str, Any]]] = {"old": [], "new": []}
     for k in range(rounds):
         for which, tree in (("old", old), ("new", here)) if k % 2 == 0 else (("new", here), ("old", old)):
-            runs[which].append(_run_tree(tree, gpus, cycles, prom_sample_nodes))
-    rows = [
+            runs[which].append(_run_tree(tree, gpus, cycles, prom_sample_nodes, storm))
+    rows: list[tuple[str, str | Callable[[dict[str, Any]], Any]]] = [
         ("cycle CPU s (steady median)", "cycle_cpu_s"), ("parse CPU s (steady median)", "parse_cpu_s"),
         ("first cycle CPU s", lambda r: r["cycle_cpu_s_per_cycle"][0]),
         ("CPU s per cycle", "cycle_cpu_s_per_cycle"), ("parse CPU s per cycle", "parse_cpu_s_per_cycle"),
         ("first / steady", lambda r: round(r["cycle_cpu_s_per_cycle"][0] / r["cycle_cpu_s"], 2)),
-        ("stage CPU s, last cycle", "stage_cpu_s"), ("peak memory MiB", "max_rss_mib"),
+        ("stage CPU s, last cycle", "stage_cpu_s"), ("decisions CPU s per cycle", "decide_cpu_s_per_cycle"),
+        ("intents per cycle", "intents_per_cycle"),
+        ("peak memory MiB", "max_rss_mib"),
         ("GPUs per 15 s on one core", lambda r: round(r["gpus"] * 15.0 / r["cycle_cpu_s"])),
         ("CPU calibration ms", "calibration_ms"),
     ]
-    print(f"{gpus:,} GPUs, {cycles} cycles per run, {rounds} runs per tree, alternating; old = {old}")
+    print(f"{gpus:,} GPUs, {cycles} cycles per run, {rounds} runs per tree, alternating; old = {old}"
+          + ("; flag storm (every GPU Xid 79) from cycle 3" if storm else ""))
     for label, key in rows:
         for which in ("old", "new"):
             vals = [key(r) if callable(key) else r.get(key) for r in runs[which]]
