@@ -846,3 +846,34 @@ def test_a_node_worse_by_its_own_signal_still_reads_missing_for_an_unknown_gpu()
     t = score_snapshot(b.build(NOW), POL, NOW).tuples["solo"]
     assert (t.value, t.reason, t.worst_member) == (None, "missing:gpu3", "solo/gpu3")
     assert t.confidence == pytest.approx(29 / 33) and t.flags == ("nvswitch_sxid",)
+
+
+@pytest.mark.parametrize("path", ["rows", "view"])
+def test_a_replica_restart_is_no_negative_traffic_and_one_without_counters_reads_missing(path: str) -> None:
+    """A replica whose counters went back to 0 half an hour ago (a restart) counts no negative traffic;
+    a replica reporting only its queue lacks the error SLO its peers carry: missing."""
+    r = _Scrapes()
+    for k in range(0, 3601, 60):
+        t = NOW - 3600 + k
+        for name in ("steady", "restarted", "queue-only"):
+            lab = dict(replica=name, model_name="llama", build="v1")
+            if name == "steady":
+                r.add("fleethealth_replica_requests_total", lab, 10.0 * k, t)
+                r.add("fleethealth_replica_errors_total", lab, 0.05 * 10.0 * k, t)
+            elif name == "restarted":  # 10% errors, then a restart: counters from 0, no errors since
+                after = k >= 1800
+                r.add("fleethealth_replica_requests_total", lab, 10.0 * (k - 1800 if after else k), t)
+                r.add("fleethealth_replica_errors_total", lab, 0.0 if after else 1.0 * k, t)
+            r.add("vllm:num_requests_waiting", lab, 1.0, t)
+    fh = score_snapshot(r.both()[path], POL, NOW, consumer="serving")
+    d = _detail(fh.tuples["steady"], "error_slo")
+    assert d.score == pytest.approx(0.2, abs=1e-9) and d.raw == pytest.approx(5.0) and d.rate == pytest.approx(5.0)
+    # the hour (from its first sample, 60 s in): 1,680 errors of 17,400 + 17,400 requests across the restart
+    # (the step down counts the new value, 0); the last 30 min are clean, so neither pair pages: 1.0
+    d = _detail(fh.tuples["restarted"], "error_slo")
+    assert d.raw == pytest.approx(1680 / 34800 / 0.01) and d.rate == 0.0 and d.score == 1.0
+    q = fh.tuples["queue-only"]
+    assert (q.value, q.confidence, q.reason) == (1.0, 0.5, "missing:error_slo")
+    d = _detail(q, "error_slo")
+    assert (d.score, d.raw, d.age_s) == (None, None, None)
+    assert d.expected_by == "its peers (model=llama) carry it: 2 of 3"
