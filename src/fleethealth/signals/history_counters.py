@@ -1,0 +1,256 @@
+"""The rolling history's counter storage: what ``signals.history`` keeps of counter samples, and for how long.
+
+Theory of operation
+-------------------
+A counter needs a window of samples to become a rate, and an SLO's counters need hours
+(``counter_metrics``: per metric, the longest window the policy reads it over). Samples are stored
+grouped by that retention and by their reader (``slo_counter_metrics``: an SLO reads several windows at
+once over its whole group, a rate counter one window, so neither pays for the other's columns), each
+group as matrices (``_Group``): a row per ingest, a column per (metric, series) slot, columns sorted by
+(metric, series), NaN where a slot has no sample in a row. A metric's samples are a block of columns in
+time order down each column, so a view hands them to the engine as they are (``CounterMatrix``) and a
+window's increase is a difference of two entries.
+
+Rows are appended and never written again. The history expires and thins them by ingest (``_Chunk``:
+the ingest's time and the retentions of what it still holds): dropping the oldest rows moves the start
+of the live rows; dropping any other (thinning: one row per minute past a quarter of an hour, one per
+five minutes past an hour) or adding columns builds new arrays (``_Group._realloc``), so the slices a
+view handed out stay valid after later ingests.
+
+Pure data structures: no clock, no I/O.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import numpy as np
+
+from fleethealth.policy import Policy
+
+
+def counter_metrics(policy: Policy) -> dict[str, float]:
+    """Counter-like metric names the policy reads, with how long each must be kept (seconds)."""
+    out: dict[str, float] = {}
+
+    def keep(name: str, s: float) -> None:
+        out[name] = max(out.get(name, 0.0), s)
+
+    longest_slo = max((w.long_s for w in policy.slo.windows), default=3600.0)
+    for s in policy.signals:
+        if s.shape == "slo":
+            assert s.requests_metric is not None
+            keep(s.requests_metric, longest_slo)
+            if s.threshold_s is not None:
+                keep(s.metric + "_bucket", longest_slo)
+            else:
+                keep(s.metric, longest_slo)
+        elif s.kind == "counter":
+            w = s.rate_window_s or policy.freshness.rate_window_s
+            if s.shape == "xid":
+                w = max(w, s.xid_window_s or policy.xid.window_s)
+            keep(s.metric, w)
+    return out
+
+
+def slo_counter_metrics(policy: Policy) -> set[str]:
+    """The counters SLO signals read (their requests, and their errors or latency buckets)."""
+    out: set[str] = set()
+    for s in policy.signals:
+        if s.shape == "slo":
+            assert s.requests_metric is not None
+            out |= {s.requests_metric, s.metric + "_bucket" if s.threshold_s is not None else s.metric}
+    return out
+
+
+@dataclass(slots=True)
+class _Chunk:
+    """One ingest's counter samples, stored as rows of the groups (``_Group``) tagged ``cid``; ``keeps``:
+    the distinct retentions of the metrics it still holds, ascending (a chunk younger than the shortest
+    is kept whole without a per-row test; older than the longest, it is gone)."""
+
+    at: float
+    cid: int
+    keeps: list[float]
+
+
+class _Group:
+    """The counter samples of every metric kept equally long, as matrices: a row per ingest (more when an
+    ingest brings several samples of one series), a column per (metric, series) slot, columns sorted by
+    (metric, series); NaN where a slot has no sample in a row. A metric's samples are a block of columns,
+    in time order down each column (``monotone``, checked on arrival), so the engine reads window
+    aggregates off the columns without sorting.
+
+    Rows are appended and never written again: dropping anything but the oldest rows, or adding columns,
+    builds new arrays, so the slices a view hands out stay valid after later ingests."""
+
+    __slots__ = ("keep", "cm", "cs", "cslot", "T", "V", "at", "cid", "r0", "r1", "cnt", "holes", "last_t",
+                 "monotone", "version", "_ranges")
+
+    def __init__(self, keep: float) -> None:
+        self.keep = keep
+        self.cm = np.zeros(0, np.int32)  # column -> metric
+        self.cs = np.zeros(0, np.int32)  # column -> series
+        self.cslot = np.zeros(0, np.int64)  # column -> counter slot
+        self.T = np.full((8, 0), np.nan)
+        self.V = np.full((8, 0), np.nan)
+        self.at = np.zeros(8)
+        self.cid = np.zeros(8, np.int64)
+        self.r0 = 0  # live rows: r0 .. r1
+        self.r1 = 0
+        self.cnt = np.zeros(0, np.int64)  # samples per column in the live rows
+        self.holes = 0  # NaN cells in the live rows
+        self.last_t = np.zeros(0)  # latest time written per column
+        self.monotone = True
+        self.version = 0  # changes with the columns
+        self._ranges: tuple[int, list[tuple[int, int, int]]] | None = None
+
+    def _realloc(self, n: int, keep_rows: np.ndarray, room: int, cols_at: np.ndarray | None = None) -> None:
+        """New arrays with ``n`` columns (old column j at ``cols_at[j]``) holding the rows ``keep_rows``."""
+        k = keep_rows.size
+        # room for half the live rows again: a copy every k/2 ingests, and at 100k GPUs (900k counter
+        # columns) the matrices stay under the chunk lists' footprint (1.5x the live samples at most);
+        # a small matrix (up to 32 MiB of spare rows) gets 64 spare rows, a copy every 64 ingests
+        spare = max(8, k // 2)
+        if n * 64 * 16 <= 32 * 2**20:
+            spare = max(spare, 64)
+        cap = max(16, k + room + spare)
+        # Memory traffic is most of an ingest's cost: the kept rows are copied once, run by run of
+        # consecutive rows (slices: no gathered temporary; thinning leaves a few runs), and a spare row is
+        # written only when it is appended (``append`` fills what it leaves).
+        T, V = np.empty((cap, n)), np.empty((cap, n))
+        if cols_at is None:
+            heads = np.flatnonzero(np.diff(keep_rows) != 1) + 1
+            if heads.size <= 16:
+                for a, b in itertools.pairwise([0, *heads.tolist(), k]):
+                    src = int(keep_rows[a])
+                    T[a:b], V[a:b] = self.T[src:src + b - a], self.V[src:src + b - a]
+            else:
+                np.take(self.T, keep_rows, axis=0, out=T[:k])
+                np.take(self.V, keep_rows, axis=0, out=V[:k])
+        else:
+            rows = _run(keep_rows)
+            T[:k], V[:k] = np.nan, np.nan
+            T[:k, cols_at], V[:k, cols_at] = self.T[rows], self.V[rows]
+        at, cid = np.zeros(cap), np.zeros(cap, np.int64)
+        at[:k], cid[:k] = self.at[keep_rows], self.cid[keep_rows]
+        self.T, self.V, self.at, self.cid = T, V, at, cid
+        self.r0, self.r1 = 0, k
+
+    def add_columns(self, m: np.ndarray, s: np.ndarray, slots: np.ndarray) -> None:
+        cm = np.concatenate((self.cm, m.astype(np.int32)))
+        cs = np.concatenate((self.cs, s.astype(np.int32)))
+        order = np.lexsort((cs, cm))
+        old_pos = np.argsort(order)[: self.cm.size]  # where each old column lands
+        n, k = cm.size, self.r1 - self.r0
+        self._realloc(n, np.arange(self.r0, self.r1), 0, old_pos)
+        cnt = np.zeros(n, np.int64)
+        cnt[old_pos] = self.cnt
+        last_t = np.full(n, -np.inf)
+        last_t[old_pos] = self.last_t
+        self.holes += k * m.size
+        self.cm, self.cs = cm[order], cs[order]
+        self.cslot = np.concatenate((self.cslot, slots.astype(np.int64)))[order]
+        self.cnt, self.last_t = cnt, last_t
+        self.version += 1
+        self._ranges = None
+
+    def append(self, at: float, cid: int, col: np.ndarray | None, rank: np.ndarray | None, t: np.ndarray,
+               v: np.ndarray) -> bool:
+        """Samples (each column's adjacent, in time order; ``col`` None: one per column, in column order;
+        ``rank``: each one's place among its column's samples in this ingest, None when all are first) as
+        new rows. True when a column had no sample before."""
+        rows = 1 if rank is None else int(rank.max()) + 1
+        if self.r1 + rows > self.T.shape[0]:
+            self._realloc(self.cm.size, np.arange(self.r0, self.r1), rows)
+        r = self.r1
+        if col is None:  # every column once, in order: slices, no scatter
+            self.T[r] = t
+            self.V[r] = v
+            if (t < self.last_t).any():
+                self.monotone = False
+            born = bool((self.cnt == 0).any())
+            self.cnt += 1
+            self.last_t[:] = t
+        elif rank is None:
+            self.T[r], self.V[r] = np.nan, np.nan  # (spare rows hold garbage: see ``_realloc``)
+            self.T[r, col] = t
+            self.V[r, col] = v
+            if (t < self.last_t[col]).any():
+                self.monotone = False
+            born = bool((self.cnt[col] == 0).any())
+            self.cnt[col] += 1
+            self.last_t[col] = t
+        else:
+            self.T[r:r + rows], self.V[r:r + rows] = np.nan, np.nan
+            self.T[r + rank, col] = t
+            self.V[r + rank, col] = v
+            first = rank == 0
+            if (t[first] < self.last_t[col[first]]).any():
+                self.monotone = False  # (a column's samples of one ingest are in time order)
+            born = bool((self.cnt[col] == 0).any())
+            np.add.at(self.cnt, col, 1)
+            last = np.ones(col.size, bool)
+            last[:-1] = col[1:] != col[:-1]
+            self.last_t[col[last]] = t[last]
+        self.at[r:r + rows] = at
+        self.cid[r:r + rows] = cid
+        self.r1 = r + rows
+        self.holes += rows * self.cm.size - t.size
+        return born
+
+    def expire(self, now: float, dropped: np.ndarray | None) -> bool:
+        """Drop the rows older than ``keep`` and those of ``dropped`` chunks (sorted cids). True when a
+        column was left without samples."""
+        if self.r1 == self.r0:
+            return False
+        dead = (now - self.at[self.r0:self.r1]) > self.keep
+        if dropped is not None and dropped.size:
+            # (row cids ascend: rows are appended ingest by ingest; ``dropped`` is sorted)
+            cids = self.cid[self.r0:self.r1]
+            at = np.searchsorted(dropped, cids)
+            dead |= dropped[np.minimum(at, dropped.size - 1)] == cids
+        nd = int(np.count_nonzero(dead))
+        if nd == 0:
+            return False
+        rows = np.flatnonzero(dead) + self.r0
+        if self.holes == 0:
+            per_col = np.full(self.cm.size, nd, np.int64)
+        else:
+            per_col = (~np.isnan(self.T[rows])).sum(axis=0)
+        before = self.cnt > 0
+        self.cnt = self.cnt - per_col
+        self.holes -= nd * self.cm.size - int(per_col.sum())
+        emptied = bool((before & (self.cnt == 0)).any())
+        if bool(dead[:nd].all()):
+            self.r0 += nd  # the oldest rows: the common case
+        else:
+            self._realloc(self.cm.size, np.flatnonzero(~dead) + self.r0, 0)
+        if not self.monotone:
+            T = self.T[self.r0:self.r1]
+            run = np.fmax.accumulate(T, axis=0)
+            self.monotone = not bool((T[1:] < run[:-1]).any())
+        return emptied
+
+    def ranges(self) -> list[tuple[int, int, int]]:
+        """(metric, first column, end column) of each metric's block of columns."""
+        if self._ranges is None or self._ranges[0] != self.version:
+            self._ranges = (self.version, _id_runs(self.cm))
+        return self._ranges[1]
+
+
+def _id_runs(ids: np.ndarray) -> list[tuple[int, int, int]]:
+    """(id, start, end) of each run of equal ids, in order."""
+    if ids.size == 0:
+        return []
+    heads = np.flatnonzero(np.concatenate(([True], ids[1:] != ids[:-1])))
+    ends = np.concatenate((heads[1:], [ids.size]))
+    return [(int(ids[a]), int(a), int(b)) for a, b in zip(heads, ends, strict=True)]
+
+
+def _run(a: np.ndarray) -> np.ndarray | slice:
+    """``a`` as a slice when it is a run of consecutive ints (fancy indexing by a slice is a view)."""
+    if a.size and int(a[-1]) - int(a[0]) == a.size - 1 and bool((np.diff(a) == 1).all()):
+        return slice(int(a[0]), int(a[-1]) + 1)
+    return a
