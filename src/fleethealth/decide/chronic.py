@@ -55,7 +55,13 @@ SLOWDOWN_SIGNAL_SHAPE = "peer"
 
 def at_floor(*flag_sets: Iterable[str] | None) -> bool:
     """Whether any of the flag sets names a counter at its critical rate on both windows."""
-    return any(f.startswith(FLOOR_PREFIX) for fs in flag_sets if fs for f in fs)
+    # (called for every entity every cycle, and the sets are nearly always empty: plain loops, no generator)
+    for fs in flag_sets:
+        if fs:
+            for f in fs:
+                if f.startswith(FLOOR_PREFIX):
+                    return True
+    return False
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,7 +117,11 @@ def node_evidence(health: Any, policy: Policy) -> dict[str, Evidence]:
     np.fmax.at(worst_slow, member[ok], slow[ok])
     # only a node that could pay for a swap in the biggest job is worth its labels (a Python step each)
     need = ch.swap_cost_gpu_hours * 3600.0 / ch.horizon_s  # GPU-hours an hour
-    priced = [n for n in best if n >= 0 and worst_slow[n] > 0]
+    # no job is bigger than all the ranks together: a node that cannot pay even so is out before the
+    # job sizes are counted (a pass over every rank's name)
+    rk = kinds.get("rank")
+    most = len(rk.names) if rk is not None and rk.names else 0
+    priced = [n for n in best if n >= 0 and worst_slow[n] > 0 and worst_slow[n] * most >= need]
     sizes = _job_sizes(kinds) if priced else {}
     biggest = max(sizes.values(), default=0)
     out: dict[str, Evidence] = {}
