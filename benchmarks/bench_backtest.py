@@ -1,6 +1,11 @@
 """Backtest throughput: simulated GPU-hours per second on a 512-GPU fleet at 15-second telemetry.
 
     python benchmarks/bench_backtest.py [--hours 168] [--cycle 60] [--baselines none|rules|all] [--json]
+    python benchmarks/bench_backtest.py --hours 24 --compare /tmp/old/src [--rounds 3]
+
+``--compare SRC`` runs this benchmark alternately on the tree at ``SRC`` (a ``git worktree`` of an older
+commit: its ``src``) and on this one, each in a fresh process, ``--rounds`` times, and prints the medians
+side by side (the machine may be shared: alternating spreads its load over both).
 
 The fleet is the ``noise-only`` scenario's (48 training nodes, 16 serving nodes: 512 GPUs, 15 s steps).
 Every telemetry step goes through the simulator and the rolling history; every ``--cycle`` simulated
@@ -18,6 +23,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import statistics
+import subprocess
+import sys
 import time
 from typing import Any
 
@@ -55,13 +64,38 @@ def _time_parts() -> dict[str, list[float]]:
     return acc
 
 
+def _compare(old_src: str, rounds: int, args: list[str]) -> None:
+    """Old and new, alternating, each a fresh process; medians side by side."""
+    here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src")
+    runs: dict[str, list[dict[str, Any]]] = {"old": [], "new": []}
+    for _ in range(rounds):
+        for name, src in (("old", old_src), ("new", here)):
+            env = {**os.environ, "PYTHONPATH": os.path.abspath(src)}
+            out = subprocess.run([sys.executable, os.path.abspath(__file__), *args, "--json"], env=env,
+                                 check=True, capture_output=True, text=True).stdout
+            runs[name].append(json.loads(out.strip().splitlines()[-1]))
+    keys = ("cpu_per_cycle_ms", "cpu_s", "projected_week_cpu_s", "cpu_per_step_ms_sim_and_ingest",
+            "decide_ms_per_cycle", "structural_ms_per_cycle", "calibration_ms", "quarantines")
+    print(f"{'median of ' + str(rounds):<34} {'old':>10} {'new':>10}")
+    for k in keys:
+        o, n = (statistics.median(r[k] for r in runs[x]) for x in ("old", "new"))
+        print(f"{k:<34} {o:>10} {n:>10}")
+    print(f"{'cpu_per_cycle_ms, every round':<34} {[r['cpu_per_cycle_ms'] for r in runs['old']]} "
+          f"{[r['cpu_per_cycle_ms'] for r in runs['new']]}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--hours", type=float, default=WEEK_H, help="simulated hours (default: a week)")
     ap.add_argument("--cycle", type=float, default=60.0, help="decision cycle, simulated seconds")
     ap.add_argument("--baselines", choices=("none", "rules", "all"), default="none")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--compare", metavar="SRC", help="an older tree's src: run both alternately")
+    ap.add_argument("--rounds", type=int, default=3, help="with --compare: runs of each")
     a = ap.parse_args()
+    if a.compare:
+        _compare(a.compare, a.rounds, ["--hours", str(a.hours), "--cycle", str(a.cycle), "--baselines", a.baselines])
+        return
     bl = {"none": [], "rules": ["static-rules", "liveness-only"],
           "all": ["static-rules", "liveness-only", "weighted-mean", "no-confidence"]}[a.baselines]
     sc = load_scenario("noise-only").with_overrides(duration=a.hours * 3600.0)
