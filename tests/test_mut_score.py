@@ -877,3 +877,31 @@ def test_a_replica_restart_is_no_negative_traffic_and_one_without_counters_reads
     d = _detail(q, "error_slo")
     assert (d.score, d.raw, d.age_s) == (None, None, None)
     assert d.expected_by == "its peers (model=llama) carry it: 2 of 3"
+
+
+@pytest.mark.parametrize("path", ["rows", "view"])
+def test_an_slo_s_match_selects_the_error_series_it_counts(path: str) -> None:
+    """error_slo with match {code: "5.."}: 5% server errors burn 5x (0.2) whatever the 50% of 404s; the
+    default policy, with no match, counts both (55x: 0)."""
+    anchor = "    requests_metric: fleethealth_replica_requests_total\n"
+    pol = parse_policy(default_policy_text().replace(anchor, anchor + '    match: {code: "5.."}\n'))
+    r = _Scrapes()
+    for k in range(0, 3601, 60):
+        lab = dict(replica="api", model_name="llama", build="v1")
+        r.add("fleethealth_replica_requests_total", lab, 10.0 * k, NOW - 3600 + k)
+        r.add("fleethealth_replica_errors_total", {**lab, "code": "503"}, 0.5 * k, NOW - 3600 + k)
+        r.add("fleethealth_replica_errors_total", {**lab, "code": "404"}, 5.0 * k, NOW - 3600 + k)
+    snap = r.both(pol)[path]
+    d = _detail(score_snapshot(snap, pol, NOW, consumer="serving").tuples["api"], "error_slo")
+    assert d.score == pytest.approx(0.2, abs=1e-9) and d.raw == pytest.approx(5.0)
+    d = _detail(score_snapshot(snap, POL, NOW, consumer="serving").tuples["api"], "error_slo")
+    assert d.score == 0.0 and d.raw == pytest.approx(55.0)
+
+
+def test_a_rank_sample_without_a_job_is_no_rank() -> None:
+    b = fleet()
+    for r in range(5):
+        b.add("fleethealth_rank_compute_seconds", {"rank": str(r), "Hostname": "n0", "gpu": str(r), "peer_group": "dp"},
+              1.0, NOW - 3)
+    fh = score_snapshot(b.build(NOW), POL, NOW)
+    assert fh.by_kind("rank") == [] and fh.tuples["n0"].value == 1.0
