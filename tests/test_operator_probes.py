@@ -27,7 +27,7 @@ PROBES = Path(__file__).parent.parent / "examples" / "scenarios"
 
 def backtest(name: str, duration_s: float) -> dict[str, Any]:
     sc = load_scenario(str(PROBES / f"{name}.yaml"))
-    sc = sc.model_copy(update={"duration": duration_s})
+    sc = sc.with_overrides(duration=duration_s)
     return evaluate(run_backtest(sc, default_policy(), [], cycle_s=60.0))
 
 
