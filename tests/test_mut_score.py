@@ -905,3 +905,10 @@ def test_a_rank_sample_without_a_job_is_no_rank() -> None:
               1.0, NOW - 3)
     fh = score_snapshot(b.build(NOW), POL, NOW)
     assert fh.by_kind("rank") == [] and fh.tuples["n0"].value == 1.0
+
+
+def test_a_consumer_the_policy_gives_no_aggregation_takes_the_minimum() -> None:
+    pol = parse_policy(default_policy_text().replace("  remediation: min\n", ""))
+    assert "remediation" not in pol.aggregation
+    t = score_snapshot(_gpu_fleet(), pol, NOW, consumer="remediation").tuples["x/gpu3"]
+    assert t.value == 0.5 and t.reason == "min:thermal"
