@@ -912,3 +912,22 @@ def test_a_consumer_the_policy_gives_no_aggregation_takes_the_minimum() -> None:
     assert "remediation" not in pol.aggregation
     t = score_snapshot(_gpu_fleet(), pol, NOW, consumer="remediation").tuples["x/gpu3"]
     assert t.value == 0.5 and t.reason == "min:thermal"
+
+
+@pytest.mark.parametrize("path", ["rows", "view"])
+def test_an_xid_gauge_series_of_no_gpu_does_not_hide_a_gpu_s_xid(path: str) -> None:
+    """A last-Xid gauge series that belongs to no GPU (no gpu label) is skipped; an Xid 79 on a GPU in the
+    same block still gates it, with its flag and note."""
+    r = _Scrapes()
+    for i in range(2):
+        for g in range(8):
+            for t in (NOW - 35, NOW - 5):
+                r.add("DCGM_FI_DEV_XID_ERRORS", gpu_labels(f"n{i}", g), 79 if (i, g, t) == (1, 2, NOW - 5) else 0, t)
+                r.add("DCGM_FI_DEV_GPU_TEMP", gpu_labels(f"n{i}", g), 60.0, t)
+    r.add("DCGM_FI_DEV_XID_ERRORS", {"Hostname": "n0"}, 48, NOW - 5)  # no gpu label: no GPU's
+    fh = score_snapshot(r.both()[path], POL, NOW)
+    t = fh.tuples["n1/gpu2"]
+    assert t.value == 0.0 and t.reason == "gate:xid" and t.flags == ("xid:79",)
+    assert _detail(t, "xid").note == "Xid 79 gates the GPU (needs reset or reboot)"
+    assert _detail(t, "xid").raw == 79.0
+    assert fh.tuples["n0"].value == 1.0 and fh.tuples["n1"].reason == "gate:xid"
