@@ -931,3 +931,25 @@ def test_an_xid_gauge_series_of_no_gpu_does_not_hide_a_gpu_s_xid(path: str) -> N
     assert _detail(t, "xid").note == "Xid 79 gates the GPU (needs reset or reboot)"
     assert _detail(t, "xid").raw == 79.0
     assert fh.tuples["n0"].value == 1.0 and fh.tuples["n1"].reason == "gate:xid"
+
+
+def test_xid_counter_issues_and_a_gpu_s_freshest_link_age() -> None:
+    """A per-Xid counter whose xid label is no number, and one counting an Xid outside NVIDIA's catalog:
+    each an input issue naming the snapshot, what is wrong and the text; a GPU's counter age is its
+    freshest series' (one NVLink link's exporter lagging does not age the GPU)."""
+    b = fleet()
+    lab = gpu_labels("n3", 2)
+    for xid in ("abc", "9999"):
+        b.add("DCGM_EXP_XID_ERRORS_COUNT", {**lab, "xid": xid}, 0, NOW - 60)
+        b.add("DCGM_EXP_XID_ERRORS_COUNT", {**lab, "xid": xid}, 1, NOW - 5)
+    for link, last in ((0, NOW - 5), (1, NOW - 65)):
+        ll = {**gpu_labels("n4", 1), "link": str(link)}
+        b.add("DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL", ll, 0, last - 60)
+        b.add("DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL", ll, 60, last)
+    fh = score_snapshot(b.build(NOW), POL, NOW)
+    issues = [(i.source, i.reason, i.text) for i in fh.issues]
+    assert ("<snapshot>", "DCGM_EXP_XID_ERRORS_COUNT: xid label is not a number", "abc") in issues
+    assert ("<snapshot>", "unknown Xid 9999: not in NVIDIA's catalog; counted, not scored", "") in issues
+    assert fh.tuples["n3/gpu2"].flags == ("xid:9999", "xid_unknown:9999") and fh.tuples["n3/gpu2"].value == 1.0
+    d = _detail(fh.tuples["n4/gpu1"], "nvlink_crc_flit")
+    assert d.age_s == 5.0 and d.rate == pytest.approx(2.0)  # two links at 1/s each, both fresh (max_age 90)
