@@ -359,6 +359,17 @@ class Domains(Strict):
     fraction: float = Field(default=0.3, gt=0, le=1)
     window_s: float = Field(default=1800.0, gt=0)
     action: Literal["hold", "no_new_work"] = "no_new_work"
+    # What each label's event explains: signal categories or signal names (``app_xid``: the app-Xid
+    # attribution's blame). A held node whose worst reason is outside what its open domain incidents
+    # explain (a PCIe storm on one node of a hot rack) is decided as outside an event. A label not named
+    # here explains everything (the domain holds any signal-driven remediation of its nodes).
+    explains: dict[str, list[str]] = Field(default_factory=lambda: {
+        "rack": ["thermal", "clocks", "power", "performance", "nvlink", "app_xid"],
+        "nvlink_domain": ["nvlink", "performance", "app_xid"],
+        "switch": ["performance", "serving", "errors", "load"],
+        "power_zone": ["power", "clocks", "performance", "xid", "xid_count", "kernel_xid", "app_xid"],
+        "cooling_zone": ["thermal", "clocks", "performance"],
+    })
 
     @field_validator("labels")
     @classmethod
@@ -448,6 +459,17 @@ class Policy(Strict):
             if missing:
                 raise ValueError(f"labels {missing} are not in metadata_labels: only labels copied onto tuples "
                                  "can group nodes into domains")
+        signals = info.data.get("signals")
+        # the defaults name the shipped policy's signals; a policy with its own signals may lack them
+        if signals is not None and "explains" in v.model_fields_set:
+            known = {s.name for s in signals} | {s.category for s in signals} | {"app_xid"}
+            for label, items in v.explains.items():
+                if label not in v.labels:
+                    raise ValueError(f"explains.{label}: not one of labels {v.labels}")
+                unknown = [x for x in items if x not in known]
+                if unknown:
+                    raise ValueError(f"explains.{label}: {unknown} are neither signals nor categories of this "
+                                     "policy (nor app_xid)")
         return v
 
     @field_validator("attribution")

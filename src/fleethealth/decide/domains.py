@@ -34,7 +34,10 @@ treats the domain like a suspect driver version (``decide.safety``'s version cor
   nodes (``one_domain``, asked by ``SafetyRules._versions``): the domain explains them, and pages.
 * While a domain's incident is open, the safety vetoes (``SafetyRules._veto``) hold every signal-driven
   quarantine or drain of a node in that domain (reason ``domain:<label>=<value>``), confirmed hard
-  gates excepted; the held node gets ``policy.domains.action``: ``no_new_work`` (the soft fallback's
+  gates excepted, and only while the event explains the node's worst reason (``policy.domains.explains``:
+  the signal categories or signals each label's event causes, e.g. a rack's cooling: thermal, clocks,
+  performance; a node of a hot rack whose PCIe link storms is decided as outside the event); the held
+  node gets ``policy.domains.action``: ``no_new_work`` (the soft fallback's
   NO_NEW_WORK) or ``hold`` (nothing: the node keeps its work, as during a telemetry freeze).
 
 Cost: a pass over the nodes' observations to count unhealthy ones; the per-domain grouping runs only
@@ -178,15 +181,67 @@ def one_domain(entities: Mapping[str, EntityLifecycle], nodes: Iterable[str], la
     return None
 
 
-def domain_hold(c: Cycle, es: EntityLifecycle, labels: list[str]) -> str | None:
-    """The open domain incident that holds this node's remediation, if any (``labels``: the policy's
-    domain labels)."""
+def reason_item(reason: str) -> str | None:
+    """What a worst reason is about, for ``policy.domains.explains``: the signal of ``gate:<signal>`` and
+    ``floor:<signal>``, ``app_xid`` for the app-Xid attribution's blame, the category of ``<how>:<category>``
+    (None: a reason without one, which every domain explains)."""
+    head, sep, rest = reason.partition(":")
+    if not sep or not rest:
+        return None
+    if head == "attribution":
+        return rest.partition(":")[0]
+    return rest
+
+
+def unexplained(policy: Policy, label: str, reasons: Iterable[str]) -> list[str]:
+    """The node's evidence an event of a ``label`` domain does not explain: the items (``reason_item``) of
+    its reasons (the node's worst, its unhealthy GPUs', its ``floor:`` flags) that the label's ``explains``
+    entries do not cover (a category or signal named, or a signal of a category named; ``app_xid`` also
+    covers the hardware category of a node the app-Xid attribution blames). A label with no entry
+    explains all."""
+    items = policy.domains.explains.get(label)
+    if items is None:
+        return []
+    named = set(items)
+    cats = named | {s.category for s in policy.signals if s.name in named}
+    category_of = {s.name: s.category for s in policy.signals}
+    out: list[str] = []
+    for reason in reasons:
+        item = reason_item(reason)
+        if reason.startswith("attribution:") and item in named:
+            cats.add("hardware")
+        if item is not None and item not in named and item not in cats and category_of.get(item) not in cats \
+                and item not in out:
+            out.append(item)
+    return out
+
+
+def node_evidence(c: Cycle, es: EntityLifecycle, policy: Policy) -> list[str]:
+    """The reasons a domain event must explain to hold a node: its worst reason, the reasons of its GPUs
+    scored below ``lifecycle.degraded_below`` this cycle (a PCIe storm on one GPU of a node whose worst
+    category is its slowed rank), and its ``floor:<signal>`` flags (a counter at its critical rate)."""
+    deg = policy.lifecycle.degraded_below
+    out = [es.last_reason]
+    out.extend(g.reason for g in c.gpu_by_node.get(es.entity, ()) if g.value is not None and g.value < deg)
+    out.extend(f for f in c.node_flags.get(es.entity, ()) if f.startswith("floor:"))
+    return out
+
+
+def domain_hold(c: Cycle, es: EntityLifecycle, policy: Policy) -> str | None:
+    """The open domain incident that holds this node's remediation, if any: one of the node's domains
+    whose event explains its evidence (``node_evidence``, ``unexplained``). A node with evidence no open
+    event of its domains explains (a PCIe replay storm on one node of a rack that lost its cooling) is
+    decided as outside the event."""
     if not c.domains:
         return None
-    for label in labels:
+    evidence: list[str] | None = None
+    for label in policy.domains.labels:
         v = es.labels.get(label)
         if v is not None:
             why = c.domains.get((label, v))
             if why is not None:
-                return why
+                if evidence is None:
+                    evidence = node_evidence(c, es, policy)
+                if not unexplained(policy, label, evidence):
+                    return why
     return None

@@ -299,7 +299,7 @@ class SafetyRules:
         b = p.budgets
         if es.kind == "node" and not hard:
             # a domain event (decide.domains): the domain is the suspect, its nodes are held, not drained
-            held = domain_hold(c, es, p.domains.labels)
+            held = domain_hold(c, es, p)
             if held is not None:
                 return held
             # a confirmed hard gate's node already costs its group its capacity: isolating it costs nothing
