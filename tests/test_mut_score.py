@@ -953,3 +953,24 @@ def test_xid_counter_issues_and_a_gpu_s_freshest_link_age() -> None:
     assert fh.tuples["n3/gpu2"].flags == ("xid:9999", "xid_unknown:9999") and fh.tuples["n3/gpu2"].value == 1.0
     d = _detail(fh.tuples["n4/gpu1"], "nvlink_crc_flit")
     assert d.age_s == 5.0 and d.rate == pytest.approx(2.0)  # two links at 1/s each, both fresh (max_age 90)
+
+
+@pytest.mark.parametrize("path", ["rows", "view"])
+def test_a_gpu_reported_twice_reads_its_worst_series_and_xid_counters_gate(path: str) -> None:
+    """Two exporters' temperature series for one GPU (60 C, 90 C): the GPU is as hot as the worse, 0.5;
+    a per-Xid counter that counted an Xid 48 in the window gates its GPU, on rows and on a view."""
+    r = _Scrapes()
+    for i in range(2):
+        for g in range(8):
+            for t in (NOW - 65, NOW - 35, NOW - 5):
+                lab = gpu_labels(f"n{i}", g)
+                r.add("DCGM_FI_DEV_GPU_TEMP", lab, 60.0, t)
+                r.add("DCGM_EXP_XID_ERRORS_COUNT", {**lab, "xid": "48"}, 1 if (i, g, t) == (1, 4, NOW - 5) else 0, t)
+    for t in (NOW - 65, NOW - 35, NOW - 5):
+        r.add("DCGM_FI_DEV_GPU_TEMP", {**gpu_labels("n0", 3), "container": "second-exporter"}, 90.0, t)
+    fh = score_snapshot(r.both()[path], POL, NOW)
+    hot = fh.tuples["n0/gpu3"]
+    assert hot.value == 0.5 and _detail(hot, "gpu_temp").raw == 90.0 and hot.reason == "min:thermal"
+    gated = fh.tuples["n1/gpu4"]
+    assert gated.value == 0.0 and gated.reason == "gate:xid_count" and gated.flags == ("xid:48",)
+    assert fh.tuples["n1/gpu5"].value == 1.0
