@@ -609,7 +609,8 @@ def test_gates_flags_counters_and_peers_read_the_same_on_rows_and_views(signal_s
 
 def _cycle_scrape(k: int, t: float) -> Snapshot:
     """Cycle k of a changing fleet: a node joins at 3, a GPU heats at 4, a PCIe storm from 5, n1's
-    exporter stops at 4, an Xid 79 at 6; three replicas, one burning errors."""
+    exporter stops at 4, an Xid 79 at 6, a row remap failure (a metric new to the view) at 5, a DBE
+    counter at 6; three replicas, one burning errors."""
     b = SnapshotBuilder()
     for i in range(7 if k >= 3 else 6):
         if i == 1 and k >= 4:
@@ -621,6 +622,10 @@ def _cycle_scrape(k: int, t: float) -> Snapshot:
             b.add("DCGM_FI_DEV_XID_ERRORS", lab, 79 if (i, g) == (2, 1) and k >= 6 else 0, t)
             storm = (i, g) == (3, 0) and k >= 5
             b.add("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", lab, 5 + (6000 * (k - 4) if storm else 0), t)
+            if (i, g) == (5, 0) and k >= 5:  # metrics the plan was built without: a gauge, then a counter
+                b.add("DCGM_FI_DEV_ROW_REMAP_FAILURE", lab, 1, t)
+            if (i, g) == (0, 7) and k >= 6:
+                b.add("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", lab, k - 6, t)
     for r, err in (("r0", 0.0), ("r1", 0.05), ("r2", 0.0)):
         lab = dict(replica=r, model_name="llama", build="v1")
         reqs = 300.0 * (k + 1)
@@ -650,14 +655,16 @@ def test_a_scorer_on_a_changing_history_reads_each_cycle_as_a_fresh_scorer() -> 
                 assert (a.value, a.confidence, a.reason, a.worst, a.worst_member, a.flags) == (
                     b.value, b.confidence, b.reason, b.worst, b.worst_member, b.flags), (k, consumer, key)
             if consumer == "training":
-                seen[k] = {e: (kept.tuples[e].value, kept.tuples[e].reason) for e in ("n1", "n2", "n3", "n4", "r1")
-                           if e in kept.tuples}
+                seen[k] = {e: (kept.tuples[e].value, kept.tuples[e].reason)
+                           for e in ("n0", "n1", "n2", "n3", "n4", "n5", "r1") if e in kept.tuples}
     assert seen[2]["n4"] == (1.0, "min:hardware") and "n6" not in seen[2]
     assert seen[4]["n4"] == (0.5, "min:thermal")
     assert seen[5]["n3"][1] == "min:pcie" and seen[5]["n3"][0] == 0.0
     assert seen[6]["n2"] == (0.0, "gate:xid")
     assert seen[7]["n1"] == (None, "no_fresh_data")  # its last samples 120 s old by then
     assert seen[7]["r1"][1] == "min:errors"
+    assert seen[4]["n5"] == (1.0, "min:hardware") and seen[5]["n5"] == (0.0, "gate:row_remap_failure")
+    assert seen[7]["n0"] == (0.0, "gate:ecc_dbe")  # its second sample, one more DBE
 
 
 def test_an_inventory_gpu_implies_its_node_even_one_the_snapshot_lacks() -> None:
