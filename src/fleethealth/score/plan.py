@@ -5,9 +5,10 @@ Theory of operation
 On a history's view the steady-state cycle is a fixed sequence of numpy operations (``_Plan``, kept in
 the scorer's memory while the view's layout is the one it was built on: ``holds``): each quantity (sub,
 raw, rate, z, age) is one flat buffer of which a kind's signals x entities matrix is a block; all gauges
-are one gather, each counter group's rates one window; ramps, gates and flags one element-wise pass; the
-SLOs of a kind one batch; peers shaped one by one; anything else (Xids, several series per entity) goes
-through ``_evaluate``. The plan is built from the same per-signal lookups as the row path and gives the
+are one gather, each counter group's rates one window (a sustained signal's over its whole window; a
+two-window ramp's short window gathered too, then confirmed by the long one in one pass); ramps, gates and
+flags one element-wise pass, then the two-window ramps' floor flags; the SLOs of a kind one batch; peers
+shaped one by one; anything else (Xids, several series per entity) goes through ``_evaluate``. The plan is built from the same per-signal lookups as the row path and gives the
 same numbers (tests: batched == row path == scalar reference). ``_ShapePlan`` is what the batched shapes
 need from a kind's signal list alone. A snapshot without a view index is evaluated signal by signal
 (``signals._evaluate_kind``).
@@ -96,10 +97,12 @@ class _Plan:
       kind's ``_Mats`` are m x n views of its block and a signal's result is rows of those;
     * gauges with one row per series and one series per entity: one gather of values and times for all
       of them, one scatter into raw and age;
-    * counters with one column per entity: the group's rates (once per group and window, shared with
-      every signal of the group), one gather per group;
+    * counters with one column per entity: the group's rates (once per group, window and least span,
+      shared with every signal of the group), one gather per group; a two-window ramp's short-window
+      rates gathered likewise into one buffer, then ``_confirmed_short`` for all of them at once;
     * ramp, gate and flag shapes: one element-wise pass over all their rows (the same arithmetic as
-      ``shapes.ramp`` / ``shapes.gate`` with the parameters repeated per element);
+      ``shapes.ramp`` / ``shapes.gate`` with the parameters repeated per element); then the floor flags
+      of every two-window ramp (``_floor_flags``) from one comparison;
     * peer signals shaped one by one (grouped medians), everything else (Xids, SLOs, several series
       per entity, rows without a matrix) through ``_evaluate``.
     """
@@ -129,7 +132,12 @@ class _Plan:
         g_src: list[np.ndarray] = []
         g_dest: list[np.ndarray] = []
         g_age: list[np.ndarray] = []
-        c_sets: dict[tuple[int, float, float], tuple[list[np.ndarray], list[np.ndarray]]] = {}
+        c_sets: dict[tuple[int, float, float, float], tuple[list[np.ndarray], list[np.ndarray]]] = {}
+        # two-window counter ramps: their short windows' rates land in one compact buffer (a signal's n
+        # entities at a time, ``tw``) read by the confirmation pass
+        s_sets: dict[tuple[int, float, float], tuple[list[np.ndarray], list[np.ndarray]]] = {}
+        tw: list[tuple[int, int, int, float]] = []  # (flat result index, offset of its row, n, warn)
+        tw_names: list[str] = []
         shaped: dict[int, list[tuple[EntityKind, int, int, int, bool]]] = {1: [], 2: [], 3: []}
         params: dict[int, list[tuple[float, float]]] = {1: [], 2: [], 3: []}  # per shaped entry: see shapes
         self.order: list[tuple[EntityKind, int]] = []  # flat result index -> (kind, signal)
@@ -166,13 +174,10 @@ class _Plan:
                     if cols is None and (mid is None or mid not in ctx.bounds):
                         self.absent_any.append(spec.metric)  # no sample, no matrix: unseen, NaN
                         continue
-                    if spec.short_window_s is not None or spec.sustained:
-                        # two windows, or a rate over the whole window: the per-signal path
-                        self.rest.append((kind, j))
-                        continue
                     # one column per entity: every column of the metric's (cols.single), or those with
                     # samples when some have none (a vanished exporter's, while remembered)
-                    if (cols is None or not cols.series.size or code == 4 or not (
+                    if (cols is None or not cols.series.size or code == 4 or (
+                            spec.short_window_s is not None and code != 1) or not (
                             cols.single or (not isinstance(cols.cols, slice)
                                             and int(np.bincount(cols.ent).max()) <= 1))):
                         self.rest.append((kind, j))
@@ -180,10 +185,22 @@ class _Plan:
                     assert mid is not None
                     self.cmats[mid] = (cols.mat.group, cols.mat.c0, cols.mat.c1)
                     dest = off + j * n + cols.ent
-                    src, dst = c_sets.setdefault((cols.mat.group, float(plan.window[j]), float(plan.max_age[j])),
-                                                 ([], []))
+                    # a sustained signal's rate is over its whole window (``min_span``), as in
+                    # ``_evaluate_counter_columns``
+                    span = float(plan.window[j]) if spec.sustained else 0.0
+                    src, dst = c_sets.setdefault(
+                        (cols.mat.group, float(plan.window[j]), float(plan.max_age[j]), span), ([], []))
                     src.append(_cols_ix(cols))
                     dst.append(dest)
+                    if spec.short_window_s is not None:
+                        assert spec.warn is not None
+                        base = sum(t[2] for t in tw)
+                        tw.append((len(self.order) - 1, off + j * n, n, float(spec.warn)))
+                        tw_names.append(f"floor:{spec.name}")
+                        src, dst = s_sets.setdefault(
+                            (cols.mat.group, float(spec.short_window_s), float(plan.max_age[j])), ([], []))
+                        src.append(_cols_ix(cols))
+                        dst.append(base + cols.ent)
                 else:
                     if mid is None or mid not in ctx.bounds:
                         self.absent.append(spec.metric)
@@ -217,7 +234,17 @@ class _Plan:
                          if self.gbounds else z)
         self.g_end = max((b for _, b in self.gbounds.values()), default=0)
         self.g_block_series = ctx.row_arrays(self.g_end)[0][self.g_blocks].copy()
-        self.c_sets = [(g, w, a, np.concatenate(src), np.concatenate(dst)) for (g, w, a), (src, dst) in c_sets.items()]
+        self.c_sets = [(g, w, a, span, np.concatenate(src), np.concatenate(dst))
+                       for (g, w, a, span), (src, dst) in c_sets.items()]
+        self.s_sets = [(g, w, a, np.concatenate(src), np.concatenate(dst)) for (g, w, a), (src, dst) in s_sets.items()]
+        # the two-window rows, flat: position, warn, result index, entity, and which signal (its floor flag)
+        per_tw = [n for _, _, n, _ in tw]
+        self.tw_idx = np.concatenate([row + np.arange(n) for _, row, n, _ in tw]) if tw else z
+        self.tw_warn = np.repeat([w for *_, w in tw], per_tw) if tw else np.zeros(0)
+        self.tw_res = np.repeat([r for r, *_ in tw], per_tw) if tw else z
+        self.tw_ent = np.concatenate([np.arange(n) for n in per_tw]) if tw else z
+        self.tw_sig = np.repeat(np.arange(len(tw)), per_tw) if tw else z
+        self.tw_names = tw_names
         self.c_series = {g: ctx.index.groups[g].series.copy() for g in sorted({g for g, _, _ in self.cmats.values()})}
         self.c_cols = {g: np.concatenate([np.arange(c0, c1) for gg, c0, c1 in self.cmats.values() if gg == g])
                        for g in self.c_series}
@@ -320,11 +347,19 @@ class _Plan:
             fresh = age_s <= self.g_age
             age_f[self.g_dest] = np.maximum(age_s, 0.0)
             raw_f[self.g_dest[fresh]] = values[self.g_src[fresh]]
-        for g, window, max_age, src, dest in self.c_sets:
-            rate, last_v, age = ctx.rates(ctx.index.groups[g], window, max_age)  # type: ignore[union-attr]
+        for g, window, max_age, span, src, dest in self.c_sets:
+            rate, last_v, age = ctx.rates(ctx.index.groups[g], window, max_age, span)  # type: ignore[union-attr]
             rate_f[dest] = rate[src]
             raw_f[dest] = last_v[src]
             age_f[dest] = age[src]
+        if self.tw_idx.size:  # the short windows, where the long window confirms them (``_confirmed_short``)
+            short = np.full(self.tw_idx.size, np.nan)
+            for g, window, max_age, src, dest in self.s_sets:
+                short[dest] = ctx.rates(ctx.index.groups[g], window, max_age)[0][src]  # type: ignore[union-attr]
+            long_rate = rate_f[self.tw_idx]
+            with np.errstate(invalid="ignore"):
+                confirmed = long_rate > self.tw_warn
+            rate_f[self.tw_idx] = np.where(confirmed, np.fmax(long_rate, short), long_rate)
         with np.errstate(invalid="ignore", divide="ignore"):
             for code, (idx, rate_pos, res_ix, ent, p1, p2) in self.shapes.items():
                 x = raw_f[idx]
@@ -358,6 +393,9 @@ class _Plan:
                     if spec.value_flags:
                         res = results[kind][j]
                         res.flags.extend(_value_flags(res.rate if counter else res.raw, spec.value_flags))
+        # a two-window ramp's floor: ``_floor_flags``
+        for h in np.flatnonzero(sub_f[self.tw_idx] == 0).tolist():
+            flat[int(self.tw_res[h])].flags.append((int(self.tw_ent[h]), self.tw_names[int(self.tw_sig[h])]))
         for kind, j, src_series, has_src in self.peers:
             res = results[kind][j]
             res.sub[:] = _shape_peer(ctx, specs[kind][j], kind, res.raw, src_series, has_src, res)
