@@ -231,3 +231,27 @@ def test_dropping_a_scorer_frees_what_it_kept() -> None:
     del fh
     gc.collect()
     assert resolver() is None
+
+
+def test_a_dropped_result_frees_its_view_at_once() -> None:
+    """A result read and dropped takes its history view (rows, counter matrices) and scoring context with
+    it before any gc pass: nothing in a result refers back to it (its tuples mapping did, a cycle that kept
+    a view per cycle alive until the collector ran)."""
+    (sim, pol), = _fleets()[:1]
+    h = SignalHistory(pol)
+    s = Scorer()
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(3):
+            h.add(sim.step())
+            view = h.view(sim.t + 1.0)
+            fh = s.score(view, pol, sim.t + 1.0)
+            assert fh.tuples["node-01"].entity == "node-01" and len(list(fh)) == len(fh)
+            gone = weakref.ref(view), weakref.ref(fh), weakref.ref(fh.meta)
+            h.add(sim.step())
+            s.score(h.view(sim.t + 1.0), pol, sim.t + 1.0)  # the scorer's memory moves on to the next view
+            del view, fh
+            assert [r() for r in gone] == [None, None, None]
+    finally:
+        gc.enable()

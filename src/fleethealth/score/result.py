@@ -90,9 +90,11 @@ class _Kinds(Mapping[str, KindScores]):
 
 
 class _LazyTuples(Mapping[str, HealthTuple]):
+    """``FleetHealth.tuples``: a result's tuples by entity id, built on first access into the result's cache."""
+
     def __init__(self, fh: FleetHealth) -> None:
         self._fh = fh
-        self._cache: dict[str, HealthTuple] = {}
+        self._cache = fh._tuple_cache
 
     def __getitem__(self, key: str) -> HealthTuple:
         t = self._cache.get(key)
@@ -128,7 +130,15 @@ class FleetHealth:
         self.meta = meta
         self.issues = issues
         self._index_cache: dict[str, tuple[str, int]] | None = None
-        self.tuples: Mapping[str, HealthTuple] = _LazyTuples(self)
+        self._tuple_cache: dict[str, HealthTuple] = {}
+
+    @property
+    def tuples(self) -> Mapping[str, HealthTuple]:
+        """Tuples by entity id, built on first access. A new mapping per read over the one cache: a
+        result holding a mapping that holds it back was a reference cycle, and the cycle kept the
+        result's metadata index, its scoring context and the history view (rows, counter matrices)
+        alive until a gc pass instead of freeing them when the caller drops the result."""
+        return _LazyTuples(self)
 
     @property
     def _index(self) -> dict[str, tuple[str, int]]:
@@ -187,8 +197,9 @@ class FleetHealth:
             return None
 
     def __iter__(self) -> Iterator[HealthTuple]:
+        tuples = self.tuples
         for key in self._index:
-            yield self.tuples[key]
+            yield tuples[key]
 
     def __len__(self) -> int:
         return len(self._index)
