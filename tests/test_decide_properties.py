@@ -96,7 +96,8 @@ fleet_step = st.lists(st.tuples(st.integers(0, 29), st.sampled_from(["gate", "lo
 @given(steps=st.lists(fleet_step, min_size=1, max_size=40), dt=st.sampled_from([60.0, 300.0, 900.0]))
 def test_budgets_and_tp_groups_hold_and_state_survives_a_json_round_trip(steps, dt) -> None:
     """30 nodes in one pool (budget: 1 per hour), TP groups of 4. Random failures never quarantine more
-    than the budget in any window, never isolate two of a group, and a run whose state goes through JSON
+    than the budget in any window, never isolate two of a group with one reading (a second only with a
+    reason no other member shares), and a run whose state goes through JSON
     every cycle (a restart every cycle) decides exactly the same."""
     d = Decider(POL)
     s = DecisionState()
@@ -126,7 +127,10 @@ def test_budgets_and_tp_groups_hold_and_state_survives_a_json_round_trip(steps, 
         for e in s.entities.values():
             if e.state in ISOLATED_STATES:
                 groups[e.labels["tp_group"]] = groups.get(e.labels["tp_group"], 0) + 1
-        assert all(v <= POL.budgets.max_per_tp_group for v in groups.values()), groups
+        # one more than the limit only for a reading of its own (decide.safety._own_fault): a node whose
+        # reason no other member of its group shares is isolated behind an isolated mate, and this fleet
+        # has two reasons (gate, low)
+        assert all(v <= POL.budgets.max_per_tp_group + 1 for v in groups.values()), groups
     allowed = max(POL.budgets.quarantine_min_per_hour, math.floor(POL.budgets.quarantine_fraction_per_hour * 30))
     for t0 in entries:
         assert sum(1 for t in entries if t0 <= t < t0 + POL.budgets.window_s) <= allowed

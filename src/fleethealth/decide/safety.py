@@ -11,7 +11,10 @@ a cluster. Pure; a mixin of ``Decider`` (reads ``self.policy`` and ``self.fast``
   humans) still apply. Entities that never had a usable observation (warm-up) do not count.
 * Budgets per pool (label ``pool``, ``_veto``): at most max(quarantine_min_per_hour, floor(fraction *
   pool size)) quarantines per ``budgets.window_s``; never more than ``max_per_tp_group`` nodes of one
-  ``tp_group`` in QUARANTINED or DRAINING (FAILED is a human's and does not count). A confirmed hard gate
+  ``tp_group`` in QUARANTINED or DRAINING (FAILED is a human's and does not count), except a node with
+  evidence of its own (``_own_fault``: a reason no other member of its group reads) while
+  a group-mate is already isolated: the group's job is down already, so it costs no capacity; a group
+  degrading together is still held. A confirmed hard gate
   (reason ``gate:<signal>`` for a signal in ``budgets.hard_gates``, or an Xid 154 drain-and-reset,
   ``_hard_gate``) takes a node that is already out of service: it spends a separate, larger budget
   (``hard_gate_*``: a fleet-wide burst of bogus gates still stops there) and skips the TP rule. The
@@ -268,6 +271,19 @@ class SafetyRules:
                                 "unhealthy_total": len(bad), "population": pop[v]}, sig=k)
         return out
 
+    def _own_fault(self, c: Cycle, es: EntityLifecycle, group: str) -> bool:
+        """Whether the node's evidence is its own, not its tensor-parallel group's: no other member of the
+        group (in service or isolated) reads the same reason below ``lifecycle.degraded_below`` (a hang of
+        its own ranks while the others read healthy, behind a mate that lost a GPU). Asked only when a
+        group-mate is already isolated: the group's job is down already, so isolating this node too costs
+        no capacity; a reading the members share (the group degrading together, two nodes gated alike at
+        once) is still held."""
+        deg = self.policy.lifecycle.degraded_below
+        return not any(
+            o.entity != es.entity and o.kind == "node" and o.labels.get("tp_group") == group
+            and o.last_value is not None and o.last_value < deg and o.last_reason == es.last_reason
+            for o in c.s.entities.values())
+
     def _veto(self, c: Cycle, es: EntityLifecycle, rule: Rule, suspects: Mapping[tuple[str, str], str],
               approved: bool = False) -> str | None:
         """Why this remediation may not happen now (None: it may). ``approved``: a human acknowledged
@@ -308,7 +324,7 @@ class SafetyRules:
                 # isolations that still cost the group capacity: FAILED is a human's and does not count
                 isolated = sum(1 for o in c.s.entities.values() if o.entity != es.entity and o.kind == "node"
                                and o.labels.get("tp_group") == g and o.state in REMEDIATION_TARGETS)
-                if isolated >= b.max_per_tp_group:
+                if isolated >= b.max_per_tp_group and not (isolated and self._own_fault(c, es, g)):
                     c.incident(f"tp_group:{g}", f"tp_group/{g}", "tp_group_limit",
                                {"tp_group": g, "isolated": isolated, "wanted": es.entity,
                                 "limit": b.max_per_tp_group}, sig=isolated)
