@@ -32,12 +32,38 @@ def test_a_pending_remap_on_the_same_gpu_three_days_running_pages_for_repair() -
         _day(r, d * DAY)
     assert len(r.of(IntentKind.SCHEDULE_RESET)) == 3  # each remap still gets its reset
     pages = [p for p in r.of(IntentKind.PAGE) if p.reason == "recurring:row_remap"]
-    assert [(p.ts, p.entity, p.params["remaps"]) for p in pages] == [(DAY, "n1/gpu3", 2), (2 * DAY, "n1/gpu3", 3)]
+    # one incident for the GPU (decide16b): fired at the second remap, updated (not sent again as a new
+    # page) at the third, still open between them and after: the GPU still needs its repair
+    assert [(p.ts, p.entity, p.params["remaps"], p.params["state"]) for p in pages] == [
+        (DAY, "n1/gpu3", 2, "firing"), (2 * DAY, "n1/gpu3", 3, "update")]
+    assert [p.params["incident"] for p in pages] == ["row_remap:n1/gpu3"] * 2
+    assert "row_remap:n1/gpu3" in r.state.incidents
     assert pages[0].params["action"] == "repair" and pages[0].params["node"] == "n1"
     assert pages[0].params["first"] == 0.0 and "RMA" in pages[0].params["summary"]
     # the count survives a restart (it is in the lifecycle's JSON)
     st = DecisionState.from_dict(r.state.to_dict())
     assert [x[1] for x in st.entities["n1"].remaps] == [["n1/gpu3"]] * 3
+
+
+def test_the_remap_incident_resolves_once_the_node_is_repaired_or_the_remaps_age_out() -> None:
+    r = Run()
+    for d in range(2):
+        _day(r, d * DAY)
+    # a human returns the node from its repair: its remaps are forgotten and the incident resolves once
+    r.step(DAY + 3600, [tup("n1", 0.97)], [Event(DAY + 3590, "ack", "n1", to="READY")])
+    r.steps(DAY + 3660, DAY + 3 * 3600, 60, lambda t: [tup("n1", 0.97)])
+    pages = [p for p in r.of(IntentKind.PAGE) if p.reason == "recurring:row_remap"]
+    assert [(p.params["state"], p.entity) for p in pages] == [("firing", "n1/gpu3"), ("resolved", "n1/gpu3")]
+    assert r.state.entities["n1"].remaps == [] and "row_remap:n1/gpu3" not in r.state.incidents
+    # without a repair, the incident stays open until the remaps fall out of recovery_window_s
+    r2 = Run()
+    for d in range(2):
+        _day(r2, d * DAY)
+    r2.steps(2 * DAY, 7 * DAY + 3600, 3600, lambda t: [tup("n1", 0.97)])
+    assert [p.params["state"] for p in r2.of(IntentKind.PAGE) if p.reason == "recurring:row_remap"] == [
+        "firing", "resolved"]
+    (resolved,) = [p for p in r2.of(IntentKind.PAGE) if p.params.get("state") == "resolved"]
+    assert resolved.ts >= 7 * DAY  # the first remap (day 0) left the 7-day window
 
 
 def test_remaps_on_other_gpus_or_outside_the_window_do_not_add_up() -> None:

@@ -6,7 +6,9 @@ Pure; a mixin of ``Decider`` (reads ``self.policy`` and ``self.fast``).
   no state change: reset at the next safe point, the remap must clear, else reboot, else a page with
   what was tried; without such a ladder, one SCHEDULE_RESET. A GPU that needs such a reset
   ``lifecycle.max_row_remaps`` times within ``recovery_window_s`` pages for repair
-  (``_recurring_remaps``; the reset still goes ahead).
+  (``_recurring_remaps``; the reset still goes ahead): one incident per GPU (``row_remap:<gpu>``), updated
+  at each later remap, resolved when its count falls below the limit or a human returns the node
+  (``ack`` to READY, ``_remap_incidents``).
 * A ladder step is entered held (``_release``): the decider lets it act once the ``tp_peers_handled``
   precondition holds (the other nodes of its ``tp_group`` drained or out of service, or a ``handover``
   event for the node) and the pool's repair budget (``remediation.budget`` per ``budgets.window_s``) has
@@ -32,7 +34,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from fleethealth.decide import ladder
+from fleethealth.decide import incidents, ladder
 from fleethealth.decide.cycle import REMEDIATION_KINDS, Cycle
 from fleethealth.decide.lifecycle import ISOLATED_STATES, Observation
 from fleethealth.decide.model import IntentKind, State, Tier
@@ -42,6 +44,7 @@ from fleethealth.repair_policy import Ladder
 from fleethealth.score.health import HealthTuple
 
 # a tensor-parallel peer in one of these states runs no work of the group: it is handled
+REMAP_INCIDENT = "row_remap:"  # incident key prefix of a GPU paged for recurring row remaps
 TP_HANDLED_STATES = frozenset({State.DRAINING, State.QUARANTINED, State.FAILED})
 
 
@@ -58,6 +61,7 @@ class Repairs:
         lifecycle; timeouts escalate; the ladder's verdicts come back as lifecycle events (verified: an
         active-test pass; exhausted: a ``repair`` failure, to FAILED). While remediation is frozen or the
         node's data is unusable, results are still recorded but no timeout fires."""
+        self._remap_incidents(c, ev_by_entity)
         rem = self.policy.remediation
         lc = self.policy.lifecycle
         # only the few entities with a ladder running do any work (replacing a value while iterating is safe)
@@ -254,11 +258,35 @@ class Repairs:
         for g in gpus or [es.entity]:
             times = [float(r[0]) for r in es.remaps if g in r[1] or (not r[1] and g == es.entity)]
             if len(times) >= lc.max_row_remaps:
-                c.emit(IntentKind.PAGE, g, "recurring:row_remap",
-                       {"severity": "page", "node": es.entity, "gpu": g, "remaps": len(times),
-                        "first": min(times), "window_s": lc.recovery_window_s, "action": "repair",
-                        "summary": f"{g}: {len(times)} row-remap resets in {lc.recovery_window_s / 86400:g} days; "
-                                   "its memory keeps failing, schedule a repair (RMA)"})
+                # one incident per GPU (decide.incidents): fired at the limit, updated at each later remap,
+                # resolved once the count falls below the limit (_remap_incidents) or the node is repaired
+                c.incident(f"{REMAP_INCIDENT}{g}", g, "recurring:row_remap",
+                           {"node": es.entity, "gpu": g, "remaps": len(times),
+                            "first": min(times), "window_s": lc.recovery_window_s, "action": "repair",
+                            "summary": f"{g}: {len(times)} row-remap resets in {lc.recovery_window_s / 86400:g} "
+                                       "days; its memory keeps failing, schedule a repair (RMA)"}, sig=len(times))
+
+    def _remap_incidents(self, c: Cycle, ev_by_entity: Mapping[str, list[Event]]) -> None:
+        """Keep each open recurring-remap incident open while its GPU still has ``max_row_remaps`` resets
+        within ``recovery_window_s``; a human's ``ack`` to READY (the node back from its repair) forgets the
+        node's remaps, so its incidents resolve (``incident_clear_s`` later, one resolved page)."""
+        for eid, evs in ev_by_entity.items():
+            es = c.s.entities.get(eid)
+            if es is not None and es.remaps and any(
+                    e.kind == "ack" and str(e.to).upper() == "READY" for e in evs):
+                c.mut(eid).remaps = []
+        lc = self.policy.lifecycle
+        for key, rec in c.s.incidents.items():
+            if not key.startswith(REMAP_INCIDENT):
+                continue
+            g = key[len(REMAP_INCIDENT):]
+            es = c.s.entities.get(str(rec["params"].get("node", "")))
+            if es is None:
+                continue
+            n = sum(1 for r in es.remaps if c.now - float(r[0]) < lc.recovery_window_s
+                    and (g in r[1] or (not r[1] and g == es.entity)))
+            if n >= lc.max_row_remaps:
+                incidents.refresh(c.s.incidents, key, c.now)
 
     def _oom(self, c: Cycle, e: Event) -> str | None:
         """Classify a CUDA OOM with ``decide.oom``. The small actions (reject, limit concurrency, rebuild a
