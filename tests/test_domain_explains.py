@@ -71,7 +71,7 @@ def test_unexplained_items() -> None:
     assert reason_item("attribution:app_xid:3_jobs") == "app_xid" and reason_item("no_fresh_data") is None
     assert unexplained(p, "rack", ["min:thermal", "gate:gpu_temp", "floor:clock_throttle"]) == []
     assert unexplained(p, "rack", ["min:performance", "min:pcie", "floor:pcie_replay"]) == ["pcie", "pcie_replay"]
-    assert unexplained(p, "cooling_zone", ["gate:xid"]) == ["xid"]
+    assert unexplained(p, "cooling_zone", ["gate:xid", "min:memory"]) == ["xid", "memory"]
     assert unexplained(p, "power_zone", ["gate:xid", "min:hardware"]) == []  # a brownout's Xids
     assert unexplained(p, "nvlink_domain", ["attribution:app_xid:2_jobs", "min:hardware"]) == []
     assert unexplained(p, "switch", ["min:nvlink"]) == ["nvlink"]
@@ -81,11 +81,11 @@ def test_unexplained_items() -> None:
 
 
 def test_explains_errors_name_the_key_and_the_line() -> None:
-    bad = default_policy_text().replace("    switch: [performance, serving, errors, load]\n",
+    bad = default_policy_text().replace("    switch: [performance, serving, errors, load, clocks, power, thermal]\n",
                                         "    switch: [performance, bogus]\n")
     with pytest.raises(PolicyError, match=r"p.yaml:\d+: domains: .*explains.switch: \['bogus'\] are neither"):
         parse_policy(bad, "p.yaml")
-    bad = default_policy_text().replace("    switch: [performance, serving, errors, load]\n",
+    bad = default_policy_text().replace("    switch: [performance, serving, errors, load, clocks, power, thermal]\n",
                                         "    row: [performance]\n")
     with pytest.raises(PolicyError, match=r"p.yaml:\d+: domains: .*explains.row: not one of labels"):
         parse_policy(bad, "p.yaml")

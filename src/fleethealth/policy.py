@@ -364,11 +364,12 @@ class Domains(Strict):
     # explain (a PCIe storm on one node of a hot rack) is decided as outside an event. A label not named
     # here explains everything (the domain holds any signal-driven remediation of its nodes).
     explains: dict[str, list[str]] = Field(default_factory=lambda: {
-        "rack": ["thermal", "clocks", "power", "performance", "nvlink", "app_xid"],
-        "nvlink_domain": ["nvlink", "performance", "app_xid"],
-        "switch": ["performance", "serving", "errors", "load"],
-        "power_zone": ["power", "clocks", "performance", "xid", "xid_count", "kernel_xid", "app_xid"],
-        "cooling_zone": ["thermal", "clocks", "performance"],
+        "rack": ["thermal", "clocks", "power", "performance", "nvlink", "serving", "errors", "load", "app_xid"],
+        "nvlink_domain": ["nvlink", "performance", "serving", "errors", "load", "app_xid"],
+        "switch": ["performance", "serving", "errors", "load", "clocks", "power", "thermal"],
+        "power_zone": ["power", "clocks", "thermal", "performance", "serving", "errors", "load", "xid", "xid_count", "kernel_xid",
+                       "app_xid"],
+        "cooling_zone": ["thermal", "clocks", "power", "performance", "serving", "errors", "load"],
     })
 
     @field_validator("labels")
