@@ -1,13 +1,16 @@
 """The decider's intents as the actuators, the audit log and a person read them (issue 21: the decider's
 sampled survivors were intents whose params, tier or reason no test read): the evidence captured before a
 quarantine or drain, the quarantine and the scheduler hold with the value that caused them, the ledger's
-budget of a node without a pool, the page of a node that failed its test, and the release."""
+budget of a node without a pool, the page of a node that failed its test, and the release; the decider's own
+resets and entry test when no repair ladder takes over, the flag at its edge, the router's canary ramp and
+unknown drain, the budget's order (worst first), a human release without telemetry."""
 
 from __future__ import annotations
 
 from decide_support import Run, tup
+from fleethealth.decide.decider import Decider
 from fleethealth.decide.model import Intent, IntentKind, State, Tier
-from fleethealth.decide.state import Event
+from fleethealth.decide.state import DecisionState, Event
 from fleethealth.policy import Policy, default_policy
 
 
@@ -187,3 +190,82 @@ def test_a_released_replica_ramps_its_weight_over_the_recovering_dwell_then_drai
     first = half + rt.hold_s + 15  # the first cycle more than hold_s after the last usable tuple
     assert drained == [(first, "unknown:drain", 0.3), (first + 15, "unknown:drain", 0.2),
                        (first + 30, "unknown:drain", 0.15)]
+
+
+def test_the_flag_is_published_as_the_health_flagged_condition() -> None:
+    r = Run()
+    r.steps(0, 60, 15, lambda t: [tup("n1", 0.95)])
+    r.steps(75, 200, 15, lambda t: [tup("n1", 0.8)])
+    (cond,) = r.of(IntentKind.SET_CONDITION, "n1")
+    assert (cond.params["condition"], cond.params["status"], cond.params["value"]) == ("HealthFlagged", True, 0.8)
+
+
+def test_a_human_release_of_a_node_without_telemetry_says_so() -> None:
+    """Two events in one cycle (a human's release of n1, a reset result for n2); n1 has no tuple any more:
+    its transition and RELEASE carry no value, confidence 0, and the actor."""
+    r = Run()
+    r.steps(0, 60, 15, lambda t: [tup("n1", 0.95), tup("n2", 0.95)])
+    r.step(75, [tup("n1", 0.0, reason="gate:xid", worst="hardware"), tup("n2", 0.95)])
+    r.step(90, [tup("n2", 0.95)], [Event(85, "ack", "n1", to="READY", actor="alice"),
+                                   Event(80, "reset", "n2", passed=True)])
+    assert r.st("n1") == State.READY
+    last = r.transitions[-1]
+    assert (last.ts, last.entity, last.from_state, last.reason, last.value, last.confidence) == (
+        90, "n1", State.QUARANTINED, "event:human_ready:alice", None, 0.0)
+    (rel,) = r.of(IntentKind.RELEASE, "n1")
+    assert (rel.ts, rel.reason, {k: v for k, v in rel.params.items() if k != "n"}, rel.tier) == (
+        90, "event:human_ready:alice", {"canary": False, "from": "QUARANTINED", "value": None}, Tier.NODE)
+
+
+def test_the_worst_node_gets_the_last_quarantine_of_the_budget() -> None:
+    """Two nodes past their quarantine dwell in the same cycle, room for one: the lower score goes first,
+    whatever the names; the other is held (the budget's page and a soft hold)."""
+    r = Run()
+    r.steps(0, 60, 15, lambda t: [tup("n1", 0.95), tup("n2", 0.95), tup("n3", 0.95)])
+    r.steps(75, 600, 15, lambda t: [tup("n1", 0.2), tup("n2", 0.1), tup("n3", 0.95)])
+    assert (r.st("n1"), r.st("n2")) == (State.DEGRADED, State.QUARANTINED)
+    assert [(t.ts, t.entity, t.to_state) for t in r.transitions] == [
+        (195, "n2", State.DEGRADED), (195, "n1", State.DEGRADED), (375, "n2", State.QUARANTINED)]
+    (held,) = [i for i in r.intents if i.soft and i.entity == "n1"]
+    assert (held.ts, held.kind, held.reason) == (375, IntentKind.NO_NEW_WORK, "held:budget:default")
+
+
+def test_a_node_that_joins_later_is_tracked_with_its_labels() -> None:
+    r = Run()
+    r.steps(0, 30, 15, lambda t: [tup("n1", 0.95)])
+    r.steps(45, 60, 15, lambda t: [tup("n1", 0.95), tup("n2", 0.95, labels={"pool": "p"})])
+    assert sorted(r.state.entities) == ["n1", "n2"]
+    assert r.state.entities["n2"].labels == {"pool": "p"}
+
+
+def test_the_router_weighs_a_replica_by_its_serving_tuple() -> None:
+    d = Decider()
+    s = DecisionState()
+    weights = []
+    for ts in range(0, 120, 15):
+        dec = d.decide(s, [tup("r1", 0.95, kind="replica")], ts, serving=[tup("r1", 0.6, kind="replica")])
+        s = dec.state
+        weights += [(i.ts, i.reason, i.params["weight"]) for i in dec.intents if i.kind == IntentKind.SET_WEIGHT]
+    assert weights == [(0, "state:WARMING", 0.0), (60, "score", 0.6)]
+
+
+def test_a_steady_replica_follows_its_score_and_drains_when_its_confidence_drops() -> None:
+    r = Run()
+    r.steps(0, 90, 15, lambda t: [tup("r1", 1.0, kind="replica")])
+    r.steps(105, 150, 15, lambda t: [tup("r1", 0.95, kind="replica")])
+    assert r.state.entities["r1"].last_value == 0.95
+    # the confidence drops under min_confidence: held for hold_s after the last usable tuple, then drained
+    r.steps(165, 300, 15, lambda t: [tup("r1", 0.95, conf=0.3, kind="replica")])
+    hold_s = default_policy().router.hold_s
+    assert [(i.ts, i.reason, i.params["weight"]) for i in r.of(IntentKind.SET_WEIGHT, "r1")] == [
+        (0, "state:WARMING", 0.0), (60, "score", 1.0), (105, "score", 0.95),
+        (150 + hold_s + 15, "unknown:drain", 0.85), (150 + hold_s + 30, "unknown:drain", 0.75)]
+
+
+def test_a_healthy_node_remembers_its_latest_value() -> None:
+    """What `explain` shows as the last observation follows the score even while nothing else changes."""
+    r = Run()
+    for ts in range(0, 91, 15):
+        r.step(ts, [tup("n1", 0.95 + ts / 10000)])
+        es = r.state.entities["n1"]
+        assert (es.last_value, es.last_known_ts) == (0.95 + ts / 10000, ts)
