@@ -80,3 +80,143 @@ def test_router_weights_follow_the_serving_score_with_and_without_reuse() -> Non
     assert weights["r-burn"][1:] == sorted(weights["r-burn"][1:], reverse=True)
     assert weights["r-good"][-1] == 1.0  # 0 while starting, then its serving score
     assert weights["r-burn"][-1] < 1.0
+
+
+# --- the decider's tuples from the engine's columns, reused across cycles (decide/tuples.py) -------------------
+# A columnar FleetHealth stand-in (tests/test_decide_fast_equiv.py's), whose metadata labels count the times the
+# engine is asked for them: reuse is what keeps a 100k-GPU cycle cheap, and a reused tuple must read exactly as a
+# freshly built one (value, reason, worst category, worst member, flags, labels).
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+from test_decide_fast_equiv import KS, Health  # noqa: E402
+
+from fleethealth.decide.tuples import _lifecycle_and_flagged, node_of  # noqa: E402
+from fleethealth.score.health import HealthTuple  # noqa: E402
+
+
+class _Fleet(Health):
+    @property
+    def tuples(self) -> dict[str, HealthTuple]:  # the decider only checks it is there (the fake's builds them all)
+        return {}
+
+
+def _fleet(now: float, *, n2: tuple[float, float, int, str] = (1.0, 1.0, 0, "min:hardware"),
+           n2_member: str = "n2/gpu0", gpu_reason: str = "gate:xid", gpu_flags: tuple[str, ...] = ("xid:79",),
+           node_flags: tuple[str, ...] = ("row_remap_pending",)) -> Health:
+    """Nodes n1..n3 (n1 flagged), one replica, two GPUs of n1 (gpu0 flagged): n2's row is the one that moves."""
+    v2, c2, w2, r2 = n2
+    node = KS("node", ["n1", "n2", "n3"], np.array([0.9, v2, 1.0]), np.array([1.0, c2, 1.0]),
+              np.array([1, w2, 0], np.int64), ["min:performance", r2, "min:hardware"], {0: list(node_flags)},
+              worst_member={0: "n1/gpu1", 1: n2_member})
+    rep = KS("replica", ["r1"], np.array([1.0]), np.array([1.0]), np.array([0], np.int64), ["min:hardware"], {})
+    gpu = KS("gpu", ["n1/gpu0", "n1/gpu1"], np.array([0.0, 1.0]), np.array([1.0, 1.0]), np.array([0, 0], np.int64),
+             [gpu_reason, "min:hardware"], {0: list(gpu_flags)})
+    return _Fleet({"node": node, "replica": rep, "gpu": gpu}, now)
+
+
+class _Counted:
+    """Counts the engine's label look-ups (the cost the memo and the row cache save)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        from test_decide_fast_equiv import Meta
+
+        self.n = 0
+        orig = Meta.labels
+
+        def labels(meta: Meta, kind: str, i: int) -> dict[str, str]:
+            self.n += 1
+            return orig(meta, kind, i)
+
+        monkeypatch.setattr(Meta, "labels", labels)
+
+
+def _read(t: HealthTuple) -> tuple:
+    return (t.entity, t.kind, t.value, t.confidence, t.worst, t.reason, dict(t.labels), t.worst_member, t.flags)
+
+
+def _fresh(h: Health) -> dict[str, tuple]:
+    life, flagged = _lifecycle_and_flagged(h)
+    return {t.entity: _read(t) for t in life + flagged}
+
+
+@pytest.mark.parametrize("with_memo", [True, False])
+def test_a_steady_fleet_hands_back_the_same_tuples_and_a_moved_row_reads_as_new(
+        with_memo: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    counted = _Counted(monkeypatch)
+    memo: dict = {} if with_memo else None  # type: ignore[assignment]
+    rows: dict = {}
+    life, flagged = _lifecycle_and_flagged(_fleet(NOW), memo, rows)
+    assert [t.entity for t in life] == ["n1", "n2", "n3", "r1"] and [t.entity for t in flagged] == ["n1/gpu0"]
+    assert {t.entity: _read(t) for t in life + flagged} == _fresh(_fleet(NOW))
+    first = {t.entity: t for t in life + flagged}
+    # the same columns next cycle: every tuple is last cycle's object, and with a memo no label is asked for
+    counted.n = 0
+    life, flagged = _lifecycle_and_flagged(_fleet(NOW + 15), memo, rows)
+    # (without a memo the labels may have changed: the flagged GPUs are built afresh)
+    assert [t.entity for t in life + flagged if t is not first[t.entity]] == ([] if with_memo else ["n1/gpu0"])
+    if with_memo:
+        assert counted.n == 0
+    # n2 goes dark (no data: no worst category), the flagged GPU's reason and flags change: new tuples that read
+    # as freshly built ones; the rest are still last cycle's objects, and the memo still answers the labels
+    counted.n = 0
+    moved = _fleet(NOW + 30, n2=(float("nan"), 0.0, -1, "no_fresh_data"), gpu_reason="gate:xid:94",
+                   gpu_flags=("xid:94",))
+    life, flagged = _lifecycle_and_flagged(moved, memo, rows)
+    asked = counted.n
+    got = {t.entity: t for t in life + flagged}
+    assert {n: _read(t) for n, t in got.items()} == _fresh(moved)
+    assert (got["n2"].value, got["n2"].worst, got["n2"].reason) == (None, None, "no_fresh_data")
+    assert (got["n1/gpu0"].reason, got["n1/gpu0"].flags) == ("gate:xid:94", ("xid:94",))
+    assert got["n2"] is not first["n2"] and got["n1/gpu0"] is not first["n1/gpu0"]
+    assert all(got[n] is first[n] for n in ("n1", "n3", "r1"))
+    if with_memo:
+        assert asked == 0
+    # and that state again: the new tuples are kept in turn
+    again = _lifecycle_and_flagged(_fleet(NOW + 45, n2=(float("nan"), 0.0, -1, "no_fresh_data"),
+                                          gpu_reason="gate:xid:94", gpu_flags=("xid:94",)), memo, rows)
+    assert all(t is got[t.entity] for t in again[0] + (again[1] if with_memo else []))
+
+
+def test_a_node_whose_worst_member_or_flags_alone_change_reads_the_new_ones() -> None:
+    memo: dict = {}
+    rows: dict = {}
+    life, _ = _lifecycle_and_flagged(_fleet(NOW), memo, rows)
+    assert life[1].worst_member == "n2/gpu0" and life[0].flags == ("row_remap_pending",)
+    h = _fleet(NOW + 15, n2_member="n2/gpu5", node_flags=("recovery_action:GPU_RESET",))
+    life, _ = _lifecycle_and_flagged(h, memo, rows)
+    assert life[1].worst_member == "n2/gpu5"  # the operator is pointed at the GPU that is now the worst
+    assert life[0].flags == ("recovery_action:GPU_RESET",)
+    assert {t.entity: _read(t) for t in life} == {k: v for k, v in _fresh(h).items() if k != "n1/gpu0"}
+
+
+def test_health_as_a_plain_mapping_of_tuples_decides_as_the_engine_columns() -> None:
+    snap = _replicas(NOW, NOW - 1800)
+    rem = score_snapshot(snap, POL, NOW)
+    srv = score_snapshot(snap, POL, NOW, consumer="serving")
+    a = Decider(POL).decide(DecisionState(), rem, NOW, (), srv)
+    b = Decider(POL).decide(DecisionState(), dict(rem.tuples), NOW, (), dict(srv.tuples))
+    c = Decider(POL, fast=False).decide(DecisionState(), list(rem.tuples.values()), NOW, (), srv.tuples)
+    weights = {i.entity: i.params["weight"] for i in a.intents if i.kind == IntentKind.SET_WEIGHT}
+    assert set(weights) == {"r-good", "r-burn", "r-slow"}
+    assert [i.to_dict() for i in b.intents] == [i.to_dict() for i in a.intents] == [i.to_dict() for i in c.intents]
+
+
+def test_serving_tuples_carry_only_what_the_router_reads_and_stay_reused_after_a_change() -> None:
+    fh = score_snapshot(_replicas(NOW, NOW - 1800), POL, NOW, consumer="serving")
+    for t in _serving_replicas(fh).values():  # no metadata labels, no worst category: not read, not fetched
+        assert (t.labels, t.worst, t.flags) == ({}, None, ())
+    cache: list = []
+    _serving_replicas(fh, cache)
+    later = score_snapshot(_replicas(NOW + 60, NOW - 1800), POL, NOW + 60, consumer="serving")
+    moved = _serving_replicas(later, cache)
+    assert all((t.labels, t.worst) == ({}, None) for t in moved.values())
+    assert all(t is moved[n] for n, t in _serving_replicas(later, cache).items())
+
+
+def test_a_gpu_tuple_labelled_only_by_lowercase_hostname_belongs_to_that_node() -> None:
+    t = HealthTuple(entity="GPU-5f1c", kind="gpu", value=0.0, confidence=1.0, worst=None, reason="gate:xid",
+                    labels={"hostname": "node-7"}, ts=NOW)
+    assert node_of(t) == "node-7"
+    assert node_of(HealthTuple(entity="node-7/gpu3", kind="gpu", value=0.0, confidence=1.0, worst=None,
+                               reason="gate:xid", ts=NOW)) == "node-7"
