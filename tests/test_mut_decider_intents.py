@@ -269,3 +269,31 @@ def test_a_healthy_node_remembers_its_latest_value() -> None:
         r.step(ts, [tup("n1", 0.95 + ts / 10000)])
         es = r.state.entities["n1"]
         assert (es.last_value, es.last_known_ts) == (0.95 + ts / 10000, ts)
+
+
+def test_a_counter_at_its_floor_quarantines_on_the_fast_path_whether_the_node_or_a_gpu_says_so() -> None:
+    dwell = default_policy().lifecycle.floor_dwell_s
+    assert dwell is not None
+    floor = ("floor:DCGM_FI_DEV_PCIE_REPLAY_COUNTER",)
+    for on_gpu in (False, True):
+        r = Run()
+        r.steps(0, 60, 15, lambda t: [tup("n1", 0.95)])
+        for ts in range(75, 301, 15):
+            if on_gpu:
+                r.step(ts, [tup("n1", 0.0, worst="errors"),
+                            tup("n1/gpu0", 0.0, kind="gpu", flags=floor, worst="errors", labels={"node": "n1"})])
+            else:
+                r.step(ts, [tup("n1", 0.0, flags=floor, worst="errors")])
+        assert [(t.ts, t.to_state, t.detail) for t in r.transitions] == [
+            (75 + dwell, State.QUARANTINED, f"at_floor dwell {dwell:g}s")]
+
+
+def test_a_gpus_drain_and_reset_flag_drains_its_node_and_resets_that_gpu() -> None:
+    r = Run()
+    r.steps(0, 60, 15, lambda t: [tup("n1", 0.95)])
+    r.step(75, [tup("n1", 0.0, reason="gate:recovery_action", worst="hardware"),
+                tup("n1/gpu3", 0.0, reason="gate:recovery_action", kind="gpu", flags=("recovery_action:DRAIN_AND_RESET",),
+                    worst="hardware", labels={"node": "n1"})])
+    assert r.st("n1") == State.DRAINING
+    (reset,) = r.of(IntentKind.SCHEDULE_RESET, "n1")
+    assert (reset.params["when"], reset.params["gpus"]) == ("after_drain", ["n1/gpu3"])
