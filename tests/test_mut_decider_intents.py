@@ -297,3 +297,17 @@ def test_a_gpus_drain_and_reset_flag_drains_its_node_and_resets_that_gpu() -> No
     assert r.st("n1") == State.DRAINING
     (reset,) = r.of(IntentKind.SCHEDULE_RESET, "n1")
     assert (reset.params["when"], reset.params["gpus"]) == ("after_drain", ["n1/gpu3"])
+
+
+def test_a_steady_node_keeps_the_time_it_became_steady_in_both_deciders() -> None:
+    """``last_known_ts`` of a healthy node whose tuple does not change is when it became so (what the state
+    store keeps and `explain` shows), in the fast decider and the plain one alike; a changed score or a
+    flag moves it."""
+    for fast in (True, False):
+        r = Run()
+        r.decider = Decider(r.policy, fast=fast)
+        for ts in range(0, 91, 15):
+            r.step(ts, [tup("n1", 0.95), tup("n2", 0.95)])
+        assert [r.state.entities[n].last_known_ts for n in ("n1", "n2")] == [0, 0]
+        r.step(105, [tup("n1", 0.96), tup("n2", 0.95)])
+        assert [r.state.entities[n].last_known_ts for n in ("n1", "n2")] == [105, 0]
