@@ -311,3 +311,16 @@ def test_a_steady_node_keeps_the_time_it_became_steady_in_both_deciders() -> Non
         assert [r.state.entities[n].last_known_ts for n in ("n1", "n2")] == [0, 0]
         r.step(105, [tup("n1", 0.96), tup("n2", 0.95)])
         assert [r.state.entities[n].last_known_ts for n in ("n1", "n2")] == [105, 0]
+
+
+def test_a_draining_node_under_a_repair_ladder_waits_for_the_ladders_timeout_not_the_drain_timeout() -> None:
+    lc = default_policy().lifecycle
+    r = Run()
+    r.steps(0, 60, 15, lambda t: [tup("n2", 0.95)])
+    r.steps(75, 75 + lc.drain_timeout_s + 300, 15, lambda t: [
+        tup("n2", 0.0, reason="gate:recovery_action", flags=("recovery_action:DRAIN_AND_RESET",), worst="hardware")])
+    assert [(t.ts, t.to_state) for t in r.transitions] == [(75, State.DRAINING)]
+    resets = r.of(IntentKind.SCHEDULE_RESET, "n2")
+    # the ladder's first step timed out after its own 900 s (the next cycle after): its next step
+    assert [(i.ts, i.reason, i.params["step"]) for i in resets] == [(75, "repair:reset-class", 0),
+                                                                 (990, "repair:reset-class", 1)]
