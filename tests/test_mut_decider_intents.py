@@ -324,3 +324,17 @@ def test_a_draining_node_under_a_repair_ladder_waits_for_the_ladders_timeout_not
     # the ladder's first step timed out after its own 900 s (the next cycle after): its next step
     assert [(i.ts, i.reason, i.params["step"]) for i in resets] == [(75, "repair:reset-class", 0),
                                                                  (990, "repair:reset-class", 1)]
+
+
+def test_the_functional_entry_point_answers_as_a_decider() -> None:
+    from fleethealth.decide.decider import decide
+
+    pol = default_policy()
+    s = DecisionState()
+    weights = []
+    for ts in range(0, 120, 15):
+        dec = decide(s, [tup("r1", 0.95, kind="replica")], ts, (), pol, serving=[tup("r1", 0.6, kind="replica")])
+        s = dec.state
+        weights += [(i.ts, i.params["weight"], i.policy_version) for i in dec.intents
+                    if i.kind == IntentKind.SET_WEIGHT]
+    assert weights == [(0, 0.0, pol.version_tag), (60, 0.6, pol.version_tag)]
