@@ -1,17 +1,26 @@
 """The serving consumer's replica tuples as the router reads them (issue 21: decide/tuples.py): the
 decider reads each replica's serving value, confidence and reason from the engine's columns, reuses last
 cycle's tuple for a row unchanged bit for bit, and a router weight follows the serving score, cycle by
-cycle, exactly as when every tuple is built afresh."""
+cycle, exactly as when every tuple is built afresh. Below: the decider's node, replica and flagged-GPU
+tuples read from the engine's columns and reused from one cycle to the next read exactly as freshly built
+ones, and health handed over as plain tuples decides as the engine's columns."""
 
 from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
 
 from fleethealth.decide.decider import Decider
 from fleethealth.decide.model import IntentKind
 from fleethealth.decide.state import DecisionState
-from fleethealth.decide.tuples import _serving_replicas
+from fleethealth.decide.tuples import _lifecycle_and_flagged, _serving_replicas, node_of
 from fleethealth.policy import default_policy
 from fleethealth.score.engine import score_snapshot
+from fleethealth.score.health import HealthTuple
 from fleethealth.signals.snapshot import Snapshot, SnapshotBuilder
+from test_decide_fast_equiv import KS, Health, Meta
 
 POL = default_policy()
 NOW = 1_767_225_600.0
@@ -87,13 +96,6 @@ def test_router_weights_follow_the_serving_score_with_and_without_reuse() -> Non
 # engine is asked for them: reuse is what keeps a 100k-GPU cycle cheap, and a reused tuple must read exactly as a
 # freshly built one (value, reason, worst category, worst member, flags, labels).
 
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-from test_decide_fast_equiv import KS, Health  # noqa: E402
-
-from fleethealth.decide.tuples import _lifecycle_and_flagged, node_of  # noqa: E402
-from fleethealth.score.health import HealthTuple  # noqa: E402
-
 
 class _Fleet(Health):
     @property
@@ -119,8 +121,6 @@ class _Counted:
     """Counts the engine's label look-ups (the cost the memo and the row cache save)."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        from test_decide_fast_equiv import Meta
-
         self.n = 0
         orig = Meta.labels
 
@@ -220,3 +220,70 @@ def test_a_gpu_tuple_labelled_only_by_lowercase_hostname_belongs_to_that_node() 
     assert node_of(t) == "node-7"
     assert node_of(HealthTuple(entity="node-7/gpu3", kind="gpu", value=0.0, confidence=1.0, worst=None,
                                reason="gate:xid", ts=NOW)) == "node-7"
+
+
+def test_a_replica_whose_error_budget_starts_burning_gets_a_new_serving_tuple_and_keeps_it() -> None:
+    cache: list = []
+    calm = _serving_replicas(score_snapshot(_replicas(NOW, NOW + 300), POL, NOW, consumer="serving"), cache)
+    burning = score_snapshot(_replicas(NOW + 60, NOW - 900), POL, NOW + 60, consumer="serving")
+    moved = _serving_replicas(burning, cache)
+    assert calm["r-burn"].value == 1.0 and moved["r-burn"].value is not None and moved["r-burn"].value < 1.0
+    for name, t in moved.items():  # the router reads the new cycle's values, reasons and confidences
+        want = burning.tuples[name]
+        assert (t.value, t.confidence, t.reason, t.labels, t.worst) == (want.value, want.confidence, want.reason,
+                                                                         {}, None)
+    assert moved["r-good"] is calm["r-good"]  # unchanged: last cycle's tuple
+    assert all(t is moved[n] for n, t in _serving_replicas(burning, cache).items())
+
+
+def test_router_weights_follow_a_serving_mapping_not_the_remediation_score() -> None:
+    decider, state = Decider(POL), DecisionState()
+    weights: dict[str, list[float]] = {}
+    for k in range(3):
+        now = NOW + 60 * k
+        snap = _replicas(now, NOW - 1800)
+        rem = score_snapshot(snap, POL, now)
+        serving = {n: replace(t, value=0.42) for n, t in score_snapshot(snap, POL, now, consumer="serving").tuples.items()
+                   if t.kind == "replica"}
+        d = decider.decide(state, rem, now, (), serving)
+        state = d.state
+        for i in d.intents:
+            if i.kind == IntentKind.SET_WEIGHT:
+                weights.setdefault(i.entity, []).append(i.params["weight"])
+    assert weights["r-good"][-1] == 0.42 and rem.tuples["r-good"].value == 1.0
+
+
+class _Replay:
+    """A recorded FleetHealth's tuples (no engine columns), as a replay or a test hands them over."""
+
+    def __init__(self, tuples: dict[str, HealthTuple]) -> None:
+        self.tuples = tuples
+
+    def by_kind(self, kind: str) -> list[HealthTuple]:
+        return [t for t in self.tuples.values() if t.kind == kind]
+
+
+def test_a_health_source_without_engine_columns_decides_as_the_engine() -> None:
+    snap = _replicas(NOW, NOW - 1800)
+    rem = score_snapshot(snap, POL, NOW)
+    srv = score_snapshot(snap, POL, NOW, consumer="serving")
+    a = Decider(POL).decide(DecisionState(), rem, NOW, (), srv)
+    b = Decider(POL).decide(DecisionState(), _Replay(dict(rem.tuples)), NOW, (), _Replay(dict(srv.tuples)))
+    assert [i.to_dict() for i in b.intents] == [i.to_dict() for i in a.intents]
+    assert a.intents
+
+
+def test_a_node_joining_asks_the_engine_for_its_labels_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    counted = _Counted(monkeypatch)
+    memo: dict = {}
+    rows: dict = {}
+    _lifecycle_and_flagged(_fleet(NOW), memo, rows)
+    grown = _fleet(NOW + 15)
+    ks = grown.kinds["node"]
+    grown.kinds["node"] = KS("node", ks.names + ["n4"], np.append(ks.value, 1.0), np.append(ks.confidence, 1.0),
+                             np.append(ks.worst, 0), ks.reason + ["min:hardware"], ks.flags,
+                             worst_member=ks.worst_member)
+    counted.n = 0
+    life, _ = _lifecycle_and_flagged(grown, memo, rows)
+    assert counted.n == 1 and [t.entity for t in life] == ["n1", "n2", "n3", "n4", "r1"]
+    assert life[3].labels == {"pool": "p2", "tp_group": "tp3", "driver_version": "535"}
