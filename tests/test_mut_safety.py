@@ -156,11 +156,12 @@ def test_nodes_that_vanish_from_the_scrape_count_as_silent_within_the_grace(fast
     """A third of the fleet stops being reported at all (no tuple, not an unknown one): within
     ABSENT_GRACE_S that is a metrics outage, and remediation freezes."""
     r = _run(fast)
-    r.steps(0, 300, 15, lambda t: _confidence_fleet(0))
-    r.step(315, _confidence_fleet(0)[10:])
+    t0 = 1_767_000_000.0  # a real clock: the grace is measured from the absence, not from 0
+    r.steps(t0, t0 + 300, 15, lambda t: _confidence_fleet(0))
+    r.step(t0 + 315, _confidence_fleet(0)[10:])
     (alert,) = r.of(IntentKind.FLEET_ALERT)
     assert (alert.params["state"], alert.params["low"], alert.params["total"]) == ("firing", 10, 30)
-    assert r.state.entities["n00"].absent_since == 315.0
+    assert r.state.entities["n00"].absent_since == t0 + 315
 
 
 @pytest.mark.parametrize("fast", [True, False])
