@@ -128,8 +128,12 @@ def _cross_value(cat_t: np.ndarray, low: np.ndarray, any_: np.ndarray, how: str)
         with np.errstate(invalid="ignore", divide="ignore"):
             val = np.where(any_, np.exp(logs.sum(axis=0) / np.maximum(k_have, 1)), np.nan)
         return np.where(any_ & (low == 0), 0.0, val)
-    with np.errstate(invalid="ignore"):
-        return np.where(any_, np.nanmean(cat_t, axis=0), np.nan) if n else np.zeros(0)
+    if not n:
+        return np.zeros(0)
+    # the mean of the categories present; np.nanmean would warn on an entity with none (it reads NaN anyway)
+    have = ~np.isnan(cat_t)
+    total = np.where(have, cat_t, 0.0).sum(axis=0)
+    return np.where(any_, total / np.maximum(have.sum(axis=0), 1), np.nan)
 
 
 @dataclass
