@@ -287,3 +287,12 @@ def test_a_node_joining_asks_the_engine_for_its_labels_only(monkeypatch: pytest.
     life, _ = _lifecycle_and_flagged(grown, memo, rows)
     assert counted.n == 1 and [t.entity for t in life] == ["n1", "n2", "n3", "n4", "r1"]
     assert life[3].labels == {"pool": "p2", "tp_group": "tp3", "driver_version": "535"}
+
+
+def test_a_cycle_of_plain_serving_tuples_leaves_the_column_reuse_intact() -> None:
+    fh = score_snapshot(_replicas(NOW, NOW - 1800), POL, NOW, consumer="serving")
+    cache: list = []
+    first = _serving_replicas(fh, cache)
+    replayed = _serving_replicas(_Replay(dict(fh.tuples)), cache)  # e.g. a replayed cycle in between
+    assert {n: t.value for n, t in replayed.items()} == {n: t.value for n, t in first.items()}
+    assert all(t is first[n] for n, t in _serving_replicas(fh, cache).items())
