@@ -232,8 +232,9 @@ def test_the_worst_node_gets_the_last_quarantine_of_the_budget() -> None:
 
 def test_a_node_that_joins_later_is_tracked_with_its_labels() -> None:
     r = Run()
-    r.steps(0, 30, 15, lambda t: [tup("n1", 0.95)])
-    r.steps(45, 60, 15, lambda t: [tup("n1", 0.95), tup("n2", 0.95, labels={"pool": "p"})])
+    n1 = tup("n1", 0.95, labels={"pool": "p"})  # the same tuple every cycle, as a columnar view reuses it
+    r.steps(0, 30, 15, lambda t: [n1])
+    r.steps(45, 60, 15, lambda t: [n1, tup("n2", 0.95, labels={"pool": "p"})])
     assert sorted(r.state.entities) == ["n1", "n2"]
     assert r.state.entities["n2"].labels == {"pool": "p"}
 
