@@ -38,14 +38,14 @@ def test_the_fleet_confidence_alert_says_how_many_were_low_of_how_many_and_what_
     assert not r.of(IntentKind.FLEET_ALERT)
     # 10 of 30 nodes go silent together (a third of the fleet, above low_confidence_fraction 0.2)
     r.steps(315, 600, 15, lambda t: _confidence_fleet(10))
-    # 3 of 30 still silent (0.1): below the threshold, the freeze ends
-    r.steps(615, 630, 15, lambda t: _confidence_fleet(3))
+    # 1 of 30 still silent (0.0333): below the threshold, the freeze ends
+    r.steps(615, 630, 15, lambda t: _confidence_fleet(1))
     alerts = r.of(IntentKind.FLEET_ALERT)
     assert [(a.ts, a.entity, a.reason) for a in alerts] == [(315.0, "fleet", "fleet_confidence_low"),
                                                            (615.0, "fleet", "fleet_confidence_restored")]
     firing, resolved = ({k: v for k, v in a.params.items() if k != "n"} for a in alerts)
     assert firing == {"state": "firing", "low": 10, "total": 30, "fraction": 0.3333, "remediation": "frozen"}
-    assert resolved == {"state": "resolved", "low": 3, "total": 30, "fraction": 0.1, "remediation": "resumed"}
+    assert resolved == {"state": "resolved", "low": 1, "total": 30, "fraction": 0.0333, "remediation": "resumed"}
     # frozen: nobody was drained or quarantined for going silent
     assert not r.of(IntentKind.QUARANTINE) and not r.of(IntentKind.DRAIN)
     assert all(s.state != State.QUARANTINED for s in r.state.entities.values())
@@ -294,3 +294,43 @@ def test_nodes_without_a_pool_label_share_the_default_pool_s_rate_budget() -> No
     assert (page.params["pool"], page.params["pool_size"], page.params["allowed"], page.params["used"]) == (
         "default", 200, 4, 4)
     assert page.params["budget"] == "rate" and page.params["window_s"] == POL.budgets.window_s
+    assert page.params["kind"] == "node" and page.params["wanted"] == "n004"
+
+
+def test_five_entities_are_enough_for_a_fleet_freeze() -> None:
+    r = Run()
+    r.steps(0, 120, 15, lambda t: [tup(f"n{i}", 0.97) for i in range(5)])
+    r.step(135, [tup("n0", None, conf=0.0)] + [tup(f"n{i}", 0.97) for i in range(1, 5)])
+    (alert,) = r.of(IntentKind.FLEET_ALERT)  # fleet.min_entities 5, 1 of 5 = 0.2
+    assert (alert.params["low"], alert.params["total"]) == (1, 5)
+
+
+def test_gpu_and_node_xids_are_charged_to_the_job_label_or_to_the_unknown_job() -> None:
+    r = Run()
+    r.step(0, [tup("n1", 0.98, labels={"job": "train-x"}, flags=("xid:13",)), tup("n2", 0.98),
+               tup("n2/gpu0", 0.98, kind="gpu", labels={"node": "n2"}, flags=("xid:43",))])
+    tickets = {p.entity: p.params for p in r.of(IntentKind.PAGE) if p.reason == "app_xid:job"}
+    assert set(tickets) == {"job/train-x", "job/unknown"}
+    assert tickets["job/train-x"]["nodes"] == ["n1"] and tickets["job/unknown"]["nodes"] == ["n2"]
+    assert tickets["job/unknown"]["xids"] == ["xid:43"]
+
+
+def test_a_second_job_exactly_at_the_window_s_end_still_blames_the_node() -> None:
+    r = Run()
+    win = POL.attribution.app_xid_window_s
+    r.step(0, [tup("n1", 0.98), tup("n2", 0.98), _gpu("n1", "job-a", "xid:13", "r1")])
+    r.step(win, [tup("n1", 0.98), tup("n2", 0.98), _gpu("n1", "job-b", "xid:13", "r1")])
+    assert r.st("n1") == State.QUARANTINED
+    assert r.transitions[-1].reason == "attribution:app_xid:2_jobs"
+
+
+def test_an_exhausted_hard_gate_budget_holds_with_its_own_reason() -> None:
+    r = Run()
+    n_bad = POL.budgets.hard_gate_min_per_hour + 3
+    r.steps(0, 60, 15, lambda t: [tup(f"n{i:02d}", 0.0, reason="gate:xid", worst="hardware",
+                                      labels={"pool": "a100"}) if i < n_bad
+                                  else tup(f"n{i:02d}", 0.97, labels={"pool": "a100"}) for i in range(20)])
+    held = {i.reason for i in r.of(IntentKind.NO_NEW_WORK) if i.soft}  # instead of the quarantine
+    assert held == {"held:budget:a100:hard_gate"}
+    (page,) = [p for p in r.of(IntentKind.PAGE) if p.reason == "budget_exhausted"]
+    assert page.params["budget"] == "hard_gate"
