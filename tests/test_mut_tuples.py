@@ -218,6 +218,8 @@ def test_a_gpu_tuple_labelled_only_by_lowercase_hostname_belongs_to_that_node() 
     t = HealthTuple(entity="GPU-5f1c", kind="gpu", value=0.0, confidence=1.0, worst=None, reason="gate:xid",
                     labels={"hostname": "node-7"}, ts=NOW)
     assert node_of(t) == "node-7"
+    assert node_of(replace(t, labels={"node": "node-8", "hostname": "node-7"})) == "node-8"
+    assert node_of(replace(t, entity="pool-a/node-7/gpu3", labels={})) == "pool-a/node-7"
     assert node_of(HealthTuple(entity="node-7/gpu3", kind="gpu", value=0.0, confidence=1.0, worst=None,
                                reason="gate:xid", ts=NOW)) == "node-7"
 
@@ -230,8 +232,8 @@ def test_a_replica_whose_error_budget_starts_burning_gets_a_new_serving_tuple_an
     assert calm["r-burn"].value == 1.0 and moved["r-burn"].value is not None and moved["r-burn"].value < 1.0
     for name, t in moved.items():  # the router reads the new cycle's values, reasons and confidences
         want = burning.tuples[name]
-        assert (t.value, t.confidence, t.reason, t.labels, t.worst) == (want.value, want.confidence, want.reason,
-                                                                         {}, None)
+        assert (t.entity, t.value, t.confidence, t.reason, t.labels, t.worst) == (
+            name, want.value, want.confidence, want.reason, {}, None)
     assert moved["r-good"] is calm["r-good"]  # unchanged: last cycle's tuple
     assert all(t is moved[n] for n, t in _serving_replicas(burning, cache).items())
 
@@ -296,3 +298,24 @@ def test_a_cycle_of_plain_serving_tuples_leaves_the_column_reuse_intact() -> Non
     replayed = _serving_replicas(_Replay(dict(fh.tuples)), cache)  # e.g. a replayed cycle in between
     assert {n: t.value for n, t in replayed.items()} == {n: t.value for n, t in first.items()}
     assert all(t is first[n] for n, t in _serving_replicas(fh, cache).items())
+
+
+def test_plain_tuples_name_the_flagged_gpus_as_the_engine_columns_do() -> None:
+    h = _fleet(NOW)
+    plain = {t.entity: t for k in ("node", "replica", "gpu") for t in h.by_kind(k)}
+    life, flagged = _lifecycle_and_flagged(plain)
+    assert [t.entity for t in flagged] == ["n1/gpu0"] == [t.entity for t in _lifecycle_and_flagged(h)[1]]
+    assert flagged[0].flags == ("xid:79",) and [t.entity for t in life] == ["n1", "n2", "n3", "r1"]
+
+
+def test_the_plain_decider_reads_light_tuples_from_the_engine() -> None:
+    """Without reuse the decider still builds no category maps or per-signal details (most of a cycle's cost
+    at 100k GPUs): the engine's full tuples carry them, the decider's carry the rest the same."""
+    rem = score_snapshot(_replicas(NOW, NOW - 1800), POL, NOW)
+    life, _ = _lifecycle_and_flagged(rem)
+    assert life and {t.entity for t in life} == {n for n, t in rem.tuples.items() if t.kind in ("node", "replica")}
+    for t in life:
+        full = rem.tuples[t.entity]
+        assert full.categories and (t.categories, t.details) == ({}, ())
+        assert (t.value, t.confidence, t.worst, t.reason, dict(t.labels)) == (
+            full.value, full.confidence, full.worst, full.reason, dict(full.labels))
