@@ -150,6 +150,7 @@ def test_a_steady_fleet_hands_back_the_same_tuples_and_a_moved_row_reads_as_new(
     assert [t.entity for t in life] == ["n1", "n2", "n3", "r1"] and [t.entity for t in flagged] == ["n1/gpu0"]
     assert {t.entity: _read(t) for t in life + flagged} == _fresh(_fleet(NOW))
     first = {t.entity: t for t in life + flagged}
+    assert {t.ts for t in life + flagged} == {NOW}  # read at this cycle
     # the same columns next cycle: every tuple is last cycle's object, and with a memo no label is asked for
     counted.n = 0
     life, flagged = _lifecycle_and_flagged(_fleet(NOW + 15), memo, rows)
@@ -167,6 +168,7 @@ def test_a_steady_fleet_hands_back_the_same_tuples_and_a_moved_row_reads_as_new(
     got = {t.entity: t for t in life + flagged}
     assert {n: _read(t) for n, t in got.items()} == _fresh(moved)
     assert (got["n2"].value, got["n2"].worst, got["n2"].reason) == (None, None, "no_fresh_data")
+    assert got["n2"].ts == got["n1/gpu0"].ts == NOW + 30
     assert (got["n1/gpu0"].reason, got["n1/gpu0"].flags) == ("gate:xid:94", ("xid:94",))
     assert got["n2"] is not first["n2"] and got["n1/gpu0"] is not first["n1/gpu0"]
     assert all(got[n] is first[n] for n in ("n1", "n3", "r1"))
@@ -219,6 +221,8 @@ def test_a_gpu_tuple_labelled_only_by_lowercase_hostname_belongs_to_that_node() 
                     labels={"hostname": "node-7"}, ts=NOW)
     assert node_of(t) == "node-7"
     assert node_of(replace(t, labels={"node": "node-8", "hostname": "node-7"})) == "node-8"
+    assert node_of(replace(t, labels={"Hostname": "node-9"})) == "node-9"  # DCGM's exporter label
+    assert node_of(replace(t, entity="node-7", kind="node", labels={"Hostname": "node-7.dc1"})) == "node-7"
     assert node_of(replace(t, entity="pool-a/node-7/gpu3", labels={})) == "pool-a/node-7"
     assert node_of(HealthTuple(entity="node-7/gpu3", kind="gpu", value=0.0, confidence=1.0, worst=None,
                                reason="gate:xid", ts=NOW)) == "node-7"
@@ -319,3 +323,19 @@ def test_the_plain_decider_reads_light_tuples_from_the_engine() -> None:
         assert full.categories and (t.categories, t.details) == ({}, ())
         assert (t.value, t.confidence, t.worst, t.reason, dict(t.labels)) == (
             full.value, full.confidence, full.worst, full.reason, dict(full.labels))
+
+
+def test_a_serving_replica_without_data_reads_unknown_not_a_number() -> None:
+    ks = KS("replica", ["r1", "r2"], np.array([np.nan, 0.8]), np.array([0.0, 1.0]), np.array([-1, 0], np.int64),
+            ["no_fresh_data", "gmean:serving"], {})
+    caches: tuple[list | None, ...] = (None, [])
+    for cache in caches:
+        got = _serving_replicas(Health({"replica": ks}, NOW), cache)
+        assert (got["r1"].value, got["r1"].reason, got["r2"].value) == (None, "no_fresh_data", 0.8)
+
+
+def test_columns_the_light_path_cannot_read_fall_back_to_the_engine_tuples() -> None:
+    h = _fleet(NOW)
+    h.kinds["node"].value = list(h.kinds["node"].value)  # type: ignore[assignment]  # no .tolist(): not ndarray
+    life, flagged = _lifecycle_and_flagged(h)
+    assert {t.entity: _read(t) for t in life + flagged} == _fresh(_fleet(NOW))
