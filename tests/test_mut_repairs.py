@@ -92,3 +92,52 @@ def test_an_oom_answer_is_stamped_with_the_cycle_time() -> None:
                         [Event(100, "oom", "r1", payload={"kv_cache_usage": 0.97, "running_requests": 16})])
     (lim,) = [i for i in intents if i.kind == IntentKind.LIMIT_CONCURRENCY]
     assert lim.ts == 105 and lim.entity == "r1"
+
+
+# ---- the recurring row-remap incident, one per GPU: fire, update, resolve (issue 21) -------------------
+
+DAY = 86400.0
+
+
+def _remap_on(gpu: str) -> list:
+    return [tup("n1", 0.8, reason="min:memory", flags=("row_remap_pending",)),
+            tup(f"n1/{gpu}", 0.8, kind="gpu", labels={"node": "n1"}, flags=("row_remap_pending", "xid:63"))]
+
+
+def _remap_day(r: Run, t0: float, gpu: str = "gpu3") -> None:
+    """A remap pending for ten minutes, then the reset at the safe point clears it."""
+    r.steps(t0, t0 + 600, 60, lambda t: _remap_on(gpu))
+    r.step(t0 + 660, [tup("n1", 0.97)], [Event(t0 + 650, "reset", "n1", passed=True)])
+
+
+def test_the_recurring_remap_page_says_how_many_resets_in_how_many_days() -> None:
+    r = Run()
+    for d in range(2):
+        _remap_day(r, d * DAY)
+    (page,) = [p for p in r.of(IntentKind.PAGE) if p.reason == "recurring:row_remap"]
+    assert page.entity == "n1/gpu3" and page.params["state"] == "firing"
+    assert page.params["summary"] == ("n1/gpu3: 2 row-remap resets in 7 days; its memory keeps failing, "
+                                      "schedule a repair (RMA)")
+    assert page.params["remaps"] == 2 and page.params["window_s"] == 7 * DAY
+
+
+def test_a_remap_on_another_gpu_of_the_node_keeps_the_first_gpus_incident_open_and_its_own_count() -> None:
+    r = Run()
+    _remap_day(r, 0.0, "gpu3")
+    _remap_day(r, DAY, "gpu3")  # gpu3's incident fires
+    _remap_day(r, 2 * DAY, "gpu5")  # gpu5's first: counted for gpu5 only
+    r.steps(2 * DAY + 720, 2 * DAY + 3600, 60, lambda t: [tup("n1", 0.97)])
+    pages = [p for p in r.of(IntentKind.PAGE) if p.reason == "recurring:row_remap"]
+    assert [(p.entity, p.params["state"]) for p in pages] == [("n1/gpu3", "firing")]
+    assert "row_remap:n1/gpu3" in r.state.incidents and "row_remap:n1/gpu5" not in r.state.incidents
+
+
+def test_the_plain_decider_schedules_the_remaps_reset_as_the_fast_one_does() -> None:
+    from fleethealth.decide.decider import Decider
+
+    r = Run()
+    r.decider = Decider(r.policy, fast=False)
+    for d in range(2):
+        _remap_day(r, d * DAY)
+    assert len(r.of(IntentKind.SCHEDULE_RESET)) == 2
+    assert [p.params["state"] for p in r.of(IntentKind.PAGE) if p.reason == "recurring:row_remap"] == ["firing"]
