@@ -107,3 +107,43 @@ def test_a_suspect_versions_nodes_met_first_do_not_hide_a_domain_event_behind_th
     assert [p.entity for p in _domain_pages(r)] == ["domain/rack=r4"]
     assert [p.entity for p in r.of(IntentKind.PAGE) if p.reason == "version_correlation"] == [
         "version/driver_version=v2"]
+
+
+# --- what an event of a domain explains (policy.domains.explains): reason_item / unexplained ---------------
+
+from fleethealth.decide.domains import reason_item, unexplained  # noqa: E402
+from fleethealth.policy import default_policy  # noqa: E402
+
+
+def test_reason_item_names_the_signal_the_category_or_the_attribution_blame() -> None:
+    assert reason_item("gate:xid") == "xid"
+    assert reason_item("floor:ecc_dbe") == "ecc_dbe"
+    assert reason_item("min:clocks") == "clocks"
+    # the attribution's blame is its first field, whatever follows it
+    assert reason_item("attribution:app_xid:n01:gpu3") == "app_xid"
+    # a reason with no item: every domain explains it
+    assert reason_item("xid") is None
+    assert reason_item("gate:") is None
+
+
+def test_a_rack_event_does_not_explain_a_pcie_storm_once() -> None:
+    p = default_policy()
+    assert unexplained(p, "rack", ["gate:pcie_replay"]) == ["pcie_replay"]
+    assert unexplained(p, "rack", ["gate:pcie_replay", "floor:pcie_replay", "min:clocks"]) == ["pcie_replay"]
+    # a label the policy has no explains entry for explains everything
+    assert unexplained(p, "tp_group", ["gate:pcie_replay"]) == []
+
+
+def test_a_signal_of_a_named_category_is_explained_and_a_named_signal_brings_its_category() -> None:
+    p = default_policy()
+    assert unexplained(p, "rack", ["gate:gpu_temp"]) == []  # thermal is named for racks
+    # power_zone names the signal xid, so the hardware category comes with it
+    assert unexplained(p, "power_zone", ["gate:gpus_missing"]) == []
+    assert unexplained(p, "cooling_zone", ["gate:gpus_missing"]) == ["gpus_missing"]
+
+
+def test_only_an_app_xid_attribution_makes_a_rack_event_explain_the_hardware_category() -> None:
+    p = default_policy()
+    assert unexplained(p, "rack", ["attribution:app_xid:n01", "gate:xid"]) == []
+    assert unexplained(p, "rack", ["min:clocks", "gate:xid"]) == ["xid"]
+    assert unexplained(p, "cooling_zone", ["attribution:app_xid:n01", "gate:xid"]) == ["app_xid", "xid"]
