@@ -141,3 +141,42 @@ def test_the_plain_decider_schedules_the_remaps_reset_as_the_fast_one_does() -> 
         _remap_day(r, d * DAY)
     assert len(r.of(IntentKind.SCHEDULE_RESET)) == 2
     assert [p.params["state"] for p in r.of(IntentKind.PAGE) if p.reason == "recurring:row_remap"] == ["firing"]
+
+
+def test_a_second_nodes_remap_is_verified_after_the_first_nodes_ladder_finished() -> None:
+    r = Run()
+    r.steps(0, 300, 60, lambda t: _remap("n1") + [tup("n2", 0.97, labels={"pool": "p"})])
+    r.step(360, [tup("n1", 0.97, labels={"pool": "p"}), tup("n2", 0.97, labels={"pool": "p"})],
+           [Event(350, "reset", "n1", passed=True)])
+    assert r.state.entities["n1"].repair["phase"] == "verified"
+    r.steps(420, 720, 60, lambda t: [tup("n1", 0.97, labels={"pool": "p"})] + _remap("n2"))
+    r.step(780, [tup("n1", 0.97, labels={"pool": "p"}), tup("n2", 0.97, labels={"pool": "p"})],
+           [Event(770, "reset", "n2", passed=True)])
+    rep = r.state.entities["n2"].repair
+    assert rep["phase"] == "verified" and rep["history"][-1]["result"] == "verified: the fault's flags cleared"
+    assert not r.state.entities["n2"].reset_scheduled
+    assert [i.entity for i in r.of(IntentKind.SCHEDULE_RESET)] == ["n1", "n2"] and not r.of(IntentKind.PAGE)
+
+
+def test_a_quarantined_nodes_reset_that_passes_its_active_test_returns_it_to_service() -> None:
+    r = Run(policy=parse_policy(default_policy_text_with(BUDGET_POLICY)))
+    fleet = lambda t: [_gated("n3", "g2", {"pool": "p"}), _ok("n4", "g3", {"pool": "p"})]  # noqa: E731
+    r.steps(0, 120, 60, fleet)
+    assert r.st("n3") == State.QUARANTINED
+    r.step(180, [_ok("n3", "g2", {"pool": "p"}), _ok("n4", "g3", {"pool": "p"})],
+           [Event(170, "reset", "n3", passed=True)])
+    r.step(240, [_ok("n3", "g2", {"pool": "p"}), _ok("n4", "g3", {"pool": "p"})],
+           [Event(230, "active_test", "n3", passed=True)])
+    r.steps(300, 1800, 60, lambda t: [_ok("n3", "g2", {"pool": "p"}), _ok("n4", "g3", {"pool": "p"})])
+    (rel,) = r.of(IntentKind.RELEASE)
+    assert (rel.entity, rel.reason, rel.ts) == ("n3", "event:test_passed:repair:reset", 240)
+    assert r.st("n3") == State.RECOVERING and r.state.entities["n3"].repair is None
+
+
+def test_a_ladder_exhausted_out_of_place_fails_the_node() -> None:
+    from test_repair_preconditions import _fleet
+
+    r = Run(policy=parse_policy(default_policy_text_with(TP_POLICY)))
+    r.steps(0, 720, 60, lambda t: _fleet(t, {"n1"}))
+    assert r.st("n1") == State.FAILED
+    assert [s for s in (r.st(f"n{i}") for i in range(2, 7)) if s != State.READY] == []
