@@ -180,3 +180,14 @@ def test_a_ladder_exhausted_out_of_place_fails_the_node() -> None:
     r.steps(0, 720, 60, lambda t: _fleet(t, {"n1"}))
     assert r.st("n1") == State.FAILED
     assert [s for s in (r.st(f"n{i}") for i in range(2, 7)) if s != State.READY] == []
+
+
+def test_a_failed_node_with_a_pending_remap_gets_no_reset() -> None:
+    from test_repair_preconditions import _fleet
+
+    r = Run(policy=parse_policy(default_policy_text_with(TP_POLICY)))
+    r.steps(0, 720, 60, lambda t: _fleet(t, {"n1"}))
+    assert r.st("n1") == State.FAILED
+    r.steps(780, 1200, 60, lambda t: [*_remap("n1"), *[_ok(f"n{i}", f"g{i}") for i in range(2, 7)]])
+    assert not [i for i in r.of(IntentKind.SCHEDULE_RESET) if i.reason == "row_remap_pending"]
+    assert r.st("n1") == State.FAILED and not r.state.entities["n1"].reset_scheduled
