@@ -1,7 +1,8 @@
 """Repair ladders as the decider runs them, in the words an operator reads (issue 21: decide/repairs.py):
 the first step's intent, an executor's failure reason in the ladder's history, the page of a ladder
 exhausted in place, the repair budget's page for a node without a pool, and a precondition naming the
-peers still in service."""
+peers still in service; the recurring row-remap incident per GPU (its summary, another GPU's
+remap, the plain decider), a FAILED node's remap without a reset, and a ladder chosen by the gate's reason."""
 
 from __future__ import annotations
 
@@ -191,3 +192,26 @@ def test_a_failed_node_with_a_pending_remap_gets_no_reset() -> None:
     r.steps(780, 1200, 60, lambda t: [*_remap("n1"), *[_ok(f"n{i}", f"g{i}") for i in range(2, 7)]])
     assert not [i for i in r.of(IntentKind.SCHEDULE_RESET) if i.reason == "row_remap_pending"]
     assert r.st("n1") == State.FAILED and not r.state.entities["n1"].reset_scheduled
+
+
+REASON_POLICY = """
+remediation:
+  ladders:
+    - name: by-reason
+      when: [reason:gate:recovery]
+      steps:
+        - {action: reset_gpu, requires: [drained], timeout_s: 86400, verify: active_test}
+        - {action: replace, verify: none}
+"""
+
+
+def test_a_ladder_chosen_by_the_gates_reason_starts_its_first_step() -> None:
+    r = Run(policy=parse_policy(default_policy_text_with(REASON_POLICY)))
+    r.steps(0, 120, 60, lambda t: [
+        tup("n3", 0.0, reason="gate:recovery_action", flags=("recovery_action:GPU_RESET",), worst="hardware",
+            labels={"pool": "p", "tp_group": "g2"}),
+        tup("n4", 0.99, labels={"pool": "p", "tp_group": "g3"})])
+    assert r.st("n3") == State.QUARANTINED
+    (reset,) = r.of(IntentKind.SCHEDULE_RESET)
+    assert (reset.entity, reset.reason, reset.ts) == ("n3", "repair:by-reason", 0)
+    assert r.state.entities["n3"].repair["ladder"] == "by-reason"
