@@ -236,3 +236,12 @@ def apply_manifest(kube: Kube, doc: dict[str, Any]) -> dict[str, Any]:
         if e.status != 409:
             raise
         return {}
+
+
+def sa_token(kube: Kube, ns: str, name: str) -> str:
+    """A service account (created if absent) and a one-hour token for it, from the TokenRequest API."""
+    apply_manifest(kube, {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name, "namespace": ns}})
+    r = kube.api.request("POST", f"/api/v1/namespaces/{ns}/serviceaccounts/{name}/token",
+                         {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+                          "spec": {"expirationSeconds": 3600}})
+    return str(r["status"]["token"])

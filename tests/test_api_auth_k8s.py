@@ -27,15 +27,7 @@ pytestmark = [
 ]
 DEPLOY = Path(__file__).parent.parent / "deploy"
 NS = "fleethealth-system"
-
-
-def sa_token(kube: Kube, ns: str, name: str) -> str:
-    k8s_harness.apply_manifest(kube, {"apiVersion": "v1", "kind": "ServiceAccount",
-                                      "metadata": {"name": name, "namespace": ns}})
-    r = kube.api.request("POST", f"/api/v1/namespaces/{ns}/serviceaccounts/{name}/token",
-                         {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
-                          "spec": {"expirationSeconds": 3600}})
-    return str(r["status"]["token"])
+sa_token = k8s_harness.sa_token
 
 
 def bind(kube: Kube, role: str, ns: str, sa: str) -> None:

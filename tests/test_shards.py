@@ -554,15 +554,6 @@ shards:
     assert set(owner) == set(pools), f"dropped: {sorted(set(pools) - set(owner))[:5]}"
 
 
-def _sa_token(kube: Any, ns: str, name: str) -> str:
-    k8s_harness.apply_manifest(kube, {"apiVersion": "v1", "kind": "ServiceAccount",
-                                      "metadata": {"name": name, "namespace": ns}})
-    r = kube.api.request("POST", f"/api/v1/namespaces/{ns}/serviceaccounts/{name}/token",
-                         {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
-                          "spec": {"expirationSeconds": 3600}})
-    return str(r["status"]["token"])
-
-
 def _api_on_the_survivors(kube: Any, urls: dict[str, str], held: dict[str, str | None], pools: dict[str, str],
                           s2_db: str) -> None:
     """The one-controller API per shard on the replicas (controller.shard_api), with the cluster's own
@@ -575,7 +566,7 @@ def _api_on_the_survivors(kube: Any, urls: dict[str, str], held: dict[str, str |
     for doc in yaml.safe_load_all((Path(__file__).parent.parent / "deploy" / "rbac.yaml").read_text()):
         if doc:
             k8s_harness.apply_manifest(kube, doc)
-    sre, nobody = _sa_token(kube, ns, "shard-sre"), _sa_token(kube, ns, "shard-nobody")
+    sre, nobody = k8s_harness.sa_token(kube, ns, "shard-sre"), k8s_harness.sa_token(kube, ns, "shard-nobody")
     k8s_harness.apply_manifest(kube, {
         "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
         "metadata": {"name": "fleethealth-operator-shard-sre"},
