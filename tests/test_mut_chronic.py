@@ -110,7 +110,8 @@ def test_the_estimate_on_the_intent_and_the_words_on_the_page() -> None:
                    "cusum_z_hours": 4.25, "slowdown": 0.05, "job": "job-a", "job_gpus": 128,
                    "loss_gpu_hours_per_hour": pytest.approx(6.4), "horizon_s": 86400.0,
                    "loss_over_horizon_gpu_hours": pytest.approx(153.6), "swap_cost_gpu_hours": 100.0,
-                   "when": "next_safe_point"}
+                   "when": "next_safe_point", "loss_gpu_hours_per_day": pytest.approx(153.6), "pays": True,
+                   "slow_for_s": 0.0}
     assert describe(est) == ("combined z 6.0 (rank_compute_time 3.5, sm_clock 5.0) on node-3/gpu2; CUSUM 4.2 "
                              "z-hours; 5.0% slower than its peers in job-a (128 GPUs): 6.4 GPU-h per hour, 154 GPU-h "
                              "over 24 h against 100 GPU-h for a swap")

@@ -295,6 +295,12 @@ class Chronic(Strict):
     cusum_cap: float = Field(default=3.0, gt=0)  # a reading counts at most this much (small shifts)
     categories: list[str] = Field(default_factory=lambda: ["performance"])  # peer signals read
     slowdown_signal: str = "rank_compute_time"  # its relative deviation is the job's slowdown
+    # A DEGRADED node slow this long (evidence: combined z or CUSUM alarm) whose swap does not pay gets
+    # one ticket-severity incident (decide.chronic.ticket); None: no ticket.
+    ticket_after_s: float | None = Field(default=6 * 3600.0, gt=0)
+    # ...and, once ticketed, is quarantined for its active test when its job has ended (its GPUs run no
+    # rank), before new work lands on it; false: it stays DEGRADED (no new work) until it recovers.
+    quarantine_when_idle: bool = True
 
 
 class Budgets(Strict):

@@ -38,7 +38,7 @@ work that follows runs only for nodes with positive evidence.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,6 +50,10 @@ from fleethealth.policy import Policy
 
 FLOOR_PREFIX = "floor:"
 CUSUM_KEY = "chronic_cusum"
+SLOW_KEY = "chronic_slow"  # lifecycle timer: how long a DEGRADED node has shown chronic evidence
+TICKET_PREFIX = "chronic:"  # incident key of a node's ticket: chronic:<node>
+TICKET_REASON = "chronic:ticket"
+IDLE_REASON = "chronic:idle"
 SLOWDOWN_SIGNAL_SHAPE = "peer"
 
 
@@ -74,18 +78,29 @@ class Evidence:
     slowdown: float | None  # relative, its slowest rank against its peers' median (None: no rank timer)
     job: str | None
     job_gpus: int
+    pays: bool = True  # its loss over the horizon is at least the swap cost
 
     def loss_gpu_h_per_h(self) -> float | None:
         if self.slowdown is None or self.job_gpus <= 0:
             return None
         return self.job_gpus * max(0.0, self.slowdown)
 
+    @property
+    def idle(self) -> bool:
+        """No rank of any job reports a compute time on the node's GPUs this cycle: its job has ended
+        (nothing to price, nothing to interrupt). Its GPUs' ``job`` label is remembered, so not that."""
+        return self.slowdown is None
 
-def node_evidence(health: Any, policy: Policy) -> dict[str, Evidence]:
+
+def node_evidence(health: Any, policy: Policy, degraded: Callable[[str], bool] | None = None,
+                  watch: Collection[str] = ()) -> dict[str, Evidence]:
     """Per node whose worst GPU's combined z is past the CUSUM allowance and whose slowest rank, in the
-    biggest job, would cost more than a swap: its evidence (a node that cannot pay for a swap is never
-    escalated, so its CUSUM is not fed). ``health``: the engine's FleetHealth (anything
-    else, e.g. a list of tuples, has no per-signal columns: no evidence)."""
+    biggest job, would cost more than a swap: its evidence (a READY node that cannot pay for a swap is
+    never escalated, so its CUSUM is not fed). Also, priced or not (``pays`` False): such a node for
+    which ``degraded(name)`` is true (the decider's DEGRADED nodes: their ticket, ``ticket``), and every
+    node in ``watch`` (the ticketed ones, also below the allowance: is it idle yet?). ``health``: the
+    engine's FleetHealth (anything else, e.g. a list of tuples, has no per-signal columns: no evidence).
+    Without ``degraded`` and ``watch`` the work is what it was: healthy fleets pay nothing more."""
     ch = policy.chronic
     kinds = getattr(health, "kinds", None)
     if not ch.enabled or kinds is None or "gpu" not in kinds or "node" not in kinds:
@@ -102,7 +117,7 @@ def node_evidence(health: Any, policy: Policy) -> dict[str, Evidence]:
     with np.errstate(invalid="ignore", divide="ignore"):
         comb = np.where(n > 0, np.where(have, zs, 0.0).sum(axis=0) / np.sqrt(np.maximum(n, 1)), np.nan)
     cand = np.flatnonzero(comb > ch.cusum_k)  # below the allowance nothing accumulates or escalates
-    if cand.size == 0:
+    if cand.size == 0 and not watch:
         return {}
     rank_j = next((j for j, s in enumerate(ks.signals) if s.name == ch.slowdown_signal), None)
     # the peer shape leaves each entity's relative deviation from its group's median in ``rate``
@@ -122,19 +137,47 @@ def node_evidence(health: Any, policy: Policy) -> dict[str, Evidence]:
     rk = kinds.get("rank")
     most = len(rk.names) if rk is not None and rk.names else 0
     priced = [n for n in best if n >= 0 and worst_slow[n] > 0 and worst_slow[n] * most >= need]
-    sizes = _job_sizes(kinds) if priced else {}
+    # the DEGRADED (a dict look-up per candidate node, the loop above's order) and the watched: a handful
+    extra = [] if degraded is None else [n for n in best if n >= 0 and degraded(node_names[n])]
+    extra += _watched(watch, node_names, member, comb, best)
+    sizes = _job_sizes(kinds) if priced or extra else {}
     biggest = max(sizes.values(), default=0)
     out: dict[str, Evidence] = {}
-    for node in priced:
-        if not worst_slow[node] * biggest >= need:
+    for node in priced + extra:
+        name = node_names[node]
+        if name in out or (node not in extra and not worst_slow[node] * biggest >= need):
             continue
         i = best[node]
         job = _label(health, i, "job")
         sd = float(worst_slow[node])
-        out[node_names[node]] = Evidence(
-            float(comb[i]), {ks.signals[j].name: float(ks.results[j].z[i]) for j in perf
-                             if math.isfinite(float(ks.results[j].z[i]))},
-            ks.names[i], None if math.isnan(sd) else sd, job, sizes.get(job, 0) if job else 0)
+        slowdown = None if math.isnan(sd) else sd
+        gpus = sizes.get(job, 0) if job else 0
+        z_i = float(comb[i])
+        out[name] = Evidence(
+            z_i if math.isfinite(z_i) else 0.0, {ks.signals[j].name: float(ks.results[j].z[i]) for j in perf
+                                                 if math.isfinite(float(ks.results[j].z[i]))},
+            ks.names[i], slowdown, job, gpus,
+            pays=slowdown is not None and gpus * max(0.0, slowdown) >= need)
+    return out
+
+
+def _watched(watch: Collection[str], node_names: Any, member: np.ndarray, comb: np.ndarray,
+             best: dict[int, int]) -> list[int]:
+    """The node indices of the watched nodes (each gets its GPU with the highest combined z into
+    ``best``, in place, also below the allowance). A name look-up each: only ever a handful."""
+    out: list[int] = []
+    for name in watch:
+        try:
+            node = list(node_names).index(name) if not isinstance(node_names, list) else node_names.index(name)
+        except ValueError:
+            continue  # not scored this cycle
+        if node not in best:
+            gpus = np.flatnonzero(member == node)
+            if gpus.size == 0:
+                continue
+            z = comb[gpus]
+            best[node] = int(gpus[int(np.nanargmax(z))]) if np.isfinite(z).any() else int(gpus[0])
+        out.append(node)
     return out
 
 
@@ -189,19 +232,57 @@ def conds(state: State, timers: dict[str, Timer], ev: Evidence | None, now: floa
         return set()
     z = None if ev is None else min(ev.combined_z, ch.cusum_cap)
     s = feed_cusum(timers, z, now, ch.cusum_k)
+    drift = s >= ch.cusum_h
+    if state == State.DEGRADED:
+        _feed_slow(timers, ev is not None and (drift or ev.combined_z >= ch.combined_z), now)
     if ev is None:
         return set()
+    if (state == State.DEGRADED and ev.idle and ch.quarantine_when_idle and ticketed(timers, policy)
+            and obs.value >= lc.quarantine_below):
+        return {Cond.CHRONIC_COST}  # its job has ended: out for its active test before new work lands
     loss = ev.loss_gpu_h_per_h()
     if loss is None or loss * ch.horizon_s / 3600.0 < ch.swap_cost_gpu_hours:
         return set()
     out: set[Cond] = set()
-    drift = s >= ch.cusum_h
     if (state == State.DEGRADED and obs.value >= lc.quarantine_below
             and (drift or ev.combined_z >= ch.combined_z)):
         out.add(Cond.CHRONIC_COST)
     if state == State.READY and obs.value >= lc.degraded_below and drift:
         out.add(Cond.CHRONIC_DRIFT)
     return out
+
+
+def _feed_slow(timers: dict[str, Timer], slow: bool, now: float) -> None:
+    """How long a DEGRADED node has shown chronic evidence (combined z or CUSUM alarm): accumulates while
+    it does, pauses (kept) while it does not; dropped with the state's other timers when it leaves."""
+    t = timers.get(SLOW_KEY)
+    if not slow:
+        if t is not None:
+            t.last_ts = None
+        return
+    if t is None:
+        timers[SLOW_KEY] = Timer(0.0, now)
+        return
+    if t.last_ts is not None and now > t.last_ts:
+        t.accum_s += now - t.last_ts
+    t.last_ts = now
+
+
+def ticketed(timers: Mapping[str, Timer], policy: Policy) -> bool:
+    """Slow for ``chronic.ticket_after_s`` in DEGRADED: its ticket is due (or open)."""
+    after = policy.chronic.ticket_after_s
+    t = timers.get(SLOW_KEY)
+    return after is not None and t is not None and t.accum_s >= after
+
+
+def when(ev: Evidence, policy: Policy) -> str:
+    """When the node comes out: ``next_safe_point`` (the swap pays), ``now`` (idle: its job has ended),
+    ``job_end`` (it does not pay: it is taken out when its job ends), ``not_swapped`` (policy keeps it)."""
+    if ev.pays:
+        return "next_safe_point"
+    if not policy.chronic.quarantine_when_idle:
+        return "not_swapped"
+    return "now" if ev.idle else "job_end"
 
 
 def estimate(ev: Evidence | None, timers: Mapping[str, Timer], policy: Policy) -> dict[str, Any]:
@@ -211,12 +292,15 @@ def estimate(ev: Evidence | None, timers: Mapping[str, Timer], policy: Policy) -
     ch = policy.chronic
     loss = ev.loss_gpu_h_per_h()
     t = timers.get(CUSUM_KEY)
+    slow = timers.get(SLOW_KEY)
     return {
         "gpu": ev.gpu, "combined_z": ev.combined_z, "z": dict(ev.z), "cusum_z_hours": 0.0 if t is None else t.accum_s,
         "slowdown": ev.slowdown, "job": ev.job, "job_gpus": ev.job_gpus, "loss_gpu_hours_per_hour": loss,
+        "loss_gpu_hours_per_day": None if loss is None else loss * 24.0,
         "horizon_s": ch.horizon_s,
         "loss_over_horizon_gpu_hours": None if loss is None else loss * ch.horizon_s / 3600.0,
-        "swap_cost_gpu_hours": ch.swap_cost_gpu_hours, "when": "next_safe_point",
+        "swap_cost_gpu_hours": ch.swap_cost_gpu_hours, "pays": ev.pays, "when": when(ev, policy),
+        "slow_for_s": 0.0 if slow is None else slow.accum_s,
     }
 
 
@@ -227,10 +311,46 @@ def describe(est: Mapping[str, Any]) -> str:
     zs = ", ".join(f"{k} {v:.1f}" for k, v in sorted(est["z"].items()))
     head = f"combined z {est['combined_z']:.1f} ({zs}) on {est['gpu']}; CUSUM {est['cusum_z_hours']:.1f} z-hours"
     if est["loss_gpu_hours_per_hour"] is None:
-        return head + "; no rank compute time: no job to price"
+        return head + "; no rank compute time: no job to price" + _then(est)
     return (f"{head}; {est['slowdown']:.1%} slower than its peers in {est['job']} ({est['job_gpus']} GPUs): "
             f"{est['loss_gpu_hours_per_hour']:.1f} GPU-h per hour, {est['loss_over_horizon_gpu_hours']:.0f} GPU-h "
-            f"over {est['horizon_s'] / 3600:.0f} h against {est['swap_cost_gpu_hours']:.0f} GPU-h for a swap")
+            f"over {est['horizon_s'] / 3600:.0f} h against {est['swap_cost_gpu_hours']:.0f} GPU-h for a swap"
+            + _then(est))
+
+
+_WHEN_WORDS = {
+    "job_end": "the swap does not pay: not swapped; taken out for an active test when its job ends",
+    "now": "its job has ended: taken out for an active test now",
+    "not_swapped": "the swap does not pay: not swapped, stays DEGRADED (no new work) until it recovers",
+}
+
+
+def _then(est: Mapping[str, Any]) -> str:
+    words = _WHEN_WORDS.get(str(est.get("when")))
+    return "" if words is None else "; " + words
+
+
+def ticket(entity: str, state: State, timers: Mapping[str, Timer], ev: Evidence | None,
+           policy: Policy) -> tuple[str, dict[str, Any] | None, Any] | None:
+    """A DEGRADED node's chronic-slowness ticket this cycle, or None when none is due (or open): its
+    incident key and, when there is evidence to say (else None: an open ticket is only kept open), the
+    params of its ticket-severity PAGE and their signature (an update when the daily loss, rounded to
+    one significant digit, or the plan change). Due when the node has been slow for
+    ``chronic.ticket_after_s`` in DEGRADED and the swap does not pay (a node that pays is quarantined by
+    ``chronic_cost``; a vetoed one has the veto's page). A node that leaves DEGRADED (recovered,
+    swapped) is no longer asserted: its ticket resolves (decide.incidents)."""
+    key = TICKET_PREFIX + entity
+    if state != State.DEGRADED or not ticketed(timers, policy):
+        return None
+    if ev is None or ev.pays:
+        return key, None, None
+    est = estimate(ev, timers, policy)
+    per_day = est["loss_gpu_hours_per_day"]
+    return key, {
+        "severity": "ticket", "node": entity, "loss_gpu_hours_per_day": per_day,
+        "swap_cost_gpu_hours": est["swap_cost_gpu_hours"], "when": est["when"], "chronic": est,
+        "summary": f"{entity} chronically slow for {est['slow_for_s'] / 3600:.1f} h: " + describe(est),
+    }, [None if per_day is None else float(f"{per_day:.1g}"), est["when"]]
 
 
 CONDS = frozenset({Cond.CHRONIC_COST, Cond.CHRONIC_DRIFT})
@@ -242,5 +362,9 @@ def on_transition(cond: Cond, entity: str, timers: Mapping[str, Timer], evidence
     ``chronic:drift``) and the estimate its intents and page carry; None for any other."""
     if cond not in CONDS:
         return None
-    est = estimate(evidence.get(entity), timers, policy)
-    return ("chronic:cost" if cond == Cond.CHRONIC_COST else "chronic:drift"), {**est, "summary": describe(est)}
+    ev = evidence.get(entity)
+    est = estimate(ev, timers, policy)
+    reason = "chronic:cost" if cond == Cond.CHRONIC_COST else "chronic:drift"
+    if cond == Cond.CHRONIC_COST and ev is not None and ev.idle:
+        reason = IDLE_REASON  # ticketed, and its job has ended (conds)
+    return reason, {**est, "summary": describe(est)}

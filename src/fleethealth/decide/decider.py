@@ -240,7 +240,10 @@ class Decider(SafetyRules, Repairs, FailureDomains):
             return (now if since is None else since, 0 if o is not None and o.gate else 1,
                     1.0 if o is None or o.value is None else o.value, eid)
 
-        c.chronic = chronic.node_evidence(health, p)  # nodes slow enough to price: never steady
+        # nodes slow enough to price, the DEGRADED slow ones and the ticketed ones (decide.chronic): never steady
+        c.chronic = chronic.node_evidence(
+            health, p, degraded=lambda n: (e := s.entities.get(n)) is not None and e.state == State.DEGRADED,
+            watch=[k[len(chronic.TICKET_PREFIX):] for k in s.incidents if k.startswith(chronic.TICKET_PREFIX)])
         if fast:
             # A steady entity is skipped whatever the order (stepping one entity never changes another),
             # so only the others are sorted.
@@ -257,6 +260,12 @@ class Decider(SafetyRules, Repairs, FailureDomains):
                               node_flags.get(eid, set()))
             if es.kind == "node":
                 self._scheduler(c, es, obs.get(eid))
+                if es.state == State.DEGRADED:  # chronically slow, no swap that pays: one ticket
+                    due = chronic.ticket(eid, es.state, es.timers, c.chronic.get(eid), p)
+                    if due is not None and due[1] is not None:
+                        c.incident(due[0], eid, chronic.TICKET_REASON, due[1], sig=due[2])
+                    elif due is not None:
+                        incidents.refresh(s.incidents, due[0], now)
             else:
                 st = serving_by_id.get(eid) or by_id.get(eid)
                 self._router(c, es, None if st is None else Observation(st.value, st.confidence, st.reason))
@@ -414,7 +423,7 @@ class Decider(SafetyRules, Repairs, FailureDomains):
         info: dict[str, Any] = {"from": str(src), "value": None if o is None else o.value}
         if priced is not None:  # the price goes with every intent; a swap (not a drift) pages a human
             info["chronic"] = priced[1]
-            if dst == State.QUARANTINED:
+            if dst == State.QUARANTINED and reason != chronic.IDLE_REASON:  # idle: its ticket says it
                 c.emit(IntentKind.PAGE, es.entity, reason, {"severity": "page", **info})
         fresh_isolation = src not in ISOLATED_STATES
         # the max_episodes-th isolation of one family: FAILED in this same cycle, before a test or a

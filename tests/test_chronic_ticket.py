@@ -1,0 +1,168 @@
+"""A chronically slow node whose swap does not pay gets a ticket, not silence (issue 16 item 3,
+decide/chronic.py ``ticket``): a DEGRADED node slow for ``chronic.ticket_after_s`` in a job too small to
+pay for a checkpoint restart opens ONE ticket-severity incident naming the node, its GPU-hours lost a
+day, the swap cost and why it is not swapped; it is updated while it lasts and resolved when the node
+recovers or is taken out. When its job ends (no rank runs on it) the ticketed node is quarantined for its
+active test before new work lands on it. The estimate is computed for DEGRADED nodes only (and shown in
+``explain``); a READY node that cannot pay is still not even priced."""
+
+from __future__ import annotations
+
+from statistics import NormalDist
+
+import numpy as np
+import pytest
+
+from fleethealth.decide import chronic
+from fleethealth.decide.incidents import is_new_page
+from fleethealth.decide.loop import DecisionLoop
+from fleethealth.decide.model import Intent, IntentKind, State, Transition
+from fleethealth.policy import Policy, PolicyError, default_policy, default_policy_text, parse_policy
+from fleethealth.score.engine import score_snapshot
+from fleethealth.signals.snapshot import Snapshot, SnapshotBuilder
+
+MODEL = "NVIDIA H100 80GB HBM3"
+POL = default_policy()
+SLOW = (1.82 * 1.03, 1980.0 - 6 * 14.63)  # rank compute 3 % slow, SM clock z ~6: DEGRADED (0.56)
+NODES = 12  # one 96-GPU job: 3 % of 96 GPUs is ~69 GPU-h a day, below one 100 GPU-h swap
+
+
+def _quantiles(n: int, center: float, sigma: float, rng: np.random.Generator) -> np.ndarray:
+    nd = NormalDist(center, sigma)
+    v = np.array([nd.inv_cdf((i + 0.5) / n) for i in range(n)])
+    rng.shuffle(v)
+    return v
+
+
+def _scrape(t: float, rng: np.random.Generator, slow: tuple[float, float] | None, idle: bool = False) -> Snapshot:
+    """``NODES`` x 8 GPUs in one synchronous job (as tests/test_chronic.py); node-07 computes and clocks
+    ``slow`` (None: as its peers); ``idle``: node-07's job has ended (no rank on it; idle and cooler,
+    its SM clock only z ~3 low: its score is 1.0 again, it would read as recovered)."""
+    b = SnapshotBuilder()
+    n_gpu = NODES * 8
+    comp = _quantiles(n_gpu, 1.82, 0.01 / 0.6745, rng)
+    clk = _quantiles(n_gpu, 1980.0, 9.87 / 0.6745, rng)
+    for n in range(NODES):
+        node = f"node-{n:02d}"
+        for g in range(8):
+            r = n * 8 + g
+            c, k = (slow if n == 7 and slow is not None else (comp[r], clk[r]))
+            if idle and n == 7:
+                k = 1980.0 - 3 * 14.63
+            if not (idle and n == 7):
+                b.add("fleethealth_rank_compute_seconds",
+                      {"job": "pretrain", "rank": str(r), "node": node, "gpu": str(g), "peer_group": "stage0"}, c, t)
+            lab = {"Hostname": node, "gpu": str(g), "modelName": MODEL, "UUID": f"GPU-{node}-{g}"}
+            b.add("DCGM_FI_DEV_SM_CLOCK", lab, k, t)
+            b.add("DCGM_FI_DEV_GPU_TEMP", lab, 60.0, t)
+            b.add("DCGM_FI_DEV_XID_ERRORS", lab, 0.0, t)
+    return b.build(t)
+
+
+def _run(pol: Policy, hours: float, slow_until_h: float = 1e9, idle_from_h: float = 1e9,
+         every: float = 600.0) -> tuple[DecisionLoop, list[Transition], list[Intent]]:
+    rng = np.random.default_rng(7)
+    loop = DecisionLoop(pol)
+    trs: list[Transition] = []
+    intents: list[Intent] = []
+    t = 0.0
+    while t <= hours * 3600:
+        h = t / 3600
+        snap = _scrape(t, rng, SLOW if h < slow_until_h else None, idle=h >= idle_from_h)
+        res = loop.cycle(snap, t)
+        trs += res.decision.transitions
+        intents += res.decision.intents
+        t += every
+    return loop, trs, intents
+
+
+def _tickets(intents: list[Intent]) -> list[Intent]:
+    return [i for i in intents if i.kind == IntentKind.PAGE and i.reason == chronic.TICKET_REASON]
+
+
+def test_a_small_jobs_chronically_slow_node_gets_one_ticket_naming_its_price() -> None:
+    loop, trs, intents = _run(POL, hours=12)
+    assert [(x.entity, x.to_state) for x in trs] == [("node-07", State.DEGRADED)]  # not swapped: it does not pay
+    degraded_at = trs[0].ts
+    tickets = _tickets(intents)
+    firing = [i for i in tickets if is_new_page(i.params)]
+    assert len(firing) == 1  # one ticket, not a page per cycle
+    p = firing[0].params
+    assert firing[0].entity == "node-07" and p["severity"] == "ticket" and p["node"] == "node-07"
+    # slow for ticket_after_s (6 h) in DEGRADED: opened then, within a cycle
+    assert firing[0].ts - degraded_at == pytest.approx(POL.chronic.ticket_after_s, abs=1200)
+    assert p["loss_gpu_hours_per_day"] == pytest.approx(96 * 0.03 * 24, rel=0.1)  # ~69
+    assert p["swap_cost_gpu_hours"] == 100.0 and p["when"] == "job_end"
+    assert p["chronic"]["pays"] is False and p["chronic"]["job"] == "pretrain" and p["chronic"]["job_gpus"] == 96
+    assert "GPU-h per hour" in p["summary"] and "not swapped" in p["summary"] and "when its job ends" in p["summary"]
+    assert not [i for i in intents if i.kind == IntentKind.PAGE and i.reason != chronic.TICKET_REASON]
+    assert chronic.TICKET_PREFIX + "node-07" in loop.state.incidents  # open while it lasts
+    assert loop.state.entities["node-07"].state == State.DEGRADED
+
+
+def test_the_ticket_resolves_when_the_node_recovers() -> None:
+    _, trs, intents = _run(POL, hours=10, slow_until_h=8)
+    assert (trs[-1].entity, trs[-1].to_state) == ("node-07", State.READY)
+    states = [i.params.get("state", "firing") for i in _tickets(intents)]
+    assert states[0] == "firing" and states[-1] == "resolved" and states.count("firing") == 1
+    resolved = _tickets(intents)[-1]
+    assert resolved.ts >= trs[-1].ts and resolved.params["severity"] == "ticket"
+
+
+def test_when_its_job_ends_the_ticketed_node_is_taken_out_for_its_active_test() -> None:
+    _, trs, intents = _run(POL, hours=10, idle_from_h=8)
+    out = [x for x in trs if x.to_state == State.QUARANTINED]
+    assert [(x.entity, x.reason) for x in out] == [("node-07", chronic.IDLE_REASON)]
+    assert 8 * 3600 <= out[0].ts <= 8 * 3600 + 1200  # the job's end, not before
+    tests = [i for i in intents if i.kind == IntentKind.RUN_ACTIVE_TEST and i.entity == "node-07"]
+    assert tests and tests[0].ts == out[0].ts
+    q = [i for i in intents if i.kind == IntentKind.QUARANTINE and i.entity == "node-07"][0]
+    assert q.params["chronic"]["when"] == "now"
+    # its ticket said so, and no second page: the ticket resolves once the node is out
+    assert [i for i in intents if i.kind == IntentKind.PAGE and is_new_page(i.params)] == \
+        [i for i in _tickets(intents) if is_new_page(i.params)]
+    assert _tickets(intents)[-1].params["state"] == "resolved"
+
+
+def test_a_policy_that_keeps_idle_nodes_says_so_and_keeps_it() -> None:
+    pol = POL.model_copy(update={"chronic": POL.chronic.model_copy(update={"quarantine_when_idle": False})})
+    _, trs, intents = _run(pol, hours=10, idle_from_h=8)
+    assert not [x for x in trs if x.to_state == State.QUARANTINED]
+    firing = [i for i in _tickets(intents) if is_new_page(i.params)]
+    assert len(firing) == 1 and firing[0].params["when"] == "not_swapped"
+    assert "stays DEGRADED" in firing[0].params["summary"]
+    assert (trs[-1].entity, trs[-1].to_state) == ("node-07", State.READY)  # idle, it reads as recovered
+
+
+def test_no_ticket_without_the_policy_duration_or_with_it_off() -> None:
+    _, _, intents = _run(POL, hours=5)  # DEGRADED for less than 6 h
+    assert _tickets(intents) == []
+    off = POL.model_copy(update={"chronic": POL.chronic.model_copy(update={"ticket_after_s": None})})
+    _, trs, intents = _run(off, hours=12, idle_from_h=10)
+    assert _tickets(intents) == [] and not [x for x in trs if x.to_state == State.QUARANTINED]
+
+
+def test_the_estimate_is_computed_for_a_degraded_node_only_and_explain_prints_it() -> None:
+    fh = score_snapshot(_scrape(0.0, np.random.default_rng(1), SLOW), POL, 0.0)
+    assert "node-07" not in chronic.node_evidence(fh, POL)  # READY, cannot pay: not priced (healthy path)
+    ev = chronic.node_evidence(fh, POL, degraded=lambda n: n == "node-07")["node-07"]
+    assert ev.pays is False and ev.job_gpus == 96 and not ev.idle
+    words = chronic.describe(chronic.estimate(ev, {}, POL))
+    assert "96 GPUs" in words and "against 100 GPU-h for a swap" in words and "when its job ends" in words
+    watched = chronic.node_evidence(fh, POL, watch=["node-03", "no-such-node"])
+    assert set(watched) == {"node-03"} and watched["node-03"].combined_z < POL.chronic.combined_z
+
+
+def test_ticket_policy_keys_are_validated_naming_key_and_line() -> None:
+    text = default_policy_text() + "\nchronic:\n  ticket_after_s: 6h\n  quarantine_when_idle: false\n"
+    pol = parse_policy(text, "mine.yaml")
+    assert pol.chronic.ticket_after_s == 6 * 3600.0 and pol.chronic.quarantine_when_idle is False
+    bad = default_policy_text() + "\nchronic:\n  ticket_after_s: -1\n"
+    with pytest.raises(PolicyError) as e:
+        parse_policy(bad, "mine.yaml")
+    msg = str(e.value)
+    assert "chronic.ticket_after_s" in msg
+    line = int(msg.split("mine.yaml:")[1].split(":")[0])
+    assert bad.splitlines()[line - 1].strip().startswith("ticket_after_s:")
+    with pytest.raises(PolicyError, match="chronic.quarantine_when_idle"):
+        parse_policy(default_policy_text() + "\nchronic:\n  quarantine_when_idle: maybe\n", "mine.yaml")
