@@ -39,17 +39,16 @@ the gauge ``DCGM_FI_DEV_GPU_RECOVERY_ACTION{Hostname, pci_bus_id, gpu?}`` with e
 Nothing here is fatal: a garbled Xid line or one without any time becomes an ``InputIssue`` with its line
 number (``issues``); remarks on lines that did parse (an Xid code missing from NVIDIA's catalog, relative
 times, no host name) are ``notes``. Lines that are not about the GPU driver are counted in ``stats``.
+
+This module reads messages and keeps counts (``KernelLogParser``, ``parse_kernel_log``) and holds the
+live ``KernelLogSource``; the envelope is read by ``kernel_log_envelope`` and the file, ``/dev/kmsg`` and
+command tails the source follows are in ``kernel_log_follow`` (all of the I/O).
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
-import queue
 import re
-import stat
-import subprocess
-import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, tzinfo
@@ -58,6 +57,14 @@ from functools import lru_cache
 from fleethealth.signals.snapshot import InputIssue, LabelSet, Snapshot, SnapshotBuilder
 from fleethealth.signals.xid import RECOVERY_ACTIONS, xid_info
 from fleethealth.sources.base import failed_snapshot
+from fleethealth.sources.kernel_log_envelope import EnvelopeReader
+from fleethealth.sources.kernel_log_follow import (
+    CommandTail,
+    FileTail,
+    KmsgTail,
+    is_char_device,
+    read_boot_time,
+)
 
 XID_METRIC = "fleethealth_kernel_xid_total"
 SXID_METRIC = "fleethealth_kernel_sxid_total"
@@ -203,127 +210,6 @@ class KernelLogResult:
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Envelope: stamp, host, tag
-
-_MONTHS = {m: i for i, m in enumerate(("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct",
-                                       "nov", "dec"), start=1)}
-_PRIO_RE = re.compile(r"^<\d{1,3}>")
-_DMESG_X_RE = re.compile(r"^[a-z]+\s*:[a-z]+\s*: ")
-_KMSG_RE = re.compile(r"^\d+,\d+,(?P<us>\d+),[^;]*;(?P<rest>.*)$")
-_REL_RE = re.compile(r"^\[\s*(?P<sec>\d+\.\d+)\]\s?(?P<rest>.*)$")
-_CTIME_RE = re.compile(
-    r"^\[(?:[A-Z][a-z]{2}) (?P<mon>[A-Z][a-z]{2})\s+(?P<day>\d{1,2}) (?P<hms>\d{2}:\d{2}:\d{2}) (?P<year>\d{4})\]"
-    r"\s?(?P<rest>.*)$"
-)
-_SYSLOG_RE = re.compile(
-    r"^(?P<mon>[A-Z][a-z]{2})\s+(?P<day>\d{1,2}) (?P<hms>\d{2}:\d{2}:\d{2})(?P<frac>\.\d+)?\s(?P<rest>.*)$"
-)
-_ISO_RE = re.compile(
-    r"^(?P<date>\d{4}-\d{2}-\d{2})[T ](?P<hms>\d{2}:\d{2}:\d{2})(?P<frac>[.,]\d+)?"
-    r"(?P<tz>Z|[+-]\d{2}:?\d{2})?\s(?P<rest>.*)$"
-)
-# "host kernel: msg" / "host kernel[123]: msg". Host and tag exclude ':' so "NVRM: Xid" never reads as one.
-_HOST_TAG_RE = re.compile(r"^(?P<host>[^\s:\[\]]+) (?P<tag>[^\s:\[\]]+)(?:\[\d+\])?: (?P<rest>.*)$")
-
-
-@dataclass(slots=True)
-class _Envelope:
-    ts: float | None
-    relative: bool
-    host: str | None
-    body: str
-
-
-def _tz_offset(text: str | None) -> float | None:
-    if not text:
-        return None
-    if text == "Z":
-        return 0.0
-    sign = -1.0 if text[0] == "-" else 1.0
-    digits = text[1:].replace(":", "")
-    return sign * (int(digits[:2]) * 3600 + int(digits[2:4]) * 60)
-
-
-def _wall(year: int, mon: int, day: int, hms: str, frac: float, tz: tzinfo) -> float | None:
-    try:
-        h, m, s = (int(x) for x in hms.split(":"))
-        return datetime(year, mon, day, h, m, s, tzinfo=tz).timestamp() + frac
-    except ValueError:
-        return None
-
-
-class _EnvelopeReader:
-    def __init__(self, *, boot_time: float | None, year: int | None, now: float | None, tz: tzinfo) -> None:
-        self.boot_time = boot_time
-        self.year = year
-        self.now = now
-        self.tz = tz
-
-    def _syslog_year(self) -> int:
-        if self.year is not None:
-            return self.year
-        ref = self.now if self.now is not None else datetime.now(UTC).timestamp()
-        return datetime.fromtimestamp(ref, self.tz).year
-
-    def _relative(self, seconds: float) -> tuple[float, bool]:
-        if self.boot_time is None:
-            return seconds, True
-        return self.boot_time + seconds, False
-
-    def read(self, line: str) -> _Envelope:
-        text = _PRIO_RE.sub("", line.rstrip("\r\n"), count=1)
-        text = _DMESG_X_RE.sub("", text, count=1)
-        ts: float | None = None
-        relative = False
-        host: str | None = None
-
-        if m := _KMSG_RE.match(text):
-            ts, relative = self._relative(int(m["us"]) / 1e6)
-            text = m["rest"]
-        elif m := _ISO_RE.match(text):
-            try:
-                d = datetime.fromisoformat(f"{m['date']}T{m['hms']}")
-            except ValueError:
-                d = None
-            if d is not None:
-                off = _tz_offset(m["tz"])
-                frac = float(m["frac"].replace(",", ".")) if m["frac"] else 0.0
-                if off is None:
-                    ts = d.replace(tzinfo=self.tz).timestamp() + frac
-                else:
-                    ts = d.replace(tzinfo=UTC).timestamp() - off + frac
-                text = m["rest"]
-        elif m := _CTIME_RE.match(text):
-            mon = _MONTHS.get(m["mon"].lower())
-            if mon is not None:
-                ts = _wall(int(m["year"]), mon, int(m["day"]), m["hms"], 0.0, self.tz)
-            text = m["rest"]
-        elif m := _SYSLOG_RE.match(text):
-            mon = _MONTHS.get(m["mon"].lower())
-            if mon is not None:
-                frac = float(m["frac"]) if m["frac"] else 0.0
-                year = self._syslog_year()
-                ts = _wall(year, mon, int(m["day"]), m["hms"], frac, self.tz)
-                # A December line read in January belongs to last year.
-                if ts is not None and self.year is None and self.now is not None and ts > self.now + 86400:
-                    ts = _wall(year - 1, mon, int(m["day"]), m["hms"], frac, self.tz)
-                text = m["rest"]
-        elif m := _REL_RE.match(text):
-            ts, relative = self._relative(float(m["sec"]))
-            text = m["rest"]
-
-        if m := _HOST_TAG_RE.match(text):
-            host = m["host"]
-            text = m["rest"]
-        # rsyslog/journald lines may still carry the dmesg stamp inside the message: the wall clock wins.
-        if m := _REL_RE.match(text):
-            if ts is None:
-                ts, relative = self._relative(float(m["sec"]))
-            text = m["rest"]
-        return _Envelope(ts=ts, relative=relative, host=host, body=text.strip())
-
-
-# ---------------------------------------------------------------------------------------------------------
 # Messages
 
 _BUS_TOKEN = r"(?:PCI:)?[0-9a-fA-F]{1,8}:[0-9a-fA-F]{1,2}:[0-9a-fA-F]{1,2}(?:\.[0-7])?"
@@ -447,14 +333,14 @@ class KernelLogParser:
 
     def feed(self, lines: Sequence[str], *, now: float | None = None) -> _Batch:
         out = _Batch()
-        env_reader = _EnvelopeReader(boot_time=self.boot_time, year=self.year, now=now, tz=self.tz)
+        env_reader = EnvelopeReader(boot_time=self.boot_time, year=self.year, now=now, tz=self.tz)
         for raw in lines:
             self.line_no += 1
             self.stats["lines"] += 1
             self._feed_line(raw.rstrip("\r\n"), env_reader, now, out)
         return out
 
-    def _feed_line(self, raw: str, env_reader: _EnvelopeReader, now: float | None, out: _Batch) -> None:
+    def _feed_line(self, raw: str, env_reader: EnvelopeReader, now: float | None, out: _Batch) -> None:
         looks_ours = "Xid" in raw or "NVRM" in raw or _FALLEN in raw
         if not looks_ours:
             self.stats["ignored"] += 1
@@ -643,129 +529,7 @@ def parse_kernel_log(
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Live follower (imperative shell)
-
-
-def read_boot_time(proc_stat: str = "/proc/stat") -> float | None:
-    """The kernel's boot time (unix seconds) from ``btime``; None where /proc is not readable."""
-    try:
-        with open(proc_stat, encoding="ascii") as f:
-            for line in f:
-                if line.startswith("btime "):
-                    return float(line.split()[1])
-    except OSError:
-        return None
-    return None
-
-
-def _is_char_device(path: str) -> bool:
-    try:
-        return stat.S_ISCHR(os.stat(path).st_mode)
-    except OSError:
-        return False
-
-
-class _FileTail:
-    """Reads complete new lines from a file, following truncation and rotation (new inode)."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self.offset = 0
-        self.inode: int | None = None
-        self.partial = b""
-
-    def read_lines(self) -> list[str]:
-        st = os.stat(self.path)
-        if self.inode is not None and (st.st_ino != self.inode or st.st_size < self.offset):
-            self.offset, self.partial = 0, b""
-        self.inode = st.st_ino
-        with open(self.path, "rb") as f:
-            f.seek(self.offset)
-            data = f.read()
-            self.offset = f.tell()
-        data = self.partial + data
-        *complete, self.partial = data.split(b"\n")
-        return [c.decode("utf-8", errors="replace") for c in complete]
-
-
-class _KmsgTail:
-    """Reads /dev/kmsg records without blocking (one record per read; ``prio,seq,usec,flags;message``).
-    Needs no dmesg binary, only read access to the device (CAP_SYSLOG in a container)."""
-
-    def __init__(self, path: str, from_start: bool) -> None:
-        self.path = path
-        self.from_start = from_start
-        self.fd: int | None = None
-
-    def read_lines(self) -> list[str]:
-        if self.fd is None:
-            self.fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
-            if not self.from_start:
-                os.lseek(self.fd, 0, os.SEEK_END)
-        out: list[str] = []
-        while True:
-            try:
-                record = os.read(self.fd, 8192)
-            except BlockingIOError:
-                break
-            except BrokenPipeError:  # the ring buffer overwrote records we had not read: go on
-                continue
-            if not record:
-                break
-            # Continuation lines (" KEY=value" device properties) follow the message; they are not ours.
-            out.append(record.decode("utf-8", errors="replace").split("\n", 1)[0])
-        return out
-
-    def close(self) -> None:
-        if self.fd is not None:
-            os.close(self.fd)
-            self.fd = None
-
-
-class _CommandTail:
-    """Runs ``dmesg -w`` / ``journalctl -k -f`` and collects its lines on a reader thread."""
-
-    def __init__(self, command: Sequence[str]) -> None:
-        self.command = list(command)
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.lines: queue.SimpleQueue[str] = queue.SimpleQueue()
-        self.thread: threading.Thread | None = None
-
-    def _pump(self, proc: subprocess.Popen[bytes]) -> None:
-        assert proc.stdout is not None
-        for raw in proc.stdout:
-            self.lines.put(raw.decode("utf-8", errors="replace"))
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen(self.command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                     stdin=subprocess.DEVNULL)
-        self.thread = threading.Thread(target=self._pump, args=(self.proc,), daemon=True,
-                                       name="kernel-log-tail")
-        self.thread.start()
-
-    def read_lines(self) -> tuple[list[str], str | None]:
-        """Lines so far, and why the command is not running (None while it runs)."""
-        if self.proc is None:
-            self.start()
-        out: list[str] = []
-        while True:
-            try:
-                out.append(self.lines.get_nowait())
-            except queue.Empty:
-                break
-        assert self.proc is not None
-        code = self.proc.poll()
-        if code is not None and (self.thread is None or not self.thread.is_alive()):
-            self.proc = None  # restarted on the next read
-            return out, f"command exited with status {code}"
-        return out, None
-
-    def close(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.proc.wait(timeout=2)
-        self.proc = None
+# Live follower (imperative shell; the tails are in kernel_log_follow)
 
 
 class KernelLogSource:
@@ -806,9 +570,9 @@ class KernelLogSource:
             # A live follower reads this machine's logs, stamped (syslog, ctime) in its local time zone.
             tz=tz if tz is not None else (datetime.now().astimezone().tzinfo or UTC),
         )
-        self._kmsg = _KmsgTail(file, from_start) if file is not None and _is_char_device(file) else None
-        self._file = _FileTail(file) if file is not None and self._kmsg is None else None
-        self._cmd = _CommandTail(command) if command is not None else None
+        self._kmsg = KmsgTail(file, from_start) if file is not None and is_char_device(file) else None
+        self._file = FileTail(file) if file is not None and self._kmsg is None else None
+        self._cmd = CommandTail(command) if command is not None else None
         self._skip_existing = not from_start
         # The last Xid per normalised bus id (the agent's DCGM_FI_DEV_XID_ERRORS); bounded by the GPU count
         # even under Xid floods.
