@@ -8,10 +8,13 @@ active test before new work lands on it. The estimate is computed for DEGRADED n
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from statistics import NormalDist
 
 import numpy as np
 import pytest
+from typer.testing import CliRunner
 
 from fleethealth.decide import chronic
 from fleethealth.decide.incidents import is_new_page
@@ -34,11 +37,12 @@ def _quantiles(n: int, center: float, sigma: float, rng: np.random.Generator) ->
     return v
 
 
-def _scrape(t: float, rng: np.random.Generator, slow: tuple[float, float] | None, idle: bool = False) -> Snapshot:
+def _samples(rng: np.random.Generator, slow: tuple[float, float] | None,
+             idle: bool = False) -> list[tuple[str, dict[str, str], float]]:
     """``NODES`` x 8 GPUs in one synchronous job (as tests/test_chronic.py); node-07 computes and clocks
     ``slow`` (None: as its peers); ``idle``: node-07's job has ended (no rank on it; idle and cooler,
     its SM clock only z ~3 low: its score is 1.0 again, it would read as recovered)."""
-    b = SnapshotBuilder()
+    out: list[tuple[str, dict[str, str], float]] = []
     n_gpu = NODES * 8
     comp = _quantiles(n_gpu, 1.82, 0.01 / 0.6745, rng)
     clk = _quantiles(n_gpu, 1980.0, 9.87 / 0.6745, rng)
@@ -50,12 +54,19 @@ def _scrape(t: float, rng: np.random.Generator, slow: tuple[float, float] | None
             if idle and n == 7:
                 k = 1980.0 - 3 * 14.63
             if not (idle and n == 7):
-                b.add("fleethealth_rank_compute_seconds",
-                      {"job": "pretrain", "rank": str(r), "node": node, "gpu": str(g), "peer_group": "stage0"}, c, t)
+                out.append(("fleethealth_rank_compute_seconds",
+                            {"job": "pretrain", "rank": str(r), "node": node, "gpu": str(g), "peer_group": "stage0"},
+                            float(c)))
             lab = {"Hostname": node, "gpu": str(g), "modelName": MODEL, "UUID": f"GPU-{node}-{g}"}
-            b.add("DCGM_FI_DEV_SM_CLOCK", lab, k, t)
-            b.add("DCGM_FI_DEV_GPU_TEMP", lab, 60.0, t)
-            b.add("DCGM_FI_DEV_XID_ERRORS", lab, 0.0, t)
+            out += [("DCGM_FI_DEV_SM_CLOCK", lab, float(k)), ("DCGM_FI_DEV_GPU_TEMP", lab, 60.0),
+                    ("DCGM_FI_DEV_XID_ERRORS", lab, 0.0)]
+    return out
+
+
+def _scrape(t: float, rng: np.random.Generator, slow: tuple[float, float] | None, idle: bool = False) -> Snapshot:
+    b = SnapshotBuilder()
+    for metric, lab, v in _samples(rng, slow, idle):
+        b.add(metric, lab, v, t)
     return b.build(t)
 
 
@@ -166,3 +177,21 @@ def test_ticket_policy_keys_are_validated_naming_key_and_line() -> None:
     assert bad.splitlines()[line - 1].strip().startswith("ticket_after_s:")
     with pytest.raises(PolicyError, match="chronic.quarantine_when_idle"):
         parse_policy(default_policy_text() + "\nchronic:\n  quarantine_when_idle: maybe\n", "mine.yaml")
+
+
+def test_explain_prices_the_node_asked_about_even_when_its_swap_does_not_pay(tmp_path: Path) -> None:
+    from fleethealth.cli.main import app
+
+    rec = tmp_path / "rec.jsonl"
+    rng = np.random.default_rng(1)
+    with rec.open("w", encoding="utf-8") as f:
+        for t in (1_767_000_000.0, 1_767_000_015.0):
+            for metric, lab, v in _samples(rng, SLOW):
+                f.write(json.dumps({"ts": t, "metric": metric, "value": v, **lab}) + "\n")
+    res = CliRunner().invoke(app, ["explain", "node-07", str(rec)], terminal_width=200)
+    assert res.exit_code == 0, res.output
+    words = " ".join(res.stdout.split("chronic slowness:")[1].split())  # (the console wraps at 200)
+    assert "(96 GPUs)" in words and "the swap does not pay: not swapped" in words
+    d = json.loads(CliRunner().invoke(app, ["explain", "node-07", str(rec), "--format", "json"]).stdout)
+    assert d["chronic"]["pays"] is False and d["chronic"]["when"] == "job_end"
+    assert d["chronic"]["loss_gpu_hours_per_day"] == pytest.approx(96 * 0.03 * 24, rel=0.1)

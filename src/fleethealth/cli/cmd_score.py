@@ -229,8 +229,10 @@ def register(app: typer.Typer) -> None:
             if t.worst_member:
                 d["worst_member_tuple"] = fh.tuples[t.worst_member].to_dict(with_details=True)
             d["scored_at"] = now
-            if t.kind == "node":  # what a slow node costs its job (decide.chronic; no CUSUM in one read)
-                d["chronic"] = chronic.estimate(chronic.node_evidence(fh, pol).get(entity), {}, pol)
+            if t.kind == "node":  # what a slow node costs its job (decide.chronic; no CUSUM in one read),
+                # priced whether or not a swap pays (the node asked about, as a DEGRADED one is)
+                ev = chronic.node_evidence(fh, pol, degraded=lambda n: n == entity).get(entity)
+                d["chronic"] = chronic.estimate(ev, {}, pol)
             if got.recorded is not None:
                 d["recording"] = {"from": got.recorded[0], "to": got.recorded[1]}
             typer.echo(json.dumps(d, indent=2))
@@ -240,7 +242,7 @@ def register(app: typer.Typer) -> None:
         repair = _repair_line(t, fh, pol)
         if repair:
             console.print(repair, markup=False)
-        if t.kind == "node" and (ev := chronic.node_evidence(fh, pol).get(entity)) is not None:
+        if t.kind == "node" and (ev := chronic.node_evidence(fh, pol, degraded=lambda n: n == entity).get(entity)):
             console.print("chronic slowness: " + chronic.describe(chronic.estimate(ev, {}, pol)), markup=False)
         print_issues(snap, fh)
 
