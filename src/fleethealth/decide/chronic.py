@@ -31,8 +31,21 @@ least the swap cost; ``chronic_drift`` (READY -> DEGRADED, score at or above ``d
 the CUSUM alarms and the loss is at least the swap cost. Without a rank compute time (no synchronous job to price) nothing escalates. The estimate goes into
 the transition's intents (params ``chronic``) and a page, and ``explain`` prints it.
 
+A swap that does not pay (a small job) is no reason for silence. A DEGRADED node is priced whatever its
+job's size (``Evidence.pays`` False), and one that has shown evidence (combined z or CUSUM alarm) for
+``chronic.ticket_after_s`` in DEGRADED (timer ``chronic_slow``: accumulates while the evidence holds,
+pauses while it does not) gets ONE ticket-severity incident (``ticket``, key ``chronic:<node>``) naming
+the node, its GPU-hours lost a day, the swap cost and why it is not swapped; it is updated when the
+rounded loss or the plan changes and resolved when the node leaves DEGRADED (recovered, or taken out).
+Once ticketed, a node on which no rank reports a compute time any more (its job has ended: ``idle``)
+is quarantined for its active test (``chronic_cost``, reason ``chronic:idle``) before new work lands
+on it (``chronic.quarantine_when_idle``); its ticket says so instead of a page. Without that it would
+read as recovered when idle, take new work and be slow again: DEGRADED had no way out but recovery.
+
 ``node_evidence`` reads the engine's columns (numpy over all GPUs, one reduction per node); the per-node
-work that follows runs only for nodes with positive evidence.
+work that follows runs only for nodes with positive evidence, and, for the ticket, for the DEGRADED ones
+among them (the decider's look-up, one per candidate node) and the ticketed ones (``watch``): a healthy
+fleet pays nothing more.
 """
 
 from __future__ import annotations
