@@ -153,6 +153,13 @@ def batched_rate(pages: list[bytes]) -> tuple[float, int]:
 
 def bench_cycle(gpus: int = 100_000, cycles: int = 6, interval_s: float = 15.0,
                 prom_sample_nodes: int = 200, storm: bool = False) -> dict[str, Any]:
+    try:  # as the controller process does at start (controller.build); an older tree has no such setting
+        from fleethealth.memory import prefer_small_pages
+    except ImportError:
+        small_pages = False
+    else:
+        prefer_small_pages()
+        small_pages = True
     calibration = cpu_calibration_ms()
     t0 = time.perf_counter()
     pages = node_pages(gpus)
@@ -201,7 +208,7 @@ def bench_cycle(gpus: int = 100_000, cycles: int = 6, interval_s: float = 15.0,
         "cycle_cpu_s_per_cycle": [round(r[1], 3) for r in reports],
         "decide_cpu_s_per_cycle": [round(r[0].stage_cpu_s.get("decide_persist", 0.0), 3) for r in reports],
         "intents_per_cycle": [len(r[0].intents) for r in reports],
-        "storm": storm,
+        "storm": storm, "small_pages": small_pages,
         "parse_cold_cpu_s": round(reports[0][3], 3),
         "parse_samples_per_cpu_s_subsample_batched": round(batched_sample_rate),
         "parse_samples_per_cpu_s_subsample_per_page": round(ours_sample_rate),

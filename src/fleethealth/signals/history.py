@@ -100,6 +100,26 @@ def _stable_order(slot: np.ndarray) -> np.ndarray:
     return np.argsort(slot, kind="stable")
 
 
+def _unique_pairs(m: np.ndarray, s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique((m << 32) | s, return_inverse=True)``. Ids are small and dense (a few dozen metrics,
+    series numbered from 0), so a presence table over metric x series replaces the sort: at 100k GPUs
+    (2.9M pairs on a cold start) a sort costs ~0.5 s, the table a tenth of that."""
+    if m.size == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    m64, s64 = m.astype(np.int64), s.astype(np.int64)
+    n_s = int(s64.max()) + 1
+    cells = (int(m64.max()) + 1) * n_s
+    if int(m64.min()) < 0 or int(s64.min()) < 0 or cells > 4 * m.size + 4096:
+        uniq, inv = np.unique((m64 << 32) | s64, return_inverse=True)
+        return uniq, inv.reshape(-1)
+    flat = m64 * n_s + s64
+    present = np.zeros(cells, bool)
+    present[flat] = True
+    cell = np.flatnonzero(present)
+    rank = np.cumsum(present, dtype=np.int64) - 1
+    return ((cell // n_s) << 32) | (cell % n_s), rank[flat]
+
+
 def _slice_or_none(a: np.ndarray | slice) -> slice | None:
     return a if isinstance(a, slice) else None
 
@@ -403,8 +423,7 @@ class SignalHistory:
         index (a Python dictionary per pair costs seconds per cycle at 100k GPUs)."""
         idx = self._index.setdefault(table, [np.zeros(0, np.int64), np.zeros(0, np.int64)])
         keys_sorted, slots_sorted = idx
-        keys = (m.astype(np.int64) << 32) | s.astype(np.int64)
-        uniq, inv = np.unique(keys, return_inverse=True)
+        uniq, inv = _unique_pairs(m, s)
         n_have = keys_sorted.size
         if n_have == 0 and uniq.size:  # the first write (a cold start): every pair new, the index is uniq
             # itself (np.insert into an empty index argsorts its 2.5M positions at 100k GPUs: ~0.3 s)
