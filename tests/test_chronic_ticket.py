@@ -195,3 +195,13 @@ def test_explain_prices_the_node_asked_about_even_when_its_swap_does_not_pay(tmp
     d = json.loads(CliRunner().invoke(app, ["explain", "node-07", str(rec), "--format", "json"]).stdout)
     assert d["chronic"]["pays"] is False and d["chronic"]["when"] == "job_end"
     assert d["chronic"]["loss_gpu_hours_per_day"] == pytest.approx(96 * 0.03 * 24, rel=0.1)
+
+
+def test_a_noisy_estimate_is_no_update_a_real_change_is() -> None:
+    assert chronic._loss_sig(None, 20.0) is None
+    assert chronic._loss_sig(16.5, None) == 16.0  # two significant digits
+    assert chronic._loss_sig(13.1, 16.0) == 16.0 and chronic._loss_sig(22.0, 16.0) == 16.0  # within x1.5: kept
+    assert chronic._loss_sig(25.0, 16.0) == 25.0 and chronic._loss_sig(9.0, 16.0) == 9.0  # moved: new
+    loop, _, intents = _run(POL, hours=12)
+    assert [i.params["state"] for i in _tickets(intents)] == ["firing"]  # 6 h of a steady slowdown: no update
+    assert loop.state.incidents[chronic.TICKET_PREFIX + "node-07"]["sig"][1] == "job_end"

@@ -344,11 +344,13 @@ def _then(est: Mapping[str, Any]) -> str:
 
 
 def ticket(entity: str, state: State, timers: Mapping[str, Timer], ev: Evidence | None,
-           policy: Policy) -> tuple[str, dict[str, Any] | None, Any] | None:
+           policy: Policy, open_incidents: Mapping[str, Mapping[str, Any]] | None = None,
+           ) -> tuple[str, dict[str, Any] | None, Any] | None:
     """A DEGRADED node's chronic-slowness ticket this cycle, or None when none is due (or open): its
     incident key and, when there is evidence to say (else None: an open ticket is only kept open), the
-    params of its ticket-severity PAGE and their signature (an update when the daily loss, rounded to
-    one significant digit, or the plan change). Due when the node has been slow for
+    params of its ticket-severity PAGE and their signature (``_loss_sig``: an update when the daily loss
+    moves by half or more from what the ticket says, or the plan changes; ``open_incidents``: the
+    state's, where the open ticket's signature is). Due when the node has been slow for
     ``chronic.ticket_after_s`` in DEGRADED and the swap does not pay (a node that pays is quarantined by
     ``chronic_cost``; a vetoed one has the veto's page). A node that leaves DEGRADED (recovered,
     swapped) is no longer asserted: its ticket resolves (decide.incidents)."""
@@ -359,11 +361,24 @@ def ticket(entity: str, state: State, timers: Mapping[str, Timer], ev: Evidence 
         return key, None, None
     est = estimate(ev, timers, policy)
     per_day = est["loss_gpu_hours_per_day"]
+    rec = (open_incidents or {}).get(key)
+    said = rec.get("sig") if rec is not None else None
+    sig = [_loss_sig(per_day, said[0] if isinstance(said, list) and said else None), est["when"]]
     return key, {
         "severity": "ticket", "node": entity, "loss_gpu_hours_per_day": per_day,
         "swap_cost_gpu_hours": est["swap_cost_gpu_hours"], "when": est["when"], "chronic": est,
         "summary": f"{entity} chronically slow for {est['slow_for_s'] / 3600:.1f} h: " + describe(est),
-    }, [None if per_day is None else float(f"{per_day:.1g}"), est["when"]]
+    }, sig
+
+
+def _loss_sig(per_day: float | None, said: Any) -> float | None:
+    """The daily loss a ticket's signature holds (two significant digits): what it already says while
+    the new estimate is within a factor 1.5 of it (a noisy estimate is no news), else the new one."""
+    if per_day is None:
+        return None
+    if isinstance(said, int | float) and said > 0 and 1 / 1.5 < per_day / said < 1.5:
+        return float(said)
+    return float(f"{per_day:.2g}")
 
 
 CONDS = frozenset({Cond.CHRONIC_COST, Cond.CHRONIC_DRIFT})

@@ -261,7 +261,7 @@ class Decider(SafetyRules, Repairs, FailureDomains):
             if es.kind == "node":
                 self._scheduler(c, es, obs.get(eid))
                 if es.state == State.DEGRADED:  # chronically slow, no swap that pays: one ticket
-                    due = chronic.ticket(eid, es.state, es.timers, c.chronic.get(eid), p)
+                    due = chronic.ticket(eid, es.state, es.timers, c.chronic.get(eid), p, s.incidents)
                     if due is not None and due[1] is not None:
                         c.incident(due[0], eid, chronic.TICKET_REASON, due[1], sig=due[2])
                     elif due is not None:
