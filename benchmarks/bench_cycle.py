@@ -13,7 +13,9 @@ out: it is the network's cost, not the controller's. The first cycle is cold (no
 before); later cycles are the steady state (same label strings, new values): the median of the later
 half of the cycles (the structural tracker settles its layout in the two cycles after the first). ``--old PATH`` runs this benchmark (the same pages) on another tree's fleethealth
 (``git worktree add PATH COMMIT``) and on this one, each in a fresh process, alternately, and prints them side by side with the CPU
-calibration taken before each run (the machine may be shared). ``--storm``: from the third cycle on every GPU
+calibration taken before each run (the machine may be shared). The run tunes its process's memory as the controller
+process does (``fleethealth.memory``: numpy's huge pages off, malloc keeping freed blocks); to time without it, set
+``NUMPY_MADVISE_HUGEPAGE=1 MALLOC_TOP_PAD_=131072`` (an operator's explicit settings win). ``--storm``: from the third cycle on every GPU
 reports Xid 79 (a fleet-wide flag storm: every GPU flagged, every node gated), and the decisions' CPU
 per cycle is what to read. prometheus-client's parser and our one-call-per-page path are timed on a subsample of the same
 pages, and all are reported in samples per second of CPU. CPU time (process time) is reported next to
@@ -154,12 +156,11 @@ def batched_rate(pages: list[bytes]) -> tuple[float, int]:
 def bench_cycle(gpus: int = 100_000, cycles: int = 6, interval_s: float = 15.0,
                 prom_sample_nodes: int = 200, storm: bool = False) -> dict[str, Any]:
     try:  # as the controller process does at start (controller.build); an older tree has no such setting
-        from fleethealth.memory import prefer_small_pages
+        from fleethealth.memory import tune_process_memory
     except ImportError:
-        small_pages = False
+        memory: dict[str, bool] = {}
     else:
-        prefer_small_pages()
-        small_pages = True
+        memory = tune_process_memory()
     calibration = cpu_calibration_ms()
     t0 = time.perf_counter()
     pages = node_pages(gpus)
@@ -208,7 +209,7 @@ def bench_cycle(gpus: int = 100_000, cycles: int = 6, interval_s: float = 15.0,
         "cycle_cpu_s_per_cycle": [round(r[1], 3) for r in reports],
         "decide_cpu_s_per_cycle": [round(r[0].stage_cpu_s.get("decide_persist", 0.0), 3) for r in reports],
         "intents_per_cycle": [len(r[0].intents) for r in reports],
-        "storm": storm, "small_pages": small_pages,
+        "storm": storm, "process_memory": memory,
         "parse_cold_cpu_s": round(reports[0][3], 3),
         "parse_samples_per_cpu_s_subsample_batched": round(batched_sample_rate),
         "parse_samples_per_cpu_s_subsample_per_page": round(ours_sample_rate),
@@ -287,6 +288,7 @@ def side_by_side(old: Path, gpus: int, cycles: int, rounds: int, prom_sample_nod
         ("peak memory MiB", "max_rss_mib"),
         ("GPUs per 15 s on one core", lambda r: round(r["gpus"] * 15.0 / r["cycle_cpu_s"])),
         ("CPU calibration ms", "calibration_ms"),
+        ("process memory tuned", lambda r: r.get("process_memory") or "no"),
     ]
     print(f"{gpus:,} GPUs, {cycles} cycles per run, {rounds} runs per tree, alternating; old = {old}"
           + ("; flag storm (every GPU Xid 79) from cycle 3" if storm else ""))

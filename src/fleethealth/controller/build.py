@@ -171,9 +171,9 @@ def build(cfg: ControllerConfig, *, clock: Clock | None = None, policy: Policy |
     ``node_filter``: which Kubernetes nodes (by their labels) are this controller's (a shard's pools):
     the others are left out of its inventory, and their active-test and remediation results with them."""
     from fleethealth.act.failpoint import Failpoints
-    from fleethealth.memory import prefer_small_pages
+    from fleethealth.memory import tune_process_memory
 
-    prefer_small_pages()  # numpy's huge pages cost a 100k-GPU cycle more kernel time than they save
+    tune_process_memory()  # a 100k-GPU cycle's arrays would otherwise be faulted in afresh every cycle
     policy = policy or load_policy(cfg.policy)
     failpoints = Failpoints.from_env()
     closers: list[Callable[[], None]] = []
