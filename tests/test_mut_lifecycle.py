@@ -166,7 +166,8 @@ def test_the_diagram_with_and_without_the_policys_numbers() -> None:
     assert "    DRAINING --> QUARANTINED: reset failed" in d
     assert "    RECOVERING --> QUARANTINED: score below 0.7 for 120s, relapse" in d
     assert len(d) == 3 + len(RULES)
-    assert mermaid_diagram(LC).endswith("human quarantine, human\n")
+    assert "    FAILED --> QUARANTINED: human quarantine, human" in d
+    assert mermaid_diagram(LC).endswith("version cleared, its version incident resolved, retest\n")
     plain = mermaid_diagram().splitlines()
     assert "    READY --> DEGRADED: score below degraded_below for degraded_dwell_s" in plain
     assert "    DRAINING --> QUARANTINED: drain timeout" in plain

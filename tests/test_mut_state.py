@@ -89,6 +89,7 @@ def _entity() -> EntityLifecycle:
         blocked="budget:node:a", reset_scheduled=True, absent_since=97.0, overload_until=400.0,
         repair={"ladder": "xid", "step": 1}, blocked_since=80.0, remaps=[[60.0, ["GPU-1"]]],
         episodes=[[70.0, "xid", ["GPU-1", "GPU-2"], "quarantine"]],
+        version_hold="version:node:driver_version=560.28.03",
     )
 
 
@@ -105,6 +106,7 @@ def test_an_entity_survives_a_restart_field_by_field() -> None:
         "absent_since": 97.0, "overload_until": 400.0, "repair": {"ladder": "xid", "step": 1},
         "blocked_since": 80.0, "remaps": [[60.0, ["GPU-1"]]],
         "episodes": [[70.0, "xid", ["GPU-1", "GPU-2"], "quarantine"]],
+        "version_hold": "version:node:driver_version=560.28.03",
     }
     assert EntityLifecycle.from_dict(d) == e
 

@@ -347,6 +347,10 @@ class Attribution(Strict):
     physical_gates: list[str] = Field(default_factory=lambda: [
         "gpus_missing", "kernel_fallen_off", "ecc_dbe", "row_remap_failure",
     ])
+    # Version holds (README: Version holds): a node isolated at most this long before its version's
+    # incident opened, by evidence the version explains, is held by the incident (its repair ladder stops)
+    # and retested when the incident resolves, instead of being repaired, or left FAILED, for the driver.
+    version_hold_lookback_s: float = Field(default=6 * 3600.0, gt=0)
 
 
 class Domains(Strict):

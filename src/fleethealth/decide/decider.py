@@ -84,6 +84,8 @@ from fleethealth.policy import Policy, default_policy
 from fleethealth.score.health import HealthTuple
 
 _Cycle = Cycle  # the name before the split (decide.cycle)
+# events a version-held node ignores: the bad driver fails its tests and repairs, not the node
+VERSION_HELD_CONDS = frozenset({Cond.TEST_FAILED, Cond.REPAIR_EXHAUSTED, Cond.RESET_FAILED, Cond.RECURRING})
 
 __all__ = [
     "ABSENT_GRACE_S", "DRAIN_FLAGS", "EVENT_CONDS", "FLAG_TIMER", "FORGETTABLE_STATES", "FORGET_AFTER_S",
@@ -160,6 +162,7 @@ class Decider(SafetyRules, Repairs, FailureDomains):
             n = node_of(g)
             node_flags[n].update(g.flags)
             gpu_by_node[n].append(g)
+        c.node_flags = node_flags  # physical evidence, asked by the version passes below
 
         labels_ok = self._labels_ok
         for t in life:
@@ -209,6 +212,7 @@ class Decider(SafetyRules, Repairs, FailureDomains):
             if o is not None and o.usable(lc) and not o.gate:
                 obs[n] = Observation(o.value, o.confidence, why, gate=True, drain_reset=o.drain_reset)
         suspects = self._versions(c, obs)
+        self._own_stalls(c, obs, health, by_id, suspects)
         self._domains(c, obs, suspects)
         self._row_remaps(c, obs, node_flags, gpu_by_node)
 
@@ -229,7 +233,6 @@ class Decider(SafetyRules, Repairs, FailureDomains):
                                            drain_reset=o.drain_reset)
 
         c.gpu_by_node = gpu_by_node
-        c.node_flags = node_flags
         self._repairs(c, obs, node_flags, ev_by_entity)
 
         # Deterministic order that spends budgets on whoever has waited longest (a held remediation's
@@ -369,11 +372,23 @@ class Decider(SafetyRules, Repairs, FailureDomains):
             if cond is not None:
                 conds.add(cond)
                 event_of[cond] = e
+        if es.version_hold is not None:
+            # held by a bad version's incident (decide.safety): what its driver makes fail is not the node's
+            conds -= VERSION_HELD_CONDS
+            if self._version_release(c, es) is not None:
+                if es.state == State.FAILED:
+                    conds.add(Cond.VERSION_CLEARED)
+                else:
+                    released, es.version_hold = es.version_hold, None
+                    tests = list(lc.active_test)
+                    c.emit(IntentKind.RUN_ACTIVE_TEST, es.entity, f"version_resolved:{released}",
+                           {"tests": tests}, Tier.NODE)
         chosen: Rule | None = None
         for rule in candidate_rules(es.state, conds, es.timers, now - es.since, lc):
             if rule.cond == Cond.DRAIN_TIMEOUT and ladder.running(es.repair):
                 continue  # the repair ladder's own timeouts apply while it runs
-            why = self._veto(c, es, rule, suspects, approved=Cond.HUMAN_QUARANTINE in conds)
+            why = self._veto(c, es, rule, suspects, approved=Cond.HUMAN_QUARANTINE in conds,
+                             observation=o)
             if why is None:
                 chosen = rule
                 break
@@ -395,6 +410,8 @@ class Decider(SafetyRules, Repairs, FailureDomains):
             reason = f"event:{rule.cond}" + (f":{ev.actor}" if ev.actor else "")
         elif rule.cond == Cond.RECURRING:
             reason = recurring.escalation(es, now, p) or str(rule.cond)
+        elif rule.cond == Cond.VERSION_CLEARED:
+            reason = f"version_resolved:{es.version_hold}"  # retested: the version that held it is gone
         else:
             reason = o.reason if o is not None else str(rule.cond)
         priced = chronic.on_transition(rule.cond, es.entity, es.timers, c.chronic, p)
@@ -410,6 +427,8 @@ class Decider(SafetyRules, Repairs, FailureDomains):
         prev_since = es.since
         es.state, es.since = dst, now
         es.transitions += 1
+        if rule.cond == Cond.VERSION_CLEARED or dst not in ISOLATED_STATES:
+            es.version_hold = None
         self._episode(c, es, src, dst, prev_since, o.reason if o is not None else reason, flags, t)
         if dst in REMEDIATION_TARGETS or dst == State.READY:
             es.blocked, es.blocked_since = None, None

@@ -100,6 +100,17 @@ def running(repair: dict[str, Any] | None) -> bool:
     return repair is not None and repair.get("phase") in ("acting", "verifying")
 
 
+def stop(repair: dict[str, Any], now: float, why: str) -> dict[str, Any]:
+    """The ladder stops where it is (phase ``stopped``, no further step, no verdict): the node's evidence
+    turned out to be someone else's (a suspect version's, ``decide.safety``); ``why`` goes in its history."""
+    hist = [*repair.get("history", []), {"step": repair.get("step"), "action": "stop", "ts": now,
+                                         "result": f"stopped: {why}"}]
+    new = {**repair, "phase": "stopped", "since": now, "history": hist, "stopped": why}
+    new.pop("held", None)
+    new.pop("waiting", None)
+    return new
+
+
 def isolating(repair: dict[str, Any] | None) -> bool:
     """A ladder repairs an isolated node (not one that stays in service, ``inplace``: a row remap's)."""
     return running(repair) and not (repair or {}).get("inplace")
@@ -272,4 +283,6 @@ def summary(repair: dict[str, Any]) -> dict[str, Any]:
            "reason": repair.get("reason"), "history": list(repair.get("history", []))}
     if repair.get("waiting"):
         out["waiting"] = repair["waiting"]
+    if repair.get("stopped"):
+        out["stopped"] = repair["stopped"]
     return out

@@ -25,7 +25,7 @@ Conditions come in two kinds:
   episode of its signal family within ``recurring.window_s``: FAILED at once, before a test can release
   a flaky node again.
 * event conditions (``test_passed``, ``test_failed``, ``too_many_recoveries``, ``reset_passed``,
-  ``reset_failed``, ``repair_exhausted``, ``human_ready``, ``human_quarantine``) and ``drain_timeout`` (time in state, checked
+  ``reset_failed``, ``repair_exhausted``, ``human_ready``, ``human_quarantine``, ``version_cleared``) and ``drain_timeout`` (time in state, checked
   only on usable data like the signal conditions).
 
 Timers, exactly: only the signal conditions that some rule of the current state reads are timed. An
@@ -44,7 +44,9 @@ Hysteresis: the way down is ``below degraded_below for degraded_dwell_s``; the w
 ready_above (> degraded_below) for ready_dwell_s (>= degraded_dwell_s)``. Out of QUARANTINED only by a
 passed active test (RUN_ACTIVE_TEST is issued on entry), then RECOVERING, then READY after a sustained
 good window. A test that fails, or a pass that would be the (max_recoveries+1)-th recovery inside
-``recovery_window_s``, ends in FAILED, which only a human leaves.
+``recovery_window_s``, ends in FAILED, which only a human leaves, or ``version_cleared``: a node
+isolated by evidence a bad version explains (``decide.safety``'s version holds) goes from FAILED back
+to QUARANTINED, and so to an active test, when that version's incident resolves.
 
 This module holds all transition logic; safety (budgets, freezes, attribution) lives in ``decider`` and
 may veto a rule, in which case the next matching rule is tried. ``mermaid_diagram()`` renders the table
@@ -84,6 +86,7 @@ class Cond(StrEnum):
     DRAIN_TIMEOUT = "drain_timeout"
     HUMAN_READY = "human_ready"
     HUMAN_QUARANTINE = "human_quarantine"
+    VERSION_CLEARED = "version_cleared"
 
 
 # Signal conditions with a threshold (lifecycle attribute) and a comparison; they need a dwell.
@@ -145,6 +148,7 @@ RULES: tuple[Rule, ...] = (
     Rule(State.RECOVERING, Cond.RECOVERING_OK, State.READY, "recovering_dwell_s"),
     Rule(State.FAILED, Cond.HUMAN_READY, State.READY, note="human"),
     Rule(State.FAILED, Cond.HUMAN_QUARANTINE, State.QUARANTINED, note="human"),
+    Rule(State.FAILED, Cond.VERSION_CLEARED, State.QUARANTINED, note="its version incident resolved, retest"),
 )
 
 # States in which the entity is out of service (counted against tensor-parallel groups).
@@ -187,6 +191,9 @@ class Observation:
     gate: bool = False  # reason gate:* or blamed by attribution
     drain_reset: bool = False  # Xid 154 recovery action DRAIN_AND_RESET / DRAIN_P2P
     floor: bool = False  # a counter at its critical rate on both windows (flag floor:*): the fast path
+    # its own ranks stalled while the other nodes of its suspect version run (decide.safety ``_own_stalls``):
+    # node evidence, which a version hold does not hold
+    own_stall: bool = False
 
     def usable(self, lc: Lifecycle) -> bool:
         return self.value is not None and self.confidence >= lc.min_confidence

@@ -68,7 +68,7 @@ class Repairs:
         running = [(eid, es) for eid, es in c.s.entities.items() if es.repair is not None]
         for eid, es in running:
             rep = es.repair
-            if rep is None or rep.get("phase") in ("verified", "exhausted"):
+            if rep is None or rep.get("phase") in ("verified", "exhausted", "stopped"):
                 continue
             lad = ladder.ladder_of(rem, rep)
             if lad is None or not rem.enabled:  # the policy no longer has it: the lifecycle decides alone

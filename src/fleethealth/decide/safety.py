@@ -37,6 +37,15 @@ a cluster. Pure; a mixin of ``Decider`` (reads ``self.policy`` and ``self.fast``
   software it runs: no suspect version, domain or TP group holds it, and it spends its own budget
   (``budgets.physical_*``, ledger ``physical:``), so the gates a bad driver raised before its version was
   suspect (Xid 119, which the catalog cannot tell from a dead GPU) cannot use up what a dead GPU needs.
+* Version holds (``_version_holds``, ``_version_release``): when a version incident opens, the nodes of
+  that version isolated shortly before (``attribution.version_hold_lookback_s``) by evidence it explains
+  (not physical) are tied to it (``EntityLifecycle.version_hold``): their repair ladder stops with the
+  reason, failed tests and repairs no longer fail them, the page names them; when the incident resolves
+  each gets an active test (a FAILED one back to QUARANTINED first, lifecycle ``version_cleared``).
+* A node's own stall (``_own_stalls``): a node of a suspect version whose performance category
+  (``chronic.categories``) is below ``quarantine_below`` while fewer than ``version_min_entities`` nodes of
+  the version read below ``degraded_below`` on it is decided on that reading (``min:<category>``, the rate
+  budget), which the version veto does not hold: a hang is one node's; many stalling together, the version's.
 """
 
 from __future__ import annotations
@@ -44,8 +53,11 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
+from typing import Any
 
-from fleethealth.decide import incidents
+import numpy as np
+
+from fleethealth.decide import incidents, ladder, recurring
 from fleethealth.decide.cycle import (
     ABSENT_GRACE_S,
     FORGET_AFTER_S,
@@ -266,10 +278,113 @@ class SafetyRules:
                             p.domains.labels)):
                         continue  # every node runs it: no contrast; a domain holding all the bad ones explains them
                     out[(label, v)] = f"version:{label}={v}"
-                    c.incident(f"version:{kind}:{label}={v}", f"version/{label}={v}", "version_correlation",
+                    key = f"version:{kind}:{label}={v}"
+                    held = self._version_holds(c, key, label, v) if kind == "node" else []
+                    named = {"held": held[:20], "n_held": len(held),
+                             "failed_held": [e for e in held if c.s.entities[e].state == State.FAILED][:20],
+                             "on_resolve": "held nodes get an active test"} if held else {}
+                    c.incident(key, f"version/{label}={v}", "version_correlation",
                                {"label": label, "value": v, "kind": kind, "unhealthy": k,
-                                "unhealthy_total": len(bad), "population": pop[v]}, sig=k)
+                                "unhealthy_total": len(bad), "population": pop[v], **named},
+                               sig=(k, len(held)) if held else k)
         return out
+
+    def _version_holds(self, c: Cycle, key: str, label: str, value: str) -> list[str]:
+        """Tie to the version incident ``key`` the isolated nodes whose evidence it explains, and return
+        every node it holds. Explained: the node carries ``label=value``, was isolated (its last isolation
+        episode, else since its state) before the incident opened and at most
+        ``attribution.version_hold_lookback_s`` before, and neither that isolation nor its flags now are
+        physical evidence. A node isolated while the incident was open passed the version veto on its own
+        evidence (physical, its own stall, a human) and is never tied. A tied node's repair ladder stops
+        (reason ``version incident <key>``); it is not failed by tests or ladders while tied, and it is
+        retested when the incident resolves (``_version_release``)."""
+        a = self.policy.attribution
+        rec = c.s.incidents.get(key)
+        opened = c.now if rec is None else float(rec["opened"])
+        physical = self._physical_families()
+        held: list[str] = []
+        for eid, es in c.s.entities.items():
+            if es.kind != "node" or es.labels.get(label) != value or es.state not in ISOLATED_STATES:
+                continue
+            if es.version_hold == key:
+                held.append(eid)
+                continue
+            if es.version_hold is not None and es.version_hold in c.s.incidents:
+                continue  # another open version incident holds it
+            iso = next((e for e in reversed(es.episodes) if e[3] == recurring.ISOLATION), None)
+            ts = es.since if iso is None else float(iso[0])
+            if not (opened - a.version_hold_lookback_s <= ts < opened):
+                continue
+            if (iso is not None and str(iso[1]) in physical) or self._physical_evidence(c, es) is not None:
+                continue
+            es = c.mut(eid)
+            es.version_hold = key
+            if es.repair is not None and es.repair.get("phase") in ("acting", "verifying") \
+                    and not es.repair.get("inplace"):
+                es.repair = ladder.stop(es.repair, c.now, f"version incident {key}")
+            held.append(eid)
+        return sorted(held)
+
+    def _physical_families(self) -> frozenset[str]:
+        """The episode families (``decide.recurring.family_of``) of physical evidence: its Xids and its
+        gate signals (by name and by policy family)."""
+        a = self.policy.attribution
+        gates = set(a.physical_gates)
+        fams = {s.family for s in self.policy.signals if s.name in gates and s.family}
+        return frozenset({f"xid:{x}" for x in a.physical_xids} | gates | fams)
+
+    def _version_release(self, c: Cycle, es: EntityLifecycle) -> str | None:
+        """The version incident holding this node has resolved: the incident key it was held for (the
+        caller retests the node), or None while it is still held (its incident open, or another open version
+        incident on a label value it carries, which then holds it)."""
+        key = es.version_hold
+        if key is None or key in c.s.incidents:
+            return None
+        for other, rec in c.s.incidents.items():
+            p = rec.get("params", {})
+            if (other.startswith("version:node:") and p.get("label") is not None
+                    and es.labels.get(str(p["label"])) == p.get("value")):
+                es.version_hold = other
+                return None
+        return key
+
+    def _own_stalls(self, c: Cycle, obs: dict[str, Observation | None], health: Any,
+                    by_id: Mapping[str, HealthTuple], suspects: Mapping[tuple[str, str], str]) -> None:
+        """A node of a suspect version whose own ranks stall (a performance category, ``chronic.categories``,
+        below ``lifecycle.quarantine_below``) while fewer than ``attribution.version_min_entities`` of that
+        version's nodes read below ``degraded_below`` on it is a node's fault, not the version's: a hang
+        costs its whole job, and a driver that hangs nodes hangs many together (then the version holds them).
+        Its observation becomes that category's reading (``min:<category>``, ``own_stall``), which the version
+        veto does not hold and which spends the rate budget; a gate on it (a bad driver's Xid 119) no longer
+        decides it. Physical evidence keeps its own path. Runs only while a version is suspect."""
+        if not suspects:
+            return
+        p = self.policy
+        lc = p.lifecycle
+        low: dict[str, tuple[float, str]] = {}
+        for eid, worst in _performance_lows(health, by_id, p.chronic.categories, lc.degraded_below).items():
+            es = c.s.entities.get(eid)
+            o = obs.get(eid)
+            if (es is not None and es.kind == "node" and o is not None and o.usable(lc)
+                    and any(es.labels.get(label) == value for label, value in suspects)):
+                low[eid] = worst
+        slow: dict[tuple[str, str], int] = defaultdict(int)
+        for eid in low:
+            for label, value in suspects:
+                if c.s.entities[eid].labels.get(label) == value:
+                    slow[(label, value)] += 1
+        for eid, (v, cat) in sorted(low.items()):
+            es = c.s.entities[eid]
+            o = obs[eid]
+            assert o is not None
+            if v >= lc.quarantine_below or es.state in ISOLATED_STATES or o.own_stall:
+                continue
+            if any(slow[(label, val)] >= p.attribution.version_min_entities for label, val in suspects
+                   if es.labels.get(label) == val):
+                continue  # many nodes of the version stall together: the version's
+            if o.gate and self._physical_evidence(c, es) is not None:
+                continue
+            obs[eid] = Observation(v, o.confidence, f"min:{cat}", own_stall=True)
 
     def _own_fault(self, c: Cycle, es: EntityLifecycle, group: str) -> bool:
         """Whether the node's evidence is its own, not its tensor-parallel group's: no other member of the
@@ -285,9 +400,10 @@ class SafetyRules:
             for o in c.s.entities.values())
 
     def _veto(self, c: Cycle, es: EntityLifecycle, rule: Rule, suspects: Mapping[tuple[str, str], str],
-              approved: bool = False) -> str | None:
+              approved: bool = False, observation: Observation | None = None) -> str | None:
         """Why this remediation may not happen now (None: it may). ``approved``: a human acknowledged
-        (``ack`` to QUARANTINED) a quarantine that budgets, TP groups, versions or a freeze held back."""
+        (``ack`` to QUARANTINED) a quarantine that budgets, TP groups, versions or a freeze held back.
+        ``observation``: the entity's observation this cycle (its own stall passes a version hold)."""
         if approved and rule.dst in REMEDIATION_TARGETS:
             return None
         signal_driven = rule.cond in SIGNAL_CONDS or rule.cond in (Cond.HARD_GATE, Cond.DRAIN_RESET)
@@ -303,7 +419,7 @@ class SafetyRules:
             return "held:overload"
         p = self.policy
         physical, hard = self._budget_class(c, es, rule)
-        if not physical:
+        if not physical and not (observation is not None and observation.own_stall):
             # A suspect version holds hard gates too: a bad driver raises reset-class Xids (119 GSP
             # timeouts) on healthy GPUs, and the catalog cannot tell those from a GPU that really fell off
             # the bus; only physical evidence (a GPU off the bus, a DBE, a failed remap) is not the
@@ -409,3 +525,30 @@ class SafetyRules:
             es.weight = w
             c.emit(IntentKind.SET_WEIGHT, es.entity, f"held:{why}", {"weight": w, "instead_of": "quarantine"},
                    Tier.INSTANCE, soft=True)
+
+
+def _performance_lows(health: Any, by_id: Mapping[str, HealthTuple], cats: Iterable[str],
+                      below: float) -> dict[str, tuple[float, str]]:
+    """Nodes whose lowest category of ``cats`` reads below ``below``: node -> (value, category). From the
+    engine's columnar node scores in one numpy pass when ``health`` has them (the decider's light tuples
+    carry no category map), else from the tuples' own categories."""
+    kinds = getattr(health, "kinds", None)
+    ks = kinds.get("node") if kinds is not None else None
+    if ks is not None:
+        idx = [i for i, k in enumerate(ks.categories) if k in set(cats)]
+        if not idx or not len(ks.names):
+            return {}
+        sub = np.asarray(ks.cat, dtype=float)[:, idx]
+        filled = np.where(np.isnan(sub), np.inf, sub)
+        arg = np.argmin(filled, axis=1)
+        low = filled[np.arange(len(arg)), arg]
+        return {ks.names[r]: (float(low[r]), ks.categories[idx[int(arg[r])]])
+                for r in np.nonzero(low < below)[0].tolist()}
+    out: dict[str, tuple[float, str]] = {}
+    for eid, t in by_id.items():
+        if t.kind != "node":
+            continue
+        worst = min(((v, k) for k in cats if (v := t.categories.get(k)) is not None), default=None)
+        if worst is not None and worst[0] < below:
+            out[eid] = worst
+    return out

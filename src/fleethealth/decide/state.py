@@ -44,6 +44,9 @@ class EntityLifecycle:
     remaps: list[list[Any]] = field(default_factory=list)  # node: [ts, gpus] of each row-remap reset scheduled
     # isolations and degraded spells: [ts, family, gpus, kind] within recurring.window_s (decide.recurring)
     episodes: list[list[Any]] = field(default_factory=list)
+    # node: the open version incident (``version:node:<label>=<value>``) that explains its isolation
+    # (decide.safety ``_version_holds``): held, no repair ladder, retested when the incident resolves
+    version_hold: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -57,6 +60,7 @@ class EntityLifecycle:
             "overload_until": self.overload_until, "repair": self.repair,
             "blocked_since": self.blocked_since, "remaps": [list(x) for x in self.remaps],
             "episodes": [[e[0], e[1], list(e[2]), e[3]] for e in self.episodes],
+            "version_hold": self.version_hold,
         }
 
     def copy(self) -> EntityLifecycle:
@@ -68,6 +72,7 @@ class EntityLifecycle:
             self.last_known_ts, self.weight, self.no_new_work, self.flagged, self.blocked, self.reset_scheduled,
             self.absent_since, self.overload_until, repair=self.repair, blocked_since=self.blocked_since,
             remaps=[list(x) for x in self.remaps], episodes=[[e[0], e[1], list(e[2]), e[3]] for e in self.episodes],
+            version_hold=self.version_hold,
         )
 
     def seen(self, value: float | None, confidence: float, reason: str, ts: float) -> EntityLifecycle:
@@ -79,6 +84,7 @@ class EntityLifecycle:
             self.labels, value, confidence, reason, ts, self.weight, self.no_new_work, self.flagged,
             self.blocked, self.reset_scheduled, self.absent_since, self.overload_until, repair=self.repair,
             blocked_since=self.blocked_since, remaps=self.remaps, episodes=self.episodes,
+            version_hold=self.version_hold,
         )
 
     @staticmethod
@@ -97,6 +103,7 @@ class EntityLifecycle:
             remaps=[list(x) for x in d.get("remaps", [])],
             episodes=[[float(e[0]), str(e[1]), [str(g) for g in e[2]], str(e[3])] for e in d.get("episodes", [])
                       if isinstance(e, list) and len(e) == 4],
+            version_hold=d["version_hold"] if isinstance(d.get("version_hold"), str) else None,
         )
 
 
