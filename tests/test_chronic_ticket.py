@@ -205,3 +205,40 @@ def test_a_noisy_estimate_is_no_update_a_real_change_is() -> None:
     loop, _, intents = _run(POL, hours=12)
     assert [i.params["state"] for i in _tickets(intents)] == ["firing"]  # 6 h of a steady slowdown: no update
     assert loop.state.incidents[chronic.TICKET_PREFIX + "node-07"]["sig"][1] == "job_end"
+
+
+def _ev(slowdown: float | None = 0.03, pays: bool = False) -> chronic.Evidence:
+    return chronic.Evidence(5.5, {"sm_clock": 6.0, "rank_compute_time": 3.2}, "node-3/gpu1", slowdown, "job-a",
+                            96, pays=pays)
+
+
+def test_ticket_and_idle_conditions_at_their_edges() -> None:
+    from fleethealth.decide.lifecycle import Cond, Observation, Timer
+
+    after = POL.chronic.ticket_after_s
+    assert after is not None
+    due = {chronic.SLOW_KEY: Timer(after, 0.0)}
+    short = {chronic.SLOW_KEY: Timer(after - 1.0, 0.0)}
+    assert chronic.ticket("node-3", State.DEGRADED, short, _ev(), POL) is None  # not slow long enough
+    assert chronic.ticket("node-3", State.READY, due, _ev(), POL) is None  # recovered: it resolves
+    assert chronic.ticket("node-3", State.DEGRADED, due, None, POL) == ("chronic:node-3", None, None)  # kept open
+    assert chronic.ticket("node-3", State.DEGRADED, due, _ev(pays=True), POL) == ("chronic:node-3", None, None)
+    got = chronic.ticket("node-3", State.DEGRADED, due, _ev(), POL)
+    assert got is not None and got[1] is not None
+    assert got[1]["loss_gpu_hours_per_day"] == pytest.approx(96 * 0.03 * 24) and got[2] == [69.0, "job_end"]
+    # idle (no rank time) and ticketed: out, if its score is not already taking it out
+    ok = Observation(0.9, 1.0, "min:hardware")
+    at = after + 60.0
+    assert chronic.conds(State.DEGRADED, {chronic.SLOW_KEY: Timer(after, 0.0)}, _ev(None), at, POL, ok) == \
+        {Cond.CHRONIC_COST}
+    assert chronic.conds(State.DEGRADED, {chronic.SLOW_KEY: Timer(after - 120.0, None)}, _ev(None), at, POL,
+                         ok) == set()  # (paused: no evidence a cycle ago) not yet ticketed
+    low = Observation(POL.lifecycle.quarantine_below - 0.01, 1.0, "min:performance")
+    assert chronic.conds(State.DEGRADED, {chronic.SLOW_KEY: Timer(after, 0.0)}, _ev(None), at, POL, low) == set()
+    keep = POL.model_copy(update={"chronic": POL.chronic.model_copy(update={"quarantine_when_idle": False})})
+    assert chronic.conds(State.DEGRADED, {chronic.SLOW_KEY: Timer(after, 0.0)}, _ev(None), at, keep, ok) == set()
+    assert chronic.conds(State.READY, {chronic.SLOW_KEY: Timer(after, 0.0)}, _ev(None), at, POL, ok) == set()
+    # with a job that does not pay: no swap
+    assert chronic.conds(State.DEGRADED, {chronic.SLOW_KEY: Timer(after, 0.0)}, _ev(), at, POL, ok) == set()
+    why, _ = chronic.on_transition(Cond.CHRONIC_COST, "node-3", {}, {"node-3": _ev(None)}, POL)  # type: ignore[misc]
+    assert why == chronic.IDLE_REASON
