@@ -495,6 +495,22 @@ class Policy(Strict):
                 raise ValueError(f"physical_gates {unknown} are not signals of this policy")
         return v
 
+    @field_validator("attribution")
+    @classmethod
+    def _physical_xids_gate(cls, v: Attribution, info: ValidationInfo) -> Attribution:
+        # physical evidence is read only on a gated node: an Xid that never gates could never count
+        from fleethealth.signals.xid import classify_xid
+
+        x = info.data.get("xid")
+        if x is not None:
+            idle = [c for c in v.physical_xids
+                    if classify_xid(c, x.gate_buckets, x.gate_xids, x.app_xids, x.reset_xids) != "gate"]
+            if idle:
+                raise ValueError(f"physical_xids {idle} do not gate a node (not in xid.gate_xids, and their "
+                                 "catalog action is not in xid.gate_buckets, or they are app or reset Xids): "
+                                 "physical evidence is only read on a gated node")
+        return v
+
     @field_validator("signals")
     @classmethod
     def _unique(cls, v: list[SignalSpec]) -> list[SignalSpec]:
