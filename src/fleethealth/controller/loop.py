@@ -10,6 +10,14 @@ Theory of operation
 - A source that fails (or, against its contract, raises) is recorded with its error; its entities get
   no fresh samples and go stale in the scorer: lower confidence, value unknown, never healthy. The
   decisions layer then refuses to remediate on them, and a fleet-wide drop freezes remediation.
+- A read that could not read some metrics (a source's ``unread_metrics``: the Prometheus source's failed
+  or partial queries; everything, for a source that raised) supports no absence conclusion
+  (``AbsenceHold``): the structural tracker counts a node's GPUs among its fresh samples while ``up``
+  says the node is alive, so GPU queries failing (or, before Prometheus died, read one scrape older than
+  ``up``) would read as every GPU gone, a hard gate. While GPU metrics are unread, a node's
+  ``gpus_missing`` (and, while anything is unread, ``series_vanished``) is not emitted above what it last
+  was: the node goes stale, unknown; a GPU that really fell off is counted when the reads work again
+  (its Xid 79 and kernel-log gates do not wait for that).
 - After each cycle the controller publishes an immutable ``Published`` record (a single reference swap),
   which the HTTP endpoint reads without locks.
 - Commit, then act: the cycle's state, transitions and intents are committed in one transaction (the
@@ -47,7 +55,7 @@ import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -61,9 +69,9 @@ from fleethealth.policy import Policy
 from fleethealth.score.engine import FleetHealth, Scorer
 from fleethealth.score.expect import FamilyMemory
 from fleethealth.signals.history import SignalHistory
-from fleethealth.signals.snapshot import InputIssue, Snapshot
+from fleethealth.signals.snapshot import InputIssue, LabelSet, Snapshot
 from fleethealth.sources.base import Source
-from fleethealth.sources.structural import StructuralTracker
+from fleethealth.sources.structural import GPUS_MISSING, SERIES_VANISHED, StructuralTracker
 from fleethealth.store.base import StoreError
 
 log = logging.getLogger("fleethealth.controller")
@@ -172,6 +180,56 @@ class Published:
     weights: Mapping[str, Any] = field(default_factory=dict)
 
 
+class AbsenceHold:
+    """No absence conclusion from a read that could not read everything (see the module docstring).
+
+    Keeps the absence values last emitted per node: the last derived snapshot while reads are complete
+    (nothing copied on the hot path), a dict while some are not (an outage: a loop over the derived rows).
+    """
+
+    def __init__(self, gpu_metric_prefix: str) -> None:
+        self.gpu_metric_prefix = gpu_metric_prefix
+        self._last: Snapshot | dict[tuple[str, LabelSet], float] | None = None
+        self.held = 0  # samples held back by the last cycle
+
+    def _last_values(self) -> dict[tuple[str, LabelSet], float]:
+        last = self._last
+        if isinstance(last, dict):
+            return last
+        if last is None:
+            return {}
+        return {(last.metrics[m], last.labelsets[s]): v for m, s, v in
+                zip(last.metric_ids.tolist(), last.series_ids.tolist(), last.values.tolist(), strict=True)}
+
+    def apply(self, derived: Snapshot, unread: Collection[str]) -> Snapshot:
+        """``derived`` without the absence samples that rose while metrics they rest on were unread."""
+        self.held = 0
+        if not unread:
+            self._last = derived
+            return derived
+        gpu_unread = "*" in unread or any(m.startswith(self.gpu_metric_prefix) for m in unread)
+        held_metrics = {SERIES_VANISHED, GPUS_MISSING} if gpu_unread else {SERIES_VANISHED}
+        last = self._last_values()
+        keep = np.ones(len(derived), bool)
+        for i, (m, s, v) in enumerate(zip(derived.metric_ids.tolist(), derived.series_ids.tolist(),
+                                          derived.values.tolist(), strict=True)):
+            key = (derived.metrics[m], derived.labelsets[s])
+            if key[0] in held_metrics and v > last.get(key, 0.0):
+                keep[i] = False  # missing data, not absence: the node's last value stands until it is stale
+            else:
+                last[key] = v
+        self._last = last
+        self.held = int((~keep).sum())
+        if not self.held:
+            return derived
+        return Snapshot(
+            at=derived.at, metrics=derived.metrics, labelsets=derived.labelsets,
+            metric_ids=derived.metric_ids[keep], series_ids=derived.series_ids[keep],
+            values=derived.values[keep], ts=derived.ts[keep],
+            issues=list(derived.issues), source_errors=list(derived.source_errors),
+        )
+
+
 def _has_signal_samples(snap: Snapshot) -> bool:
     if len(snap) == 0:
         return False
@@ -217,6 +275,8 @@ class Controller:
             node_labels=policy.node_labels, max_age_s=policy.freshness.max_age_s,
             future_skew_s=policy.freshness.future_skew_s,
         )
+        self.absence_hold = AbsenceHold(self.structural.gpu_metric_prefix)
+        self._unread: set[str] = set()  # metrics some source could not (fully) read this cycle
         self._capacity = gpu_capacity
         # What each node is expected to have by its past (the tracker's memory) lives in the store too,
         # so a restart (or a standby taking over) still expects a GPU that fell off the bus before.
@@ -303,6 +363,7 @@ class Controller:
     def _read_sources(self, now: float) -> tuple[int, list[InputIssue]]:
         samples = 0
         errors: list[InputIssue] = []
+        self._unread = set()
         # Kernel-log sources map PCI bus ids to GPU indices through the exporters' labels, so they read
         # after every other source, with the map of what was just read (and remembered from before).
         ordered = sorted(self.sources, key=lambda s: hasattr(s, "set_bus_map"))
@@ -321,6 +382,9 @@ class Controller:
                 log.exception("source %s raised", src.name)
                 snap = Snapshot.empty(now)
                 snap.source_errors.append(InputIssue(src.name, 0, f"source raised {type(e).__name__}: {e}"))
+                self._unread.add("*")  # what it covers is unknown: nothing it covers was read
+            else:
+                self._unread.update(getattr(src, "unread_metrics", ()))
             st.last_read_s = time.perf_counter() - t0
             st.last_attempt = now
             st.reads_total += 1
@@ -398,7 +462,10 @@ class Controller:
         structural = self.structural.observe(view, now, self._capacity_now())
         self.targets_down = len(structural.targets_down)
         self.slowest_scrape_s = max(structural.scrape_seconds.values(), default=0.0)
-        derived = structural.snapshot
+        derived = self.absence_hold.apply(structural.snapshot, self._unread)
+        if self.absence_hold.held:
+            log.info("%d absence sample(s) held: metrics unread this cycle (%s)", self.absence_hold.held,
+                     ", ".join(sorted(self._unread)[:5]) + (" ..." if len(self._unread) > 5 else ""))
         derived.source_errors = errors + derived.source_errors  # the view above consumed them
         # The history keeps every input issue it was given; a long-running loop only needs the recent ones.
         if len(self.history.issues) > 5000:
@@ -609,7 +676,7 @@ class Controller:
                 "transitions_total": dict(self.transitions_total), "interval_s": self.interval_s,
                 "targets_down": self.targets_down, "slowest_scrape_s": self.slowest_scrape_s,
                 "store_errors_total": self.store_errors_total, "takeovers_total": self.takeovers_total,
-                "leader": bool(self._leading),
+                "leader": bool(self._leading), "absence_held": self.absence_hold.held,
             },
             recent_intents=tuple(self.recent_intents), recent_transitions=tuple(self.recent_transitions),
             weights=weights,

@@ -13,6 +13,9 @@ first read (or a gap), the window shrinks to the time since the last good read p
 
 Failures (timeout, refused connection, ``"status": "error"``, a body that is not JSON) become
 ``source_errors``; warnings of a partial response become ``issues``. Nothing here raises for them.
+``unread_metrics`` names the metrics of the last read's failed or partial queries: their series may be
+missing from it for no reason of their own, so the controller draws no absence conclusion from them
+(``controller.loop``: a GPU is not "missing" because its query timed out while ``up`` answered).
 
 Scale: decoding the API's JSON and converting it costs on the order of 10 us per sample in CPython
 (measured here: about 60-100k samples per CPU second), so one controller reading 2 samples per series of
@@ -324,6 +327,8 @@ class PrometheusSource:
         self._last_ok: dict[str, float] = {}
         self.last_success: float | None = None
         self.last_error: str | None = None
+        # metrics of the last read's failed queries and of those answered as partial responses
+        self.unread_metrics: frozenset[str] = frozenset()
 
     def close(self) -> None:
         self.api.close()
@@ -334,19 +339,24 @@ class PrometheusSource:
             return longest
         return min(longest, max(self.min_window_s, now - last + self.slack_s))
 
+    def groups(self) -> dict[str, tuple[str, ...]]:
+        """The metric names each query group reads (``c0``.. counters, ``g0``.. gauges and targets)."""
+        out = {f"c{i}": names for i, names in enumerate(_chunks(self.plan.counters, self.chunk))}
+        out.update((f"g{i}", names) for i, names in enumerate(_chunks(self.plan.gauges + self.plan.targets,
+                                                                      self.chunk)))
+        return out
+
     def queries(self, now: float) -> list[tuple[str, str, bool]]:
         """(group, PromQL, is_range) for this read; public so tests and `explain` can show them."""
         out: list[tuple[str, str, bool]] = []
-        for i, names in enumerate(_chunks(self.plan.counters, self.chunk)):
-            w = self._window(f"c{i}", now, self.rate_window_s)
-            out.append((f"c{i}", f"{name_selector(names, self.matchers)}[{_duration(w)}]", True))
-        gnames = self.plan.gauges + self.plan.targets
-        for i, names in enumerate(_chunks(gnames, self.chunk)):
-            if self.gauge_mode == "instant":
-                out.append((f"g{i}", name_selector(names, self.matchers), False))
+        for group, names in self.groups().items():
+            sel = name_selector(names, self.matchers)
+            if group.startswith("c"):
+                out.append((group, f"{sel}[{_duration(self._window(group, now, self.rate_window_s))}]", True))
+            elif self.gauge_mode == "instant":
+                out.append((group, sel, False))
             else:
-                w = self._window(f"g{i}", now, self.max_age_s)
-                out.append((f"g{i}", f"{name_selector(names, self.matchers)}[{_duration(w)}]", True))
+                out.append((group, f"{sel}[{_duration(self._window(group, now, self.max_age_s))}]", True))
         return out
 
     def read(self, now: float) -> Snapshot:
@@ -354,18 +364,25 @@ class PrometheusSource:
         reader = _ResultReader(self._series, self.name, self._reads)
         issues: list[InputIssue] = []
         errors: list[InputIssue] = []
+        names_of = self.groups()
+        unread: set[str] = set()
         for group, promql, is_range in self.queries(now):
             try:
                 res = self.api.query(promql, now)
             except PromQueryError as e:
                 errors.append(InputIssue(self.name, 0, str(e), promql))
+                unread.update(names_of[group])
                 continue
             if res.result_type not in ("matrix", "vector"):
                 errors.append(InputIssue(self.name, 0, f"unexpected result type {res.result_type!r}", promql))
+                unread.update(names_of[group])
                 continue
             reader.add(res, stamp=None if is_range else now)
-            issues.extend(InputIssue(self.name, 0, f"partial response: {w}", promql) for w in res.warnings)
+            if res.warnings:  # a partial response (a store unreachable): its data is kept, not complete
+                issues.extend(InputIssue(self.name, 0, f"partial response: {w}", promql) for w in res.warnings)
+                unread.update(names_of[group])
             self._last_ok[group] = now
+        self.unread_metrics = frozenset(unread)
         snap = reader.snapshot(now, issues, errors)
         if errors:
             self.last_error = errors[0].reason
