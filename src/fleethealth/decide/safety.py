@@ -459,7 +459,7 @@ class SafetyRules:
         else:
             allowed = max(b.quarantine_min_per_hour, math.floor(b.quarantine_fraction_per_hour * size))
         # Distinct entities: isolating the same node again (a relapse) spends nothing new.
-        spent = {e for ts, k, e in c.s.ledger if k == key and c.now - ts < b.window_s}
+        spent = self._spent(c, b.window_s).get(key, set())
         used = len(spent)
         if es.entity not in spent and used >= allowed:
             c.incident(f"budget:{es.kind}:{pool}", f"pool/{pool}", "budget_exhausted",
@@ -469,6 +469,22 @@ class SafetyRules:
                        sig=used)
             return f"budget:{pool}" + (":physical" if physical else ":hard_gate" if hard else "")
         return None
+
+    def _spent(self, c: Cycle, window_s: float) -> dict[str, set[str]]:
+        """Ledger key -> the entities that spent it within ``window_s`` of now: the ledger indexed once per
+        cycle and extended as the cycle appends to it (a fleet-wide flag storm gates every node, and a scan
+        of the whole ledger per gated node cost seconds). Rebuilt when the ledger list, now or the window
+        is another, or the ledger shrank (it is only pruned into a new list at a cycle's start)."""
+        ledger = c.s.ledger
+        ix: tuple[list[Any], float, float, int, dict[str, set[str]]] | None = getattr(self, "_spent_ix", None)
+        if ix is None or ix[0] is not ledger or ix[1] != c.now or ix[2] != window_s or ix[3] > len(ledger):
+            ix = (ledger, c.now, window_s, 0, {})
+        by_key = ix[4]
+        for ts, k, e in ledger[ix[3]:]:
+            if c.now - ts < window_s:
+                by_key.setdefault(k, set()).add(e)
+        self._spent_ix = (ledger, c.now, window_s, len(ledger), by_key)
+        return by_key
 
     def _budget_class(self, c: Cycle, es: EntityLifecycle, rule: Rule) -> tuple[bool, bool]:
         """(physical, hard) of a remediation: which budget it spends and which vetoes it skips. Physical
