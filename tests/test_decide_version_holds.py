@@ -130,6 +130,8 @@ def test_physical_evidence_before_the_incident_is_not_tied_and_keeps_its_ladder(
     dead = r.state.entities["n05"]
     assert dead.state == State.QUARANTINED and dead.version_hold is None
     assert dead.repair is not None and dead.repair["phase"] in ("acting", "verifying")
+    (iso,) = [t for t in r.transitions if t.entity == "n05"]
+    assert iso.detail == "hard_gate budget:physical"  # the budget it spent, for the backtest's judge
     assert r.state.entities["n00"].version_hold == KEY
 
 

@@ -9,7 +9,8 @@ Definitions (also in the README's backtest section):
   pending row remap: reset, do not repair) is *false*. Quarantines of members of a correlated event
   (truth ``group`` on a faulty entity, e.g. a bad driver rollout) are judged as a group, not one by one:
   they are neither true nor false positives; the group's check is that the budget held (each quarantine
-  against the budget it spent: a confirmed hard gate's reason, ``budgets.hard_gates``, spends the
+  against the budget it spent: a transition whose detail names ``budget:physical`` (physical evidence,
+  ``decide.safety``) spends the physical budget, a confirmed hard gate's reason, ``budgets.hard_gates``, the
   hard-gate budget, any other the rate budget) and a human was
   paged about the event (a page for an exhausted budget, a suspect version or a TP-group limit; a page for
   one node failing its active test does not count). Quarantining a replica of a regressed build (truth
@@ -55,6 +56,7 @@ from fleethealth.backtest.arms import ArmLog
 from fleethealth.decide.decider import is_hard_gate_reason
 from fleethealth.decide.incidents import is_new_page
 from fleethealth.decide.model import IntentKind, State
+from fleethealth.decide.safety import PHYSICAL_BUDGET_NOTE
 from fleethealth.policy import Policy
 from fleethealth.sim.truth import GroundTruth
 
@@ -183,10 +185,13 @@ def score_arm(
     first_removed: dict[str, float] = {}
     removed_times: dict[str, list[float]] = defaultdict(list)
     hard_q: set[tuple[float, str]] = set()  # quarantines that spent the hard-gate budget
+    physical_q: set[tuple[float, str]] = set()  # ... the physical-evidence budget (decide.safety)
     for tr in log.transitions:
         if tr.to_state == State.QUARANTINED and tr.from_state != State.QUARANTINED:
             quarantines.append((tr.ts, tr.entity))
-            if is_hard_gate_reason(tr.reason, policy):
+            if PHYSICAL_BUDGET_NOTE in tr.detail.split():
+                physical_q.add((tr.ts, tr.entity))
+            elif is_hard_gate_reason(tr.reason, policy):
                 hard_q.add((tr.ts, tr.entity))
         if tr.to_state in REMOVAL_STATES:
             first_removed.setdefault(tr.entity, tr.ts)
@@ -287,11 +292,15 @@ def score_arm(
         b = policy.budgets
         for pool in pools:
             size = sum(1 for n in nodes if pool_of(n) == pool)
-            # each quarantine is held to the budget it spent: confirmed hard gates have their own
-            for hard, allowed in ((False, max(b.quarantine_min_per_hour, math.floor(b.quarantine_fraction_per_hour * size))),
-                                  (True, max(b.hard_gate_min_per_hour, math.floor(b.hard_gate_fraction_per_hour * size)))):
+            # each quarantine is held to the budget it spent: confirmed hard gates and physical evidence
+            # have their own
+            for spent, allowed in (
+                    ("rate", max(b.quarantine_min_per_hour, math.floor(b.quarantine_fraction_per_hour * size))),
+                    ("hard", max(b.hard_gate_min_per_hour, math.floor(b.hard_gate_fraction_per_hour * size))),
+                    ("physical", max(b.physical_min_per_hour, math.floor(b.physical_fraction_per_hour * size)))):
                 times = [ts for ts, e in qs if pool_of(node_of(e, replica_node)) == pool
-                         and ((ts, e) in hard_q) == hard]
+                         and ("physical" if (ts, e) in physical_q else "hard" if (ts, e) in hard_q else "rate")
+                         == spent]
                 for k, t0 in enumerate(times):
                     if sum(1 for t in times[k:] if t - t0 < b.window_s) > allowed:
                         held = False

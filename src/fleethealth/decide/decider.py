@@ -62,7 +62,7 @@ from fleethealth.decide.lifecycle import (
 )
 from fleethealth.decide.model import IntentKind, State, Tier, Transition
 from fleethealth.decide.repairs import Repairs
-from fleethealth.decide.safety import SafetyRules
+from fleethealth.decide.safety import PHYSICAL_BUDGET_NOTE, SafetyRules
 from fleethealth.decide.state import Decision, DecisionState, EntityLifecycle, Event
 from fleethealth.decide.tuples import (
     LIFECYCLE_KINDS,
@@ -417,7 +417,11 @@ class Decider(SafetyRules, Repairs, FailureDomains):
         priced = chronic.on_transition(rule.cond, es.entity, es.timers, c.chronic, p)
         if priced is not None:
             reason = priced[0]
-        detail = str(rule.cond) + (f" dwell {getattr(p.lifecycle, rule.dwell):g}s" if rule.dwell else "")
+        # the budget the veto checked (decide.safety); a physical one is named, so a judge can charge it
+        spends = self._budget_class(c, es, rule) if dst in REMEDIATION_TARGETS and src not in ISOLATED_STATES \
+            else None
+        detail = str(rule.cond) + (f" dwell {getattr(p.lifecycle, rule.dwell):g}s" if rule.dwell else "") + (
+            f" {PHYSICAL_BUDGET_NOTE}" if spends is not None and spends[0] else "")
         c.transitions.append(Transition(
             now, es.entity, es.kind, src, dst, reason, None if o is None else o.value,
             0.0 if o is None else o.confidence, c.version, detail,
@@ -433,8 +437,8 @@ class Decider(SafetyRules, Repairs, FailureDomains):
         if dst in REMEDIATION_TARGETS or dst == State.READY:
             es.blocked, es.blocked_since = None, None
         es.flagged = False
-        if dst in REMEDIATION_TARGETS and src not in ISOLATED_STATES:
-            physical, hard = self._budget_class(c, es, rule)  # the budget the veto checked
+        if spends is not None:
+            physical, hard = spends
             c.s.ledger.append((now, budget_key(es.kind, es.labels.get("pool", "default"), hard, physical),
                                es.entity))
         worst = None if t is None else t.worst

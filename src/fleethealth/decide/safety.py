@@ -82,6 +82,9 @@ from fleethealth.decide.tuples import LIFECYCLE_KINDS, node_of
 from fleethealth.policy import Policy
 from fleethealth.score.health import HealthTuple
 
+# named in a transition's detail when the isolation spent the physical budget (backtest.metrics charges it)
+PHYSICAL_BUDGET_NOTE = "budget:physical"
+
 
 class SafetyRules:
     """Budgets, TP-group veto, fleet confidence freeze, version correlation and app-Xid attribution."""
