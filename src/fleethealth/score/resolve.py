@@ -147,6 +147,7 @@ class _Resolver:
             return
         gpu_c, node_c, rep_c, rank_c = (self.cols[k] for k in KINDS)
         grouping = [("exported_" + k, k, vals.append, exp.append) for k, (vals, exp) in self._label_cols.items()]
+        key_ix = self.key_ix
         for ls in labelsets[self.n :]:
             d = dict(ls)
             for xk, k, put_value, put_exported in grouping:  # as ``exposed_label`` reads it
@@ -163,9 +164,20 @@ class _Resolver:
                 # A GPU sample without any node label (a bare exporter file): scored under a visible
                 # placeholder node rather than silently dropped.
                 node = UNNAMED_NODE
-            node_kid = self._kid("node:" + node) if node else -1
+            # (the key lookups inline, ``_kid`` only for a new key: a cold 100k-GPU cycle resolves 100k sets)
+            node_kid = -1
+            if node:
+                name = "node:" + node
+                node_kid = key_ix.get(name, -1)
+                if node_kid < 0:
+                    node_kid = self._kid(name)
             node_c.append(node_kid)
-            gpu_c.append(self._kid(f"gpu:{node}/gpu{g}", node_kid) if (node and g is not None and g != "") else -1)
+            if node and g:
+                name = f"gpu:{node}/gpu{g}"
+                gpu_kid = key_ix.get(name, -1)
+                gpu_c.append(gpu_kid if gpu_kid >= 0 else self._kid(name, node_kid))
+            else:
+                gpu_c.append(-1)
             rep = None
             for k in self.replica_labels:
                 rep = d.get(k)

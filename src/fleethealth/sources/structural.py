@@ -152,9 +152,16 @@ class StructuralTracker:
         hit = self._ls_cache.get(ls)
         if hit is None:
             d = dict(ls)
-            node = next((d[k] for k in self.node_labels if d.get(k)), None)
-            gpu = next((d[k] for k in self.gpu_labels if d.get(k)), None)
-            hit = (node, gpu, d.get("instance"))
+            node = gpu = None
+            for k in self.node_labels:  # (plain loops: a cold 100k-GPU cycle describes 100k label sets)
+                node = d.get(k)
+                if node:
+                    break
+            for k in self.gpu_labels:
+                gpu = d.get(k)
+                if gpu:
+                    break
+            hit = (node or None, gpu or None, d.get("instance"))
             if len(self._ls_cache) > 2_000_000:
                 self._ls_cache.clear()
             self._ls_cache[ls] = hit
