@@ -100,7 +100,11 @@ def _runbook(reason: str) -> str:
 
 
 def render_fleet(controller: Any, runner: Any = None, now: float | None = None, kpis: LiveKpis | None = None) -> str:
-    from fleethealth.controller.api import budget_remaining
+    from fleethealth.controller.api import (
+        budget_remaining,
+        hard_gate_budget_remaining,
+        physical_budget_remaining,
+    )
 
     pub = controller.published
     now = pub.ts if now is None else now
@@ -115,8 +119,12 @@ def render_fleet(controller: Any, runner: Any = None, now: float | None = None, 
              f'<span class="pill {"bad" if killed else "ok"}" id="kill">kill switch: {"ENGAGED" if killed else "off"}</span>',
              f'<span class="pill {"bad" if pub.state.frozen else "ok"}" id="frozen">remediation: '
              f'{"FROZEN (telemetry problem)" if pub.state.frozen else "active"}</span>']
-    for (kind, pool), left in budget_remaining(pub, controller).items():
-        parts.append(f'<span class="pill {"bad" if left <= 0 else ""}">budget {_e(kind)} {_e(pool)}: {left:.0f} left</span>')
+    # the rate budget, then the confirmed hard gates' and physical evidence's own (decide.safety)
+    for label, left_of in (("budget", budget_remaining), ("hard-gate budget", hard_gate_budget_remaining),
+                           ("physical budget", physical_budget_remaining)):
+        for (kind, pool), left in left_of(pub, controller).items():
+            parts.append(f'<span class="pill {"bad" if left <= 0 else ""}">{label} {_e(kind)} {_e(pool)}: '
+                         f'{left:.0f} left</span>')
     parts.append("</div>")
     waiting = [e for e in ents.values() if str(e.state) == "FAILED"]
     pages = [i for i in pub.recent_intents if i.get("intent") in ("page", "fleet_alert")][-10:]
