@@ -18,6 +18,7 @@ Pure data structure: no clock, no I/O; ``now`` is an argument.
 from __future__ import annotations
 
 import itertools
+import math
 import weakref
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fleethealth.policy import Policy
+from fleethealth.signals.counter_glitch import GLITCH_S
 from fleethealth.signals.snapshot import (
     InputIssue,
     LabelSet,
@@ -167,6 +169,7 @@ class ReferenceHistory:
         self._chunks: list[_Chunk] = []
         self._c_last = np.zeros(0, np.float64)
         self._c_off = np.zeros(0, np.float64)
+        self._glitch: dict[int, tuple[float, float, float]] = {}  # slot -> (value before a drop, offset, time)
         self._keep_of_metric = np.zeros(0, np.float64)
         self.issues: list[InputIssue] = []
         self.source_errors: list[InputIssue] = []
@@ -396,20 +399,30 @@ class ReferenceHistory:
 
     def _store_counters(self, at: float, slot: np.ndarray, m32: np.ndarray, s32: np.ndarray, slot32: np.ndarray,
                         v: np.ndarray, t: np.ndarray, kmin: float, kmax: float) -> None:
-        """Samples in (slot, time) order become one chunk of reset-corrected values."""
-        # resets within and across batches: sequential per slot, vectorised across slots
-        prev = self._c_last[slot]
-        same = np.zeros(slot.size, bool)
-        same[1:] = slot[1:] == slot[:-1]
-        prev = np.where(same, np.concatenate(([np.nan], v[:-1])), prev)
-        reset = (~np.isnan(prev)) & (v < prev)
-        add = np.where(reset, prev, 0.0)
-        # cumulative offset within each slot run
-        run_start = ~same
-        cum = np.cumsum(add)
-        base = np.maximum.accumulate(np.where(run_start, np.arange(slot.size), 0))
-        cum_before_run = np.where(base > 0, cum[base - 1], 0.0)
-        off = self._c_off[slot] + (cum - cum_before_run)
+        """Samples in (slot, time) order become one chunk of reset-corrected values; a drop that comes back
+        to the count before it within GLITCH_S was an exporter glitch (fleethealth.signals.counter_glitch's
+        rule), here sample by sample."""
+        off = np.empty(slot.size)
+        for i, s in enumerate(slot.tolist()):
+            x, ti = float(v[i]), float(t[i])
+            prev, o, cand = float(self._c_last[s]), float(self._c_off[s]), self._glitch.get(s)
+            back = False
+            if cand is not None:
+                pre, base_off, t0 = cand
+                if ti - t0 > GLITCH_S:
+                    cand = None
+                elif x >= pre:
+                    o, cand, back = max(base_off, prev + o - x), None, True
+                elif x > prev:
+                    cand = None
+            if not back and not math.isnan(prev) and x < prev:
+                cand = cand or (prev, o, ti)
+                o += prev
+            if cand is None:
+                self._glitch.pop(s, None)
+            else:
+                self._glitch[s] = cand
+            self._c_last[s], self._c_off[s], off[i] = x, o, o
         corrected = v + off
         last_pos = np.ones(slot.size, bool)
         last_pos[:-1] = slot[1:] != slot[:-1]

@@ -7,7 +7,8 @@ counters need hours: counter samples are kept per metric for as long as the poli
 that metric, thinned to one sample per ``coarse_s`` once older than ``dense_s`` and one per
 ``sparse_coarse_s`` once older than ``sparse_s`` (a rate over hours needs its end points, not every
 scrape). Counter resets are folded in on arrival (a reset-corrected
-cumulative value), so thinning can never hide a reset.
+cumulative value), so thinning can never hide a reset; a drop that comes back to the old count soon
+after is an exporter glitch, not a reset (``signals.counter_glitch``).
 
 Counters are stored grouped by retention (and by reader: SLO or rate) as matrices (a row per ingest, a
 column per series: ``signals.history_counters``), so a view hands the engine each counter's samples as a
@@ -31,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from fleethealth.policy import Policy
+from fleethealth.signals.counter_glitch import CounterGlitches
 from fleethealth.signals.history_counters import (
     _Chunk,
     _Group,
@@ -194,6 +196,7 @@ class SignalHistory:
         self._c_col = np.zeros(0, np.int64)  # counter slot -> column in its group
         self._c_last = np.zeros(0, np.float64)
         self._c_off = np.zeros(0, np.float64)
+        self._glitches = CounterGlitches()  # drops that are exporter glitches, not resets, if they come back
         self._max_t = -np.inf  # latest sample time ever added (bounds the view's)
         self._keep_of_metric = np.zeros(0, np.float64)
         self._slo_metric = np.zeros(0, bool)
@@ -506,8 +509,8 @@ class SignalHistory:
             prev = self._c_last[sl]
             reset = v < prev  # (never with NaN: a slot's first sample)
             off = self._c_off[sl]
-            if reset.any():
-                off = off + np.where(reset, prev, 0.0)
+            if reset.any() or len(self._glitches):  # a drop, or one that may turn out an exporter glitch
+                off = self._glitches.scrape(sl, v, t, prev, off)
                 self._c_off[sl] = off
             corrected = v + off
             self._c_last[sl] = v
@@ -523,6 +526,8 @@ class SignalHistory:
             off = self._c_off[slot] + add
             for i in np.flatnonzero(same).tolist():  # later samples of a series in one batch (rare)
                 off[i] = off[i - 1] + add[i]
+            if reset.any() or len(self._glitches):  # drops that may be exporter glitches, sample by sample
+                off = self._glitches.runs(slot, v, t, self._c_last[slot], self._c_off[slot], off, ~same)
             corrected = v + off
             last_pos = np.ones(slot.size, bool)
             last_pos[:-1] = slot[1:] != slot[:-1]
@@ -650,7 +655,7 @@ class SignalHistory:
                 last = np.where(have.any(axis=0), k - 1 - np.argmax(have[::-1], axis=0), -1)
                 sizes = np.cumsum(have.sum(axis=0))
             gi = len(groups)
-            groups.append(CounterMatrix(g.cs, T, V, last, gi, 0, g.cm.size, have is None))
+            groups.append(CounterMatrix(g.cs, T, V, last, gi, 0, g.cm.size, have is None, g.row_times()))
             for m, c0, c1 in g.ranges():
                 size = k * (c1 - c0) if have is None else int(sizes[c1 - 1]) - (int(sizes[c0 - 1]) if c0 else 0)
                 if size:
