@@ -221,7 +221,8 @@ class _Ctx:
         if hit is None:
             assert self.index is not None
             g = self.index.groups[mat.group]
-            hit = self._stacks[key] = _windows(g.t, g.v, g.last, np.asarray(starts, np.float64), g.dense)
+            hit = self._stacks[key] = _windows(g.t, g.v, g.last, np.asarray(starts, np.float64), g.dense,
+                                               g.row_times)
         return hit
 
     def gauge_rows(self, metric: str, match: Mapping[str, str] | None, kind: str,
@@ -271,7 +272,7 @@ class _Ctx:
         if hit is None:
             assert self.index is not None
             g = self.index.groups[mat.group]
-            hit = self._windows[key] = _window(g.t, g.v, g.last, start, g.dense)
+            hit = self._windows[key] = _window(g.t, g.v, g.last, start, g.dense, g.row_times)
         return hit
 
 

@@ -110,12 +110,32 @@ def _counter_runs(
     return s[starts], inc, t0, t1, v[ends], t[ends]
 
 
-def _window(t: np.ndarray, v: np.ndarray, last: np.ndarray, start: float, dense: bool = False) -> tuple[np.ndarray, ...]:
+def _rows_out(t: np.ndarray, starts: np.ndarray, small: type,
+              row_times: tuple[np.ndarray, np.ndarray] | None) -> np.ndarray:
+    """Per start (rows) and column, how many of the column's samples are at or before the start (a
+    matrix without NaN). With ``row_times`` (each row's earliest and latest time) only the rows that
+    straddle a start are compared: the leading rows wholly at or before every start count whole, the
+    trailing rows wholly after every start not at all (the same counts; a 6-hour window over a few
+    hundred rows reads one or two)."""
+    k = t.shape[0]
+    a, b = 0, k
+    if row_times is not None and k and starts.size:
+        lo, hi = row_times
+        before = hi <= starts.min()  # (NaN: an empty row, never in a matrix without NaN)
+        a = k if bool(before.all()) else int(np.argmax(~before))
+        straddle = np.flatnonzero(lo <= starts.max())
+        b = max(a, int(straddle[-1]) + 1 if straddle.size else 0)
+    out = (t[None, a:b, :] <= starts[:, None, None]).sum(axis=1, dtype=small).astype(np.int64)
+    return out + a if a else out
+
+
+def _window(t: np.ndarray, v: np.ndarray, last: np.ndarray, start: float, dense: bool = False,
+            row_times: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, ...]:
     """Per column of a counter matrix, as ``_counter_runs`` per series: the increase over the samples
     after ``start`` (NaN with fewer than two), their first and last timestamps (NaN with none), the
     latest value and timestamp, and how many samples are in the window. The values are cumulative and
     times sorted down each column, so the window is a suffix and its increase a difference of two
-    entries."""
+    entries (``row_times``: see ``_rows_out``)."""
     k, c = t.shape
     # counts down the columns in a small integer type (the sum of a bool matrix is faster so), and
     # one entry per column picked by a flat index where the matrices are contiguous
@@ -129,7 +149,7 @@ def _window(t: np.ndarray, v: np.ndarray, last: np.ndarray, start: float, dense:
         return a[rows * c + cols] if flat else a[rows, cols]
 
     if dense:  # every series a sample in every row: the first in the window is the count before it
-        n_out = (t <= start).sum(axis=0, dtype=small).astype(np.int64)
+        n_out = _rows_out(t, np.array([start]), small, row_times)[0]
         n_in = k - n_out
         first = np.minimum(n_out, k - 1)
         lt, lv = t[k - 1], v[k - 1]
@@ -146,8 +166,8 @@ def _window(t: np.ndarray, v: np.ndarray, last: np.ndarray, start: float, dense:
     return inc, t0, t1, lv, lt, n_in
 
 
-def _windows(t: np.ndarray, v: np.ndarray, last: np.ndarray, starts: np.ndarray,
-             dense: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _windows(t: np.ndarray, v: np.ndarray, last: np.ndarray, starts: np.ndarray, dense: bool = False,
+             row_times: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``_window`` for several starts at once: the increase (NaN with fewer than two samples) and the
     sample count in each window (rows: ``starts``), and the latest timestamp, per column."""
     k, c = t.shape
@@ -160,7 +180,7 @@ def _windows(t: np.ndarray, v: np.ndarray, last: np.ndarray, starts: np.ndarray,
         return a[rows * c + cols] if flat else a[rows, np.broadcast_to(cols, rows.shape)]
 
     if dense:
-        n_out = (t[None, :, :] <= starts[:, None, None]).sum(axis=1, dtype=small).astype(np.int64)
+        n_out = _rows_out(t, starts, small, row_times)
         n_in = k - n_out
         first = np.minimum(n_out, k - 1)
         lt, lv = t[k - 1], v[k - 1]

@@ -85,8 +85,8 @@ class _Group:
     Rows are appended and never written again: dropping anything but the oldest rows, or adding columns,
     builds new arrays, so the slices a view hands out stay valid after later ingests."""
 
-    __slots__ = ("keep", "cm", "cs", "cslot", "T", "V", "at", "cid", "r0", "r1", "cnt", "holes", "last_t",
-                 "monotone", "version", "_ranges")
+    __slots__ = ("keep", "cm", "cs", "cslot", "T", "V", "at", "cid", "tlo", "thi", "r0", "r1", "cnt", "holes",
+                 "last_t", "monotone", "version", "_ranges")
 
     def __init__(self, keep: float) -> None:
         self.keep = keep
@@ -97,6 +97,10 @@ class _Group:
         self.V = np.full((8, 0), np.nan)
         self.at = np.zeros(8)
         self.cid = np.zeros(8, np.int64)
+        # per row, its earliest and latest sample time (NaN: none): a window's start falls between the
+        # rows all before it and those all after it, so only the few rows between are read (``row_times``)
+        self.tlo = np.zeros(8)
+        self.thi = np.zeros(8)
         self.r0 = 0  # live rows: r0 .. r1
         self.r1 = 0
         self.cnt = np.zeros(0, np.int64)  # samples per column in the live rows
@@ -133,9 +137,10 @@ class _Group:
             rows = _run(keep_rows)
             T[:k], V[:k] = np.nan, np.nan
             T[:k, cols_at], V[:k, cols_at] = self.T[rows], self.V[rows]
-        at, cid = np.zeros(cap), np.zeros(cap, np.int64)
+        at, cid, tlo, thi = np.zeros(cap), np.zeros(cap, np.int64), np.zeros(cap), np.zeros(cap)
         at[:k], cid[:k] = self.at[keep_rows], self.cid[keep_rows]
-        self.T, self.V, self.at, self.cid = T, V, at, cid
+        tlo[:k], thi[:k] = self.tlo[keep_rows], self.thi[keep_rows]
+        self.T, self.V, self.at, self.cid, self.tlo, self.thi = T, V, at, cid, tlo, thi
         self.r0, self.r1 = 0, k
 
     def add_columns(self, m: np.ndarray, s: np.ndarray, slots: np.ndarray) -> None:
@@ -196,6 +201,11 @@ class _Group:
             self.last_t[col[last]] = t[last]
         self.at[r:r + rows] = at
         self.cid[r:r + rows] = cid
+        if rows == 1:
+            self.tlo[r], self.thi[r] = (np.fmin.reduce(t), np.fmax.reduce(t)) if t.size else (np.nan, np.nan)
+        else:  # (fmin/fmax skip the NaN of the rows' empty cells)
+            self.tlo[r:r + rows] = np.fmin.reduce(self.T[r:r + rows], axis=1)
+            self.thi[r:r + rows] = np.fmax.reduce(self.T[r:r + rows], axis=1)
         self.r1 = r + rows
         self.holes += rows * self.cm.size - t.size
         return born
@@ -232,6 +242,10 @@ class _Group:
             run = np.fmax.accumulate(T, axis=0)
             self.monotone = not bool((T[1:] < run[:-1]).any())
         return emptied
+
+    def row_times(self) -> tuple[np.ndarray, np.ndarray]:
+        """Each live row's earliest and latest sample time (NaN: an empty row)."""
+        return self.tlo[self.r0:self.r1], self.thi[self.r0:self.r1]
 
     def ranges(self) -> list[tuple[int, int, int]]:
         """(metric, first column, end column) of each metric's block of columns."""

@@ -76,6 +76,8 @@ class CounterMatrix:
     c0: int = 0
     c1: int = 0
     dense: bool = False  # no NaN: every series has a sample in every row
+    # each row's earliest and latest sample time (a group's matrix: see ``score.kernels._rows_out``)
+    row_times: tuple[np.ndarray, np.ndarray] | None = None
 
 
 @dataclass(frozen=True, slots=True)
