@@ -42,6 +42,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -111,6 +112,20 @@ def realtime(pids: list[int], on: bool) -> None:
     policy, prio = (os.SCHED_FIFO, 1) if on else (os.SCHED_OTHER, 0)
     for pid in pids:
         set_threads(pid, lambda tid: os.sched_setscheduler(tid, policy, os.sched_param(prio)))
+
+
+def run_chain(run: Callable[[], Coroutine[Any, Any, None]], targets: dict[str, tuple[str, int | None]],
+              engine_pid: int, rt: bool) -> None:
+    """Runs ``run()`` to its end; with ``rt`` the whole chain (this process, the engine, every target's
+    sidecar) runs SCHED_FIFO meanwhile (``realtime``) and goes back to SCHED_OTHER however it ends."""
+    everyone = sorted({os.getpid(), engine_pid, *(pid for _, pid in targets.values() if pid is not None)})
+    if rt:
+        realtime(everyone, True)
+    try:
+        asyncio.run(run())
+    finally:
+        if rt:
+            realtime(everyone, False)
 
 
 def per(a: tuple[float, float], b: tuple[float, float], n: int, scale: float) -> str:
@@ -312,7 +327,6 @@ def interleaved_latency(targets: dict[str, tuple[str, int | None]], engine_pid: 
     net: dict[str, list[float]] = {k: [] for k in names}
     me, tid = os.getpid(), threading.get_native_id()
     chains = {k: [engine_pid] + ([pid] if pid is not None else []) for k, (_, pid) in targets.items()}
-    everyone = sorted({me, engine_pid, *(pid for _, pid in targets.values() if pid is not None)})
 
     def waited(pids: list[int]) -> int:
         return sched(me, tid)[1] + sum(sched(p)[1] for p in pids)
@@ -337,13 +351,7 @@ def interleaved_latency(targets: dict[str, tuple[str, int | None]], engine_pid: 
             for c in clients.values():
                 await c.aclose()
 
-    if rt:
-        realtime(everyone, True)
-    try:
-        asyncio.run(run())
-    finally:
-        if rt:
-            realtime(everyone, False)
+    run_chain(run, targets, engine_pid, rt)
     return {k: {"lat_med_ms": 1e3 * statistics.median(v), "lat_p99_ms": 1e3 * pct(v, 0.99),
                 "net_med_ms": 1e3 * statistics.median(net[k])} for k, v in lat.items()}
 
@@ -380,14 +388,7 @@ def throughput_slices(targets: dict[str, tuple[str, int | None]], engine_pid: in
             for c in clients.values():
                 await c.aclose()
 
-    everyone = sorted({os.getpid(), engine_pid, *(pid for _, pid in targets.values() if pid is not None)})
-    if rt:
-        realtime(everyone, True)
-    try:
-        asyncio.run(run())
-    finally:
-        if rt:
-            realtime(everyone, False)
+    run_chain(run, targets, engine_pid, rt)
     d_rps, d_cpu = rps["direct"], cpu["direct"]
     return {k: {"rps": statistics.median(rps[k]), "chain_cpu_ms": statistics.median(cpu[k]),
                 "rps_ratio": statistics.median(x / y for x, y in zip(rps[k], d_rps, strict=True)),
