@@ -39,3 +39,30 @@ def test_an_operator_setting_wins() -> None:
     got = _probe(NUMPY_MADVISE_HUGEPAGE="1", MALLOC_TRIM_THRESHOLD_="131072")
     assert got["small_pages"] is False and got["numpy_huge"] is True
     assert got["malloc_keeps_blocks"] is False
+
+
+def test_gc_paused_defers_collection_and_restores_the_collector() -> None:
+    import gc
+
+    from fleethealth.memory import gc_paused
+
+    assert gc.isenabled()
+    with gc_paused():
+        assert not gc.isenabled()
+        with gc_paused():  # nested: the outer one turns it back on
+            assert not gc.isenabled()
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with gc_paused():
+            pass
+        assert not gc.isenabled()  # a collector already off stays off
+    finally:
+        gc.enable()
+    try:
+        with gc_paused():
+            raise ValueError("bad input")
+    except ValueError:
+        pass
+    assert gc.isenabled()

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from fleethealth.memory import gc_paused
 from fleethealth.policy import Policy
 from fleethealth.score.health import EntityKind
 from fleethealth.signals.snapshot import LabelSet, Snapshot, label_float
@@ -232,7 +233,8 @@ def _resolver_for(kept: Kept, snap: Snapshot, policy: Policy) -> _Resolver:
         if len(kept.resolvers) >= 8:
             kept.resolvers.pop(next(iter(kept.resolvers)))
         kept.resolvers[key] = r
-    r.update(snap.labelsets)
+    with gc_paused():  # (new label sets: a cold 100k-GPU cycle makes ~300k keys and ids, no cycles)
+        r.update(snap.labelsets)
     return r
 
 

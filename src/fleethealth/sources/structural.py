@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from fleethealth.memory import gc_paused
 from fleethealth.signals.history import shape_token
 from fleethealth.signals.snapshot import InputIssue, LabelSet, Snapshot, SnapshotBuilder
 from fleethealth.sources.structural_layout import (
@@ -175,7 +176,8 @@ class StructuralTracker:
                 st.n and labelsets[st.n - 1] is not st.last):
             st = self._table = _SeriesTable(labelsets)
         if len(labelsets) > st.n:
-            st.extend(self, labelsets)
+            with gc_paused():  # (a cold 100k-GPU cycle: 100k descriptions, no reference cycles)
+                st.extend(self, labelsets)
         return st
 
     def observe(
