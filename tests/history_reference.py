@@ -31,7 +31,6 @@ from fleethealth.signals.snapshot import (
     InputIssue,
     LabelSet,
     Snapshot,
-    bucket_at_threshold,
     label_float,
     order_by_series_time,
 )
@@ -241,9 +240,14 @@ class ReferenceHistory:
             if rows.size == 0:
                 continue
             le = self._le_of(s[rows])
+            hist = [tuple(p for p in self.labelsets[x] if p[0] != "le") for x in s[rows].tolist()]
             want = np.zeros(rows.size, bool)
-            for thr in thresholds:
-                want |= bucket_at_threshold(le, thr)
+            for thr in thresholds:  # per histogram (its label set without `le`): its largest bound <= thr
+                best: dict[object, float] = {}
+                for h, b in zip(hist, le.tolist(), strict=True):
+                    if b <= thr + 1e-12:
+                        best[h] = max(best.get(h, b), b)
+                want |= np.array([h in best and b == best[h] for h, b in zip(hist, le.tolist(), strict=True)], bool)
             if keep is None:
                 keep = np.ones(m.size, bool)
             keep[rows] = want

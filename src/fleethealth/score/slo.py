@@ -10,6 +10,11 @@ SLOs of one kind are one batch (``_slo_batch``): every SLO's request and good co
 one bincount, then the burn rates as SLOs x windows x entities arrays, element by element the arithmetic
 of ``shapes.burn_rate`` / ``shapes.slo_score``. Which bucket a latency SLO reads and the bins of a batch
 depend only on which series exist: kept in the scorer's memory while those are unchanged.
+
+A latency threshold that is not a bound of an entity's histogram is read at the histogram's nearest bound
+below it (``signals.slo_buckets``: conservative, requests in between count as slow), and the entity's
+detail says so; one whose histogram has no bound that low is not scored, and says why, rather than read
+``pending:`` for ever.
 """
 
 from __future__ import annotations
@@ -24,7 +29,8 @@ from fleethealth.score import shapes
 from fleethealth.score.context import _cols_ix, _Columns, _Ctx, _SignalResult
 from fleethealth.score.health import EntityKind
 from fleethealth.score.resolve import _KindTable
-from fleethealth.signals.snapshot import CounterMatrix, bucket_at_threshold, order_by_series_time
+from fleethealth.signals.slo_buckets import buckets_at_threshold, histogram_ids
+from fleethealth.signals.snapshot import CounterMatrix, order_by_series_time
 
 
 def _evaluate_slo(ctx: _Ctx, spec: SignalSpec, kind: EntityKind, table: _KindTable, res: _SignalResult) -> _SignalResult:
@@ -41,16 +47,19 @@ def _evaluate_slo(ctx: _Ctx, spec: SignalSpec, kind: EntityKind, table: _KindTab
     if req_c is not None and good_c is not None:
         return _evaluate_slo_columns(ctx, spec, kind, req_c, good_c, res)
     req_idx = ctx.samples(spec.requests_metric)
-    if spec.threshold_s is not None:
-        bidx = ctx.samples(spec.metric + "_bucket", spec.match)
-        at = bucket_at_threshold(ctx.resolver.label_floats("le")[snap.series_ids[bidx]], spec.threshold_s)
-        if not at.any():
-            return res
-        good_idx = bidx[at]
-    else:
-        good_idx = ctx.samples(spec.metric, spec.match)
     if req_idx.size == 0:
         return res
+    with_bucket: np.ndarray | None = None  # latency: entities whose histogram has a bound to read
+    if spec.threshold_s is not None:
+        bidx = ctx.samples(spec.metric + "_bucket", spec.match)
+        bser = snap.series_ids[bidx]
+        le = ctx.resolver.label_floats("le")[bser]
+        at = buckets_at_threshold(le, histogram_ids(snap.labelsets, bser), spec.threshold_s)
+        good_idx = bidx[at]
+        ent_b = table.entities(ctx.resolver.arr[kind][bser[at]])
+        with_bucket = _bucket_notes(res, spec, ent_b[ent_b >= 0], le[at][ent_b >= 0])
+    else:
+        good_idx = ctx.samples(spec.metric, spec.match)
 
     class _Windows:
         """Sorted once per metric; increase over any (start, now] by binary search. Values are made
@@ -103,7 +112,7 @@ def _evaluate_slo(ctx: _Ctx, spec: SignalSpec, kind: EntityKind, table: _KindTab
     # seen / freshness from the request counter
     ser_all = snap.series_ids[req_idx]
     ent_all = table.entities(ctx.resolver.arr[kind][ser_all])
-    res.seen[ent_all[ent_all >= 0]] = True
+    _seen(res, spec, ent_all[ent_all >= 0], with_bucket)
     burns: list[tuple[np.ndarray, np.ndarray, float]] = []
     last_total = None
     req_w, good_w = _Windows(req_idx), _Windows(good_idx)
@@ -125,6 +134,34 @@ def _evaluate_slo(ctx: _Ctx, spec: SignalSpec, kind: EntityKind, table: _KindTab
     return _slo_result(res, burns, max_age)
 
 
+def _bucket_notes(res: _SignalResult, spec: SignalSpec, ent: np.ndarray, bound: np.ndarray) -> np.ndarray:
+    """Say, per entity, which bucket bound its latency SLO reads where that is below the threshold (the
+    nearest bound at or below it: requests between the two count as slow); returns the entities with a
+    bucket to read."""
+    assert spec.threshold_s is not None
+    low = bound < spec.threshold_s - 1e-12
+    if low.any():
+        lowest = np.full(res.sub.size, np.inf)
+        np.minimum.at(lowest, ent[low], bound[low])
+        for e in np.flatnonzero(np.isfinite(lowest)).tolist():
+            res.notes[e] = (f"no histogram bucket at {spec.threshold_s:g} s: read at le={lowest[e]:g} s, the "
+                            f"nearest bound below (requests between the two count as slow)")
+    return np.unique(ent)
+
+
+def _seen(res: _SignalResult, spec: SignalSpec, req_ent: np.ndarray, with_bucket: np.ndarray | None) -> None:
+    """Mark the entities with request counters seen; of a latency SLO only those with a bucket at or below
+    the threshold to read (one without is not pending for ever: it says why it is not scored)."""
+    if with_bucket is None:
+        res.seen[req_ent] = True
+        return
+    ok = np.isin(req_ent, with_bucket)
+    res.seen[req_ent[ok]] = True
+    for e in np.unique(req_ent[~ok]).tolist():
+        res.notes[e] = (f"no histogram bucket at or below the {spec.threshold_s:g} s threshold (the policy's "
+                        f"threshold is below the histogram's first bound): not scored")
+
+
 def _slo_result(res: _SignalResult, burns: list[tuple[np.ndarray, np.ndarray, float]], max_age: float) -> _SignalResult:
     sub = shapes.slo_score(burns)
     fresh = res.age <= max_age
@@ -136,19 +173,20 @@ def _slo_result(res: _SignalResult, burns: list[tuple[np.ndarray, np.ndarray, fl
 
 
 def _slo_bucket(ctx: _Ctx, spec: SignalSpec, kind: str, mat: CounterMatrix, present: np.ndarray,
-                good_c: _Columns) -> np.ndarray | None:
-    """Which of ``good_c``'s columns are the bucket a latency SLO reads (``bucket_at_threshold`` among
-    the histogram's ``present`` series); None when no bucket is low enough. Kept while its inputs are."""
+                good_c: _Columns) -> np.ndarray:
+    """Which of ``good_c``'s columns are the buckets a latency SLO reads (``buckets_at_threshold``, per
+    histogram among the metric's ``present`` series; none of a histogram without a bound low enough).
+    Kept while its inputs are."""
     assert spec.threshold_s is not None
     le = ctx.resolver.label_floats("le")
     key = (id(spec), kind)
     hit = ctx.kept.buckets.get(key)
     if (hit is not None and hit[0] is spec and hit[1] is le and np.array_equal(hit[2], mat.series)
             and np.array_equal(hit[3], present) and np.array_equal(hit[4], good_c.series)):
-        return hit[5]
-    le_all = le[mat.series[present]]
-    at = bucket_at_threshold(le_all, spec.threshold_s)
-    sel = np.flatnonzero(le[good_c.series] == le_all[at][0]) if at.any() else None
+        return hit[5]  # type: ignore[return-value]  # always an array since buckets became per histogram
+    pres = mat.series[present]
+    at = buckets_at_threshold(le[pres], histogram_ids(ctx.snap.labelsets, pres), spec.threshold_s)
+    sel = np.flatnonzero(np.isin(good_c.series, pres[at]))
     if len(ctx.kept.buckets) > 64:
         ctx.kept.buckets.clear()
     ctx.kept.buckets[key] = (spec, le, mat.series.copy(), present.copy(), good_c.series.copy(), sel)
@@ -157,19 +195,17 @@ def _slo_bucket(ctx: _Ctx, spec: SignalSpec, kind: str, mat: CounterMatrix, pres
 
 def _slo_inputs(ctx: _Ctx, spec: SignalSpec, kind: str, req: _Columns,
                 good_c: _Columns) -> tuple[_Columns, _Columns] | None:
-    """The request and good (bucket at the threshold, or error) columns an SLO reads off the view's
-    matrices; None when it has nothing to score (no bucket low enough, no request series)."""
+    """The request and good (buckets at the threshold, or error) columns an SLO reads off the view's
+    matrices; None when it has nothing to score (no request series). A latency SLO's entities without a
+    bucket to read are among the request columns only: not scored, and they say why."""
     if spec.threshold_s is not None:
-        # the bucket is chosen among all of the histogram's series, as on rows, then read per entity
+        # each histogram's bucket is chosen among its present series, as on rows, then read per entity
         mat = ctx.matrix(spec.metric + "_bucket")
         assert mat is not None
         present = mat.last >= 0
         if spec.match:
             present &= ctx.resolver.label_match(spec.match)[mat.series]
-        sel = _slo_bucket(ctx, spec, kind, mat, present, good_c)
-        if sel is None:
-            return None
-        good_c = good_c.only(sel)
+        good_c = good_c.only(_slo_bucket(ctx, spec, kind, mat, present, good_c))
     if req.series.size == 0:
         return None
     return req, good_c
@@ -258,8 +294,10 @@ def _slo_batch_one_group(ctx: _Ctx, jobs: list[tuple[SignalSpec, _Columns, _Colu
     k = len(jobs)
     n = jobs[0][3].sub.size
     starts = tuple(now - win for w in pol.slo.windows for win in (w.long_s, w.short_s))
-    for _, req, _, res in jobs:
-        res.seen[req.ent] = True
+    le = ctx.resolver.label_floats("le")
+    for spec, req, good_c, res in jobs:
+        with_bucket = None if spec.threshold_s is None else _bucket_notes(res, spec, good_c.ent, le[good_c.series])
+        _seen(res, spec, req.ent, with_bucket)
     if split:  # request counters in one group, good counters in another
         counts, age = _slo_counts(ctx, [jobs[0][1]], [0], 2, starts, n)
         good_counts, _ = _slo_counts(ctx, [jobs[0][2]], [1], 2, starts, n)

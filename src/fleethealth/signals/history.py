@@ -41,6 +41,7 @@ from fleethealth.signals.history_counters import (
     counter_metrics,
     slo_counter_metrics,
 )
+from fleethealth.signals.slo_buckets import HistogramIds, buckets_at_threshold
 from fleethealth.signals.snapshot import (
     CounterMatrix,
     HistoryView,
@@ -48,7 +49,6 @@ from fleethealth.signals.snapshot import (
     LabelSet,
     Snapshot,
     ViewIndex,
-    bucket_at_threshold,
     label_float,
     order_by_series_time,
 )
@@ -172,6 +172,7 @@ class SignalHistory:
             if spec.shape == "slo" and spec.threshold_s is not None:
                 self._bucket_thresholds.setdefault(spec.metric + "_bucket", []).append(spec.threshold_s)
         self._le: list[float] = []  # per history label set: its `le` bound (NaN without one)
+        self._hist_ids = HistogramIds()  # per history label set: its histogram (the label set without `le`)
         self._track_start = np.zeros(0, bool)
         self.metrics: list[str] = []
         self._metric_ix: dict[str, int] = {}
@@ -287,9 +288,10 @@ class SignalHistory:
             if rows.size == 0:
                 continue
             le = self._le_of(s[rows])
+            hist = self._hist_ids.of(self.labelsets, s[rows])  # per histogram (signals.slo_buckets)
             want = np.zeros(rows.size, bool)
             for thr in thresholds:
-                want |= bucket_at_threshold(le, thr)
+                want |= buckets_at_threshold(le, hist, thr)
             if keep is None:
                 keep = np.ones(m.size, bool)
             keep[rows] = want
