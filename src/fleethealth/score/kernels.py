@@ -114,19 +114,29 @@ def _rows_out(t: np.ndarray, starts: np.ndarray, small: type,
               row_times: tuple[np.ndarray, np.ndarray] | None) -> np.ndarray:
     """Per start (rows) and column, how many of the column's samples are at or before the start (a
     matrix without NaN). With ``row_times`` (each row's earliest and latest time) only the rows that
-    straddle a start are compared: the leading rows wholly at or before every start count whole, the
-    trailing rows wholly after every start not at all (the same counts; a 6-hour window over a few
-    hundred rows reads one or two)."""
-    k = t.shape[0]
-    a, b = 0, k
-    if row_times is not None and k and starts.size:
-        lo, hi = row_times
-        before = hi <= starts.min()  # (NaN: an empty row, never in a matrix without NaN)
-        a = k if bool(before.all()) else int(np.argmax(~before))
-        straddle = np.flatnonzero(lo <= starts.max())
-        b = max(a, int(straddle[-1]) + 1 if straddle.size else 0)
-    out = (t[None, a:b, :] <= starts[:, None, None]).sum(axis=1, dtype=small).astype(np.int64)
-    return out + a if a else out
+    straddle a start are compared, start by start: the leading rows wholly at or before it count whole,
+    the trailing rows wholly after it not at all (the same counts; a 6-hour window over a few hundred
+    rows reads one or two)."""
+    if row_times is None or starts.size < 2:
+        a, b = _straddling(t.shape[0], starts, row_times)
+        out = (t[None, a:b, :] <= starts[:, None, None]).sum(axis=1, dtype=small).astype(np.int64)
+        return out + a if a else out
+    out = np.empty((starts.size, t.shape[1]), np.int64)
+    for i in range(starts.size):  # (an SLO's windows start hours apart: a band each)
+        out[i] = _rows_out(t, starts[i:i + 1], small, row_times)[0]
+    return out
+
+
+def _straddling(k: int, starts: np.ndarray, row_times: tuple[np.ndarray, np.ndarray] | None) -> tuple[int, int]:
+    """Rows ``a:b`` of ``k``: those before ``a`` are wholly at or before every start, those from ``b`` on
+    wholly after every start (``a == b``: every column has ``a`` samples at or before each start)."""
+    if row_times is None or not k or not starts.size:
+        return 0, k
+    lo, hi = row_times
+    before = hi <= starts.min()  # (NaN: an empty row, never in a matrix without NaN)
+    a = k if bool(before.all()) else int(np.argmax(~before))
+    straddle = np.flatnonzero(lo <= starts.max())
+    return a, max(a, int(straddle[-1]) + 1 if straddle.size else 0)
 
 
 def _window(t: np.ndarray, v: np.ndarray, last: np.ndarray, start: float, dense: bool = False,
@@ -149,6 +159,14 @@ def _window(t: np.ndarray, v: np.ndarray, last: np.ndarray, start: float, dense:
         return a[rows * c + cols] if flat else a[rows, cols]
 
     if dense:  # every series a sample in every row: the first in the window is the count before it
+        a, b = _straddling(k, np.array([start]), row_times)
+        if a == b:  # the start falls between two rows: every column's window starts at row a
+            lt, lv = t[k - 1], v[k - 1]
+            if k - a == 0:
+                none = np.full(c, np.nan)
+                return none, none.copy(), none.copy(), lv, lt, np.zeros(c, np.int64)
+            inc = lv - v[a] if k - a >= 2 else np.full(c, np.nan)
+            return inc, t[a].copy(), lt.copy(), lv, lt, np.full(c, k - a, np.int64)
         n_out = _rows_out(t, np.array([start]), small, row_times)[0]
         n_in = k - n_out
         first = np.minimum(n_out, k - 1)
