@@ -47,8 +47,10 @@ from fleethealth.policy import default_policy
 from fleethealth.signals.snapshot import Snapshot, SnapshotBuilder
 from fleethealth.sources import exposition
 
-clear_label_cache, parse_exposition, parse_many = (
-    exposition.clear_label_cache, exposition.parse_exposition, exposition.parse_many)
+parse_exposition, parse_many = exposition.parse_exposition, exposition.parse_many
+# an older tree (run by --old) kept parsed label strings in a module-level cache; today the caller holds
+# them (PagePlans' LabelCache), so a fresh source is cold by itself
+clear_label_cache = getattr(exposition, "clear_label_cache", lambda: None)
 
 
 def node_pages(n_gpus: int, seed: int = 0) -> list[bytes]:

@@ -16,7 +16,6 @@ from fleethealth.signals.snapshot import SnapshotBuilder
 from fleethealth.sources.exposition import (
     DCGM_FP64_BLANK,
     DCGM_INT32_BLANK,
-    clear_label_cache,
     parse_exposition,
     value_problem,
 )
@@ -49,7 +48,6 @@ def test_dcgm_exporter_readme_sample() -> None:
 
 @pytest.mark.parametrize("comma_space", [False, True])
 def test_generated_dcgm_text_equals_prometheus_client(comma_space: bool) -> None:
-    clear_label_cache()
     text = dcgm_text(64, seed=3, comma_space=comma_space)
     snap = parse_exposition(text, default_ts=NOW)
     assert len(snap) == 64 * 25 - 2  # two GPUs report the memory-temperature sentinel
@@ -339,9 +337,9 @@ def test_property_bulk_template_labels_equal_careful_parse(values: list[list[str
         ("{" + sep.join(f'{k}="{_esc(v)}"' for k, v in zip((k0, "alpha", "mid"), vs, strict=True)) + "}").encode()
         for vs in values
     ))
-    clear_label_cache()
-    ex._parse_labels_bulk(raws)
-    bulk = [ex._LABEL_CACHE[r] for r in raws]
+    cache = ex.LabelCache()  # (a fresh one: every string parsed in bulk)
+    ex._parse_labels_bulk(raws, cache)
+    bulk = [cache.parsed[r] for r in raws]
     careful = [ex._split_labels(r.decode()) for r in raws]
     assert bulk == careful
 
@@ -510,11 +508,9 @@ def test_property_histogram_blocks_fast_equals_careful_and_prometheus_client(
         elif mut == "esc":
             lines[i] = lines[i].replace('model_name="m"', 'model_name="a\\"b"')
     text = "\n".join(lines) + "\n"
-    clear_label_cache()
     snap = parse_exposition(text, default_ts=NOW)
     fast = (sorted((m, tuple(sorted(lab.items())), v, t) for m, lab, v, t in snap.rows()),
             sorted((i.line, i.reason) for i in snap.issues))
-    clear_label_cache()
     assert fast == _careful_rows(text)
     if not {"ts", "nan"} <= set(mutations):  # "1.0 NaN" as value + timestamp: prometheus-client takes it
         assert compare_rows(our_rows(snap), prom_client_rows(text), NOW) == []

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fleethealth.sources import exposition as ex
-from fleethealth.sources.exposition import clear_label_cache, parse_exposition
+from fleethealth.sources.exposition import parse_exposition
 
 NOW = 1_700_000_000.0
 Rows = tuple[list[tuple[str, tuple[tuple[str, str], ...], float, float]], list[tuple[int, str, str]]]
@@ -66,7 +66,6 @@ MANY = _dcgm(["x" * k for k in range(1, 20)], gpus=1)
 def test_texts_take_the_fast_paths_when_clean(monkeypatch: pytest.MonkeyPatch) -> None:
     calls = _count_slow(monkeypatch)
     for text in (UNIFORM, MIXED, MANY):
-        clear_label_cache()
         calls.clear()
         fast = _rows(text)
         assert calls == [] and fast[1] == []
@@ -87,10 +86,8 @@ def test_property_any_single_corrupted_byte_reads_as_the_careful_parser_reads_it
     if byte == text[pos]:
         return
     bad = text[:pos] + bytes([byte]) + text[pos + 1 :]
-    clear_label_cache()
     fast = _rows(bad)
     with _careful_only():
-        clear_label_cache()
         careful = _rows(bad)
     assert fast == careful
 
@@ -103,7 +100,6 @@ def test_property_several_corrupted_bytes_read_as_the_careful_parser_reads_them(
     bad = bytearray(UNIFORM)
     for p, b in zip(positions, repl, strict=False):
         bad[p] = b
-    clear_label_cache()
     fast = _rows(bytes(bad))
     with _careful_only():
         careful = _rows(bytes(bad))
@@ -154,9 +150,9 @@ def test_property_bulk_label_strings_equal_careful_parse(
     """Label strings parsed in bulk (the bytes template regex for each shape, the careful parser for
     the rest) equal the careful parser's reading of each."""
     raws = list(dict.fromkeys([(shape % v).encode() for v in values] + [o.encode() for o in odd]))
-    clear_label_cache()
-    ex._parse_labels_bulk(raws)
-    assert [ex._LABEL_CACHE[r] for r in raws] == [ex._split_labels(r.decode()) for r in raws]
+    cache = ex.LabelCache()  # (a fresh one: every string parsed in bulk)
+    ex._parse_labels_bulk(raws, cache)
+    assert [cache.parsed[r] for r in raws] == [ex._split_labels(r.decode()) for r in raws]
 
 
 def test_repeated_label_strings_in_a_first_block_share_one_series() -> None:
@@ -164,7 +160,6 @@ def test_repeated_label_strings_in_a_first_block_share_one_series() -> None:
     # the same series id, in the fast path as in the careful one.
     lab = [f'{{gpu="{g % 3}",Hostname="h"}}' for g in range(12)]
     text = "".join(f"# TYPE m{f} gauge\n" + "".join(f"m{f}{x} {i}\n" for i, x in enumerate(lab)) for f in range(2))
-    clear_label_cache()
     snap = parse_exposition(text, default_ts=NOW)
     assert len(snap.labelsets) == 3 and snap.series_ids.tolist() == [0, 1, 2] * 2
     # (each series is listed 4 times at one instant: the first is kept, the 3 others reported)

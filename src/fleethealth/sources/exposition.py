@@ -9,7 +9,7 @@ made only of C-level bytes, regex and numpy operations, no Python per line:
 - first such block: numpy finds every newline and '}' (one per line), which cuts each line into (raw
   label string, value text) in place (``_cut_lines``); each raw label string is interned once (new ones
   are parsed together through a bytes template regex built from the first, see ``_parse_labels_bulk``;
-  later parses of the same exporter hit a cache);
+  later parses of the same exporter hit the caller's ``LabelCache``);
 - every later block with the same label sequence is proved in place, piece by piece while the piece is
   in the CPU cache: numpy finds the newlines, the name at every line start and the known label string
   at every label offset are compared as fixed-width rows gathered by numpy (one memcmp per piece), and
@@ -38,7 +38,7 @@ reported (proven blocks of distinct series, the common case, cost a dict lookup)
 also checked against the standard's rules across lines (``exposition_rules.check_openmetrics``). Metric
 names quoted inside the braces (`{"a.b_total",x="y"} 1`) and `{,}` are read on the careful path.
 
-Modules: ``exposition_labels`` (label strings and their caches), ``exposition_values`` (value texts and the
+Modules: ``exposition_labels`` (label strings and the ``LabelCache`` a caller keeps), ``exposition_values`` (value texts and the
 missing-data rules), ``exposition_blocks`` (the parse context and the fast block paths),
 ``exposition_careful`` (the line-by-line path), ``exposition_batch`` (``parse_many``'s batched blocks),
 ``exposition_plan`` (``PagePlans``: what ``parse_many`` keeps across scrapes of the same pages, so that a
@@ -78,14 +78,12 @@ from fleethealth.sources.exposition_blocks import (
 )
 from fleethealth.sources.exposition_careful import _slow_block
 from fleethealth.sources.exposition_labels import (  # noqa: F401  (re-exported)
-    _LABEL_CACHE,
-    _MERGED_CACHE,
+    LabelCache,
     _extra_key,
     _merge_extra,
     _parse_labels,
     _parse_labels_bulk,
     _split_labels,
-    clear_label_cache,
 )
 from fleethealth.sources.exposition_plan import PagePlans
 from fleethealth.sources.exposition_rules import check_openmetrics
@@ -110,10 +108,10 @@ __all__ = [
     "DCGM_INT32_BLANK",
     "DCGM_INT64_BLANK",
     "blank_sentinel_mask",
-    "clear_label_cache",
     "counter_like",
     "is_dcgm_field",
     "is_openmetrics",
+    "LabelCache",
     "parse_exposition",
     "parse_many",
     "parse_many_into",
@@ -130,6 +128,7 @@ def parse_exposition(
     builder: SnapshotBuilder | None = None,
     extra_labels: Mapping[str, str] | None = None,
     openmetrics: bool | None = None,
+    labels: LabelCache | None = None,
 ) -> Snapshot:
     """Parse Prometheus text format 0.0.4 or OpenMetrics 1.0 into a Snapshot.
 
@@ -139,11 +138,14 @@ def parse_exposition(
     ``extra_labels`` are added to every sample (a sample's own different value for one of them is kept as
     ``exported_<name>``, as Prometheus does). With ``builder``,
     samples go into it (shared interning across endpoints) and the result is ``builder.build(default_ts)``.
+    ``labels``: parsed label strings a caller keeps across parses of the same exporters (a fresh one per
+    call without it); it changes nothing but the cost.
     """
     b = builder if builder is not None else SnapshotBuilder()
     raw = _normalise(data)
     om = is_openmetrics(raw) if openmetrics is None else openmetrics
-    ctx = _Ctx(b, source, float(default_ts), 1.0 if om else 1000.0, _extra_key(extra_labels))
+    ctx = _Ctx(b, source, float(default_ts), 1.0 if om else 1000.0, _extra_key(extra_labels),
+               labels=labels if labels is not None else LabelCache())
     _parse_page(ctx, raw, om)
     return b.build(float(default_ts))
 
@@ -176,6 +178,7 @@ def parse_many(
     builder: SnapshotBuilder | None = None,
     sample_counts: list[int] | None = None,
     plans: PagePlans | None = None,
+    labels: LabelCache | None = None,
 ) -> Snapshot:
     """Parse many exposition pages, each ``(text, extra_labels, source)``, into one Snapshot: the same
     samples, label sets and issues as ``parse_exposition`` on each page (line numbers per page, issues
@@ -194,28 +197,31 @@ def parse_many(
     a block that fails in the batch is parsed page by page (only that block), and a page whose shape the
     batch cannot cut (OpenMetrics with `# EOF`, no leading comment, a '#' inside a line, a mid-page
     `# EOF`) is parsed alone. A broken page only affects its own entities. ``sample_counts``, when
-    given, is filled with the number of samples kept per page (in ``pages`` order).
+    given, is filled with the number of samples kept per page (in ``pages`` order). ``labels``: parsed
+    label strings kept across calls (default: the ``plans``' own, else a fresh one for this call).
     """
     b = builder if builder is not None else plans.builder() if plans is not None else SnapshotBuilder()
-    parse_many_into(b, pages, default_ts=default_ts, sample_counts=sample_counts, plans=plans)
+    parse_many_into(b, pages, default_ts=default_ts, sample_counts=sample_counts, plans=plans, labels=labels)
     return b.build(float(default_ts))
 
 
 def parse_many_into(
     b: SnapshotBuilder, pages: Sequence[Page], *, default_ts: float, sample_counts: list[int] | None = None,
-    plans: PagePlans | None = None,
+    plans: PagePlans | None = None, labels: LabelCache | None = None,
 ) -> None:
     """``parse_many`` into a builder the caller builds (a scraper adding its own `up` samples). With
     ``plans`` (best with ``b = plans.builder()``), pages read before are read through their plans.
     Garbage collection waits until it is done: a cold parse makes ~1M label-set tuples, bytes rows and
     dict entries, none of which can form a cycle (``fleethealth.memory.gc_paused``)."""
+    if labels is None:
+        labels = plans.labels if plans is not None else LabelCache()
     with gc_paused():
-        _parse_many_into(b, pages, default_ts=default_ts, sample_counts=sample_counts, plans=plans)
+        _parse_many_into(b, pages, default_ts=default_ts, sample_counts=sample_counts, plans=plans, labels=labels)
 
 
 def _parse_many_into(
     b: SnapshotBuilder, pages: Sequence[Page], *, default_ts: float, sample_counts: list[int] | None,
-    plans: PagePlans | None,
+    plans: PagePlans | None, labels: LabelCache,
 ) -> None:
     ts = float(default_ts)
     counts = [0] * len(pages)
@@ -230,13 +236,14 @@ def _parse_many_into(
     batch = [i for i, raw in raws.items() if raw[:1] == b"#" and not is_openmetrics(raw)]
     alone = sorted(set(todo).difference(batch))
     if batch:
-        st = _Batch(b, ts, [sources[i] for i in batch], [extras[i] for i in batch], np.zeros(len(batch), np.int64))
+        st = _Batch(b, ts, [sources[i] for i in batch], [extras[i] for i in batch], np.zeros(len(batch), np.int64),
+                    labels=labels)
         rejected = _parse_batch(st, [_one_newline(raws[i]) for i in batch])
         for k, c in enumerate(st.counts.tolist()):
             counts[batch[k]] = c
         alone = sorted(alone + [batch[k] for k in rejected])
     for i in alone:
-        ctx = _Ctx(b, sources[i], ts, 1.0 if is_openmetrics(raws[i]) else 1000.0, extras[i])
+        ctx = _Ctx(b, sources[i], ts, 1.0 if is_openmetrics(raws[i]) else 1000.0, extras[i], labels=labels)
         _parse_page(ctx, raws[i], is_openmetrics(raws[i]))
         counts[i] = ctx.added
     if plans is not None:
@@ -281,7 +288,7 @@ def _parse_batch(st: _Batch, raws: list[bytes]) -> list[int]:
 def _parse_group(st: _Batch, grp: _Group, heads: list[bytes]) -> bool:
     """Pages of ``grp`` share the comment lines ``heads``; block j of all of them is parsed as one block.
     False, having added nothing, when a comment line needs the per-page parser (a mid-page `# EOF`)."""
-    gctx = _Ctx(st.builder, "", st.default_ts, 1000.0, ())
+    gctx = _Ctx(st.builder, "", st.default_ts, 1000.0, (), labels=st.labels)
     types_at: list[dict[str, str]] = []
     for h in heads:
         if _header(gctx, h):

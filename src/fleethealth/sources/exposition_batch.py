@@ -6,7 +6,7 @@ one vectorised scan and groups the pages by them (``_Group``); ``_batch_block`` 
 page of a group and parses it on the single-text fast path (cut and intern the first block, prove later
 ones against its label template), with each line's page known from the per-page line counts, so that
 issues carry their page's source and line numbers and repeats are judged per page. ``_batch_series``
-interns (page's scraper labels, raw label string) pairs, memoised across calls. Whatever this path
+interns (page's scraper labels, raw label string) pairs, memoised in the caller's ``LabelCache``. Whatever this path
 cannot prove it refuses, having added nothing, and the caller parses those pages or blocks alone.
 """
 
@@ -28,9 +28,8 @@ from fleethealth.sources.exposition_blocks import (
     _values_and_ts,
 )
 from fleethealth.sources.exposition_labels import (
-    _LABEL_CACHE,
     _LABEL_CACHE_MAX,
-    _MERGED_CACHE,
+    LabelCache,
     _merge_extra,
     _parse_labels,
     _parse_labels_bulk,
@@ -48,12 +47,13 @@ class _Batch:
     counts: np.ndarray  # samples kept per batch page
     ctxs: dict[int, _Ctx] = field(default_factory=dict)  # careful-path contexts of pages, made on demand
     seen: SeenSamples = field(default_factory=SeenSamples)  # what the batched blocks added (for repeats)
+    labels: LabelCache = field(default_factory=LabelCache)  # parsed label strings (the caller's)
 
     def ctx(self, page: int) -> _Ctx:
         c = self.ctxs.get(page)
         if c is None:
             c = self.ctxs[page] = _Ctx(self.builder, self.sources[page], self.default_ts, 1000.0, self.extras[page],
-                                       seen=self.seen, scope=page)  # (repeats checked against the batch's)
+                                       seen=self.seen, scope=page, labels=self.labels)  # (repeats: the batch's)
         return c
 
 
@@ -200,23 +200,23 @@ def _batch_block(st: _Batch, gctx: _Ctx, grp: _Group, j: int, tmpl_counts: list[
 
 def _batch_series(st: _Batch, pages: list[int], labs: list[bytes]) -> np.ndarray | None:
     """Series ids for lines (page, raw label string); None if a label string is invalid. The label set
-    of (page's extra labels, raw string) is memoised across calls, so a steady fleet pays one dict
+    of (page's extra labels, raw string) is memoised in the caller's ``LabelCache``, so a steady fleet pays one dict
     lookup and one interning per series per cycle."""
     keys = list(zip(map(st.extras.__getitem__, pages), labs, strict=True))
-    cache = _MERGED_CACHE
+    cache = st.labels.merged
     sets = list(map(cache.get, keys))
     if None in sets:
         miss = [i for i, x in enumerate(sets) if x is None]
-        _parse_labels_bulk(list({labs[i] for i in miss}))
+        _parse_labels_bulk(list({labs[i] for i in miss}), st.labels)
         if len(cache) + len(miss) >= _LABEL_CACHE_MAX:
             cache.clear()
         for i in miss:
             extra, r = keys[i]
             ls = cache.get(keys[i])
             if ls is None:
-                parsed = _LABEL_CACHE.get(r)
+                parsed = st.labels.parsed.get(r)
                 if parsed is None:  # the bounded cache was emptied meanwhile
-                    parsed = _parse_labels(r)
+                    parsed = _parse_labels(r, st.labels)
                 if isinstance(parsed, str):
                     return None
                 ls = cache[keys[i]] = _merge_extra(parsed, extra) if extra else parsed

@@ -23,7 +23,7 @@ import numpy as np
 
 from fleethealth.signals.snapshot import InputIssue, SnapshotBuilder
 from fleethealth.sources.exposition_labels import (
-    _LABEL_CACHE,
+    LabelCache,
     _merge_extra,
     _parse_labels,
     _parse_labels_bulk,
@@ -65,6 +65,7 @@ class _Ctx:
     added: int = 0  # samples this context has put into the builder (per-page counts for parse_many)
     seen: SeenSamples = field(default_factory=SeenSamples)
     scope: int | None = None  # parse_many: this page's number in the batch's SeenSamples
+    labels: LabelCache = field(default_factory=LabelCache)  # parsed label strings (the caller's, if it holds one)
 
     def add_arrays(
         self, mids: np.ndarray, sids: np.ndarray, values: np.ndarray, ts: np.ndarray,
@@ -107,7 +108,7 @@ class _Ctx:
 
     def series_many(self, raws: list[bytes]) -> list[int] | None:
         """Series ids of many raw label strings already in the label cache; None if any is invalid."""
-        parsed = list(map(_LABEL_CACHE.get, raws))
+        parsed = list(map(self.labels.parsed.get, raws))
         if self.extra or not set(map(type, parsed)) <= {tuple}:
             out: list[int] = []
             for r in raws:
@@ -139,7 +140,7 @@ class _Ctx:
         bad = self.bad_labels.get(raw)
         if bad is not None:
             return bad
-        parsed = _parse_labels(raw)
+        parsed = _parse_labels(raw, self.labels)
         if isinstance(parsed, str):
             self.bad_labels[raw] = parsed
             return parsed
@@ -541,7 +542,7 @@ def _intern_labels(ctx: _Ctx, labs: list[bytes]) -> np.ndarray | None:
     # series_many gives the ids in line order (a repeated string gets its first id again).
     new = [r for r in dict.fromkeys(labs) if r not in known] if known else labs
     if new:
-        _parse_labels_bulk(new)
+        _parse_labels_bulk(new, ctx.labels)
         ids = ctx.series_many(new)
         if ids is None:
             return None

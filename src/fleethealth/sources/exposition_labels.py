@@ -1,15 +1,16 @@
 """Label strings of the exposition parser: `{k="v", ...}` into sorted label pairs, fast and exact.
 
 Theory of operation. Parsing a label string is the costly part of a cold parse, so every parsed raw string
-is memoised (``_LABEL_CACHE``: raw bytes -> label set, or the reason it is invalid; scrapes of the same
-exporters repeat the same strings every cycle). New strings arrive in bulk (a first scrape of 100k GPUs)
+is memoised in a ``LabelCache`` the caller holds (``parsed``: raw bytes -> label set, or the reason it is
+invalid; scrapes of the same exporters repeat the same strings every cycle: a scrape source keeps one
+through its ``PagePlans``, a one-off parse makes one for the call). New strings arrive in bulk (a first scrape of 100k GPUs)
 and are parsed together through a bytes template regex built from the first one (``_parse_labels_bulk``:
 exporters print every series with the same keys in the same order, so only the values vary); strings of
 another shape, with escapes or invalid ones take the careful ``_split_labels``. Label sets are built
 column by column (``_column_label_sets``) so that shared pairs are one object. The scraper's own labels
 are merged the way Prometheus merges them (``_merge_extra``: its labels win, a page's own value moves to
-``exported_<name>``), memoised per (scraper labels, raw string) in ``_MERGED_CACHE``.
-Both caches are pure memos of pure functions, bounded, and cleared by ``clear_label_cache``.
+``exported_<name>``), memoised per (scraper labels, raw string) in the cache's ``merged``.
+Both are pure memos of pure functions, bounded; no state lives in this module.
 """
 
 from __future__ import annotations
@@ -31,31 +32,35 @@ _ESCAPE_RE = re.compile(r'\\[\\n"]')
 _ESCAPES = {"\\\\": "\\", "\\n": "\n", '\\"': '"'}
 
 
-# Raw label string -> parsed, sorted label pairs (or the reason it is invalid). Parsing a label string is
-# the costly part of a cold parse; scrapes of the same exporters repeat the same strings every cycle
-# (Prometheus keeps the same kind of cache per target). Pure memo of a pure function; bounded.
-_LABEL_CACHE: dict[bytes, LabelSet | str] = {}
-_LABEL_CACHE_MAX = 500_000  # a 100k-GPU fleet has ~100k GPU label sets
+_LABEL_CACHE_MAX = 500_000  # per memo; a 100k-GPU fleet has ~100k GPU label sets
 
 
-# (extra labels, raw label string) -> merged label set, for parse_many: every scrape cycle merges the same
-# target labels into the same label strings. Same memo rules as _LABEL_CACHE.
-_MERGED_CACHE: dict[tuple[LabelSet, bytes], LabelSet] = {}
+class LabelCache:
+    """Memos of parsed label strings, held by the caller across parses of the same exporters (as
+    Prometheus keeps one per target): ``parsed`` raw label string -> sorted label pairs or the reason it
+    is invalid; ``merged`` (scraper labels, raw string) -> label set with the scraper's labels merged.
+    Pure memos of pure functions: sharing one, or not, never changes a result, only the cost. Each is
+    emptied when it reaches ``_LABEL_CACHE_MAX`` entries."""
 
+    __slots__ = ("parsed", "merged")
 
-def clear_label_cache() -> None:
-    """Forget parsed label strings (benchmarks use it to time a cold parse)."""
-    _LABEL_CACHE.clear()
-    _MERGED_CACHE.clear()
+    def __init__(self) -> None:
+        self.parsed: dict[bytes, LabelSet | str] = {}
+        self.merged: dict[tuple[LabelSet, bytes], LabelSet] = {}
+
+    def clear(self) -> None:
+        self.parsed.clear()
+        self.merged.clear()
 
 
 def _unescape(s: str) -> str:
     return _ESCAPE_RE.sub(lambda m: _ESCAPES[m.group(0)], s) if "\\" in s else s
 
 
-def _parse_labels(raw: bytes) -> LabelSet | str:
-    """Parse `{k="v", ...}` into sorted pairs, or return why it is invalid."""
-    hit = _LABEL_CACHE.get(raw)
+def _parse_labels(raw: bytes, cache: LabelCache) -> LabelSet | str:
+    """Parse `{k="v", ...}` into sorted pairs, or return why it is invalid (memoised in ``cache``)."""
+    memo = cache.parsed
+    hit = memo.get(raw)
     if hit is not None:
         return hit
     result: LabelSet | str
@@ -65,9 +70,9 @@ def _parse_labels(raw: bytes) -> LabelSet | str:
         result = "invalid UTF-8 in labels"
     else:
         result = _split_labels(text)
-    if len(_LABEL_CACHE) >= _LABEL_CACHE_MAX:
-        _LABEL_CACHE.clear()
-    _LABEL_CACHE[raw] = result
+    if len(memo) >= _LABEL_CACHE_MAX:
+        memo.clear()
+    memo[raw] = result
     return result
 
 
@@ -109,8 +114,8 @@ def _split_labels(text: str) -> LabelSet | str:
     return tuple(sorted((k, v) for k, v in zip(keys, values, strict=True) if v))
 
 
-def _parse_labels_bulk(raws: list[bytes], depth: int = 0) -> None:
-    """Parse many new label strings into the cache at once.
+def _parse_labels_bulk(raws: list[bytes], cache: LabelCache, depth: int = 0) -> None:
+    """Parse many new label strings into ``cache`` at once.
 
     Exporters print every series with the same keys in the same order and spacing (dcgm-exporter: gpu,
     UUID, pci_bus_id, ...), so the first string, parsed carefully, becomes a template regex whose only
@@ -127,32 +132,33 @@ def _parse_labels_bulk(raws: list[bytes], depth: int = 0) -> None:
     a newline. A string that fits has the first string's keys, separators and spacing byte for byte and
     values without quotes or escapes, so ``_split_labels`` would give the same pairs.
     """
-    todo = [r for r in raws if r not in _LABEL_CACHE] if _LABEL_CACHE else list(raws)
+    memo = cache.parsed
+    todo = [r for r in raws if r not in memo] if memo else list(raws)
     if len(todo) < 8 or depth >= 6:
         for r in todo:
-            _parse_labels(r)
+            _parse_labels(r, cache)
         return
     joined = b"\n".join(todo)
     if b"\0" in joined:  # the templates' value groups would take a NUL: each string on its own
         for r in todo:
-            _parse_labels(r)
+            _parse_labels(r, cache)
         return
     if b"\\" in joined or joined.count(b"\n") != len(todo) - 1:
-        _parse_labels_bulk_str(todo, depth)
+        _parse_labels_bulk_str(todo, cache, depth)
         return
     shape = _template_of(todo[0])
     if shape is None:
-        _parse_labels(todo[0])
-        _parse_labels_bulk(todo[1:], depth + 1)
+        _parse_labels(todo[0], cache)
+        _parse_labels_bulk(todo[1:], cache, depth + 1)
         return
     segs, keys = shape
     template = re.compile(
         rb"^(?:\{" + rb'([^"]*)'.join(re.escape(x.encode("utf-8")) for x in segs) + rb"\}|(.+))$", re.M
     )
     found = template.findall(joined)
-    if not _cache_found(todo, found, keys, depth):
+    if not _cache_found(todo, found, keys, cache, depth):
         for r in todo:
-            _parse_labels(r)
+            _parse_labels(r, cache)
 
 
 def _template_of(first_raw: bytes) -> tuple[list[str], list[str]] | None:
@@ -181,7 +187,7 @@ def _template_of(first_raw: bytes) -> tuple[list[str], list[str]] | None:
 
 
 def _cache_found(
-    todo: list[bytes], found: list[tuple[Any, ...]], keys: list[str], depth: int
+    todo: list[bytes], found: list[tuple[Any, ...]], keys: list[str], cache: LabelCache, depth: int
 ) -> bool:
     """Cache the label sets of the strings that fit the template (``found[i]``: their values, and a last
     group holding the whole string when it does not fit); other shapes go round again. False, having
@@ -198,15 +204,16 @@ def _cache_found(
         sets = _label_sets(found, keys)
     except UnicodeDecodeError:
         return False
-    if len(_LABEL_CACHE) + len(todo) >= _LABEL_CACHE_MAX:
-        _LABEL_CACHE.clear()
-    _LABEL_CACHE.update(zip(todo, sets, strict=True))
+    memo = cache.parsed
+    if len(memo) + len(todo) >= _LABEL_CACHE_MAX:
+        memo.clear()
+    memo.update(zip(todo, sets, strict=True))
     if other:
-        _parse_labels_bulk(other, depth + 1)
+        _parse_labels_bulk(other, cache, depth + 1)
     return True
 
 
-def _parse_labels_bulk_str(todo: list[bytes], depth: int) -> None:
+def _parse_labels_bulk_str(todo: list[bytes], cache: LabelCache, depth: int) -> None:
     """``_parse_labels_bulk`` for text with backslashes: the same template on decoded text, with value
     groups that refuse escapes (a string with one takes the careful path)."""
     try:
@@ -216,15 +223,15 @@ def _parse_labels_bulk_str(todo: list[bytes], depth: int) -> None:
         first = ""
     shape = _template_of(todo[0]) if first else None
     if shape is None:
-        _parse_labels(todo[0])
-        _parse_labels_bulk(todo[1:], depth + 1)
+        _parse_labels(todo[0], cache)
+        _parse_labels_bulk(todo[1:], cache, depth + 1)
         return
     segs, keys = shape
     # Each line either fits the template (value groups) or is captured whole by the last group.
     template = re.compile(r"^(?:\{" + r'([^"\\\n]*)'.join(re.escape(x) for x in segs) + r"\}|(.+))$", re.M)
-    if not _cache_found(todo, template.findall(joined), keys, depth):
+    if not _cache_found(todo, template.findall(joined), keys, cache, depth):
         for r in todo:
-            _parse_labels(r)
+            _parse_labels(r, cache)
 
 
 def _label_sets(found: list[tuple[Any, ...]], keys: list[str]) -> list[LabelSet]:

@@ -53,9 +53,8 @@ import numpy as np
 from fleethealth.signals.snapshot import InputIssue, LabelSet, SnapshotBuilder
 from fleethealth.sources.exposition_blocks import _NAME_RE, _gather, _rows
 from fleethealth.sources.exposition_labels import (
-    _LABEL_CACHE,
     _LABEL_CACHE_MAX,
-    _MERGED_CACHE,
+    LabelCache,
     _merge_extra,
     _parse_labels,
     _parse_labels_bulk,
@@ -121,6 +120,7 @@ class PagePlans:
     def __init__(self, chunk_bytes: int = 4 << 20) -> None:
         self.chunk_bytes = chunk_bytes  # pages per plan: a few MB, read while in the CPU cache
         self.names = SnapshotBuilder()  # metrics and label sets interned across scrapes
+        self.labels = LabelCache()  # label strings parsed across scrapes (any path of ``parse_many``)
         self._plans: dict[PageKey, _ChunkPlan] = {}  # by each plan's first page
         self._failed: dict[PageKey, int] = {}  # page -> the scrape it may be planned again
         self.scrapes = 0
@@ -213,7 +213,7 @@ class PagePlans:
         # right after proves every byte of it); when that does not prove, on rows read one by one.
         got = None
         for exact in (False, True):
-            plan = _build([keys[p] for p in pages], tx, self.names, exact)
+            plan = _build([keys[p] for p in pages], tx, self.names, exact, self.labels)
             if plan is None:
                 return False
             got = _apply(plan, tx, self.names, b, shared, sources, default_ts)
@@ -275,7 +275,8 @@ def _line_starts(nls: np.ndarray) -> np.ndarray:
     return ls
 
 
-def _build(keys: list[PageKey], tx: _Text, names: SnapshotBuilder, exact: bool) -> _ChunkPlan | None:
+def _build(keys: list[PageKey], tx: _Text, names: SnapshotBuilder, exact: bool, labels: LabelCache
+           ) -> _ChunkPlan | None:
     """The plan of pages already found ``_plannable``, or None when a line has another shape.
 
     Lines are not read one by one: a page's label strings repeat in every block, a block's lines share
@@ -349,7 +350,7 @@ def _build(keys: list[PageKey], tx: _Text, names: SnapshotBuilder, exact: bool) 
     pages_of, lab_of = np.divmod(pair, len(labs))
     keyed = [(keys[p][1], labs[k][:-1] if len(labs[k]) > 1 else b"{}")
              for p, k in zip(pages_of.tolist(), lab_of.tolist(), strict=True)]
-    sets = _label_sets(dict.fromkeys(keyed))
+    sets = _label_sets(dict.fromkeys(keyed), labels)
     if sets is None:
         return None
     pair_sid = np.asarray(names.series_ids([sets[k] for k in keyed]), np.int64)
@@ -473,9 +474,10 @@ def _row_ids(text: bytes, arr: np.ndarray, at: np.ndarray, width: np.ndarray, ca
     return ids, list(ix)
 
 
-def _label_sets(pairs: Mapping[tuple[LabelSet, bytes], None]) -> dict[tuple[LabelSet, bytes], LabelSet] | None:
+def _label_sets(pairs: Mapping[tuple[LabelSet, bytes], None], labels: LabelCache
+                ) -> dict[tuple[LabelSet, bytes], LabelSet] | None:
     """The merged label set of each (scraper labels, raw label string); None if a string is invalid."""
-    cache = _MERGED_CACHE
+    cache = labels.merged
     out: dict[tuple[LabelSet, bytes], LabelSet] = {}
     miss = []
     for k in pairs:
@@ -485,14 +487,14 @@ def _label_sets(pairs: Mapping[tuple[LabelSet, bytes], None]) -> dict[tuple[Labe
         else:
             out[k] = hit
     if miss:
-        _parse_labels_bulk(list({r for _, r in miss}))
+        _parse_labels_bulk(list({r for _, r in miss}), labels)
         if len(cache) + len(miss) >= _LABEL_CACHE_MAX:
             cache.clear()
         for k in miss:
             extra, r = k
-            parsed = _LABEL_CACHE.get(r)
+            parsed = labels.parsed.get(r)
             if parsed is None:  # the bounded cache was emptied meanwhile
-                parsed = _parse_labels(r)
+                parsed = _parse_labels(r, labels)
             if isinstance(parsed, str):
                 return None
             out[k] = cache[k] = _merge_extra(parsed, extra) if extra else parsed
