@@ -188,6 +188,11 @@ class SignalHistory:
         # counters: matrices per retention (``_Group``) of corrected values and times, the ingests that
         # made their rows (``_Chunk``, for retention and thinning); reset correction per slot
         self._chunks: list[_Chunk] = []
+        # per chunk, in list order: its time, shortest and longest retention, cid (what ``_compact`` reads
+        # every view, as arrays: not a pass of Python over a few hundred chunks); appended rows wait in
+        # ``_chunk_new`` until the next compaction
+        self._chunk_arr = np.zeros((0, 4))
+        self._chunk_new: list[tuple[float, float, float, float]] = []
         self._groups: list[_Group] = []
         # a group per (retention, read by an SLO): an SLO reads several windows at once over its
         # whole group (``score.slo``), a rate counter one window, so neither pays for the other's columns
@@ -561,7 +566,9 @@ class SignalHistory:
             self._epoch += 1
         if t.size:
             self._max_t = max(self._max_t, float(t.max()))
-        self._chunks.append(_Chunk(at, cid, sorted(keeps)))
+        keeps.sort()
+        self._chunks.append(_Chunk(at, cid, keeps))
+        self._chunk_new.append((at, keeps[0], keeps[-1], float(cid)))
 
     # -- view ------------------------------------------------------------------------------------
     def _compact(self, now: float) -> None:
@@ -569,10 +576,12 @@ class SignalHistory:
         once its rows are lazy)."""
         chunks = self._chunks
         n = len(chunks)
+        if self._chunk_new:
+            self._chunk_arr = np.concatenate((self._chunk_arr, np.array(self._chunk_new, np.float64)))
+            self._chunk_new = []
         if n:
-            at = np.fromiter((ch.at for ch in chunks), np.float64, n)
-            kmin = np.fromiter((ch.keeps[0] for ch in chunks), np.float64, n)
-            kmax = np.fromiter((ch.keeps[-1] for ch in chunks), np.float64, n)
+            arr = self._chunk_arr
+            at, kmin, kmax = arr[:, 0], arr[:, 1].copy(), arr[:, 2]
             age = now - at
             whole = kmin >= age
             expired = not bool(whole.all())
@@ -581,6 +590,7 @@ class SignalHistory:
                 for i in np.flatnonzero(~whole & ~gone).tolist():  # some metrics expire, others stay
                     ch = chunks[i]
                     ch.keeps = [k for k in ch.keeps if k >= age[i]]
+                    arr[i, 1] = ch.keeps[0]
             # thinning: beyond dense_s only the first chunk of each coarse bucket survives (the first
             # in list order among the old chunks left)
             old = np.flatnonzero(~gone & (age > self.dense_s))
@@ -594,9 +604,10 @@ class SignalHistory:
                     drop = gone.copy()
                     drop[old[same]] = True
             if drop.any():
-                keep_ix = np.flatnonzero(~drop).tolist()
-                self._chunks = [chunks[i] for i in keep_ix]
-                dropped = [chunks[i].cid for i in np.flatnonzero(drop).tolist()]
+                keep_ix = np.flatnonzero(~drop)
+                self._chunks = [chunks[i] for i in keep_ix.tolist()]
+                self._chunk_arr = arr[keep_ix]
+                dropped = arr[drop, 3].astype(np.int64).tolist()
             else:
                 dropped = []
             if expired or dropped:
