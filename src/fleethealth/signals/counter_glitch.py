@@ -74,29 +74,32 @@ class CounterGlitches:
         self.base = np.concatenate((self.base[keep], base))[order]
         self.t0 = np.concatenate((self.t0[keep], t0))[order]
 
-    def scrape(self, sl: slice | np.ndarray, v: np.ndarray, t: np.ndarray, prev: np.ndarray,
-               off: np.ndarray) -> np.ndarray:
-        """The slots' offsets after one sample each (``sl``: the slots, a run or ids without repeats;
-        ``prev`` / ``off``: their last raw values and offsets before it), the reset correction included."""
-        reset = v < prev  # never with NaN: a slot's first sample
-        new_off = off + np.where(reset, prev, 0.0)
+    def scrape(self, sl: slice | np.ndarray, v: np.ndarray, t: np.ndarray, prev: np.ndarray, reset: np.ndarray,
+               c_off: np.ndarray) -> None:
+        """One sample per slot (``sl``: the slots, a run or ids without repeats; ``prev``: their last raw
+        values; ``reset``: ``v < prev``): the reset correction and the glitch rule applied to ``c_off``
+        (every slot's offset, updated in place where it changes: a drop, a glitch that came back)."""
+        rp = np.flatnonzero(reset)
         ci, pos = self._in_batch(sl, v.size)
         stay = np.zeros(ci.size, bool)
+        back = stay
         if ci.size:
-            vc, pc, oc = v[pos], prev[pos], off[pos]
+            vc, pc = v[pos], prev[pos]
             live = t[pos] - self.t0[ci] <= self.window_s
             back = live & (vc >= self.pre[ci])
             stay = live & ~back & ~(vc > pc)
-            # a glitch: the count before the drop goes on; the drop and the return count nothing
-            new_off[pos[back]] = np.maximum(self.base[ci[back]], pc[back] + oc[back] - vc[back])
-        opened = reset.copy()
-        opened[pos[stay]] = False  # a candidate that drops again is still the drop it was
-        if opened.any() or not stay.all():
-            keep = np.ones(self.slot.size, bool)
-            keep[ci[~stay]] = False
-            slots = np.arange(sl.start, sl.stop)[opened] if isinstance(sl, slice) else sl[opened]
-            self._replace(keep, slots, prev[opened], off[opened], t[opened])
-        return new_off
+            if back.any():  # a glitch: the count before the drop goes on; drop and return count nothing
+                at = _slots(sl, pos[back])
+                c_off[at] = np.maximum(self.base[ci[back]], pc[back] + c_off[at] - vc[back])
+        if not rp.size and stay.all():
+            return
+        rs = _slots(sl, rp)
+        before = c_off[rs]
+        c_off[rs] = before + prev[rp]  # PromQL's reset correction (never at a glitch's return: v >= pre)
+        opened = ~np.isin(rp, pos[stay])  # a candidate that drops again is still the drop it was
+        keep = np.ones(self.slot.size, bool)
+        keep[ci[~stay]] = False
+        self._replace(keep, rs[opened], prev[rp[opened]], before[opened], t[rp[opened]])
 
     def runs(self, slot: np.ndarray, v: np.ndarray, t: np.ndarray, prev0: np.ndarray, off0: np.ndarray,
              off: np.ndarray, start: np.ndarray) -> np.ndarray:
@@ -132,6 +135,10 @@ class CounterGlitches:
         self._replace(keep, np.array([s for s, _ in new], np.int64), np.array([c[0] for _, c in new]),
                       np.array([c[1] for _, c in new]), np.array([c[2] for _, c in new]))
         return out
+
+
+def _slots(sl: slice | np.ndarray, positions: np.ndarray) -> np.ndarray:
+    return positions + sl.start if isinstance(sl, slice) else sl[positions]
 
 
 def glitch_step(v: float, t: float, prev: float, off: float, cand: tuple[float, float, float] | None,

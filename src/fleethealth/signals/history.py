@@ -515,10 +515,9 @@ class SignalHistory:
             sl = run if run is not None else slot
             prev = self._c_last[sl]
             reset = v < prev  # (never with NaN: a slot's first sample)
-            off = self._c_off[sl]
             if reset.any() or len(self._glitches):  # a drop, or one that may turn out an exporter glitch
-                off = self._glitches.scrape(sl, v, t, prev, off)
-                self._c_off[sl] = off
+                self._glitches.scrape(sl, v, t, prev, reset, self._c_off)
+            off = self._c_off[sl]
             corrected = v + off
             self._c_last[sl] = v
         else:
