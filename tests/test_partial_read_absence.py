@@ -33,11 +33,15 @@ from typing import Any
 from urllib.parse import parse_qs
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from act_support import free_port
-from fleethealth.controller.loop import Controller
+from fleethealth.controller.loop import AbsenceHold, Controller
 from fleethealth.policy import Policy, default_policy
+from fleethealth.signals.snapshot import SnapshotBuilder
 from fleethealth.sources.prometheus import PrometheusSource
+from fleethealth.sources.structural import GPUS_MISSING, SERIES_VANISHED
 
 T0 = 1_800_000_000.0
 NODES = ("node-a", "node-b", "node-c", "node-d", "node-e", "node-f")
@@ -253,3 +257,36 @@ def test_a_scrape_landing_before_the_up_query_then_prometheus_dies_is_no_gpus_mi
         assert run.remediated() == []
     finally:
         run.close()
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.tuples(st.lists(st.integers(0, 8), min_size=3, max_size=3),
+                          st.sampled_from(["", "DCGM_FI_DEV_GPU_TEMP", "vllm:num_requests_waiting", "*"])),
+                min_size=1, max_size=12))
+def test_an_incomplete_read_never_raises_an_absence_value(cycles: list[tuple[list[int], str]]) -> None:
+    """Whatever the tracker derives, cycle after cycle: while GPU metrics are unread (or everything, a
+    source that raised) no gpus_missing above the last value emitted for that node gets out, and while
+    anything is unread no series_vanished above its last; a complete read passes everything through;
+    nothing but a rise is ever held back."""
+    hold = AbsenceHold("DCGM_FI_DEV_")
+    seen: dict[tuple[str, str], float] = {}
+    for k, (values, unread) in enumerate(cycles):
+        b = SnapshotBuilder()
+        for node, x in zip(NODES, values, strict=False):
+            b.add(GPUS_MISSING, {"node": node}, float(x), T0 + k)
+            b.add(SERIES_VANISHED, {"node": node}, float(2 * x), T0 + k)
+        snap = b.build(T0 + k)
+        out = hold.apply(snap, {unread} if unread else set())
+        if not unread:
+            assert out is snap and hold.held == 0
+        rows = {(out.metrics[m], dict(out.labelsets[s])["node"]): v for m, s, v in
+                zip(out.metric_ids.tolist(), out.series_ids.tolist(), out.values.tolist(), strict=True)}
+        gpu_unread = unread in ("*", "DCGM_FI_DEV_GPU_TEMP")
+        for node, x in zip(NODES, values, strict=False):
+            for metric, v in ((GPUS_MISSING, float(x)), (SERIES_VANISHED, float(2 * x))):
+                rose = v > seen.get((metric, node), 0.0)
+                held = bool(unread) and rose and (metric == SERIES_VANISHED or gpu_unread)
+                assert ((metric, node) in rows) is not held
+                if not held:
+                    assert rows[(metric, node)] == v
+                    seen[(metric, node)] = v
