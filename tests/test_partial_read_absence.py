@@ -37,6 +37,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from act_support import free_port
+from fleethealth.controller.api import render_metrics
 from fleethealth.controller.loop import AbsenceHold, Controller
 from fleethealth.policy import Policy, default_policy
 from fleethealth.signals.snapshot import SnapshotBuilder
@@ -211,6 +212,10 @@ def test_gpu_queries_failing_while_up_answers_is_no_gpus_missing(api: PromAPI) -
             assert run.source.unread_metrics >= set(GAUGES) | set(COUNTERS)
             assert all(v == 0.0 for v in run.missing[-1].values()), run.missing[-1]
             assert not run.gated()
+        # past max_age_s every node's 8 missing GPUs were held back: counted, and served to operators
+        assert run.ctl.published.counters["absence_held"] >= len(NODES)
+        assert f"fleethealth_absence_held {run.ctl.published.counters['absence_held']:.1f}" in \
+            render_metrics(run.ctl)
         h = run.ctl.published.health
         assert h is not None
         assert all((tu := h.get(n)) is not None and tu.value is None for n in NODES)  # unknown: stale

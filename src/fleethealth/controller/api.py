@@ -160,6 +160,9 @@ def render_metrics(controller: Controller, runner: Any = None) -> str:
              [({}, c.get("targets_down", 0))])
     m.family("fleethealth_scrape_slowest_seconds", "gauge", "Slowest target scrape in the last cycle.",
              [({}, c.get("slowest_scrape_s", 0.0))])
+    m.family("fleethealth_absence_held", "gauge", "Absence signals (GPUs missing, series vanished) not raised "
+             "last cycle because a source could not read the metrics they rest on.",
+             [({}, c.get("absence_held", 0))])
 
     health = pub.health
     if health is not None:
