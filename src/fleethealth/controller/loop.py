@@ -17,7 +17,9 @@ Theory of operation
   ``up``) would read as every GPU gone, a hard gate. While GPU metrics are unread, a node's
   ``gpus_missing`` (and, while anything is unread, ``series_vanished``) is not emitted above what it last
   was: the node goes stale, unknown; a GPU that really fell off is counted when the reads work again
-  (its Xid 79 and kernel-log gates do not wait for that).
+  (its Xid 79 and kernel-log gates, where their queries answer, do not wait for that). A GPU query that
+  fails on every read keeps new GPU absence unseen for as long: the source reads partial with its error
+  every cycle, and ``fleethealth_absence_held`` counts what is held back.
 - After each cycle the controller publishes an immutable ``Published`` record (a single reference swap),
   which the HTTP endpoint reads without locks.
 - Commit, then act: the cycle's state, transitions and intents are committed in one transaction (the
