@@ -85,7 +85,7 @@ class _Group:
     Rows are appended and never written again: dropping anything but the oldest rows, or adding columns,
     builds new arrays, so the slices a view hands out stay valid after later ingests."""
 
-    __slots__ = ("keep", "cm", "cs", "cslot", "T", "V", "at", "cid", "tlo", "thi", "r0", "r1", "cnt", "holes",
+    __slots__ = ("keep", "cm", "cs", "cslot", "T", "V", "at", "cid", "tlo", "thi", "tdone", "r0", "r1", "cnt", "holes",
                  "last_t", "monotone", "version", "_ranges")
 
     def __init__(self, keep: float) -> None:
@@ -98,9 +98,11 @@ class _Group:
         self.at = np.zeros(8)
         self.cid = np.zeros(8, np.int64)
         # per row, its earliest and latest sample time (NaN: none): a window's start falls between the
-        # rows all before it and those all after it, so only the few rows between are read (``row_times``)
+        # rows all before it and those all after it, so only the few rows between are read (``row_times``,
+        # which fills them for the rows below ``tdone`` when a view asks, not on every ingest)
         self.tlo = np.zeros(8)
         self.thi = np.zeros(8)
+        self.tdone = 0
         self.r0 = 0  # live rows: r0 .. r1
         self.r1 = 0
         self.cnt = np.zeros(0, np.int64)  # samples per column in the live rows
@@ -140,6 +142,7 @@ class _Group:
         at, cid, tlo, thi = np.zeros(cap), np.zeros(cap, np.int64), np.zeros(cap), np.zeros(cap)
         at[:k], cid[:k] = self.at[keep_rows], self.cid[keep_rows]
         tlo[:k], thi[:k] = self.tlo[keep_rows], self.thi[keep_rows]
+        self.tdone = int(np.searchsorted(keep_rows, self.tdone))  # (kept rows ascend)
         self.T, self.V, self.at, self.cid, self.tlo, self.thi = T, V, at, cid, tlo, thi
         self.r0, self.r1 = 0, k
 
@@ -201,11 +204,6 @@ class _Group:
             self.last_t[col[last]] = t[last]
         self.at[r:r + rows] = at
         self.cid[r:r + rows] = cid
-        if rows == 1:
-            self.tlo[r], self.thi[r] = (np.fmin.reduce(t), np.fmax.reduce(t)) if t.size else (np.nan, np.nan)
-        else:  # (fmin/fmax skip the NaN of the rows' empty cells)
-            self.tlo[r:r + rows] = np.fmin.reduce(self.T[r:r + rows], axis=1)
-            self.thi[r:r + rows] = np.fmax.reduce(self.T[r:r + rows], axis=1)
         self.r1 = r + rows
         self.holes += rows * self.cm.size - t.size
         return born
@@ -245,6 +243,11 @@ class _Group:
 
     def row_times(self) -> tuple[np.ndarray, np.ndarray]:
         """Each live row's earliest and latest sample time (NaN: an empty row)."""
+        a, b = max(self.tdone, self.r0), self.r1
+        if a < b:  # rows appended since the last view (fmin/fmax skip the NaN of empty cells)
+            self.tlo[a:b] = np.fmin.reduce(self.T[a:b], axis=1) if self.cm.size else np.nan
+            self.thi[a:b] = np.fmax.reduce(self.T[a:b], axis=1) if self.cm.size else np.nan
+        self.tdone = b
         return self.tlo[self.r0:self.r1], self.thi[self.r0:self.r1]
 
     def ranges(self) -> list[tuple[int, int, int]]:
