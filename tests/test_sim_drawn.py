@@ -1,4 +1,4 @@
-"""Quiet steps drawn ahead (Simulation._draw_ahead): the same telemetry, bit for bit, as the simulator as it
+"""Quiet steps drawn ahead (quiet_regime.draw_ahead): the same telemetry, bit for bit, as the simulator as it
 was (tests/sim_reference.py) and as the plain step, through every built-in scenario (faults starting and
 ending mid-way through a drawn block), actions, injections, deep copies and pickles taken mid-block, and the
 rare preemption draw; plus the numpy property the draw-ahead rests on: one call for n + m values of a
@@ -16,8 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fleethealth.backtest.runner import compress
-from fleethealth.sim import Scenario, load_scenario
-from fleethealth.sim import simulation as simmod
+from fleethealth.sim import Scenario, load_plan, load_scenario, quiet_regime
 from fleethealth.sim.faults import FAULT_CLASSES
 from fleethealth.sim.scenario import builtin_names
 from fleethealth.sim.simulation import Simulation
@@ -27,7 +26,7 @@ from test_sim_fastpath import lockstep, same
 
 
 def _plain(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(simmod, "_DRAW_AHEAD", 0)
+    monkeypatch.setattr(quiet_regime, "DRAW_AHEAD", 0)
 
 
 @pytest.mark.parametrize("name", builtin_names())
@@ -49,7 +48,7 @@ def test_noise_only_crosses_plan_and_block_boundaries(monkeypatch: pytest.Monkey
     sc = load_scenario("noise-only").with_overrides(duration=150 * 15.0)
     ref = [s.values.tobytes() for _, s in Reference(sc).steps()]
     assert [s.values.tobytes() for _, s in Simulation(sc).steps()] == ref
-    monkeypatch.setattr(simmod, "_PLAN_STEPS", 5)
+    monkeypatch.setattr(load_plan, "PLAN_STEPS", 5)
     assert [s.values.tobytes() for _, s in Simulation(sc).steps()] == ref
 
 
@@ -113,7 +112,7 @@ def test_copies_taken_mid_block_continue_identically(offset: int) -> None:
 def test_rare_preemption_draw_in_a_drawn_block(monkeypatch: pytest.MonkeyPatch) -> None:
     """KV-cache use planned near 0.9 (its base raised from 0.15 to 0.6): the preemption draw happens on
     some quiet steps and not on others, and the draw-ahead makes it where the plain step does."""
-    monkeypatch.setattr(simmod, "_K0_15", np.array(0.6))
+    monkeypatch.setattr(load_plan, "K0_15", np.array(0.6))
     sc = small_scenario(seed=11, duration="40m")
     fast = [s for _, s in Simulation(sc).steps()]
     mid = fast[0].metric_index()["vllm:kv_cache_usage_perc"]
@@ -125,10 +124,10 @@ def test_rare_preemption_draw_in_a_drawn_block(monkeypatch: pytest.MonkeyPatch) 
 
 
 def test_the_kv_bound_is_safe_for_numpys_normals() -> None:
-    """_KV_SAFE leans on |standard normal| < 14 (numpy's ziggurat tail is fed 53-bit uniforms)."""
+    """KV_SAFE leans on |standard normal| < 14 (numpy's ziggurat tail is fed 53-bit uniforms)."""
     z = np.random.default_rng(3).standard_normal(2_000_000)
     assert np.abs(z).max() < 14.0
-    assert simmod._KV_SAFE + 0.02 * 14.0 < 0.9
+    assert quiet_regime.KV_SAFE + 0.02 * 14.0 < 0.9
 
 
 @settings(max_examples=40, deadline=None)
@@ -159,10 +158,10 @@ def test_a_world_that_keeps_leaving_the_regime_draws_small_blocks() -> None:
     assert sim._drawn is not None
     sim.apply_action("node-01", "drain", sim.t)
     sim.step()
-    assert sim._drawn is None and sim._ahead == simmod._DRAW_FIRST
+    assert sim._drawn is None and sim._ahead == quiet_regime.DRAW_FIRST
     sim.apply_action("node-01", "release", sim.t)
     sim.step()
-    assert sim._drawn is not None and sim._drawn.n <= simmod._DRAW_FIRST
+    assert sim._drawn is not None and sim._drawn.n <= quiet_regime.DRAW_FIRST
 
 
 def test_plain_and_drawn_paths_agree_on_a_default_field_fleet_with_imbalance(

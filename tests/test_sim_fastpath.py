@@ -14,8 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fleethealth.signals.snapshot import Snapshot
-from fleethealth.sim import Scenario, load_scenario
-from fleethealth.sim import simulation as simmod
+from fleethealth.sim import Scenario, load_plan, load_scenario
 from fleethealth.sim.simulation import Simulation
 from sim_reference import Simulation as Reference
 from sim_support import small_scenario
@@ -100,7 +99,7 @@ def test_a_shared_plan_gives_what_a_plan_per_step_gives(monkeypatch: pytest.Monk
     """The plan made for many steps at once (the fast path) against one made per step (plain)."""
     sc = load_scenario("noise-only").with_overrides(duration=90 * 15.0)
     shared = [s.values.tobytes() for _, s in Simulation(sc).steps()]
-    monkeypatch.setattr(simmod, "_PLAN_STEPS", 1)
+    monkeypatch.setattr(load_plan, "PLAN_STEPS", 1)
     assert [s.values.tobytes() for _, s in Simulation(sc).steps()] == shared
 
 
@@ -109,7 +108,7 @@ def test_a_shared_plan_gives_what_a_plan_per_step_gives(monkeypatch: pytest.Monk
 def test_plan_rows_do_not_depend_on_the_batch(k0: int, n: int, i: int) -> None:
     sim = _small_sim()
     i = min(i, n - 1)
-    batch, single = sim._plan(k0, n), sim._plan(k0 + i, 1)
+    batch, single = load_plan.make_plan(sim, k0, n), load_plan.make_plan(sim, k0 + i, 1)
     for name in ("w_serve", "med", "lam2", "sqrt_lam2", "lam2_big", "lam", "cdf_rows", "kv"):
         assert getattr(batch, name)[i].tobytes() == getattr(single, name)[0].tobytes(), name
 
