@@ -354,26 +354,26 @@ class StructuralTracker:
             mids = view.metric_ids[rows]
             sids, ts = view.series_ids[rows], view.ts[rows]
             parts = [(sids[mids == m], ts[mids == m]) for m in np.unique(mids).tolist()]
-        lo = now - self.max_age_s
-        fresh_parts = []
-        t_min, t_max = np.inf, -np.inf
-        for sids, ts in parts:
-            pid = st.pair_id[sids]
-            ok = (ts > lo) & (pid >= 0)
-            if ok.any():
-                fresh_parts.append((pid[ok], ts[ok]))
-                t_min, t_max = min(t_min, float(ts[ok].min())), max(t_max, float(ts[ok].max()))
-        if sum(p.size for p, _ in fresh_parts) < 2 or t_min == t_max:  # one read time for every GPU: none absent
+        if not parts:
+            return None
+        # every metric's rows at once (one pass, not one per metric: ~30 metrics every cycle), each
+        # compared with its (node, metric)'s newest
+        sids = np.concatenate([p[0] for p in parts])
+        ts = np.concatenate([p[1] for p in parts])
+        part = np.repeat(np.arange(len(parts)), [p[0].size for p in parts])
+        pid = st.pair_id[sids]
+        ok = (ts > now - self.max_age_s) & (pid >= 0)
+        pid, ts, part = pid[ok], ts[ok], part[ok]
+        if pid.size < 2 or ts.min() == ts.max():  # one read time for every GPU: none absent
             return None
         pair_nodes = self._pair_nodes()
+        key = st.rank[pair_nodes[pid]] * len(parts) + part
+        nt = np.full(st.rank_n * len(parts), -np.inf)
+        np.maximum.at(nt, key, ts)
         seen = np.zeros(len(self._pair_node), bool)
         current = np.zeros(len(self._pair_node), bool)
-        for pid, ts in fresh_parts:
-            pn = st.rank[pair_nodes[pid]]
-            nt = np.full(st.rank_n, -np.inf)
-            np.maximum.at(nt, pn, ts)
-            seen[pid] = True
-            current[pid[ts >= nt[pn]]] = True
+        seen[pid] = True
+        current[pid[ts >= nt[key]]] = True
         gone = np.flatnonzero(seen & ~current)
         if not gone.size:
             return None
