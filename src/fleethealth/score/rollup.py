@@ -190,10 +190,13 @@ def _short_of_gpus(gpu: KindScores, node: KindScores, gpu_node: np.ndarray, gate
     if expectation is None or groups is None or len(groups.levels) < 2 or gpu_node.size == 0:
         return
     nn = len(node.names)
+    have = np.bincount(gpu_node, minlength=nn)[:nn]
+    reporting = have[have > 0]
+    if reporting.size == 0 or int(reporting.min()) == int(reporting.max()):
+        return  # every node reports as many GPUs: that is any pool's common count, none is short of it
     part, first, npools = groups.levels[1]
     pool_of_node = np.full(nn, -1, np.int64)
     pool_of_node[gpu_node[::-1]] = part[::-1] - first  # the pool of each node's first GPU
-    have = np.bincount(gpu_node, minlength=nn)[:nn]
     k, agree, peers = gpu_count_from_peers(have, pool_of_node, groups.names[first:first + npools],
                                            expectation.gpu_count_min_peers, expectation.gpu_count_fraction)
     short = (have > 0) & (have < k) & ~gate_any
