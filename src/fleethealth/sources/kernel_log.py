@@ -403,14 +403,22 @@ class KernelLogParser:
         self._note(out, "line carries no host name and no node was given: samples have no Hostname label",
                    once="no-node")
 
-    def _on_xid(self, m: re.Match[str], node: str | None, ts: float, raw: str, out: _Batch) -> None:
+    def _event_bus(self, m: re.Match[str], node: str | None, raw: str, out: _Batch) -> str | None:
+        """The event's PCI address, normalised; None (and a counted issue) when it is not one. Notes once
+        that the line names no node, since its samples then carry no Hostname label."""
         bus = normalize_bus_id(m["bus"])
         if bus is None:  # pragma: no cover - the regex only admits bus-shaped text
             self.stats["garbled"] += 1
             self._issue(out, "bad PCI address", raw)
-            return
+            return None
         if node is None:
             self._no_node(out)
+        return bus
+
+    def _on_xid(self, m: re.Match[str], node: str | None, ts: float, raw: str, out: _Batch) -> None:
+        bus = self._event_bus(m, node, raw, out)
+        if bus is None:
+            return
         code = int(m["xid"])
         pid, name, message = _parse_xid_rest(m["rest"] or "")
         gpu = self._gpu(node, bus)
@@ -433,13 +441,9 @@ class KernelLogParser:
             out.samples.append((RECOVERY_METRIC, labels, float(action), ts))
 
     def _on_sxid(self, m: re.Match[str], node: str | None, ts: float, raw: str, out: _Batch) -> None:
-        bus = normalize_bus_id(m["bus"])
-        if bus is None:  # pragma: no cover - the regex only admits bus-shaped text
-            self.stats["garbled"] += 1
-            self._issue(out, "bad PCI address", raw)
+        bus = self._event_bus(m, node, raw, out)
+        if bus is None:
             return
-        if node is None:
-            self._no_node(out)
         rest = (m["rest"] or "").strip()
         head = rest.split(",", 1)[0].strip().lower()
         fatal = True if head == "fatal" else False if head in ("non-fatal", "nonfatal") else None
