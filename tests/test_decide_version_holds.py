@@ -178,3 +178,25 @@ def test_many_nodes_of_the_version_stalling_together_are_the_versions_and_held()
     assert not [i for i in r.of(IntentKind.QUARANTINE) if i.ts >= 1800.0]
     for n in stalls:
         assert r.state.entities[n].blocked == f"version:driver_version={NEW}"
+
+
+def test_the_version_stays_suspect_while_its_incident_is_open() -> None:
+    # the ladder's resets clear the first victims' gates for a while: only one node reads unhealthy, the
+    # version no longer correlates, but its incident is still open, and the next victim is held, not
+    # quarantined (full-length bad-driver-rollout: node-36 quarantined in such a gap, then FAILED)
+    base, _ = _rollout()
+
+    def make(t: float) -> list[HealthTuple]:
+        out = base(t)
+        if 1200.0 <= t:
+            lab = {"pool": "train-a", "driver_version": NEW}
+            gated = {"n08"} if t >= 1260.0 else set()
+            out = [(_node(x.entity, 0.0, {**lab, "tp_group": x.labels["tp_group"]}, "gate:xid", GATE_FLAGS)
+                    if x.entity in gated else _node(x.entity, 0.97, x.labels)) for x in out]
+        return out
+
+    r = Run(policy=_policy())
+    _drive(r, make, 0.0, 1800.0)
+    assert KEY in r.state.incidents
+    assert not r.of(IntentKind.QUARANTINE, "n08")
+    assert r.state.entities["n08"].blocked == f"version:driver_version={NEW}"

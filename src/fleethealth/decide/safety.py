@@ -30,7 +30,9 @@ a cluster. Pure; a mixin of ``Decider`` (reads ``self.policy`` and ``self.fast``
   ``version_min_entities`` unhealthy entities and at least ``version_fraction`` of all unhealthy ones,
   and over-represented against the rest of the fleet (its unhealthy rate more than twice that of the
   other versions; or, when every entity runs it, at least ``version_fraction`` of them unhealthy), is
-  suspect: one incident about it, and no entity carrying it is quarantined, except on physical evidence.
+  suspect: one incident about it, and no entity carrying it is quarantined, except on physical evidence
+  or its own stall. It stays suspect while that incident is open (until it has not correlated for
+  ``budgets.incident_clear_s``), so a gap in its victims' gates does not let the next one through.
 * Physical evidence (``_physical_evidence``): a gated node with an Xid of ``attribution.physical_xids``
   flagged (79 off the bus, 48 DBE, 95/140 uncorrectable ECC, 64 remap failure) or gated by a signal of
   ``attribution.physical_gates`` (a GPU missing, a DBE counter, a failed remap) is dead hardware whatever
@@ -290,6 +292,16 @@ class SafetyRules:
                                {"label": label, "value": v, "kind": kind, "unhealthy": k,
                                 "unhealthy_total": len(bad), "population": pop[v], **named},
                                sig=(k, len(held)) if held else k)
+        # A version stays suspect while its incident is open (until it has not correlated for
+        # incident_clear_s), not only on cycles it correlates: the ladder's first resets clear its victims'
+        # gates for a while, and the next victim must not be quarantined in that gap (not asserted here,
+        # so the incident still resolves).
+        for key, rec in c.s.incidents.items():
+            if key.startswith("version:") and rec.get("reason") == "version_correlation":
+                prm = rec.get("params", {})
+                label, value = prm.get("label"), prm.get("value")
+                if isinstance(label, str) and isinstance(value, str):
+                    out.setdefault((label, value), f"version:{label}={value}")
         return out
 
     def _version_holds(self, c: Cycle, key: str, label: str, value: str) -> list[str]:
@@ -553,15 +565,16 @@ def _performance_lows(health: Any, by_id: Mapping[str, HealthTuple], cats: Itera
     carry no category map), else from the tuples' own categories."""
     kinds = getattr(health, "kinds", None)
     ks = kinds.get("node") if kinds is not None else None
-    if ks is not None:
-        idx = [i for i, k in enumerate(ks.categories) if k in set(cats)]
+    matrix, names = getattr(ks, "cat", None), getattr(ks, "categories", None)
+    if ks is not None and matrix is not None and names is not None:
+        idx = [i for i, k in enumerate(names) if k in set(cats)]
         if not idx or not len(ks.names):
             return {}
-        sub = np.asarray(ks.cat, dtype=float)[:, idx]
+        sub = np.asarray(matrix, dtype=float)[:, idx]
         filled = np.where(np.isnan(sub), np.inf, sub)
         arg = np.argmin(filled, axis=1)
         low = filled[np.arange(len(arg)), arg]
-        return {ks.names[r]: (float(low[r]), ks.categories[idx[int(arg[r])]])
+        return {ks.names[r]: (float(low[r]), names[idx[int(arg[r])]])
                 for r in np.nonzero(low < below)[0].tolist()}
     out: dict[str, tuple[float, str]] = {}
     for eid, t in by_id.items():
