@@ -18,6 +18,7 @@ from typer.testing import CliRunner
 
 from fleethealth.decide import chronic
 from fleethealth.decide.incidents import is_new_page
+from fleethealth.decide.lifecycle import Timer
 from fleethealth.decide.loop import DecisionLoop
 from fleethealth.decide.model import Intent, IntentKind, State, Transition
 from fleethealth.policy import Policy, PolicyError, default_policy, default_policy_text, parse_policy
@@ -37,11 +38,13 @@ def _quantiles(n: int, center: float, sigma: float, rng: np.random.Generator) ->
     return v
 
 
-def _samples(rng: np.random.Generator, slow: tuple[float, float] | None,
-             idle: bool = False) -> list[tuple[str, dict[str, str], float]]:
+def _samples(rng: np.random.Generator, slow: tuple[float, float] | None, idle: bool = False,
+             lost: bool = False, util: bool = True) -> list[tuple[str, dict[str, str], float]]:
     """``NODES`` x 8 GPUs in one synchronous job (as tests/test_chronic.py); node-07 computes and clocks
     ``slow`` (None: as its peers); ``idle``: node-07's job has ended (no rank on it; idle and cooler,
-    its SM clock only z ~3 low: its score is 1.0 again, it would read as recovered)."""
+    its SM clock only z ~3 low: its score is 1.0 again, it would read as recovered; its GPU utilisation
+    0 %); ``lost``: node-07's rank telemetry is lost while its job still runs (utilisation 95 %, as every
+    busy GPU's); ``util``: dcgm-exporter serves DCGM_FI_DEV_GPU_UTIL."""
     out: list[tuple[str, dict[str, str], float]] = []
     n_gpu = NODES * 8
     comp = _quantiles(n_gpu, 1.82, 0.01 / 0.6745, rng)
@@ -53,25 +56,29 @@ def _samples(rng: np.random.Generator, slow: tuple[float, float] | None,
             c, k = (slow if n == 7 and slow is not None else (comp[r], clk[r]))
             if idle and n == 7:
                 k = 1980.0 - 3 * 14.63
-            if not (idle and n == 7):
+            if not ((idle or lost) and n == 7):
                 out.append(("fleethealth_rank_compute_seconds",
                             {"job": "pretrain", "rank": str(r), "node": node, "gpu": str(g), "peer_group": "stage0"},
                             float(c)))
             lab = {"Hostname": node, "gpu": str(g), "modelName": MODEL, "UUID": f"GPU-{node}-{g}"}
             out += [("DCGM_FI_DEV_SM_CLOCK", lab, float(k)), ("DCGM_FI_DEV_GPU_TEMP", lab, 60.0),
                     ("DCGM_FI_DEV_XID_ERRORS", lab, 0.0)]
+            if util:
+                out.append(("DCGM_FI_DEV_GPU_UTIL", lab, 0.0 if idle and n == 7 else 95.0))
     return out
 
 
-def _scrape(t: float, rng: np.random.Generator, slow: tuple[float, float] | None, idle: bool = False) -> Snapshot:
+def _scrape(t: float, rng: np.random.Generator, slow: tuple[float, float] | None, idle: bool = False,
+            lost: bool = False, util: bool = True) -> Snapshot:
     b = SnapshotBuilder()
-    for metric, lab, v in _samples(rng, slow, idle):
+    for metric, lab, v in _samples(rng, slow, idle, lost, util):
         b.add(metric, lab, v, t)
     return b.build(t)
 
 
 def _run(pol: Policy, hours: float, slow_until_h: float = 1e9, idle_from_h: float = 1e9,
-         every: float = 600.0) -> tuple[DecisionLoop, list[Transition], list[Intent]]:
+         every: float = 600.0, lost_from_h: float = 1e9, util: bool = True,
+         ) -> tuple[DecisionLoop, list[Transition], list[Intent]]:
     rng = np.random.default_rng(7)
     loop = DecisionLoop(pol)
     trs: list[Transition] = []
@@ -79,7 +86,8 @@ def _run(pol: Policy, hours: float, slow_until_h: float = 1e9, idle_from_h: floa
     t = 0.0
     while t <= hours * 3600:
         h = t / 3600
-        snap = _scrape(t, rng, SLOW if h < slow_until_h else None, idle=h >= idle_from_h)
+        snap = _scrape(t, rng, SLOW if h < slow_until_h else None, idle=h >= idle_from_h,
+                       lost=h >= lost_from_h, util=util)
         res = loop.cycle(snap, t)
         trs += res.decision.transitions
         intents += res.decision.intents
@@ -207,9 +215,15 @@ def test_a_noisy_estimate_is_no_update_a_real_change_is() -> None:
     assert loop.state.incidents[chronic.TICKET_PREFIX + "node-07"]["sig"][1] == "job_end"
 
 
-def _ev(slowdown: float | None = 0.03, pays: bool = False) -> chronic.Evidence:
+def _ev(slowdown: float | None = 0.03, pays: bool = False, idle: bool | None = None) -> chronic.Evidence:
     return chronic.Evidence(5.5, {"sm_clock": 6.0, "rank_compute_time": 3.2}, "node-3/gpu1", slowdown, "job-a",
-                            96, pays=pays)
+                            96, pays=pays, idle=slowdown is None if idle is None else idle)
+
+
+def _idle(after: float, idle_for: float | None = None) -> dict[str, Timer]:
+    """Timers of a node ticketed, and idle (positive evidence) for ``idle_for`` (default: the dwell)."""
+    d = POL.chronic.idle_dwell_s if idle_for is None else idle_for
+    return {chronic.SLOW_KEY: Timer(after, 0.0), chronic.IDLE_KEY: Timer(d, after)}
 
 
 def test_ticket_and_idle_conditions_at_their_edges() -> None:
@@ -229,16 +243,70 @@ def test_ticket_and_idle_conditions_at_their_edges() -> None:
     # idle (no rank time) and ticketed: out, if its score is not already taking it out
     ok = Observation(0.9, 1.0, "min:hardware")
     at = after + 60.0
-    assert chronic.conds(State.DEGRADED, {chronic.SLOW_KEY: Timer(after, 0.0)}, _ev(None), at, POL, ok) == \
-        {Cond.CHRONIC_COST}
+    assert chronic.conds(State.DEGRADED, _idle(after), _ev(None), at, POL, ok) == {Cond.CHRONIC_COST}
+    # idle, but not for the dwell yet (the timer counts the 60 s since it was last fed): not yet
+    assert chronic.conds(State.DEGRADED, _idle(after, POL.chronic.idle_dwell_s - 120.0), _ev(None), at, POL,
+                         ok) == set()
+    # no rank time but no positive idle evidence (telemetry lost, job still running): never out, and
+    # the idle dwell restarts
+    t = _idle(after)
+    assert chronic.conds(State.DEGRADED, t, _ev(None, idle=False), at, POL, ok) == set()
+    assert chronic.IDLE_KEY not in t
+    t = _idle(after)  # low confidence: unusable, no decision and the dwell restarts
+    assert chronic.conds(State.DEGRADED, t, _ev(None), at, POL, Observation(0.9, 0.2, "min:hardware")) == set()
+    assert chronic.IDLE_KEY not in t
     assert chronic.conds(State.DEGRADED, {chronic.SLOW_KEY: Timer(after - 120.0, None)}, _ev(None), at, POL,
                          ok) == set()  # (paused: no evidence a cycle ago) not yet ticketed
     low = Observation(POL.lifecycle.quarantine_below - 0.01, 1.0, "min:performance")
-    assert chronic.conds(State.DEGRADED, {chronic.SLOW_KEY: Timer(after, 0.0)}, _ev(None), at, POL, low) == set()
+    assert chronic.conds(State.DEGRADED, _idle(after), _ev(None), at, POL, low) == set()
     keep = POL.model_copy(update={"chronic": POL.chronic.model_copy(update={"quarantine_when_idle": False})})
-    assert chronic.conds(State.DEGRADED, {chronic.SLOW_KEY: Timer(after, 0.0)}, _ev(None), at, keep, ok) == set()
-    assert chronic.conds(State.READY, {chronic.SLOW_KEY: Timer(after, 0.0)}, _ev(None), at, POL, ok) == set()
+    assert chronic.conds(State.DEGRADED, _idle(after), _ev(None), at, keep, ok) == set()
+    assert chronic.conds(State.READY, _idle(after), _ev(None), at, POL, ok) == set()
     # with a job that does not pay: no swap
     assert chronic.conds(State.DEGRADED, {chronic.SLOW_KEY: Timer(after, 0.0)}, _ev(), at, POL, ok) == set()
     why, _ = chronic.on_transition(Cond.CHRONIC_COST, "node-3", {}, {"node-3": _ev(None)}, POL)  # type: ignore[misc]
     assert why == chronic.IDLE_REASON
+
+
+def test_lost_rank_telemetry_on_a_busy_node_is_not_idleness() -> None:
+    """A dead rank-timer endpoint (or a Prometheus gap) while the job runs: no rank reports a compute
+    time on node-07, but its GPUs still read 95 % busy. Missing data is never a decision's evidence:
+    no chronic:idle, whatever the time (before the fix it was quarantined one cycle after the loss)."""
+    _, trs, intents = _run(POL, hours=10, lost_from_h=7)
+    # (its SM clock alone, z ~6, may take it down on its score: that is evidence, not missing data)
+    assert not [x for x in trs if x.reason == chronic.IDLE_REASON]
+    assert [i for i in _tickets(intents) if is_new_page(i.params)]  # ticketed all the same
+    # nor without the GPUs' utilisation at all (an exporter without the field): unknown is not idle
+    _, trs, _ = _run(POL, hours=10, idle_from_h=7, util=False)
+    assert not [x for x in trs if x.reason == chronic.IDLE_REASON]
+
+
+def test_a_truly_idle_node_is_taken_out_after_the_idle_dwell_not_before() -> None:
+    every = 60.0
+    _, trs, _ = _run(POL, hours=8.5, idle_from_h=8, every=every)
+    out = [x for x in trs if x.to_state == State.QUARANTINED]
+    assert [(x.entity, x.reason) for x in out] == [("node-07", chronic.IDLE_REASON)]
+    # the dwell starts once the last rank sample is no longer fresh (freshness.max_age_s 90 s: the
+    # cycle at 8 h + 60 s); out at the first cycle the dwell has passed, never before it
+    assert out[0].ts == 8 * 3600 + every + POL.chronic.idle_dwell_s
+
+
+def test_a_source_error_or_low_confidence_is_no_idle_evidence() -> None:
+    rng = np.random.default_rng(3)
+    snap = _scrape(0.0, rng, SLOW, idle=True)
+    fh = score_snapshot(snap, POL, 0.0)
+    assert chronic.node_evidence(fh, POL, watch=["node-07"])["node-07"].idle
+    assert not chronic.node_evidence(fh, POL, degraded=lambda n: n == "node-07")["node-07"].idle  # not ticketed
+    from fleethealth.signals.snapshot import InputIssue
+
+    fh.issues = [InputIssue("target node-03:9400", 0, "connection refused")]
+    assert not chronic.node_evidence(fh, POL, watch=["node-07"])["node-07"].idle
+
+
+def test_idle_policy_keys_are_validated() -> None:
+    pol = parse_policy(default_policy_text() + "\nchronic:\n  idle_dwell_s: 10m\n  idle_util_below: 3\n", "p.yaml")
+    assert pol.chronic.idle_dwell_s == 600.0 and pol.chronic.idle_util_below == 3.0
+    for bad in ("idle_dwell_s: 0", "idle_util_below: 150"):
+        key = bad.split(":")[0]
+        with pytest.raises(PolicyError, match=f"chronic.{key}"):
+            parse_policy(default_policy_text() + f"\nchronic:\n  {bad}\n", "p.yaml")

@@ -301,6 +301,13 @@ class Chronic(Strict):
     # ...and, once ticketed, is quarantined for its active test when its job has ended (its GPUs run no
     # rank), before new work lands on it; false: it stays DEGRADED (no new work) until it recovers.
     quarantine_when_idle: bool = True
+    # "Idle" is positive evidence, never missing data (a lost rank-timer endpoint, a Prometheus gap): no
+    # rank reports a compute time on the node AND every one of its GPUs reads ``idle_signal`` (a GPU
+    # signal of the policy, raw value in %) fresh and below ``idle_util_below``, with the node's
+    # confidence usable and no source error this cycle, for ``idle_dwell_s`` without a break.
+    idle_signal: str = "gpu_util"
+    idle_util_below: float = Field(default=10.0, gt=0, le=100)
+    idle_dwell_s: float = Field(default=300.0, gt=0)
 
 
 class Budgets(Strict):

@@ -64,6 +64,7 @@ from fleethealth.policy import Policy
 FLOOR_PREFIX = "floor:"
 CUSUM_KEY = "chronic_cusum"
 SLOW_KEY = "chronic_slow"  # lifecycle timer: how long a DEGRADED node has shown chronic evidence
+IDLE_KEY = "chronic_idle"  # lifecycle timer: how long a ticketed node has shown positive idle evidence
 TICKET_PREFIX = "chronic:"  # incident key of a node's ticket: chronic:<node>
 TICKET_REASON = "chronic:ticket"
 IDLE_REASON = "chronic:idle"
@@ -92,17 +93,15 @@ class Evidence:
     job: str | None
     job_gpus: int
     pays: bool = True  # its loss over the horizon is at least the swap cost
+    # positive evidence this cycle that its job has ended (``idle_evidence``): no rank reports a compute
+    # time on it AND its GPUs' own telemetry, fresh and confident, shows no work. Missing rank data
+    # alone is not idleness (a dead rank-timer endpoint, a Prometheus gap while the job still runs).
+    idle: bool = False
 
     def loss_gpu_h_per_h(self) -> float | None:
         if self.slowdown is None or self.job_gpus <= 0:
             return None
         return self.job_gpus * max(0.0, self.slowdown)
-
-    @property
-    def idle(self) -> bool:
-        """No rank of any job reports a compute time on the node's GPUs this cycle: its job has ended
-        (nothing to price, nothing to interrupt). Its GPUs' ``job`` label is remembered, so not that."""
-        return self.slowdown is None
 
 
 def node_evidence(health: Any, policy: Policy, degraded: Callable[[str], bool] | None = None,
@@ -152,7 +151,8 @@ def node_evidence(health: Any, policy: Policy, degraded: Callable[[str], bool] |
     priced = [n for n in best if n >= 0 and worst_slow[n] > 0 and worst_slow[n] * most >= need]
     # the DEGRADED (a dict look-up per candidate node, the loop above's order) and the watched: a handful
     extra = [] if degraded is None else [n for n in best if n >= 0 and degraded(node_names[n])]
-    extra += _watched(watch, node_names, member, comb, best)
+    watched = set(_watched(watch, node_names, member, comb, best))
+    extra += sorted(watched)
     sizes = _job_sizes(kinds) if priced or extra else {}
     biggest = max(sizes.values(), default=0)
     out: dict[str, Evidence] = {}
@@ -170,8 +170,31 @@ def node_evidence(health: Any, policy: Policy, degraded: Callable[[str], bool] |
             z_i if math.isfinite(z_i) else 0.0, {ks.signals[j].name: float(ks.results[j].z[i]) for j in perf
                                                  if math.isfinite(float(ks.results[j].z[i]))},
             ks.names[i], slowdown, job, gpus,
-            pays=slowdown is not None and gpus * max(0.0, slowdown) >= need)
+            pays=slowdown is not None and gpus * max(0.0, slowdown) >= need,
+            idle=node in watched and slowdown is None and idle_evidence(health, policy, node))
     return out
+
+
+def idle_evidence(health: Any, policy: Policy, node: int) -> bool:
+    """Whether node index ``node``'s own GPU telemetry shows this cycle that no work runs on it: every GPU
+    of the node reads ``chronic.idle_signal`` fresh (a sub-score: seen within its max age) with a raw
+    value below ``chronic.idle_util_below``, the node's confidence is at least
+    ``lifecycle.min_confidence`` and no source reported an error this cycle (what is unread might be the
+    work). Missing, stale or doubtful data is never idleness. Called for the ticketed nodes only."""
+    ch = policy.chronic
+    if getattr(health, "issues", None):
+        return False
+    ks, nodes = health.kinds["gpu"], health.kinds["node"]
+    j = next((k for k, s in enumerate(ks.signals) if s.name == ch.idle_signal), None)
+    if j is None or not float(nodes.confidence[node]) >= policy.lifecycle.min_confidence:
+        return False
+    gpus = np.flatnonzero(np.asarray(ks.member_of) == node)
+    if gpus.size == 0:
+        return False
+    res = ks.results[j]
+    fresh = np.isfinite(res.sub[gpus]) & np.isfinite(res.raw[gpus])
+    return bool(fresh.all() and (res.raw[gpus] < ch.idle_util_below).all()
+                and (np.asarray(ks.confidence)[gpus] >= policy.lifecycle.min_confidence).all())
 
 
 def _watched(watch: Collection[str], node_names: Any, member: np.ndarray, comb: np.ndarray,
@@ -242,6 +265,7 @@ def conds(state: State, timers: dict[str, Timer], ev: Evidence | None, now: floa
         t = timers.get(CUSUM_KEY)
         if t is not None:
             t.last_ts = None  # unknown data pauses the accumulator, as it pauses the dwell timers
+        timers.pop(IDLE_KEY, None)  # ...and is never evidence of idleness: the idle dwell restarts
         return set()
     z = None if ev is None else min(ev.combined_z, ch.cusum_cap)
     s = feed_cusum(timers, z, now, ch.cusum_k)
@@ -249,9 +273,11 @@ def conds(state: State, timers: dict[str, Timer], ev: Evidence | None, now: floa
     if state == State.DEGRADED:
         _feed_slow(timers, ev is not None and (drift or ev.combined_z >= ch.combined_z), now)
     if ev is None:
+        timers.pop(IDLE_KEY, None)
         return set()
+    idle_for = _feed_idle(timers, state == State.DEGRADED and ev.idle, now)
     if (state == State.DEGRADED and ev.idle and ch.quarantine_when_idle and ticketed(timers, policy)
-            and obs.value >= lc.quarantine_below):
+            and obs.value >= lc.quarantine_below and idle_for >= ch.idle_dwell_s):
         return {Cond.CHRONIC_COST}  # its job has ended: out for its active test before new work lands
     loss = ev.loss_gpu_h_per_h()
     if loss is None or loss * ch.horizon_s / 3600.0 < ch.swap_cost_gpu_hours:
@@ -263,6 +289,23 @@ def conds(state: State, timers: dict[str, Timer], ev: Evidence | None, now: floa
     if state == State.READY and obs.value >= lc.degraded_below and drift:
         out.add(Cond.CHRONIC_DRIFT)
     return out
+
+
+def _feed_idle(timers: dict[str, Timer], idle: bool, now: float) -> float:
+    """How long a node has shown positive idle evidence without a break (seconds): a cycle without it
+    (busy again, rank data back, or the evidence missing or doubtful) drops the timer, so the dwell
+    restarts. Returns the time idle so far."""
+    if not idle:
+        timers.pop(IDLE_KEY, None)
+        return 0.0
+    t = timers.get(IDLE_KEY)
+    if t is None:
+        timers[IDLE_KEY] = Timer(0.0, now)
+        return 0.0
+    if t.last_ts is not None and now > t.last_ts:
+        t.accum_s += now - t.last_ts
+    t.last_ts = now
+    return t.accum_s
 
 
 def _feed_slow(timers: dict[str, Timer], slow: bool, now: float) -> None:
