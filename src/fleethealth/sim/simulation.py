@@ -42,6 +42,7 @@ from fleethealth.signals.snapshot import Snapshot
 from fleethealth.sim import quiet_regime
 from fleethealth.sim.faults import Effects, Fault, make_fault
 from fleethealth.sim.fleet import Fleet, build_fleet, bus_id
+from fleethealth.sim.job_end import JobEnds
 from fleethealth.sim.load_plan import LoadPlan
 from fleethealth.sim.metric_catalog import (
     DEFAULT_DCGM_FIELDS,
@@ -354,6 +355,7 @@ class Simulation:
         # service (drained, quarantined), replicas behind a concurrency limit or an admission rule that
         # rejects oversized requests.
         self.node_out = np.zeros(N, bool)
+        self.job_ends = JobEnds(f, self.start)  # jobs with an ``ends_at``: their nodes fall idle then
         self.rep_out = np.zeros(R, bool)
         self.rep_limited = np.zeros(R, bool)
         self.rep_reject_oversized = np.zeros(R, bool)
@@ -585,6 +587,7 @@ class Simulation:
         t = self.start + self.k * self.step_s
         self.t = t
         eff = self._effects(t)
+        self.job_ends.advance(t, self.node_out)
         any_out = bool(np.count_nonzero(self.node_out))
         if eff is None and not any_out and not (self._R and np.count_nonzero(self.rep_out)) and quiet_regime.DRAW_AHEAD:
             quiet_regime.step_drawn(self)
@@ -691,7 +694,7 @@ class Simulation:
                 self.recovery_action[gpus] = 0
                 self.remap_pending[gpus] = 0
             elif action in ("drain", "release"):
-                self.node_out[n] = action == "drain"
+                self.node_out[n] = action == "drain" or self.job_ends.keeps_out(n)
             return ended
         if action in ("restart", "rebuild"):
             self.reset_replica_counters(rep)
