@@ -188,7 +188,7 @@ def test_the_version_stays_suspect_while_its_incident_is_open() -> None:
 
     def make(t: float) -> list[HealthTuple]:
         out = base(t)
-        if 1200.0 <= t:
+        if t >= 1200.0:
             lab = {"pool": "train-a", "driver_version": NEW}
             gated = {"n08"} if t >= 1260.0 else set()
             out = [(_node(x.entity, 0.0, {**lab, "tp_group": x.labels["tp_group"]}, "gate:xid", GATE_FLAGS)
