@@ -247,9 +247,12 @@ def pool_kpis(
         before = [o for o in (onsets or {}).get(i.entity, ()) if after < o <= i.start]
         return max(before) if before else float(i.start)
 
-    def build(name: str, members: set[str]) -> PoolKpis:
-        nodes = [n for n in members if entities[n].kind == "node"]
-        reps = [n for n in members if entities[n].kind == "replica"]
+    def build(name: str, ordered: list[str]) -> PoolKpis:
+        # Members in ``entities``' order, never a set's: the lost hours are float sums, and a set of strings
+        # iterates in an order PYTHONHASHSEED picks, so the same run's figures changed in their last digits.
+        members = set(ordered)
+        nodes = [n for n in ordered if entities[n].kind == "node"]
+        reps = [n for n in ordered if entities[n].kind == "replica"]
         gpus = sum(entities[n].gpus for n in nodes)
         iso = unk = slow = 0.0
         for n in nodes:
@@ -286,8 +289,8 @@ def pool_kpis(
             outcomes=dict(fig.outcomes),
         )
 
-    out = {p: build(p, {n for n, i in entities.items() if i.pool == p}) for p in pools}
-    out["all"] = build("all", set(entities))
+    out = {p: build(p, [n for n, i in entities.items() if i.pool == p]) for p in pools}
+    out["all"] = build("all", list(entities))
     return out
 
 
