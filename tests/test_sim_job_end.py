@@ -91,8 +91,36 @@ def test_jobs_without_an_end_are_bit_for_bit_what_they_were() -> None:
 def test_the_chronic_small_job_builtin_ends_its_slow_nodes_job() -> None:
     sc = load_scenario("chronic-small-job")
     jobs = {j.name: j.ends_at for j in sc.fleet.pools[0].jobs}
-    assert jobs["small-a"] == 12 * 3600 and sum(v is not None for v in jobs.values()) == 1
+    assert jobs["small-a"] == 15 * 3600 and sum(v is not None for v in jobs.values()) == 1
     sim = Simulation(sc)
     job = next(j for j in sim.fleet.jobs if j.name == "small-a")
     assert sim.fleet.node_index("sm-02") in job.nodes.tolist() and len(job.nodes) == 4
     assert [(g.entity, g.faulty, g.expected_action) for g in sim.ground_truth] == [("sm-02", True, "quarantine")]
+
+
+def test_chronic_small_job_end_to_end_ticket_while_it_runs_out_at_its_end() -> None:
+    """The scenario's targets, closed loop at the default cadence (``fleethealth backtest -s
+    chronic-small-job``): sm-02 (a 32-GPU job's node, too small a loss to pay for a swap) gets one ticket
+    while its job runs, no page about its slowness, and is quarantined ``chronic:idle`` at its job's
+    end (15 h: its last rank sample goes stale, then the 5-minute idle dwell), never before; nothing
+    else is quarantined."""
+    from fleethealth.backtest import evaluate, run_backtest
+    from fleethealth.backtest.arms import PRODUCT
+    from fleethealth.decide import chronic
+    from fleethealth.decide.incidents import is_new_page
+    from fleethealth.decide.model import IntentKind, State
+    from fleethealth.policy import default_policy
+
+    run = run_backtest(load_scenario("chronic-small-job"), default_policy(), [], cycle_s=60.0)
+    log = run.arms[PRODUCT]
+    end = run.start + 15 * 3600
+    out = [x for x in log.transitions if x.to_state == State.QUARANTINED]
+    assert [(x.entity, x.reason) for x in out] == [("sm-02", chronic.IDLE_REASON)]
+    assert end + default_policy().chronic.idle_dwell_s <= out[0].ts <= end + 900
+    opened = [i for i in log.intents if i.kind == IntentKind.PAGE and is_new_page(i.params)]
+    tickets = [i for i in opened if i.reason == chronic.TICKET_REASON]
+    assert len(tickets) == 1 and tickets[0].ts < end and tickets[0].params["severity"] == "ticket"
+    # no page before it is out; after, its failed active test hands it to a human (FAILED: a page)
+    assert [i for i in opened if i.params.get("severity") == "page" and i.ts < out[0].ts] == []
+    res = evaluate(run)
+    assert res["false_quarantines"] == 0 and res["precision"] == 1.0 and res["recall"] == 1.0

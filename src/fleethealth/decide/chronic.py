@@ -37,9 +37,14 @@ job's size (``Evidence.pays`` False), and one that has shown evidence (combined 
 pauses while it does not) gets ONE ticket-severity incident (``ticket``, key ``chronic:<node>``) naming
 the node, its GPU-hours lost a day, the swap cost and why it is not swapped; it is updated when the
 rounded loss or the plan changes and resolved when the node leaves DEGRADED (recovered, or taken out).
-Once ticketed, a node on which no rank reports a compute time any more (its job has ended: ``idle``)
-is quarantined for its active test (``chronic_cost``, reason ``chronic:idle``) before new work lands
-on it (``chronic.quarantine_when_idle``); its ticket says so instead of a page. Without that it would
+Once ticketed, a node whose job has ended (``idle``) is quarantined for its active test
+(``chronic_cost``, reason ``chronic:idle``) before new work lands on it (``chronic.quarantine_when_idle``);
+its ticket says so instead of a page. "Its job has ended" is positive evidence, never missing data
+(``idle_evidence``): no rank reports a compute time on it AND every one of its GPUs reads
+``chronic.idle_signal`` (utilisation) fresh and below ``chronic.idle_util_below``, with its confidence
+usable and no source error this cycle, for ``chronic.idle_dwell_s`` without a break (timer
+``chronic_idle``; a cycle without that evidence drops it). A dead rank-timer endpoint or a Prometheus
+gap while the job runs leaves the GPUs busy: no ``chronic:idle``. Without that it would
 read as recovered when idle, take new work and be slow again: DEGRADED had no way out but recovery.
 
 ``node_evidence`` reads the engine's columns (numpy over all GPUs, one reduction per node); the per-node
