@@ -107,7 +107,8 @@ class JobSpec(Strict):
     stage_weights: list[float] | None = None  # relative work per stage (unequal stages are not a fault)
     seq_imbalance: float = Field(default=0.0, ge=0)  # lognormal sigma per node per step (SE trace: ~0.14)
     # when the job ends (a duration from the scenario's start, e.g. 13h or 2h30m); None: it runs on. After
-    # it its ranks stop reporting and its GPUs go idle (sim.job_end)
+    # it its ranks stop reporting and its GPUs go idle (sim.job_end). An end after the run's end is no
+    # error (unlike a fault's onset, nothing is scored on it): the job runs through a shortened run
     ends_at: float | None = Field(default=None, gt=0)
 
     @field_validator("ends_at", mode="before")
@@ -243,11 +244,6 @@ class Scenario(Strict):
             if f.onset >= self.duration:
                 raise ValueError(f"faults[{i}] ({f.kind} on {f.target}): onset {f.onset:g} s is not inside the "
                                  f"run (duration {self.duration:g} s); it could only ever be scored as a miss")
-        for pool in self.fleet.pools:
-            for job in pool.jobs:
-                if job.ends_at is not None and job.ends_at >= self.duration:
-                    raise ValueError(f"pool {pool.name}, job {job.name}: ends_at {job.ends_at:g} s is not inside "
-                                     f"the run (duration {self.duration:g} s); leave it out for a job that runs on")
         return self
 
     @property
@@ -263,10 +259,6 @@ class Scenario(Strict):
         if kw.get("duration") is not None:
             end = parse_duration(kw["duration"])
             data["faults"] = [f for f in data["faults"] if f["onset"] < end]
-            for pool in data["fleet"]["pools"]:  # a job that would end after the new end runs through it
-                for job in pool["jobs"]:
-                    if job.get("ends_at") is not None and job["ends_at"] >= end:
-                        job["ends_at"] = None
         return Scenario.model_validate(data)
 
 
