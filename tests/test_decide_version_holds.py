@@ -105,19 +105,17 @@ def test_the_drivers_first_victims_are_held_by_the_version_incident_and_retested
     assert [r.st(n) for n in ("n00", "n02", "n04")] == [State.FAILED, State.QUARANTINED, State.QUARANTINED]
     assert len(r.of(IntentKind.SCHEDULE_RESET)) == resets_before
     assert [i.params["state"] for i in r.of(IntentKind.PAGE, "n02")] == []
-    # the rollback: the version stops correlating, its incident resolves incident_clear_s later, and each
-    # held node is retested (n00 back to QUARANTINED first)
+    # the rollback: each held node runs the old driver now (its label changed), so it is retested at once
+    # (n00 back to QUARANTINED first), without waiting for the incident to resolve
     _drive(r, make, ROLLBACK, ROLLBACK + 1200.0)
-    resolved = next(i.ts for i in r.of(IntentKind.PAGE, f"version/driver_version={NEW}")
-                    if i.params.get("state") == "resolved")
-    tests = {i.entity: (i.ts, i.reason) for i in r.of(IntentKind.RUN_ACTIVE_TEST) if i.ts > resolved - 1}
-    assert tests == dict.fromkeys(("n00", "n02", "n04"), (resolved + 60.0, f"version_resolved:{KEY}"))
-    back = next(t for t in r.transitions if t.entity == "n00" and t.ts > ROLLBACK)
+    tests = {i.entity: (i.ts, i.reason) for i in r.of(IntentKind.RUN_ACTIVE_TEST) if i.ts >= ROLLBACK}
+    assert tests == dict.fromkeys(("n00", "n02", "n04"), (ROLLBACK, f"version_resolved:{KEY}"))
+    back = next(t for t in r.transitions if t.entity == "n00" and t.ts >= ROLLBACK)
     assert (back.from_state, back.to_state, back.reason) == (State.FAILED, State.QUARANTINED,
                                                              f"version_resolved:{KEY}")
     assert all(r.state.entities[n].version_hold is None for n in ("n00", "n02", "n04"))
     # the tests pass: the normal path releases them
-    t = resolved + 120.0
+    t = ROLLBACK + 1260.0
     passed = {t: [Event(t, "active_test", n, passed=True, actor="agent") for n in ("n00", "n02", "n04")]}
     _drive(r, make, t, t, passed)
     assert [r.st(n) for n in ("n00", "n02", "n04")] == [State.RECOVERING] * 3
@@ -200,3 +198,65 @@ def test_the_version_stays_suspect_while_its_incident_is_open() -> None:
     assert KEY in r.state.incidents
     assert not r.of(IntentKind.QUARANTINE, "n08")
     assert r.state.entities["n08"].blocked == f"version:driver_version={NEW}"
+
+
+def test_held_nodes_still_on_the_bad_driver_are_retested_under_the_hold_when_its_victims_gates_clear() -> None:
+    # No rollback: the driver stays on every node, but its victims' gates clear at 1800 s (they are held and
+    # idle), so the version stops correlating. Before its incident resolves, each held node still on the
+    # driver is retested under the hold; the driver fails those tests: more evidence for the version (one
+    # update of its incident, which stays open), the nodes stay QUARANTINED and held, none FAILED, no page
+    # of their own. n04 was upgraded meanwhile (its label changed): it is retested at once and its failed
+    # test takes the normal path (FAILED).
+    p = _policy()
+    clear_s = p.budgets.incident_clear_s
+    base, _ = _rollout()
+    quiet = 1800.0
+
+    def make(t: float) -> list[HealthTuple]:
+        out = []
+        for x in base(t):
+            lab = {**x.labels, "driver_version": NEW if x.entity in {f"n{i:02d}" for i in range(12)} else OLD}
+            if x.entity == "n04" and t >= quiet:
+                lab["driver_version"] = "570.1"
+            out.append(_node(x.entity, 0.97, lab) if t >= quiet else _node(
+                x.entity, x.value or 0.0, lab, x.reason, x.flags) if x.value is not None and x.value < 0.5
+                else _node(x.entity, 0.97, lab))
+        return out
+
+    r = Run(policy=p)
+    early = {660.0: [Event(660.0, "repair", "n00", passed=False, actor="agent")]}
+    _drive(r, make, 0.0, quiet - 60.0, early)
+    assert r.st("n00") == State.FAILED
+    assert {n: r.state.entities[n].version_hold for n in ("n00", "n02", "n04")} == dict.fromkeys(
+        ("n00", "n02", "n04"), KEY)
+    # n04 upgraded: retested at once, not held
+    _drive(r, make, quiet, quiet)
+    assert r.state.entities["n04"].version_hold is None
+    assert [(i.ts, i.reason) for i in r.of(IntentKind.RUN_ACTIVE_TEST, "n04") if i.ts >= quiet] == [
+        (quiet, f"version_resolved:{KEY}")]
+    r.step(quiet + 60.0, make(quiet + 60.0), [Event(quiet + 60.0, "active_test", "n04", passed=False, actor="agent")])
+    assert r.st("n04") == State.FAILED  # its own failure now: the normal path
+    # the version has not correlated since `quiet`: at quiet + clear_s its incident would resolve; the held
+    # nodes still on it are retested first (n00 back to QUARANTINED for it) and the incident stays open
+    _drive(r, make, quiet + 120.0, quiet + clear_s + 60.0)
+    retest = quiet - 60.0 + clear_s  # last correlated at quiet - 60
+    tests = {i.entity: (i.ts, i.reason) for i in r.of(IntentKind.RUN_ACTIVE_TEST) if i.ts >= retest}
+    assert tests == dict.fromkeys(("n00", "n02"), (retest, f"version_retest:{KEY}"))
+    back = next(t for t in r.transitions if t.entity == "n00" and t.ts >= retest)
+    assert (back.from_state, back.to_state) == (State.FAILED, State.QUARANTINED)
+    assert KEY in r.state.incidents
+    assert all(r.state.entities[n].version_hold == KEY for n in ("n00", "n02"))
+    # the driver fails both retests: the nodes stay held and QUARANTINED, the incident is updated and open
+    t = retest + 120.0
+    failed = {t: [Event(t, "active_test", n, passed=False, actor="agent") for n in ("n00", "n02")]}
+    _drive(r, make, t, t + clear_s - 60.0, failed)
+    assert [r.st(n) for n in ("n00", "n02")] == [State.QUARANTINED, State.QUARANTINED]
+    assert all(r.state.entities[n].version_hold == KEY for n in ("n00", "n02"))
+    assert KEY in r.state.incidents
+    version_pages = [i for i in r.of(IntentKind.PAGE, f"version/driver_version={NEW}") if i.ts >= quiet]
+    assert [i.params["state"] for i in version_pages] == ["update"]
+    # one update per incident_update_s: the first failed retest is in it, the record has both
+    assert version_pages[0].params["retest_failed"] == ["n00"]
+    assert r.state.incidents[KEY]["retest_failed"] == ["n00", "n02"]
+    assert not [i for i in r.of(IntentKind.PAGE) if i.entity in ("n00", "n02") and i.ts >= quiet]
+    assert _version_pages(r) == _version_pages(r)[:1]  # still one page for the rollout

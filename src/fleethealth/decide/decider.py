@@ -375,7 +375,13 @@ class Decider(SafetyRules, Repairs, FailureDomains):
         if es.version_hold is not None:
             # held by a bad version's incident (decide.safety): what its driver makes fail is not the node's
             conds -= VERSION_HELD_CONDS
-            if self._version_release(c, es) is not None:
+            for e in events:
+                if e.kind == "active_test" and e.passed is not None:
+                    self._version_test_result(c, es, bool(e.passed))  # a failed one: the version's evidence
+            if self._version_retesting(c, es):
+                if es.state == State.FAILED:
+                    conds.add(Cond.VERSION_CLEARED)  # back to QUARANTINED for its retest, still held
+            elif self._version_release(c, es) is not None:
                 if es.state == State.FAILED:
                     conds.add(Cond.VERSION_CLEARED)
                 else:
@@ -406,12 +412,14 @@ class Decider(SafetyRules, Repairs, FailureDomains):
         p = self.policy
         now = c.now
         src, dst = es.state, rule.dst
+        # back to QUARANTINED for a retest while it still runs the version that holds it: it stays held
+        held_retest = rule.cond == Cond.VERSION_CLEARED and self._version_retesting(c, es)
         if ev is not None:
             reason = f"event:{rule.cond}" + (f":{ev.actor}" if ev.actor else "")
         elif rule.cond == Cond.RECURRING:
             reason = recurring.escalation(es, now, p) or str(rule.cond)
         elif rule.cond == Cond.VERSION_CLEARED:
-            reason = f"version_resolved:{es.version_hold}"  # retested: the version that held it is gone
+            reason = f"version_{'retest' if held_retest else 'resolved'}:{es.version_hold}"
         else:
             reason = o.reason if o is not None else str(rule.cond)
         priced = chronic.on_transition(rule.cond, es.entity, es.timers, c.chronic, p)
@@ -431,7 +439,7 @@ class Decider(SafetyRules, Repairs, FailureDomains):
         prev_since = es.since
         es.state, es.since = dst, now
         es.transitions += 1
-        if rule.cond == Cond.VERSION_CLEARED or dst not in ISOLATED_STATES:
+        if dst not in ISOLATED_STATES or (rule.cond == Cond.VERSION_CLEARED and not held_retest):
             es.version_hold = None
         self._episode(c, es, src, dst, prev_since, o.reason if o is not None else reason, flags, t)
         if dst in REMEDIATION_TARGETS or dst == State.READY:

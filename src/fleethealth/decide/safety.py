@@ -291,7 +291,7 @@ class SafetyRules:
                     c.incident(key, f"version/{label}={v}", "version_correlation",
                                {"label": label, "value": v, "kind": kind, "unhealthy": k,
                                 "unhealthy_total": len(bad), "population": pop[v], **named},
-                               sig=(k, len(held)) if held else k)
+                               sig=[k, len(held)] if held else k)  # JSON-safe: the store keeps it
         # A version stays suspect while its incident is open (until it has not correlated for
         # incident_clear_s), not only on cycles it correlates: the ladder's first resets clear its victims'
         # gates for a while, and the next victim must not be quarantined in that gap (not asserted here,
@@ -302,6 +302,7 @@ class SafetyRules:
                 label, value = prm.get("label"), prm.get("value")
                 if isinstance(label, str) and isinstance(value, str):
                     out.setdefault((label, value), f"version:{label}={value}")
+        self._version_retests(c)
         return out
 
     def _version_holds(self, c: Cycle, key: str, label: str, value: str) -> list[str]:
@@ -349,11 +350,17 @@ class SafetyRules:
         return frozenset({f"xid:{x}" for x in a.physical_xids} | gates | fams)
 
     def _version_release(self, c: Cycle, es: EntityLifecycle) -> str | None:
-        """The version incident holding this node has resolved: the incident key it was held for (the
-        caller retests the node), or None while it is still held (its incident open, or another open version
-        incident on a label value it carries, which then holds it)."""
+        """The node no longer runs the version that holds it (rolled back or upgraded: its label changed),
+        or that version's incident is gone: the incident key it was held for (the caller retests the node
+        and lets the normal path decide), or None while it is still held (it runs the version and the
+        incident is open, or another open version incident on a label value it carries, which then holds
+        it). A node still on the version when its incident is about to resolve is retested under the hold
+        first (``_version_retests``)."""
         key = es.version_hold
-        if key is None or key in c.s.incidents:
+        if key is None:
+            return None
+        label, value = version_of(key)
+        if key in c.s.incidents and es.labels.get(label) == value:
             return None
         for other, rec in c.s.incidents.items():
             p = rec.get("params", {})
@@ -362,6 +369,68 @@ class SafetyRules:
                 es.version_hold = other
                 return None
         return key
+
+    def _version_retests(self, c: Cycle) -> None:
+        """A version incident that has not correlated for ``budgets.incident_clear_s`` would resolve at the
+        end of this cycle. Its victims' gates may have cleared only because they are held and idle while the
+        driver is still bad, so the nodes it holds that still run the version (QUARANTINED or FAILED) are
+        retested first, under the hold: the incident stays open (no resolved page) while their tests are out
+        (at most another ``incident_clear_s``), a FAILED one goes back to QUARANTINED for it (``version_cleared``).
+        A failed retest is more evidence for the version (``_version_test_result``); when every retest has
+        passed, or none is left to run, the incident resolves."""
+        if c.s.frozen:
+            return
+        clear_s = self.policy.budgets.incident_clear_s
+        for key, rec in c.s.incidents.items():
+            if not key.startswith(VERSION_NODE) or c.now - float(rec["seen"]) < clear_s:
+                continue
+            pending = [str(e) for e in rec.get("retesting", [])]
+            if pending and c.now - float(rec.get("retest_sent", c.now)) < clear_s:
+                incidents.refresh(c.s.incidents, key, c.now)  # its retests are still out
+                continue
+            label, value = version_of(key)
+            todo = sorted(eid for eid, es in c.s.entities.items()
+                          if es.version_hold == key and es.labels.get(label) == value
+                          and es.state in (State.QUARANTINED, State.FAILED) and eid not in pending)
+            if not todo:
+                rec.pop("retesting", None)
+                rec.pop("retest_sent", None)
+                continue  # nothing left to ask: it resolves
+            rec["retesting"], rec["retest_sent"] = todo, c.now
+            incidents.refresh(c.s.incidents, key, c.now)
+            for eid in todo:
+                if c.s.entities[eid].state == State.QUARANTINED:
+                    c.emit(IntentKind.RUN_ACTIVE_TEST, eid, f"version_retest:{key}",
+                           {"tests": list(self.policy.lifecycle.active_test)}, Tier.NODE)
+
+    def _version_retesting(self, c: Cycle, es: EntityLifecycle) -> bool:
+        """The node is being retested under its version hold (``_version_retests``)."""
+        rec = c.s.incidents.get(es.version_hold or "")
+        return rec is not None and es.entity in rec.get("retesting", [])
+
+    def _version_test_result(self, c: Cycle, es: EntityLifecycle, passed: bool) -> None:
+        """An active test's result on a node a version holds. Failed while the node still runs the version:
+        evidence for the version, not the node (the driver fails it): the node stays held and QUARANTINED,
+        and the version incident is updated (``retest_failed`` names the nodes; reopened if it had resolved),
+        which also keeps it open another ``incident_clear_s``; no page of the node's own. Passed: the node
+        takes the normal path (RECOVERING ends the hold)."""
+        key = es.version_hold
+        if key is None:
+            return
+        label, value = version_of(key)
+        rec = c.s.incidents.get(key)
+        if rec is not None and es.entity in rec.get("retesting", []):
+            rec["retesting"] = [e for e in rec["retesting"] if e != es.entity]
+        if passed or es.labels.get(label) != value:
+            return
+        prm = {k: v for k, v in (rec or {}).get("params", {}).items() if k != "severity"} or {
+            "label": label, "value": value, "kind": "node"}
+        failed = sorted({*(rec or {}).get("retest_failed", []), es.entity})
+        prm.update({"retest_failed": failed[:20], "n_retest_failed": len(failed),
+                    "on_resolve": "held nodes still on this version are retested; a failed retest keeps it open"})
+        c.incident(key, f"version/{label}={value}" if rec is None else str(rec["entity"]),
+                   "version_correlation", prm, sig=["retest_failed", len(failed)])
+        c.s.incidents[key]["retest_failed"] = failed  # the record's params are the firing page's
 
     def _own_stalls(self, c: Cycle, obs: dict[str, Observation | None], health: Any,
                     by_id: Mapping[str, HealthTuple], suspects: Mapping[tuple[str, str], str]) -> None:
@@ -556,6 +625,15 @@ class SafetyRules:
             es.weight = w
             c.emit(IntentKind.SET_WEIGHT, es.entity, f"held:{why}", {"weight": w, "instead_of": "quarantine"},
                    Tier.INSTANCE, soft=True)
+
+
+VERSION_NODE = "version:node:"
+
+
+def version_of(key: str) -> tuple[str, str]:
+    """The (label, value) of a node version incident's key ``version:node:<label>=<value>``."""
+    label, _, value = key.removeprefix(VERSION_NODE).partition("=")
+    return label, value
 
 
 def _performance_lows(health: Any, by_id: Mapping[str, HealthTuple], cats: Iterable[str],
