@@ -32,6 +32,9 @@ from fleethealth.store.base import StoreBusy, StoreError, StoreFenced
 from fleethealth.store.db import DEFAULT_BUSY_TIMEOUT_S, Conn, SqliteConn
 
 SCHEMA_VERSION = 1
+# open_incidents: decide.incidents' records (params, signature, opened, seen: when it last held), so a
+# restarted controller resolves an incident when an uninterrupted one would, and a version incident keeps
+# holding its nodes (decide.safety's version holds read it) instead of releasing them at the restart.
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -42,6 +45,7 @@ CREATE TABLE IF NOT EXISTS lifecycles (
 );
 CREATE TABLE IF NOT EXISTS budget_ledger (ts REAL NOT NULL, budget TEXT NOT NULL, entity TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS pages (key TEXT PRIMARY KEY, ts REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS open_incidents (key TEXT PRIMARY KEY, data TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS app_xids (node TEXT NOT NULL, job TEXT NOT NULL, ts REAL NOT NULL,
     PRIMARY KEY (node, job));
 CREATE TABLE IF NOT EXISTS transitions (
@@ -164,6 +168,7 @@ class SqliteStore:
         st.ledger = [(float(ts), b, e) for ts, b, e in
                      self.db.execute("SELECT ts, budget, entity FROM budget_ledger ORDER BY rowid")]
         st.pages = {k: float(ts) for k, ts in self.db.execute("SELECT key, ts FROM pages")}
+        st.incidents = {k: json.loads(data) for k, data in self.db.execute("SELECT key, data FROM open_incidents")}
         for node, job, ts in self.db.execute("SELECT node, job, ts FROM app_xids"):
             st.app_xids.setdefault(node, {})[job] = float(ts)
         return st
@@ -245,6 +250,9 @@ class SqliteStore:
             db.executemany("INSERT INTO budget_ledger VALUES (?,?,?)", st.ledger)
             db.execute("DELETE FROM pages")
             db.executemany("INSERT INTO pages VALUES (?,?)", list(st.pages.items()))
+            db.execute("DELETE FROM open_incidents")
+            db.executemany("INSERT INTO open_incidents VALUES (?,?)",
+                           [(k, json.dumps(rec, sort_keys=True)) for k, rec in sorted(st.incidents.items())])
             db.execute("DELETE FROM app_xids")
             db.executemany("INSERT INTO app_xids VALUES (?,?,?)",
                            [(n, j, ts) for n, js in st.app_xids.items() for j, ts in js.items()])
