@@ -33,7 +33,9 @@ Definitions (also in the README's backtest section):
   no flap, nor is a slow return (a day in DEGRADED), nor the way out of STARTING and WARMING.
   **transitions_per_node_day** / ``transitions_per_replica_day``: all transitions after warm-up.
 * **pages**: PAGE intents that open something (an incident's ``update`` and ``resolved`` pages are not
-  new pages: decide.incidents); **budget_exhaustions**: such pages whose reason is ``budget_exhausted``.
+  new pages: decide.incidents), not counting tickets; **tickets**: those of severity ``ticket`` (a chronic
+  node's or a job's ticket: work for the day shift, nobody woken); **budget_exhaustions**: pages whose
+  reason is ``budget_exhausted``.
 * **job_slowdown_gpu_h** (printed "job GPU-h lost, slow undetected"; old key ``gpu_hours_lost``, kept as an
   alias): the seed's arithmetic. A synchronous job runs at its slowest rank's pace, so while a truly faulty
   node's ranks run x% slow and that node is not yet removed, the job loses x% of its GPU-hours (the job's
@@ -233,10 +235,16 @@ def score_arm(
             if tr.entity in replica_node:
                 resp[tr.entity].append((tr.ts, f"{tr.to_state}:{tr.reason}"))
     pages: list[tuple[float, str]] = []
+    tickets = 0
     intents_by: dict[tuple[str, IntentKind], list[float]] = defaultdict(list)
     for it in log.intents:
         if it.kind == IntentKind.PAGE and is_new_page(it.params):
-            pages.append((it.ts, it.reason))  # an incident's updates and resolution are not new pages
+            # an incident's updates and resolution are not new pages; a ticket (severity "ticket": work
+            # for the day shift, nobody woken) is counted apart from the pages
+            if str(it.params.get("severity", "page")) == "ticket":
+                tickets += 1
+            else:
+                pages.append((it.ts, it.reason))
         intents_by[(it.entity, it.kind)].append(it.ts)
         weight_down = it.kind == IntentKind.SET_WEIGHT and float(it.params.get("weight", 1.0) or 0.0) < 1.0
         if it.kind in RESPONSE_INTENTS or weight_down:
@@ -357,6 +365,7 @@ def score_arm(
         "transitions_per_replica_day": rep_tr / max(len(replica_node), 1) / days if replica_node else 0.0,
         "transitions": len(log.transitions),
         "pages": len(pages),
+        "tickets": tickets,
         "budget_exhaustions": sum(1 for _, r in pages if r == "budget_exhausted"),
         "groups": groups,
         "job_slowdown_gpu_h": round(lost, 3),

@@ -29,7 +29,7 @@ COLUMNS = [
     ("precision", "precision", "{:.2f}"), ("recall", "recall", "{:.2f}"),
     ("detection_s", "detect (median)", "dur"), ("removal_s", "remove (median)", "dur"),
     ("quarantines", "quarantines", "{}"), ("false_quarantines", "false", "{}"),
-    ("flaps_per_node_day", "flaps/node/day", "{:.3f}"), ("pages", "pages", "{}"),
+    ("flaps_per_node_day", "flaps/node/day", "{:.3f}"), ("pages", "pages", "{}"), ("tickets", "tickets", "{}"),
     ("budget_exhaustions", "budget exhausted", "{}"), ("job_slowdown_gpu_h", "job GPU-h lost, slow undetected", "{:.1f}"),
 ]
 

@@ -17,7 +17,7 @@ from fleethealth.cli.common import fail, load_policy_or_fail, load_scenario_or_f
 METRIC_ROWS = [
     ("precision", "{:.3f}"), ("recall", "{:.3f}"), ("detection_s", "dur"), ("removal_s", "dur"),
     ("quarantines", "{}"), ("false_quarantines", "{}"), ("flaps_per_node_day", "{:.3f}"),
-    ("transitions_per_node_day", "{:.3f}"), ("pages", "{}"),
+    ("transitions_per_node_day", "{:.3f}"), ("pages", "{}"), ("tickets", "{}"),
     ("budget_exhaustions", "{}"), ("job_slowdown_gpu_h", "{:.1f}"),
 ]
 # Rows printed under another name than their JSON key.
