@@ -14,8 +14,9 @@ before); later cycles are the steady state (same label strings, new values): the
 half of the cycles (the structural tracker settles its layout in the two cycles after the first). ``--old PATH`` runs this benchmark (the same pages) on another tree's fleethealth
 (``git worktree add PATH COMMIT``) and on this one, each in a fresh process, alternately, and prints them side by side with the CPU
 calibration taken before each run (the machine may be shared). The run tunes its process's memory as the controller
-process does (``fleethealth.memory``: numpy's huge pages off, malloc keeping freed blocks); to time without it, set
-``NUMPY_MADVISE_HUGEPAGE=1 MALLOC_TOP_PAD_=131072`` (an operator's explicit settings win). ``--storm``: from the third cycle on every GPU
+process does (``fleethealth.memory``: numpy's huge pages off, malloc keeping freed blocks); ``--untuned`` times
+the code alone with numpy's and glibc's defaults (setting a ``MALLOC_*_`` variable instead would also switch off
+glibc's dynamic mmap threshold: not its default). ``--storm``: from the third cycle on every GPU
 reports Xid 79 (a fleet-wide flag storm: every GPU flagged, every node gated), and the decisions' CPU
 per cycle is what to read. prometheus-client's parser and our one-call-per-page path are timed on a subsample of the same
 pages, and all are reported in samples per second of CPU. CPU time (process time) is reported next to
@@ -156,13 +157,13 @@ def batched_rate(pages: list[bytes]) -> tuple[float, int]:
 
 
 def bench_cycle(gpus: int = 100_000, cycles: int = 6, interval_s: float = 15.0,
-                prom_sample_nodes: int = 200, storm: bool = False) -> dict[str, Any]:
+                prom_sample_nodes: int = 200, storm: bool = False, untuned: bool = False) -> dict[str, Any]:
     try:  # as the controller process does at start (controller.build); an older tree has no such setting
         from fleethealth.memory import tune_process_memory
     except ImportError:
         memory: dict[str, bool] = {}
     else:
-        memory = tune_process_memory()
+        memory = {} if untuned else tune_process_memory()
     calibration = cpu_calibration_ms()
     t0 = time.perf_counter()
     pages = node_pages(gpus)
@@ -235,11 +236,12 @@ def main() -> None:
     ap.add_argument("--old", help="another tree (git worktree) to run beside this one, alternately")
     ap.add_argument("--rounds", type=int, default=2, help="with --old: runs of each tree")
     ap.add_argument("--storm", action="store_true", help="every GPU reports Xid 79 from the third cycle on")
+    ap.add_argument("--untuned", action="store_true", help="numpy's and glibc's memory defaults (the code alone)")
     a = ap.parse_args()
     if a.old:
-        side_by_side(Path(a.old), a.gpus, a.cycles, a.rounds, a.prom_sample_nodes, a.storm)
+        side_by_side(Path(a.old), a.gpus, a.cycles, a.rounds, a.prom_sample_nodes, a.storm, a.untuned)
         return
-    r = bench_cycle(a.gpus, a.cycles, prom_sample_nodes=a.prom_sample_nodes, storm=a.storm)
+    r = bench_cycle(a.gpus, a.cycles, prom_sample_nodes=a.prom_sample_nodes, storm=a.storm, untuned=a.untuned)
     if a.json:
         print(json.dumps(r))
         return
@@ -264,22 +266,25 @@ def main() -> None:
               f"intents per cycle {r['intents_per_cycle']}")
 
 
-def _run_tree(tree: Path, gpus: int, cycles: int, prom_sample_nodes: int, storm: bool = False) -> dict[str, Any]:
+def _run_tree(tree: Path, gpus: int, cycles: int, prom_sample_nodes: int, storm: bool = False,
+              untuned: bool = False) -> dict[str, Any]:
     """This benchmark (this very script, the same pages) on ``tree``'s fleethealth, in a fresh process."""
     env = dict(os.environ, PYTHONPATH=str(tree / "src"))
     cmd = [sys.executable, str(Path(__file__).resolve()), "--gpus", str(gpus), "--cycles", str(cycles),
-           "--prom-sample-nodes", str(prom_sample_nodes), "--json", *(["--storm"] if storm else [])]
+           "--prom-sample-nodes", str(prom_sample_nodes), "--json", *(["--storm"] if storm else []),
+           *(["--untuned"] if untuned else [])]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True, cwd=tree).stdout
     r: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
     return r
 
 
-def side_by_side(old: Path, gpus: int, cycles: int, rounds: int, prom_sample_nodes: int, storm: bool = False) -> None:
+def side_by_side(old: Path, gpus: int, cycles: int, rounds: int, prom_sample_nodes: int, storm: bool = False,
+                 untuned: bool = False) -> None:
     here = Path(__file__).resolve().parent.parent
     runs: dict[str, list[dict[str, Any]]] = {"old": [], "new": []}
     for k in range(rounds):
         for which, tree in (("old", old), ("new", here)) if k % 2 == 0 else (("new", here), ("old", old)):
-            runs[which].append(_run_tree(tree, gpus, cycles, prom_sample_nodes, storm))
+            runs[which].append(_run_tree(tree, gpus, cycles, prom_sample_nodes, storm, untuned))
     rows: list[tuple[str, str | Callable[[dict[str, Any]], Any]]] = [
         ("cycle CPU s (steady median)", "cycle_cpu_s"), ("parse CPU s (steady median)", "parse_cpu_s"),
         ("first cycle CPU s", lambda r: r["cycle_cpu_s_per_cycle"][0]),
@@ -293,7 +298,8 @@ def side_by_side(old: Path, gpus: int, cycles: int, rounds: int, prom_sample_nod
         ("process memory tuned", lambda r: r.get("process_memory") or "no"),
     ]
     print(f"{gpus:,} GPUs, {cycles} cycles per run, {rounds} runs per tree, alternating; old = {old}"
-          + ("; flag storm (every GPU Xid 79) from cycle 3" if storm else ""))
+          + ("; flag storm (every GPU Xid 79) from cycle 3" if storm else "")
+          + ("; untuned (numpy's and glibc's memory defaults in both)" if untuned else ""))
     for label, key in rows:
         for which in ("old", "new"):
             vals = [key(r) if callable(key) else r.get(key) for r in runs[which]]

@@ -22,8 +22,9 @@ collector walks the young ones, and now and then all of them (0.4 s of a 4.4 s c
 
 ``tune_process_memory`` applies the first two to this process. An operator's explicit choice wins: numpy's own
 ``NUMPY_MADVISE_HUGEPAGE`` (read at import) and glibc's ``MALLOC_*_`` / ``GLIBC_TUNABLES`` variables leave
-the respective setting alone. It changes no result, only where the memory comes from; on a libc other
-than glibc the allocator part does nothing.
+the respective setting alone (note that any ``MALLOC_*_`` variable also turns glibc's dynamic mmap threshold
+off, which is not its default either). It changes no result, only where the memory comes from; on a libc
+other than glibc the allocator part does nothing.
 """
 
 from __future__ import annotations
