@@ -237,6 +237,15 @@ def describe(resource: str = typer.Argument(..., help="node | replica"), name: s
                         if isinstance(d, dict) and isinstance(d.get("score"), (int, float)) and d["score"] < 1.0)
         typer.echo(f"  {str(g.get('entity')):<{width}} health {_r(g.get('value'))}  {g.get('reason') or '-'}"
                    f"{'  ' + low if low else ''}")
+    if (hold := (st or {}).get("version_hold_detail")):  # a suspect version's incident holds it (decide.safety)
+        since = f" (opened {_ago(states['ts'], hold.get('opened'))} ago)" if hold.get("opened") is not None else ""
+        typer.echo(f"Held by:     version incident {hold.get('incident')}{since}: its {hold.get('version')} is "
+                   "suspect, so its failures are the version's, not the node's")
+        if hold.get("retesting"):
+            typer.echo("  retest under the hold: out")
+        elif hold.get("retest_failed"):
+            typer.echo("  retest under the hold: failed (counted for the version; the node stays held)")
+        typer.echo(f"  released by: {hold.get('releases')}")
     rep = (st or {}).get("repair")
     if rep:
         typer.echo(f"Repair:      ladder {rep.get('ladder')}, step {int(rep.get('step', 0)) + 1}, {rep.get('phase')}"

@@ -45,6 +45,7 @@ from fleethealth.auth.redact import redact_value
 from fleethealth.controller.config import ApiConfig
 from fleethealth.controller.loop import Controller, Published
 from fleethealth.controller.view import recent_history
+from fleethealth.decide.safety import version_hold_summary
 from fleethealth.decide.state import Event
 from fleethealth.score.health import ENTITY_KINDS
 
@@ -366,6 +367,9 @@ def create_app(controller: Controller, runner: Any = None, *, guard: Guard | Non
             raise HTTPException(400, f"unknown kind {kind!r}: expected node or replica")
         pub = controller.published
         ents = [e.to_dict() for e in pub.state.entities.values() if kind is None or e.kind == kind]
+        for d in ents:  # which version incident holds a node, since when, what releases it (decide.safety)
+            if d.get("version_hold") is not None:
+                d["version_hold_detail"] = version_hold_summary(pub.state.entities[d["entity"]], pub.state.incidents)
         return JSONResponse({"ts": pub.ts, "frozen": pub.state.frozen, "entities": ents})
 
     @app.get("/api/v1/intents")

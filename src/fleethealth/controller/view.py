@@ -31,6 +31,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
 
 from fleethealth.controller.fleet_kpis import LiveKpis
 from fleethealth.controller.timeline import legend, timeline_svg
+from fleethealth.decide.safety import version_hold_summary
 from fleethealth.review.incidents import reason_family
 from fleethealth.review.kpis import summary_table
 from fleethealth.runbooks import intent_path, reason_path, url
@@ -360,6 +361,13 @@ def render_entity(controller: Any, name: str, hours: float = 6.0, runner: Any = 
     if es is not None:  # the count of its stored transitions (a restart keeps them), not this process's
         parts.append(f"<div>in {_e(state)} since {_ago(pub.ts, es.since)}; {len(trs)} transitions; "
                      f'pool {_e(es.labels.get("pool", "default"))}</div>')
+        if (hold := version_hold_summary(es, pub.state.incidents)) is not None:
+            opened = "" if hold["opened"] is None else f", opened {_ago(pub.ts, float(hold['opened']))}"
+            retest = ("; retest under the hold out" if hold["retesting"] else
+                      "; its retest failed (evidence for the version)" if hold["retest_failed"] else "")
+            parts.append(f'<div class="note" id="version-hold">held by version incident {_e(hold["incident"])}'
+                         f"{_e(opened)}: {_e(hold['version'])} is suspect{_e(retest)}. Released by: "
+                         f"{_e(hold['releases'])}</div>")
     # records begin at the controller's first cycle (or this entity's first stored transition, if older);
     # a young controller's timeline spans its life (at least 5 minutes), not hours of nothing
     firsts = [float(x["ts"]) for x in trs[:1]] + ([kpis.since] if kpis is not None and kpis.since else [])

@@ -636,6 +636,29 @@ def version_of(key: str) -> tuple[str, str]:
     return label, value
 
 
+def version_hold_summary(es: EntityLifecycle, open_incidents: Mapping[str, Mapping[str, Any]]) -> dict[str, Any] | None:
+    """What an operator needs about a node's version hold (``describe``, ``/api/v1/states``, the node page):
+    the incident holding it, the version, since when, whether a retest under the hold is out or failed, and
+    what releases it. None when no version holds the node."""
+    key = es.version_hold
+    if key is None:
+        return None
+    label, value = version_of(key)
+    rec = open_incidents.get(key) or {}
+    retesting = es.entity in rec.get("retesting", [])
+    failed = es.entity in rec.get("retest_failed", [])
+    runs = es.labels.get(label) == value
+    if not runs:
+        releases = f"it no longer runs {label}={value}: retested now, then the normal path"
+    elif retesting:
+        releases = "its retest under the hold passing (a failure keeps it held: evidence for the version)"
+    else:
+        releases = (f"a rollback or upgrade of {label} on it (retested at once), or the version not correlating "
+                    "for incident_clear_s (retested under the hold first; released if the test passes)")
+    return {"incident": key, "version": f"{label}={value}", "opened": rec.get("opened"),
+            "incident_open": bool(rec), "retesting": retesting, "retest_failed": failed, "releases": releases}
+
+
 def _performance_lows(health: Any, by_id: Mapping[str, HealthTuple], cats: Iterable[str],
                       below: float) -> dict[str, tuple[float, str]]:
     """Nodes whose lowest category of ``cats`` reads below ``below``: node -> (value, category). From the
