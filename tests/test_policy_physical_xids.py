@@ -25,8 +25,9 @@ def test_an_xid_that_never_gates_is_refused_naming_the_key_and_line(xids: str, i
     with pytest.raises(PolicyError) as e:
         parse_policy(SHIPPED.replace(LINE, f"physical_xids: {xids}"), "mine.yaml")
     msg = str(e.value)
-    line = SHIPPED[:SHIPPED.index("\nattribution:")].count("\n") + 2
-    assert f"mine.yaml:{line}: attribution: physical_xids {idle} do not gate a node" in msg
+    # the key's own line, not the section's (attribution:)
+    line = SHIPPED[:SHIPPED.index(LINE)].count("\n") + 1
+    assert f"mine.yaml:{line}: attribution.physical_xids: {idle} do not gate a node" in msg
 
 
 def test_an_xid_gated_by_the_policys_own_gate_list_is_accepted() -> None:
@@ -34,3 +35,11 @@ def test_an_xid_gated_by_the_policys_own_gate_list_is_accepted() -> None:
         "gate_xids: [", "gate_xids: [92, ", 1)
     assert 92 in parse_policy(text).xid.gate_xids
     assert parse_policy(text).attribution.physical_xids == [79, 92]
+
+
+def test_an_unknown_physical_gate_points_at_its_own_key_and_line() -> None:
+    text = SHIPPED.replace("physical_gates: [gpus_missing,", "physical_gates: [no_such_signal, gpus_missing,")
+    with pytest.raises(PolicyError) as e:
+        parse_policy(text, "mine.yaml")
+    line = text[:text.index("physical_gates: [no_such")].count("\n") + 1
+    assert f"mine.yaml:{line}: attribution.physical_gates: ['no_such_signal'] are not signals" in str(e.value)

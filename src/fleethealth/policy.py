@@ -579,6 +579,20 @@ def _line_of(node: yaml.Node | None, loc: tuple[Any, ...]) -> int | None:
     return line
 
 
+def _child_line(node: yaml.Node | None, loc: tuple[Any, ...], key: str) -> int | None:
+    """The line of ``key`` in the mapping at ``loc``, None when that mapping does not write it."""
+    for part in loc:
+        if isinstance(node, yaml.MappingNode):
+            node = next((v for k, v in node.value if k.value == str(part)), None)
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
+            node = node.value[part]
+        else:
+            return None
+    if not isinstance(node, yaml.MappingNode):
+        return None
+    return next((k.start_mark.line + 1 for k, _ in node.value if k.value == key), None)
+
+
 def _loc_name(loc: tuple[Any, ...], data: Any) -> str:
     out: list[str] = []
     cur = data
@@ -700,8 +714,13 @@ def validate_yaml(
             loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-")))
             # pydantic reports the branches of a union as extra path parts; callers may drop them
             loc = tuple(p for p in loc if p not in drop_loc)
-            line = _line_of(node, loc)
             msg = err["msg"].removeprefix("Value error, ")
+            # a validator of a whole section (it needs the rest of the policy) names the key it is about
+            # first ('physical_xids [92] do not gate ...'): the error points at that key and its line
+            head, _, rest = msg.partition(" ")
+            if loc and rest and _child_line(node, loc, head) is not None:
+                loc, msg = (*loc, head), rest
+            line = _line_of(node, loc)
             msgs.append(f"{source}:{line or '?'}: {_loc_name(loc, data)}: {msg}")
         raise error(f"invalid {what}\n  " + "\n  ".join(msgs)) from None
 
