@@ -22,6 +22,8 @@ def reason_families() -> set[str]:
     p = default_policy()
     fams = {"no_fresh_data", "gate:oom_device_fault"}
     for s in p.signals:
+        if not s.score:  # read-only (score: false): in no category, never a reason
+            continue
         if s.shape in ("gate", "xid"):
             fams.add(f"gate:{s.name}")
         fams.add(f"min:{s.category}")

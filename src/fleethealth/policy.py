@@ -76,13 +76,21 @@ class SloWindow(Strict):
         return v
 
 
+# keys that shape, weigh or expect a signal: meaningless (and refused) on a read-only one (``score: false``)
+_SHAPING_KEYS = ("category", "shape", "weight", "warn", "crit", "above", "values", "peer_by", "k_warn",
+                 "k_crit", "min_peers", "min_rel_dev", "mad_floor_rel", "flag", "flag_score", "value_flags", "bits",
+                 "relative_to", "requests_metric", "threshold_s", "objective", "xid_window_s", "short_window_s",
+                 "rate_window_s", "sustained")
+
+
 class SignalSpec(Strict):
     """One signal: which metric, which entity it describes, and the shape that turns it into [0, 1]."""
 
     name: str
     metric: str
-    category: str
-    shape: Shape
+    # a read-only signal (``score: false``) has neither: see ``score``
+    category: str = ""
+    shape: Shape | None = None
     entities: list[EntityName] = Field(default_factory=lambda: list[EntityName](["gpu"]))
     kind: Literal["gauge", "counter"] = "gauge"
     weight: float = Field(default=1.0, gt=0)
@@ -132,6 +140,11 @@ class SignalSpec(Strict):
     objective: float | None = Field(default=None, gt=0, lt=1)
     # xid: application-level Xids are not gated here (decisions attribute them to jobs first)
     xid_window_s: float | None = Field(default=None, gt=0)
+    # false: read, never scored. Its fresh raw value per entity is there for the decisions (e.g.
+    # ``chronic.idle_signal``), but it is no part of any category, cross-category value, confidence,
+    # expected set, reason or worst category: a field that says nothing about health must not move them
+    # (a category that always scores 1 raises every geometric mean). No shape, no category, no peers.
+    score: bool = True
 
     @field_validator("crit")
     @classmethod
@@ -171,6 +184,21 @@ class SignalSpec(Strict):
 
     @model_validator(mode="after")
     def _shape_params(self) -> SignalSpec:
+        if not self.score:
+            shaping = sorted(k for k in _SHAPING_KEYS if k in self.model_fields_set)
+            if shaping:
+                raise ValueError(f"{', '.join(shaping)}: a read-only signal (score: false) is never scored; "
+                                 "drop these keys")
+            if self.kind != "gauge":
+                raise ValueError("kind: a read-only signal (score: false) is a gauge (its fresh raw value)")
+            if self.expected and "expected" in self.model_fields_set:
+                raise ValueError("expected: a read-only signal (score: false) is never expected (its absence "
+                                 "must not lower confidence)")
+            return self
+        if self.shape is None:
+            raise ValueError("shape: a scored signal needs a shape (or score: false for a signal only read)")
+        if not self.category:
+            raise ValueError("category: a scored signal needs a category (or score: false for a signal only read)")
         if self.shape == "ramp" and (self.warn is None or self.crit is None):
             raise ValueError("a ramp needs both 'warn' and 'crit'")  # (their order: _crit_beyond_warn)
         if self.shape == "gate" and self.above is None and self.values is None:
@@ -480,7 +508,7 @@ class Policy(Strict):
         signals = info.data.get("signals")
         # the defaults name the shipped policy's signals; a policy with its own signals may lack them
         if signals is not None and "explains" in v.model_fields_set:
-            known = {s.name for s in signals} | {s.category for s in signals} | {"app_xid"}
+            known = {s.name for s in signals} | {s.category for s in signals if s.score} | {"app_xid"}
             for label, items in v.explains.items():
                 if label not in v.labels:
                     raise ValueError(f"explains.{label}: not one of labels {v.labels}")

@@ -182,8 +182,8 @@ def node_evidence(health: Any, policy: Policy, degraded: Callable[[str], bool] |
 
 def idle_evidence(health: Any, policy: Policy, node: int) -> bool:
     """Whether node index ``node``'s own GPU telemetry shows this cycle that no work runs on it: every GPU
-    of the node reads ``chronic.idle_signal`` fresh (a sub-score: seen within its max age) with a raw
-    value below ``chronic.idle_util_below``, the node's confidence is at least
+    of the node reads ``chronic.idle_signal`` fresh (a raw value: seen within its max age; read-only,
+    never scored) with a raw value below ``chronic.idle_util_below``, the node's confidence is at least
     ``lifecycle.min_confidence`` and no source reported an error this cycle (what is unread might be the
     work). Missing, stale or doubtful data is never idleness. Called for the ticketed nodes only."""
     ch = policy.chronic
@@ -197,7 +197,8 @@ def idle_evidence(health: Any, policy: Policy, node: int) -> bool:
     if gpus.size == 0:
         return False
     res = ks.results[j]
-    fresh = np.isfinite(res.sub[gpus]) & np.isfinite(res.raw[gpus])
+    max_age = ks.signals[j].max_age_s or policy.freshness.max_age_s
+    fresh = np.isfinite(res.raw[gpus]) & (res.age[gpus] <= max_age)  # (age NaN: never seen)
     return bool(fresh.all() and (res.raw[gpus] < ch.idle_util_below).all()
                 and (np.asarray(ks.confidence)[gpus] >= policy.lifecycle.min_confidence).all())
 

@@ -6,7 +6,8 @@ Per entity: hard gates first (a fresh gate at 0 forces 0), a weighted mean insid
 the consumer's cross-category function (min; geometric mean, or mean for baselines). Confidence is the
 share of *expected* signals that are fresh (a signal is expected when the policy says so and its family
 was seen, or when it is fresh); no fresh data -> unknown, never healthy. Everything before the
-cross-category step is the same for every consumer (``_Base``, made once per evaluation). What follows
+cross-category step is the same for every consumer (``_Base``, made once per evaluation). A read-only
+signal (``score: false``, its sub-score NaN) is in no category and never seen or expected here. What follows
 from a kind's signal list alone (``_SpecPlan``), from which signals are seen and fresh, and from
 sub-scores bit for bit last cycle's is kept on the plan in the scorer's memory, by equality: a healthy
 fleet's cycle re-derives almost nothing. ``KindScores`` is one kind's columnar result.
@@ -231,6 +232,7 @@ class _SpecPlan:
     two: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))  # needs two samples (rate, burn rate)
     names: list[str] = field(default_factory=list)
     fams: list[str] = field(default_factory=list)
+    read_only: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))  # ``score: false``: never seen here
     # (seen, fresh, expected, n expected, n fresh, confidence, per multi category (weight > 0, weight
     # sum or 1)): the last masks' consequences (see _aggregate_base)
     fixed: tuple[Any, ...] | None = None
@@ -269,7 +271,8 @@ def _spec_plan_of(kept: Kept | None, specs: list[SignalSpec], categories: list[s
         return hit[1]
     fams = sorted({s.family_name for s in specs})
     fam_ix = np.array([fams.index(s.family_name) for s in specs], np.int64)
-    cat_ix = np.array([categories.index(s.category) for s in specs], np.int64)
+    # a read-only signal (``score: false``) is in no category (-1): its sub-score is NaN, never fresh
+    cat_ix = np.array([categories.index(s.category) if s.score else -1 for s in specs], np.int64)
     w = np.array([s.weight for s in specs], np.float64)
     direct: list[tuple[int, int]] = []
     multi: list[tuple[int, np.ndarray, np.ndarray]] = []
@@ -283,7 +286,7 @@ def _spec_plan_of(kept: Kept | None, specs: list[SignalSpec], categories: list[s
             multi.append((c, rows, w[rows]))
     plan = _SpecPlan(
         [np.flatnonzero(fam_ix == fi) for fi in range(len(fams))], fam_ix,
-        np.array([s.expected for s in specs], bool), cat_ix, direct, multi,
+        np.array([s.expected and s.score for s in specs], bool), cat_ix, direct, multi,
         np.flatnonzero(np.array([s.shape in ("gate", "xid") for s in specs], bool)),
         np.array([f"gate:{s.name}" for s in specs] or ["gate:"], dtype=object), list(categories), w,
         np.array([c for c, _ in direct], np.int64), np.array([j for _, j in direct], np.int64),
@@ -291,6 +294,7 @@ def _spec_plan_of(kept: Kept | None, specs: list[SignalSpec], categories: list[s
     plan.two = np.array([s.shape == "slo" or (s.kind == "counter" and s.shape != "xid") for s in specs], bool)
     plan.names = [s.name for s in specs]
     plan.fams = fams
+    plan.read_only = np.array([not s.score for s in specs], bool)
     if kept is not None:
         if len(kept.spec_plans) > 64:
             kept.spec_plans.clear()
@@ -313,6 +317,10 @@ def _aggregate_base(
     else:
         sub_t = np.stack([r.sub for r in results]) if m else np.zeros((0, n))
         seen_t = np.stack([r.seen for r in results]) if m else np.zeros((0, n), bool)
+    if plan.read_only.any():
+        # a read-only signal is no evidence of its family, nor expected by peers or a past: not seen here
+        # (its sub-score is NaN: never fresh either), so it cannot move expected sets or confidence
+        seen_t = seen_t & ~plan.read_only[:, None]
     fresh_t = ~np.isnan(sub_t)
     # What depends only on which signals are seen and fresh (expected signals, confidence, each
     # category's weight sum) is as last cycle's while those masks are: the steady state.

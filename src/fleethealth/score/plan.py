@@ -61,7 +61,7 @@ def _shape_plan(kept: Kept, policy: Policy, specs: list[SignalSpec]) -> _ShapePl
         return np.array([f(s) for s in specs], np.float64)
 
     plan = _ShapePlan(
-        np.array([_SHAPE_CODES.get(s.shape, 0) if s.shape != "xid" else 0 for s in specs], np.int64),
+        np.array([_SHAPE_CODES.get(s.shape or "", 0) if s.shape != "xid" else 0 for s in specs], np.int64),
         np.array([_is_counter(s) for s in specs], bool),
         col(lambda s: s.max_age_s or fr.max_age_s),
         col(lambda s: s.rate_window_s or fr.rate_window_s),

@@ -56,7 +56,7 @@ def score_reference(snap: Snapshot, policy: Policy, now: float, how: str = "min"
     subs: dict[str, dict[str, float | None]] = defaultdict(dict)
     seen: dict[str, set[str]] = defaultdict(set)
     gpus_of_node: dict[str, set[str]] = defaultdict(set)
-    specs = [s for s in policy.signals if "gpu" in s.entities and s.shape != "slo"]
+    specs = [s for s in policy.signals if "gpu" in s.entities and s.shape != "slo" and s.score]  # read-only: not scored
     for spec in specs:
         max_age = spec.max_age_s or policy.freshness.max_age_s
         series: dict[tuple[tuple[str, str], ...], list[tuple[float, float]]] = defaultdict(list)
@@ -291,7 +291,7 @@ def _entity_health(sub: dict[str, float | None], fams: set[str], specs: list[Sig
             scores[c] = 0.0
         else:
             scores[c] = sum(w * v for w, v in xs) / sum(w for w, _ in xs)
-    order = list(dict.fromkeys(s.category for s in policy.signals))  # ties: the policy's category order
+    order = list(dict.fromkeys(s.category for s in policy.signals if s.score))  # ties: the policy's order
     worst = min(sorted(scores, key=order.index), key=lambda c: scores[c])
     if how == "min":
         return RefHealth(scores[worst], conf, worst, f"min:{worst}")

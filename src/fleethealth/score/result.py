@@ -159,8 +159,8 @@ class FleetHealth:
         v = ks.value[i]
         details = []
         for j, s in enumerate(ks.signals):
-            if not (ks.expected[i, j] or not np.isnan(ks.age[i, j])):
-                continue
+            if not s.score or not (ks.expected[i, j] or not np.isnan(ks.age[i, j])):
+                continue  # (a read-only signal is read by decisions, no detail of a health score)
 
             def f(a: np.ndarray, j: int = j) -> float | None:
                 x = a[i, j]
@@ -168,7 +168,7 @@ class FleetHealth:
 
             details.append(
                 SignalDetail(
-                    s.name, s.category, s.shape, f(ks.raw), f(ks.rate), f(ks.z), f(ks.sub), f(ks.age), s.weight,
+                    s.name, s.category, s.shape or "", f(ks.raw), f(ks.rate), f(ks.z), f(ks.sub), f(ks.age), s.weight,
                     ks.notes.get((i, j), "" if not np.isnan(ks.sub[i, j]) else ("stale" if not np.isnan(ks.age[i, j]) else "missing")),
                     expected_by(int(ks.expected_by[i, j]), ks.expect, i, j, ks.carry)
                     if ks.expected_by is not None else "",

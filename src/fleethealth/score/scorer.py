@@ -142,7 +142,7 @@ def _policy_kinds(kept: Kept, policy: Policy) -> tuple[dict[str, list[SignalSpec
     hit = kept.policy_kinds.get(id(policy))
     if hit is None or hit[0] is not policy:
         specs: dict[str, list[SignalSpec]] = {kind: [s for s in policy.signals if kind in s.entities] for kind in KINDS}
-        categories = list(dict.fromkeys(s.category for s in policy.signals))
+        categories = list(dict.fromkeys(s.category for s in policy.signals if s.score))  # read-only: none
         kind_cats: dict[str, list[str]] = {
             kind: [c for c in categories if any(s.category == c for s in specs[kind])] for kind in KINDS}
         if len(kept.policy_kinds) > 16:

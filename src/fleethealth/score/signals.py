@@ -6,6 +6,7 @@ Per signal and kind: the latest fresh sample per series (gauges) or a reset-awar
 (counters; a counter ramp with ``short_window_s`` also reads a short window, which counts once the long
 window's rate is past ``warn``: ``_confirmed_short``), reduced per entity (the worst), then shaped into a sub-score (gate, ramp, flag, peer robust z
 with grouped median/MAD, Xid classes; SLOs in score/slo.py). Missing or stale data is NaN: never a score.
+A read-only signal (``score: false``) stops at its fresh raw value and age: its sub-score is NaN.
 ``_evaluate`` is the reference per-signal path; on a history's view it reads gauge rows and counter
 matrices directly (``_evaluate_gauge_rows``, ``_evaluate_counter_columns``) with the same numbers. Peer
 groups and an Xid gauge's row layout depend only on which series exist: kept in the scorer's memory
@@ -261,6 +262,8 @@ def _shape(
     ctx: _Ctx, spec: SignalSpec, kind: EntityKind, x: np.ndarray, ser: np.ndarray, ent: np.ndarray,
     lp: np.ndarray | None, res: _SignalResult, n: int,
 ) -> np.ndarray:
+    if not spec.score:  # read-only: its fresh raw value is all there is (no shape, no peer statistics)
+        return np.full(n, np.nan)
     if spec.shape == "ramp":
         assert spec.warn is not None and spec.crit is not None
         return shapes.ramp(x, spec.warn, spec.crit)
