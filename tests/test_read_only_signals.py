@@ -112,7 +112,8 @@ def test_a_read_only_signal_refuses_what_would_score_it(extra: str) -> None:
     key = extra.split(":")[0]
     text = default_policy_text().replace(
         "  - name: gpu_util\n", f"  - name: gpu_util\n    {extra}\n", 1)
-    with pytest.raises(PolicyError, match=rf"p\.yaml:\d+: signals\[\d+\]\(gpu_util\): {key}"):
+    line = text.splitlines().index("  - name: gpu_util") + 2  # the error names the key and its line
+    with pytest.raises(PolicyError, match=rf"p\.yaml:{line}: signals\[\d+\]\(gpu_util\)\.{key}: "):
         parse_policy(text, "p.yaml")
 
 

@@ -185,15 +185,17 @@ class SignalSpec(Strict):
     @model_validator(mode="after")
     def _shape_params(self) -> SignalSpec:
         if not self.score:
-            shaping = sorted(k for k in _SHAPING_KEYS if k in self.model_fields_set)
+            # (each message starts with the key it is about: the error points at that key's line)
+            shaping = [k for k in _SHAPING_KEYS if k in self.model_fields_set]
             if shaping:
-                raise ValueError(f"{', '.join(shaping)}: a read-only signal (score: false) is never scored; "
-                                 "drop these keys")
+                also = f" (nor {', '.join(shaping[1:])})" if shaping[1:] else ""
+                raise ValueError(f"{shaping[0]} is not for a read-only signal (score: false){also}: it is never "
+                                 "scored; drop it")
             if self.kind != "gauge":
-                raise ValueError("kind: a read-only signal (score: false) is a gauge (its fresh raw value)")
+                raise ValueError("kind must be gauge for a read-only signal (score: false): its fresh raw value")
             if self.expected and "expected" in self.model_fields_set:
-                raise ValueError("expected: a read-only signal (score: false) is never expected (its absence "
-                                 "must not lower confidence)")
+                raise ValueError("expected must be false for a read-only signal (score: false): its absence "
+                                 "must not lower confidence")
             return self
         if self.shape is None:
             raise ValueError("shape: a scored signal needs a shape (or score: false for a signal only read)")
