@@ -377,7 +377,9 @@ class SafetyRules:
         retested first, under the hold: the incident stays open (no resolved page) while their tests are out
         (at most another ``incident_clear_s``), a FAILED one goes back to QUARANTINED for it (``version_cleared``).
         A failed retest is more evidence for the version (``_version_test_result``); when every retest has
-        passed, or none is left to run, the incident resolves."""
+        passed, or none is left to run, the incident resolves. Rounds back off: round k+1 starts at least
+        ``incident_clear_s * 2**k`` (at most 8x) after round k was sent, so a driver that stays bad for hours
+        costs a held node a test every 15, 30, 60, then 120 min, not one per ``incident_clear_s``."""
         if c.s.frozen:
             return
         clear_s = self.policy.budgets.incident_clear_s
@@ -396,7 +398,11 @@ class SafetyRules:
                 rec.pop("retesting", None)
                 rec.pop("retest_sent", None)
                 continue  # nothing left to ask: it resolves
-            rec["retesting"], rec["retest_sent"] = todo, c.now
+            rounds = int(rec.get("retest_rounds", 0))
+            if rounds and c.now - float(rec.get("retest_sent", c.now)) < clear_s * min(2 ** rounds, 8):
+                incidents.refresh(c.s.incidents, key, c.now)  # the last round failed: wait longer each time
+                continue
+            rec["retesting"], rec["retest_sent"], rec["retest_rounds"] = todo, c.now, rounds + 1
             incidents.refresh(c.s.incidents, key, c.now)
             for eid in todo:
                 if c.s.entities[eid].state == State.QUARANTINED:
