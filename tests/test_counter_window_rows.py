@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fleethealth.policy import default_policy
-from fleethealth.score.kernels import _window, _windows
+from fleethealth.score.kernels import _fresh_rate, _uniform_rates, _window, _windows
 from fleethealth.signals.history import SignalHistory
 from fleethealth.signals.snapshot import SnapshotBuilder
 
@@ -69,3 +69,26 @@ def test_the_history_keeps_each_rows_earliest_and_latest_time_through_thinning_a
             for cm in view.index.groups:
                 assert cm.row_times is not None
                 np.testing.assert_array_equal(cm.row_times[0], np.nanmin(cm.t, axis=1))
+
+
+@settings(max_examples=200, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), k=st.integers(1, 40), c=st.integers(1, 12), ties=st.booleans(),
+       where=st.floats(-0.2, 1.2), max_age=st.sampled_from([0.0, 30.0, 1e9]),
+       min_span=st.sampled_from([0.0, 100.0, 1e5]))
+def test_a_rate_over_rows_of_one_time_each_equals_the_general_one(seed: int, k: int, c: int, ties: bool,
+                                                                   where: float, max_age: float,
+                                                                   min_span: float) -> None:
+    t, v = _matrix(seed, k, c, ties)
+    last = np.full(c, k - 1)
+    lo, hi = float(t.min()), float(t.max())
+    start = lo + where * (hi - lo)
+    now = hi + 10.0
+    rows = (t.min(axis=1), t.max(axis=1))
+    fast = _uniform_rates(t, v, start, now, max_age, min_span, rows)
+    if ties and fast is None:  # rows of one time each: only a window of fewer than two rows is left out
+        assert k < 2 or start >= float(t[-2, 0])
+    if fast is None:
+        return
+    inc, t0, t1, lv, lt, _ = _window(t, v, last, start, True, rows)
+    for a, b in zip(fast, (_fresh_rate(inc, t0, t1, now, max_age, min_span), lv, now - lt), strict=True):
+        np.testing.assert_array_equal(a, b)

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from fleethealth.policy import Policy
-from fleethealth.score.kernels import _fresh_rate, _window, _windows
+from fleethealth.score.kernels import _fresh_rate, _uniform_rates, _window, _windows
 from fleethealth.score.resolve import KINDS, UNNAMED_NODE, _KindTable, _resolver_for, _uniq
 from fleethealth.signals.snapshot import CounterMatrix, InputIssue, Snapshot
 
@@ -260,8 +260,14 @@ class _Ctx:
         key = (mat.group, window, max_age, min_span)
         hit = self._rates.get(key)
         if hit is None:
-            inc, t0, t1, lv, lt, _ = self.window(mat, self.now - window)
-            hit = self._rates[key] = (_fresh_rate(inc, t0, t1, self.now, max_age, min_span), lv, self.now - lt)
+            assert self.index is not None
+            g = self.index.groups[mat.group]
+            hit = _uniform_rates(g.t, g.v, self.now - window, self.now, max_age, min_span, g.row_times) \
+                if g.dense else None
+            if hit is None:
+                inc, t0, t1, lv, lt, _ = self.window(mat, self.now - window)
+                hit = (_fresh_rate(inc, t0, t1, self.now, max_age, min_span), lv, self.now - lt)
+            self._rates[key] = hit
         return hit
 
     def window(self, mat: CounterMatrix, start: float) -> tuple[np.ndarray, ...]:

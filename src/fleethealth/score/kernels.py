@@ -184,6 +184,27 @@ def _window(t: np.ndarray, v: np.ndarray, last: np.ndarray, start: float, dense:
     return inc, t0, t1, lv, lt, n_in
 
 
+def _uniform_rates(t: np.ndarray, v: np.ndarray, start: float, now: float, max_age: float, min_span: float,
+                   row_times: tuple[np.ndarray, np.ndarray] | None) -> tuple[np.ndarray, ...] | None:
+    """``_fresh_rate`` over ``_window`` (with the latest value and age) of a dense matrix whose window
+    starts between two rows and whose first and last rows in it each hold one time (a scrape stamped
+    once): every column's window is then the same rows over the same span, so its rate is its increase
+    over one number. The same numbers as the general path; None where it does not apply."""
+    k, c = t.shape
+    if row_times is None or k == 0:
+        return None
+    a, b = _straddling(k, np.array([start]), row_times)
+    lo, hi = row_times
+    if a != b or k - a < 2 or lo[a] != hi[a] or lo[k - 1] != hi[k - 1]:
+        return None
+    t0, t1 = float(lo[a]), float(lo[k - 1])
+    lv = v[k - 1]
+    age = np.full(c, now - t1)
+    if not (t1 - t0 > 0 and now - t1 <= max_age):
+        return np.full(c, np.nan), lv, age
+    return (lv - v[a]) / max(t1 - t0, min_span), lv, age
+
+
 def _windows(t: np.ndarray, v: np.ndarray, last: np.ndarray, starts: np.ndarray, dense: bool = False,
              row_times: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``_window`` for several starts at once: the increase (NaN with fewer than two samples) and the
