@@ -260,3 +260,10 @@ def test_held_nodes_still_on_the_bad_driver_are_retested_under_the_hold_when_its
     assert r.state.incidents[KEY]["retest_failed"] == ["n00", "n02"]
     assert not [i for i in r.of(IntentKind.PAGE) if i.entity in ("n00", "n02") and i.ts >= quiet]
     assert _version_pages(r) == _version_pages(r)[:1]  # still one page for the rollout
+    # the next round backs off: 2 x incident_clear_s after the first was sent, then 4 x after the second
+    _drive(r, make, t + clear_s, retest + 2 * clear_s + 4 * clear_s + 60.0,
+           {retest + 2 * clear_s + 120.0: [Event(retest + 2 * clear_s + 120.0, "active_test", n, passed=False,
+                                                 actor="agent") for n in ("n00", "n02")]})
+    rounds = sorted({i.ts for i in r.of(IntentKind.RUN_ACTIVE_TEST) if i.reason == f"version_retest:{KEY}"})
+    assert rounds == [retest, retest + 2 * clear_s, retest + 6 * clear_s]
+    assert [r.st(n) for n in ("n00", "n02")] == [State.QUARANTINED, State.QUARANTINED]

@@ -399,8 +399,10 @@ class SafetyRules:
                 rec.pop("retest_sent", None)
                 continue  # nothing left to ask: it resolves
             rounds = int(rec.get("retest_rounds", 0))
-            if rounds and c.now - float(rec.get("retest_sent", c.now)) < clear_s * min(2 ** rounds, 8):
-                incidents.refresh(c.s.incidents, key, c.now)  # the last round failed: wait longer each time
+            due = float(rec.get("retest_sent", c.now)) + clear_s * min(2 ** rounds, 8)
+            if rounds and c.now < due:
+                # the last round failed: wait longer each time; kept open so that it comes due exactly then
+                rec["seen"] = min(c.now, due - clear_s)
                 continue
             rec["retesting"], rec["retest_sent"], rec["retest_rounds"] = todo, c.now, rounds + 1
             incidents.refresh(c.s.incidents, key, c.now)
