@@ -78,6 +78,8 @@ def test_a_held_node_shows_its_version_incident_since_when_and_what_releases_it(
 
     page = httpx.get(f"{url}/entity/n0", headers=auth).text
     assert 'id="version-hold"' in page and KEY in page and "opened 40m ago" in page
+    fleet = httpx.get(f"{url}/", headers=auth).text  # the fleet view marks the held node, only it
+    assert fleet.count('data-held="') == 1 and f'data-held="{KEY}"' in fleet and "held: version" in fleet
 
 
 def test_a_retest_under_the_hold_is_shown_as_out(served: tuple[Any, str]) -> None:

@@ -169,7 +169,9 @@ def render_fleet(controller: Any, runner: Any = None, now: float | None = None, 
                 f'<tr data-entity="{_e(e.entity)}" data-state="{_e(state)}" data-known="{"0" if v is None else "1"}"'
                 f' data-reason="{_e(t.reason if t else "")}"><td class="n"><a href="/entity/{_e(e.entity)}">'
                 f'{_e(e.entity)}</a><span class="st st-{_e(state)}">{_e(state)}</span>'
-                f'<span class="hide-narrow"> {_num(v)} {_e(reason)}</span></td>{"".join(cells)}</tr>')
+                + (f'<span class="st st-DRAINING" data-held="{_e(e.version_hold)}" title="held by version incident '
+                   f'{_e(e.version_hold)}">held: version</span>' if e.version_hold else "")
+                + f'<span class="hide-narrow"> {_num(v)} {_e(reason)}</span></td>{"".join(cells)}</tr>')
         parts.append("</table></div>")
     reps = sorted((e for e in ents.values() if e.kind == "replica"), key=lambda e: e.entity)
     if reps:
