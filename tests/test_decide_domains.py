@@ -132,8 +132,8 @@ def test_a_node_isolated_long_before_does_not_make_an_event_with_two_fresh_ones(
 def test_domain_policy_errors_name_the_key_and_the_line() -> None:
     text = default_policy_text().replace("  labels: [rack, nvlink_domain, switch, power_zone, cooling_zone]\n",
                                          "  labels: [rack, row]\n")
-    line = text.splitlines().index("domains:") + 1
-    with pytest.raises(PolicyError, match=rf"p.yaml:{line}: domains: .*\['row'\] are not in metadata_labels"):
+    line = text.splitlines().index("  labels: [rack, row]") + 1  # the key's own line, not the section's
+    with pytest.raises(PolicyError, match=rf"p.yaml:{line}: domains.labels: \['row'\] are not in metadata_labels"):
         parse_policy(text, "p.yaml")
     bad = default_policy_text().replace("  action: no_new_work\n", "  action: drain\n")
     with pytest.raises(PolicyError, match=r"p.yaml:\d+: domains.action: .*'hold' or 'no_new_work'"):
