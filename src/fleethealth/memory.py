@@ -30,7 +30,6 @@ other than glibc the allocator part does nothing.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import gc
 import importlib
 import os
@@ -71,12 +70,10 @@ def _numpy_small_pages() -> bool:
 def _malloc_keeps_blocks() -> bool:
     if any(k in os.environ for k in _MALLOC_ENV):  # the operator decided
         return False
-    name = ctypes.util.find_library("c")
     try:
-        libc = ctypes.CDLL(name)
-        mallopt = libc.mallopt
+        mallopt = ctypes.CDLL(None).mallopt  # the C library this interpreter runs on (no ldconfig lookup)
     except (OSError, AttributeError, TypeError):
-        return False  # not glibc (musl has no mallopt)
+        return False  # no mallopt: not glibc
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     return all([mallopt(param, value) == 1 for param, value in _MALLOC_SETTINGS])
 
