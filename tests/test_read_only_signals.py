@@ -12,6 +12,8 @@ import re
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from fleethealth.decide import chronic
 from fleethealth.policy import Policy, PolicyError, default_policy_text, parse_policy
@@ -91,6 +93,27 @@ def test_its_fresh_raw_value_is_read_per_gpu_and_nothing_is_shaped() -> None:
     # stale: no evidence
     stale = score_snapshot(_snap(util=True), WITH, NOW + 3600)
     assert not chronic.idle_evidence(stale, WITH, node_names.index("node-02"))
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.one_of(st.none(), st.floats(-1e3, 1e3), st.sampled_from([float("nan"), 0.0, 100.0])),
+                min_size=32, max_size=32),
+       st.lists(st.floats(0, 600), min_size=32, max_size=32), st.sampled_from(["serving", "remediation"]))
+def test_whatever_it_reads_nothing_scored_moves(utils: list[float | None], ages: list[float], consumer: str) -> None:
+    """Any utilisation values (absent, NaN, out of range), fresh or stale, per GPU: every tuple is
+    bit for bit the policy's without the signal."""
+    b = SnapshotBuilder()
+    for n in range(4):
+        node = f"node-{n:02d}"
+        for g in range(8):
+            lab = {"Hostname": node, "gpu": str(g), "modelName": MODEL, "UUID": f"GPU-{node}-{g}"}
+            b.add("DCGM_FI_DEV_GPU_TEMP", lab, 90.0 if n == 1 else 60.0, NOW - 5)
+            b.add("DCGM_FI_DEV_SM_CLOCK", lab, 1980.0 - 40 * (g == 3), NOW - 5)
+            u = utils[n * 8 + g]
+            if u is not None:
+                b.add("DCGM_FI_DEV_GPU_UTIL", lab, u, NOW - ages[n * 8 + g])
+    snap = b.build(NOW)
+    assert _tuples(WITH, snap, consumer) == _tuples(WITHOUT, snap, consumer)
 
 
 @pytest.mark.parametrize("how", ["min", "gmean"])
