@@ -20,7 +20,8 @@ Bounds (what one scorer holds at most):
 
 * ``resolvers``: 8 label-set lists (the oldest dropped first); each grows with its list's label sets;
 * ``gauges``, ``columns``: 512 (metric, match, kind, table) layouts each, cleared when full;
-* ``shape_plans``, ``peers``, ``xids``, ``buckets``, ``slo_bins``, ``spec_plans``, ``spec_plan_of_lists``:
+* ``shape_plans``, ``peers``, ``xids``, ``buckets``, ``slo_bins``, ``slo_seen``, ``spec_plans``,
+  ``spec_plan_of_lists``:
   64 entries each, cleared when full (a policy has a few dozen signals);
 * ``policy_kinds``: 16 policies, cleared when full;
 * ``roll_up_c``: 8 consumer entries, cleared when full;
@@ -72,6 +73,10 @@ class Kept:
                                                   np.ndarray | None]] = {}
         # (entity count, windows, slots, columns) -> (arrays held, column index, bins, counts, age bins, unique)
         self.slo_bins: dict[Hashable, tuple[list[Any], np.ndarray, np.ndarray, np.ndarray, np.ndarray, bool]] = {}
+        # (id(spec), entity count) -> (spec, le per label set, request, bucket entities and bucket series (arrays
+        # held, compared by identity: a kept plan's), entities seen, notes): a latency SLO's seen and notes
+        self.slo_seen: dict[tuple[int, int], tuple[SignalSpec, np.ndarray, np.ndarray, np.ndarray, np.ndarray,
+                                                   np.ndarray, list[tuple[int, str]]]] = {}
         # (ids of a kind's specs, categories) -> (specs, plan); (id(specs), id(categories)) -> (specs, cats, plan)
         self.spec_plans: dict[tuple[tuple[int, ...], tuple[str, ...]], tuple[list[SignalSpec], _SpecPlan]] = {}
         self.spec_plan_of_lists: dict[tuple[int, int], tuple[list[SignalSpec], list[str], _SpecPlan]] = {}

@@ -8,8 +8,9 @@ to the pair's factor. On rows (``_evaluate_slo``) each counter is sorted once an
 increase over any window is a difference found by binary search. On a history's counter matrices the
 SLOs of one kind are one batch (``_slo_batch``): every SLO's request and good counts over every window in
 one bincount, then the burn rates as SLOs x windows x entities arrays, element by element the arithmetic
-of ``shapes.burn_rate`` / ``shapes.slo_score``. Which bucket a latency SLO reads and the bins of a batch
-depend only on which series exist: kept in the scorer's memory while those are unchanged.
+of ``shapes.burn_rate`` / ``shapes.slo_score``. Which bucket a latency SLO reads (so which entities it sees and
+what their notes say) and the bins of a batch depend only on which series exist: kept in the scorer's
+memory while those are unchanged.
 
 A latency threshold that is not a bound of an entity's histogram is read at the histogram's nearest bound
 below it (``signals.slo_buckets``: conservative, requests in between count as slow), and the entity's
@@ -57,7 +58,7 @@ def _evaluate_slo(ctx: _Ctx, spec: SignalSpec, kind: EntityKind, table: _KindTab
         at = buckets_at_threshold(le, histogram_ids(snap.labelsets, bser), spec.threshold_s)
         good_idx = bidx[at]
         ent_b = table.entities(ctx.resolver.arr[kind][bser[at]])
-        with_bucket = _bucket_notes(res, spec, ent_b[ent_b >= 0], le[at][ent_b >= 0])
+        with_bucket = _bucket_notes(res.notes, n, spec, ent_b[ent_b >= 0], le[at][ent_b >= 0])
     else:
         good_idx = ctx.samples(spec.metric, spec.match)
 
@@ -112,7 +113,7 @@ def _evaluate_slo(ctx: _Ctx, spec: SignalSpec, kind: EntityKind, table: _KindTab
     # seen / freshness from the request counter
     ser_all = snap.series_ids[req_idx]
     ent_all = table.entities(ctx.resolver.arr[kind][ser_all])
-    _seen(res, spec, ent_all[ent_all >= 0], with_bucket)
+    _seen(res.seen, res.notes, spec, ent_all[ent_all >= 0], with_bucket)
     burns: list[tuple[np.ndarray, np.ndarray, float]] = []
     last_total = None
     req_w, good_w = _Windows(req_idx), _Windows(good_idx)
@@ -134,32 +135,56 @@ def _evaluate_slo(ctx: _Ctx, spec: SignalSpec, kind: EntityKind, table: _KindTab
     return _slo_result(res, burns, max_age)
 
 
-def _bucket_notes(res: _SignalResult, spec: SignalSpec, ent: np.ndarray, bound: np.ndarray) -> np.ndarray:
+def _bucket_notes(notes: dict[int, str], n: int, spec: SignalSpec, ent: np.ndarray, bound: np.ndarray) -> np.ndarray:
     """Say, per entity, which bucket bound its latency SLO reads where that is below the threshold (the
     nearest bound at or below it: requests between the two count as slow); returns the entities with a
     bucket to read."""
     assert spec.threshold_s is not None
     low = bound < spec.threshold_s - 1e-12
     if low.any():
-        lowest = np.full(res.sub.size, np.inf)
+        lowest = np.full(n, np.inf)
         np.minimum.at(lowest, ent[low], bound[low])
         for e in np.flatnonzero(np.isfinite(lowest)).tolist():
-            res.notes[e] = (f"no histogram bucket at {spec.threshold_s:g} s: read at le={lowest[e]:g} s, the "
-                            f"nearest bound below (requests between the two count as slow)")
+            notes[e] = (f"no histogram bucket at {spec.threshold_s:g} s: read at le={lowest[e]:g} s, the "
+                        f"nearest bound below (requests between the two count as slow)")
     return np.unique(ent)
 
 
-def _seen(res: _SignalResult, spec: SignalSpec, req_ent: np.ndarray, with_bucket: np.ndarray | None) -> None:
+def _seen(seen: np.ndarray, notes: dict[int, str], spec: SignalSpec, req_ent: np.ndarray,
+          with_bucket: np.ndarray | None) -> None:
     """Mark the entities with request counters seen; of a latency SLO only those with a bucket at or below
     the threshold to read (one without is not pending for ever: it says why it is not scored)."""
     if with_bucket is None:
-        res.seen[req_ent] = True
+        seen[req_ent] = True
         return
     ok = np.isin(req_ent, with_bucket)
-    res.seen[req_ent[ok]] = True
+    seen[req_ent[ok]] = True
     for e in np.unique(req_ent[~ok]).tolist():
-        res.notes[e] = (f"no histogram bucket at or below the {spec.threshold_s:g} s threshold (the policy's "
-                        f"threshold is below the histogram's first bound): not scored")
+        notes[e] = (f"no histogram bucket at or below the {spec.threshold_s:g} s threshold (the policy's "
+                    f"threshold is below the histogram's first bound): not scored")
+
+
+def _seen_and_notes(ctx: _Ctx, spec: SignalSpec, req: _Columns, good_c: _Columns, res: _SignalResult) -> None:
+    """``_seen`` and, for a latency SLO, ``_bucket_notes`` off the view's columns. Both depend only on which
+    series are read (not on their values): a latency SLO's seen entities and notes are kept in the scorer's
+    memory while its columns are the same arrays (a kept plan's), and written again each cycle."""
+    if spec.threshold_s is None:
+        res.seen[req.ent] = True
+        return
+    le = ctx.resolver.label_floats("le")
+    n = res.sub.size
+    key = (id(spec), n)
+    hit = ctx.kept.slo_seen.get(key)
+    if (hit is None or hit[0] is not spec or hit[1] is not le or hit[2] is not req.ent or hit[3] is not good_c.ent
+            or hit[4] is not good_c.series):
+        seen, notes = np.zeros(n, bool), dict[int, str]()
+        _seen(seen, notes, spec, req.ent, _bucket_notes(notes, n, spec, good_c.ent, le[good_c.series]))
+        hit = (spec, le, req.ent, good_c.ent, good_c.series, np.flatnonzero(seen), list(notes.items()))
+        if len(ctx.kept.slo_seen) > 64:
+            ctx.kept.slo_seen.clear()
+        ctx.kept.slo_seen[key] = hit
+    res.seen[hit[5]] = True
+    res.notes.update(hit[6])
 
 
 def _slo_result(res: _SignalResult, burns: list[tuple[np.ndarray, np.ndarray, float]], max_age: float) -> _SignalResult:
@@ -294,10 +319,8 @@ def _slo_batch_one_group(ctx: _Ctx, jobs: list[tuple[SignalSpec, _Columns, _Colu
     k = len(jobs)
     n = jobs[0][3].sub.size
     starts = tuple(now - win for w in pol.slo.windows for win in (w.long_s, w.short_s))
-    le = ctx.resolver.label_floats("le")
     for spec, req, good_c, res in jobs:
-        with_bucket = None if spec.threshold_s is None else _bucket_notes(res, spec, good_c.ent, le[good_c.series])
-        _seen(res, spec, req.ent, with_bucket)
+        _seen_and_notes(ctx, spec, req, good_c, res)
     if split:  # request counters in one group, good counters in another
         counts, age = _slo_counts(ctx, [jobs[0][1]], [0], 2, starts, n)
         good_counts, _ = _slo_counts(ctx, [jobs[0][2]], [1], 2, starts, n)
