@@ -50,7 +50,8 @@ def test_nested_key_line_is_the_key_not_its_parent() -> None:
 def test_line_of_a_list_item_and_of_a_missing_key() -> None:
     # the second signal lacks 'category': the line is the item's first line, the path names the item
     text = ONE + "    warn: 80\n    crit: 90\n  - name: b\n    metric: m\n    shape: flag\n    flag: f\n"
-    assert errors(text) == ["p.yaml:8: signals[1](b).category: Field required"]
+    assert errors(text) == ["p.yaml:8: signals[1](b).category: a scored signal needs a category (or score: false "
+                            "for a signal only read)"]
     # a list item that is not a mapping: no name in the path
     text2 = ONE + "    warn: 80\n    crit: 90\n  - 7\n"
     (msg,) = errors(text2)

@@ -126,7 +126,7 @@ def test_a_missing_device_maximum_is_no_score_never_a_healthy_one() -> None:
 @pytest.mark.parametrize(("old", "new", "err"), [
     ("    bits: {8: \"clock_event:hw_slowdown\", 64:", "    bits: {12: \"clock_event:hw_slowdown\", 64:", "one bit"),
     ("    relative_to: DCGM_FI_DEV_PCIE_MAX_LINK_WIDTH\n", "    relative_to: DCGM_FI_DEV_PCIE_MAX_LINK_WIDTH\n    kind: counter\n",
-     "relative_to is for gauges"),
+     r"relative_to: is for gauges"),
 ])
 def test_bad_bits_and_ratios_are_policy_errors(old: str, new: str, err: str) -> None:
     text = default_policy_text()

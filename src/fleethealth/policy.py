@@ -186,7 +186,11 @@ class SignalSpec(Strict):
     def _shape_params(self) -> SignalSpec:
         if not self.score:
             # (each message starts with the key it is about: the error points at that key's line)
-            shaping = [k for k in _SHAPING_KEYS if k in self.model_fields_set]
+            # a key counts when written with a value of its own: a policy dumped and read back (tune,
+            # a candidate file) writes every key at its default, which must still load
+            fields = type(self).model_fields
+            shaping = [k for k in _SHAPING_KEYS if k in self.model_fields_set
+                       and getattr(self, k) != fields[k].get_default(call_default_factory=True)]
             if shaping:
                 also = f" (nor {', '.join(shaping[1:])})" if shaping[1:] else ""
                 raise ValueError(f"{shaping[0]} is not for a read-only signal (score: false){also}: it is never "
@@ -196,6 +200,8 @@ class SignalSpec(Strict):
             if self.expected and "expected" in self.model_fields_set:
                 raise ValueError("expected must be false for a read-only signal (score: false): its absence "
                                  "must not lower confidence")
+            # what it is (the model is frozen: set once, here): a dump of this policy then reads back
+            object.__setattr__(self, "expected", False)
             return self
         if self.shape is None:
             raise ValueError("shape: a scored signal needs a shape (or score: false for a signal only read)")
@@ -747,9 +753,13 @@ def validate_yaml(
             msg = err["msg"].removeprefix("Value error, ")
             # a validator of a whole section (it needs the rest of the policy) names the key it is about
             # first ('physical_xids [92] do not gate ...'): the error points at that key and its line
+            # ('category: a scored signal needs ...' names a key the section does not write: the path names
+            # it, the line is the section's)
             head, _, rest = msg.partition(" ")
-            if loc and rest and _child_line(node, loc, head) is not None:
-                loc, msg = (*loc, head), rest
+            key = head.removesuffix(":")
+            if loc and rest and (_child_line(node, loc, key) is not None
+                                 or (head.endswith(":") and key.isidentifier())):
+                loc, msg = (*loc, key), rest
             line = _line_of(node, loc)
             msgs.append(f"{source}:{line or '?'}: {_loc_name(loc, data)}: {msg}")
         raise error(f"invalid {what}\n  " + "\n  ".join(msgs)) from None
