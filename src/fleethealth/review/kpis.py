@@ -88,6 +88,7 @@ class PoolKpis:
     flaps_per_entity_day: float
     pages: int
     health_mean: float | None = None  # mean known node health at the end (or over the run, as given)
+    tickets: int = 0  # new tickets (severity "ticket": a chronic node's, a job's), not counted in pages
     outcomes: dict[str, int] = field(default_factory=dict)  # quarantines per outcome (review.incidents.OUTCOMES)
 
     @property
@@ -109,7 +110,7 @@ LABELS: dict[str, str] = {
     "health_mean": "mean node health", "lost_gpu_h": "node GPU-hours lost", "lost_isolated_gpu_h": "  to isolated nodes",
     "lost_unknown_gpu_h": "  to unknown nodes", "lost_slow_gpu_h": "  to slow nodes",
     "detect_median_s": "time to detect (median)", "repair_median_s": "time to repair (median)",
-    "flaps_per_entity_day": "flaps per entity-day", "pages": "pages", "quarantines": "quarantines",
+    "flaps_per_entity_day": "flaps per entity-day", "pages": "pages", "tickets": "tickets", "quarantines": "quarantines",
     "incidents": "incidents",
 }
 
@@ -235,10 +236,13 @@ def pool_kpis(
         seen[i.entity] = i.start
     flaps = count_flaps([t for t in transitions if start <= float(t["ts"]) <= end], flap_window_s)
     pages_by_entity: dict[str, int] = defaultdict(int)
+    tickets_by_entity: dict[str, int] = defaultdict(int)
     for it in intents:
         if (start <= float(it["ts"]) <= end and str(it.get("intent", it.get("kind"))) == "page"
                 and is_new_page(dict(it.get("params") or {}))):
-            pages_by_entity[str(it["entity"])] += 1
+            # a ticket (severity "ticket") wakes nobody: counted apart from the pages
+            ticket = str(dict(it.get("params") or {}).get("severity", "page")) == "ticket"
+            (tickets_by_entity if ticket else pages_by_entity)[str(it["entity"])] += 1
 
     def onset_of(i: Any) -> float:
         if i.label is not None and i.label.onset is not None:
@@ -286,6 +290,7 @@ def pool_kpis(
             precision=fig.precision, detect_median_s=_median(detect), repair_median_s=_median(repair),
             flaps=n_flaps, flaps_per_entity_day=n_flaps / ent_days,
             pages=sum(v for e, v in pages_by_entity.items() if e in members), health_mean=hm,
+            tickets=sum(v for e, v in tickets_by_entity.items() if e in members),
             outcomes=dict(fig.outcomes),
         )
 
