@@ -47,7 +47,8 @@ usable and no source error this cycle, for ``chronic.idle_dwell_s`` without a br
 gap while the job runs leaves the GPUs busy: no ``chronic:idle``. Without that it would
 read as recovered when idle, take new work and be slow again: DEGRADED had no way out but recovery.
 
-``node_evidence`` reads the engine's columns (numpy over all GPUs, one reduction per node); the per-node
+``node_evidence`` reads the engine's columns (numpy over all GPUs, one reduction per node; first one max
+per performance signal, and nothing more when even their sum cannot pass the allowance); the per-node
 work that follows runs only for nodes with positive evidence, and, for the ticket, for the DEGRADED ones
 among them (the decider's look-up, one per candidate node) and the ticketed ones (``watch``): a healthy
 fleet pays nothing more.
@@ -128,6 +129,8 @@ def node_evidence(health: Any, policy: Policy, degraded: Callable[[str], bool] |
     perf = [j for j, s in enumerate(ks.signals) if s.shape == "peer" and s.category in ch.categories]
     if not perf:
         return {}
+    if not watch and _below_allowance([ks.results[j].z for j in perf], ch.cusum_k):
+        return {}  # a quiet fleet: no GPU's combined z can pass the allowance (one max per signal)
     zs = np.vstack([ks.results[j].z for j in perf])  # signals x GPUs, positive = worse
     have = np.isfinite(zs)
     n = have.sum(axis=0)
@@ -178,6 +181,20 @@ def node_evidence(health: Any, policy: Policy, degraded: Callable[[str], bool] |
             pays=slowdown is not None and gpus * max(0.0, slowdown) >= need,
             idle=node in watched and slowdown is None and idle_evidence(health, policy, node))
     return out
+
+
+def _below_allowance(zs: list[np.ndarray], k: float) -> bool:
+    """Whether no GPU's combined z (``node_evidence``: the sum of its finite z over the square root of
+    their number, at least 1) can exceed ``k``: true when the signals' largest positive z, summed in the
+    same order, do not (each GPU's sum is at most that sum; dividing by a root >= 1 never raises it).
+    One NaN-skipping max per signal instead of the GPUs x signals arrays on most cycles of a quiet fleet."""
+    bound = 0.0
+    for z in zs:
+        if z.size:
+            m = float(np.fmax.reduce(z))  # NaN only when every GPU's z is
+            if m > 0.0:
+                bound += m
+    return bound <= k
 
 
 def idle_evidence(health: Any, policy: Policy, node: int) -> bool:
