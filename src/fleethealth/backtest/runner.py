@@ -357,6 +357,36 @@ def run_backtest(
     )
 
 
+def decision_records(run: BacktestRun, arms: Sequence[str] = (PRODUCT,)) -> list[dict[str, Any]]:
+    """The decision log of ``arms`` as flat records, one per transition or intent, in time order (ties:
+    the arms' order as given, then the order the arm decided them in): ``arm``, ``t_s`` (seconds since the
+    run's start), ``ts``, ``record`` (transition | intent), the entity and the decision with its reason.
+    No policy version, idempotency key or intent sequence number (params ``n``: one extra intent would
+    renumber every later one), so two runs under two policies diff line by line."""
+    unknown = [a for a in arms if a not in run.arms]
+    if unknown:
+        raise ValueError(f"no arm {', '.join(unknown)} in this run: it has {', '.join(run.arms)}")
+    keyed: list[tuple[float, int, int, dict[str, Any]]] = []
+    for rank, name in enumerate(arms):
+        log = run.arms[name]
+        rows: list[tuple[float, dict[str, Any]]] = []
+        for tr in log.transitions:
+            rows.append((tr.ts, {"record": "transition", "entity": tr.entity, "kind": tr.kind,
+                                 "from": str(tr.from_state), "to": str(tr.to_state), "reason": tr.reason,
+                                 "value": tr.value, "confidence": tr.confidence, "detail": tr.detail}))
+        for it in log.intents:
+            params = {k: v for k, v in it.params.items() if k != "n"}
+            rows.append((it.ts, {"record": "intent", "entity": it.entity, "intent": str(it.kind),
+                                 "reason": it.reason, "params": params,
+                                 "tier": None if it.tier is None else str(it.tier), "soft": it.soft}))
+        # a cycle's transitions come before the intents they caused: stable sort on time keeps that
+        rows.sort(key=lambda r: r[0])
+        for seq, (ts, body) in enumerate(rows):
+            keyed.append((ts, rank, seq, {"arm": name, "t_s": ts - run.start, "ts": ts} | body))
+    keyed.sort(key=lambda k: k[:3])
+    return [k[3] for k in keyed]
+
+
 def compress(scenario: Scenario, lead_s: float = 1800.0, tail_s: float = 3 * 3600.0,
              gap_s: float | None = None) -> Scenario:
     """The same scenario with the quiet hours cut: the first fault starts ``lead_s`` in, consecutive

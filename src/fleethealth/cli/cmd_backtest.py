@@ -4,6 +4,7 @@ ground truth."""
 from __future__ import annotations
 
 import json
+import math
 import sys
 import time
 from collections.abc import Callable
@@ -158,6 +159,50 @@ def progress_printer(total_s: float, label: str, every_s: float = 3600.0) -> Cal
     return tick
 
 
+def parse_decision_arms(values: list[str] | None, baselines: list[str]) -> list[str]:
+    """Arms whose decisions ``--decisions`` writes: the product's by default; ``all`` is the product and
+    every baseline run. A baseline asked for here is run even if ``--baseline`` left it out."""
+    from fleethealth.backtest.arms import BASELINES, PRODUCT
+
+    out: list[str] = []
+    for v in values or [PRODUCT]:
+        for a in (x.strip() for x in v.split(",")):
+            if not a:
+                continue
+            if a == "all":
+                return [PRODUCT] + [b for b in BASELINES if b in baselines]
+            if a != PRODUCT and a not in BASELINES:
+                fail(f"--decisions-arm: unknown arm {a!r}: expected {PRODUCT}, {', '.join(BASELINES)} or all")
+            if a not in out:
+                out.append(a)
+    return out
+
+
+def _json_safe(v: Any) -> Any:
+    """Intent params as JSON: numpy numbers as plain numbers, NaN/inf as null (strict JSON has neither)."""
+    if isinstance(v, dict):
+        return {str(k): _json_safe(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_json_safe(x) for x in v]
+    if hasattr(v, "item") and callable(v.item):  # numpy scalar
+        v = v.item()
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return v
+    return str(v)
+
+
+def write_decisions(records: list[dict[str, Any]], path: Path) -> None:
+    """One JSON object per line, keys sorted: the same run writes the same bytes."""
+    try:
+        with path.open("w", encoding="utf-8") as fh:
+            for r in records:
+                fh.write(json.dumps(_json_safe(r), sort_keys=True, allow_nan=False) + "\n")
+    except OSError as e:
+        fail(f"{path}: cannot write decisions: {e.strerror or e}")
+
+
 def register(app: typer.Typer) -> None:
     @app.command("backtest")
     def backtest(
@@ -176,6 +221,12 @@ def register(app: typer.Typer) -> None:
         progress: Annotated[bool, typer.Option(
             "--progress/--no-progress", help="report progress on stderr every simulated hour")] = True,
         report: Annotated[Path | None, typer.Option("--report", help="write a self-contained HTML report")] = None,
+        decisions: Annotated[Path | None, typer.Option(
+            "--decisions", help="write the decision log (every transition and intent, time-ordered, with "
+                                "reason and params) as JSON lines")] = None,
+        decisions_arm: Annotated[list[str] | None, typer.Option(
+            "--decisions-arm", help="whose decisions --decisions writes (repeat or comma-separate): "
+                                    "fleethealth (default), a baseline's name, or all")] = None,
         duration: Annotated[str | None, typer.Option("--duration", help="override the scenario's duration")]
         = None,
         seed: Annotated[int | None, typer.Option("--seed", help="override the scenario's seed")] = None,
@@ -204,7 +255,7 @@ def register(app: typer.Typer) -> None:
             fail("give a scenario (--scenario NAME or FILE), or --compare BEFORE.json AFTER.json")
         if cycle <= 0:
             fail("--cycle must be positive")
-        from fleethealth.backtest import evaluate, run_backtest
+        from fleethealth.backtest import BASELINES, evaluate, run_backtest
         from fleethealth.backtest.report import write_report
         from fleethealth.review.kpis import SloSampler
 
@@ -219,6 +270,8 @@ def register(app: typer.Typer) -> None:
                 fail(f"--compress: {e}")
             sc = compress(sc, tail_s=gap, gap_s=gap)
         bl = parse_baselines(baseline)
+        dec_arms = parse_decision_arms(decisions_arm, bl)
+        bl += [a for a in dec_arms if a in BASELINES and a not in bl]  # asked for: run it
         from fleethealth.sim.fleet import build_fleet
 
         fleet = build_fleet(sc.fleet, sc.seed)  # the same fleet the run builds: replicas and their pools
@@ -235,6 +288,11 @@ def register(app: typer.Typer) -> None:
         except ValueError as e:
             fail(f"{sc.name}: {e}")
         result = evaluate(run, slo=slo.attainment())
+        if decisions is not None:
+            from fleethealth.backtest.runner import decision_records
+
+            write_decisions(decision_records(run, dec_arms), decisions)
+            result["decisions"] = str(decisions)
         if report is not None:
             try:
                 p = write_report(run, result, report)
@@ -248,3 +306,5 @@ def register(app: typer.Typer) -> None:
             print_kpis(result)
             if report is not None:
                 typer.echo(f"\nreport: {result['report']}")
+            if decisions is not None:
+                typer.echo(f"decisions ({', '.join(dec_arms)}): {decisions}")
