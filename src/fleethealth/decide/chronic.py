@@ -65,6 +65,7 @@ import numpy as np
 
 from fleethealth.decide.lifecycle import Cond, Observation, Timer
 from fleethealth.decide.model import State
+from fleethealth.decide.tuples import LabelMemo, _labels_at
 from fleethealth.policy import Policy
 
 FLOOR_PREFIX = "floor:"
@@ -111,14 +112,16 @@ class Evidence:
 
 
 def node_evidence(health: Any, policy: Policy, degraded: Callable[[str], bool] | None = None,
-                  watch: Collection[str] = ()) -> dict[str, Evidence]:
+                  watch: Collection[str] = (), memo: LabelMemo | None = None) -> dict[str, Evidence]:
     """Per node whose worst GPU's combined z is past the CUSUM allowance and whose slowest rank, in the
     biggest job, would cost more than a swap: its evidence (a READY node that cannot pay for a swap is
     never escalated, so its CUSUM is not fed). Also, priced or not (``pays`` False): such a node for
     which ``degraded(name)`` is true (the decider's DEGRADED nodes: their ticket, ``ticket``), and every
     node in ``watch`` (the ticketed ones, also below the allowance: is it idle yet?). ``health``: the
     engine's FleetHealth (anything else, e.g. a list of tuples, has no per-signal columns: no evidence).
-    Without ``degraded`` and ``watch`` the work is what it was: healthy fleets pay nothing more."""
+    Without ``degraded`` and ``watch`` the work is what it was: healthy fleets pay nothing more.
+    ``memo``: the decider's label memo (``decide.tuples``), so a GPU's job label is fetched once while the
+    series are the same, not through the engine's whole label index every cycle a node is priced."""
     ch = policy.chronic
     kinds = getattr(health, "kinds", None)
     if not ch.enabled or kinds is None or "gpu" not in kinds or "node" not in kinds:
@@ -169,7 +172,7 @@ def node_evidence(health: Any, policy: Policy, degraded: Callable[[str], bool] |
         if name in out or (node not in extra and not worst_slow[node] * biggest >= need):
             continue
         i = best[node]
-        job = _label(health, i, "job")
+        job = _label(health, ks, i, "job", memo)
         sd = float(worst_slow[node])
         slowdown = None if math.isnan(sd) else sd
         gpus = sizes.get(job, 0) if job else 0
@@ -249,11 +252,10 @@ def _job_sizes(kinds: Mapping[str, Any]) -> dict[str, int]:
     return dict(zip(jobs.tolist(), counts.tolist(), strict=True))
 
 
-def _label(health: Any, i: int, key: str) -> str | None:
-    meta = getattr(health, "meta", None)
-    if meta is None:
+def _label(health: Any, ks: Any, i: int, key: str, memo: LabelMemo | None) -> str | None:
+    if getattr(health, "meta", None) is None:
         return None
-    return meta.labels("gpu", i).get(key)
+    return _labels_at(health, ks, i, memo).get(key)
 
 
 def feed_cusum(timers: dict[str, Timer], z: float | None, now: float, k: float) -> float:

@@ -246,7 +246,8 @@ class Decider(SafetyRules, Repairs, FailureDomains):
         # nodes slow enough to price, the DEGRADED slow ones and the ticketed ones (decide.chronic): never steady
         c.chronic = chronic.node_evidence(
             health, p, degraded=lambda n: (e := s.entities.get(n)) is not None and e.state == State.DEGRADED,
-            watch=[k[len(chronic.TICKET_PREFIX):] for k in s.incidents if k.startswith(chronic.TICKET_PREFIX)])
+            watch=[k[len(chronic.TICKET_PREFIX):] for k in s.incidents if k.startswith(chronic.TICKET_PREFIX)],
+            memo=memo)
         if fast:
             # A steady entity is skipped whatever the order (stepping one entity never changes another),
             # so only the others are sorted.
