@@ -89,6 +89,11 @@ class DecisionLoop:
         self.store = store
         self.scorer: Scorer = scorer or _engine_scorer()
         self._newest = _NewestTs()
+        # After a label change the old series stays in the view (stale) beside the new one and the newest
+        # speaks (score.result._MetaIndex): which is newest may change with no change of the set of series
+        # (a rollback to a label set still remembered). Kept for the last labels_key whose labels were
+        # decided so: (that key, the series lists, their winners then, the key the decider was given).
+        self._by_freshness: tuple[Hashable, frozenset[tuple[int, ...]], tuple[int, ...], Hashable] | None = None
         self.history = history if history is not None else SignalHistory(policy)
         self.decider = Decider(policy)
         # the rest of the fleet's (in service, low confidence) counts for the freeze (Decider.decide's
@@ -113,9 +118,20 @@ class DecisionLoop:
         view = self.history.view(now)
         health = self.scorer(view, self.policy, now, "remediation")
         serving = self.scorer(view, self.policy, now, "serving") if _has_replicas(health) else None
-        decision = self.decider.decide(self.state, health, now, events, serving,
-                                       labels_key=_labels_key(health, view, now, self.policy, self._newest),
+        labels_key = given = _labels_key(health, view, now, self.policy, self._newest)
+        fresh = self._by_freshness
+        if labels_key is not None and fresh is not None and fresh[0] == labels_key:
+            winners = health.meta.winners(fresh[1])
+            if winners != fresh[2]:  # another series now speaks for a relabelled entity: ask again
+                given = (labels_key, winners)
+                self._by_freshness = (labels_key, fresh[1], winners, given)
+            else:
+                given = fresh[3]
+        decision = self.decider.decide(self.state, health, now, events, serving, labels_key=given,
                                        fleet_peers=self.fleet_peers)
+        if labels_key is not None and (fresh is None or fresh[0] != labels_key):
+            groups = frozenset(getattr(health.meta, "by_freshness", ()))
+            self._by_freshness = (labels_key, groups, health.meta.winners(groups), labels_key) if groups else None
         if self.store is not None:
             self.store.commit(decision)
         self.state = decision.state

@@ -8,11 +8,16 @@ together with the roll-up). ``HealthTuple`` objects are built on access, so a 10
 fraction of a second; their metadata labels (``_MetaIndex``) are gathered lazily from the label sets of
 an entity's samples and from the info metrics. A result holds its scorer's memory weakly: read after the
 scorer is gone, it aggregates with a memory of its own, the same numbers.
+
+A label that changes (a driver upgraded or rolled back) is a new series with the new value; the old one
+stays in a history view, stale, for its memory (an hour). Where an entity's series disagree on a label,
+the series with the newest sample speaks (``_MetaIndex._by_freshness``), so the change is read the
+cycle it is scraped, not when the old series is forgotten.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -236,6 +241,53 @@ class _MetaIndex:
         self._tables = tables
         self._raw_cache: dict[str, tuple[list[np.ndarray], list[np.ndarray]]] | None = None
         self._info_cache: dict[tuple[str, int], dict[str, str]] | None = None
+        self._newest: np.ndarray | None = None
+        # The series lists of entities whose series disagree on a label (the newest decided): their labels
+        # depend on which series is newest, not only on which exist; ``winners`` says, for another view
+        # of the same series, whether the same ones still win (``decide.loop`` reuses labels only then).
+        self.by_freshness: set[tuple[int, ...]] = set()
+
+    def _newest_sample(self, only: np.ndarray | None = None) -> np.ndarray:
+        """Per label set, the time of its newest sample in this snapshot (-inf: none); ``only``: just
+        those label sets (the others -inf). Asked only where an entity's series disagree on a label."""
+        if only is None and self._newest is not None:
+            return self._newest
+        newest = np.full(len(self.snap.labelsets), -np.inf)
+        index = self._ctx.index
+        if index is None or (not index.counters and len(self.snap) > index.head[0].size):
+            parts = [(self.snap.series_ids, self.snap.ts)]
+        else:  # the view's gauge rows and each counter's latest sample: no counter rows written
+            parts = [(index.head[1], index.head[3])]
+            for mat in index.counters.values():
+                has = np.flatnonzero(mat.last >= 0)
+                parts.append((mat.series[has], mat.t[mat.last[has], has]))
+        for series, ts in parts:
+            series = series.astype(np.int64)
+            if only is not None:
+                keep = np.isin(series, only)
+                series, ts = series[keep], ts[keep]
+            if series.size:
+                np.maximum.at(newest, series, ts)
+        if only is None:
+            self._newest = newest
+        return newest
+
+    def _by_freshness(self, series: list[int], newest: np.ndarray | None = None) -> list[int]:
+        """``series`` newest sample first. Equal times (two series of one entity in the same scrape): the
+        label set interned last first, the latest this stream has seen (a relabel interns the new one)."""
+        if newest is None:
+            newest = self._newest_sample()
+            self.by_freshness.add(tuple(series))
+        return sorted(series, key=lambda sid: (-float(newest[sid]), -sid))
+
+    def winners(self, groups: Iterable[tuple[int, ...]]) -> tuple[int, ...]:
+        """Per series list of ``by_freshness`` (of this view or an earlier one of the same series), the
+        series that speaks for it in this view: equal answers, equal labels."""
+        groups = sorted(groups)
+        if not groups:
+            return ()
+        newest = self._newest_sample(np.unique(np.concatenate([np.asarray(g, np.int64) for g in groups])))
+        return tuple(self._by_freshness(list(g), newest)[0] for g in groups)
 
     @property
     def _raw(self) -> dict[str, tuple[list[np.ndarray], list[np.ndarray]]]:
@@ -266,15 +318,20 @@ class _MetaIndex:
             for metric, kind in ((NODE_INFO_METRIC, "node"), (REPLICA_INFO_METRIC, "replica")):
                 idx = ctx.samples(metric)
                 series = ctx.row_arrays(int(idx.max()) + 1 if idx.size else 0)[0]
+                of_entity: dict[tuple[str, int], list[int]] = {}
                 for sid in _uniq(series[idx].astype(np.int64)).tolist():
                     kid = int(r.arr[kind][sid])
                     if kid < 0 or kid >= tables[kind].lut.size:
                         continue
                     e = int(tables[kind].lut[kid])
                     if e >= 0:
-                        info.setdefault((kind, e), {}).update(
-                            {k: v for k, v in self.snap.labelsets[sid] if k != "__name__"}
-                        )
+                        of_entity.setdefault((kind, e), []).append(sid)
+                for key, sids in of_entity.items():
+                    if len(sids) > 1 and _disagree([self.snap.labelsets[sid] for sid in sids]):
+                        sids = self._by_freshness(sids)[::-1]  # relabelled: the newest series applied last
+                    merged = info.setdefault(key, {})
+                    for sid in sids:
+                        merged.update({k: v for k, v in self.snap.labelsets[sid] if k != "__name__"})
             self._info_cache = info
         return self._info_cache
 
@@ -297,6 +354,18 @@ class _MetaIndex:
         b = int(np.searchsorted(ent, e, "right"))
         return ser[a:b].tolist()
 
+    def _merged(self, series: tuple[int, ...], agreed: bool = True) -> dict[str, str] | None:
+        """The wanted labels of ``series``, the first series' value where several carry one; None when
+        ``agreed`` and two of them carry different values (the caller then orders them by freshness)."""
+        merged: dict[str, str] = {}
+        for sid in series:
+            for k, v in self.snap.labelsets[sid]:
+                if k in self.wanted:
+                    had = merged.setdefault(k, v)
+                    if agreed and had != v:
+                        return None
+        return merged
+
     def labels(self, kind: str, e: int) -> dict[str, str]:
         hit = self._cache.get((kind, e))
         if hit is not None:
@@ -306,14 +375,15 @@ class _MetaIndex:
         # Label sets are interned for the life of a history: their merged labels are too.
         cached = self.shared.get((kind, series))
         if cached is None:
-            cached = {}
-            for sid in series:
-                for k, v in self.snap.labelsets[sid]:
-                    if k in self.wanted and k not in cached:
-                        cached[k] = v
-            if len(self.shared) > 500_000:
-                self.shared.clear()
-            self.shared[(kind, series)] = cached
+            cached = self._merged(series)
+            if cached is None:
+                # the series disagree (a label changed): the newest speaks; depends on times, never shared
+                cached = self._merged(tuple(self._by_freshness(list(series))), agreed=False)
+                assert cached is not None
+            else:
+                if len(self.shared) > 500_000:
+                    self.shared.clear()
+                self.shared[(kind, series)] = cached
         d.update(cached)
         if kind == "node":
             if self._node_gpus is None:
@@ -332,3 +402,9 @@ class _MetaIndex:
             d["driver_version"] = d["DCGM_FI_DRIVER_VERSION"]
         self._cache[(kind, e)] = d
         return d
+
+
+def _disagree(labelsets: list[tuple[tuple[str, str], ...]]) -> bool:
+    """Whether two of the label sets carry different values for one label."""
+    seen: dict[str, str] = {}
+    return any(seen.setdefault(k, v) != v for ls in labelsets for k, v in ls)
