@@ -9,6 +9,9 @@ Real parts: SnapshotBuilder -> SignalHistory -> the engine's Scorer -> DecisionL
 
 from __future__ import annotations
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from fleethealth.decide.loop import DecisionLoop
 from fleethealth.policy import default_policy
 from fleethealth.score.scorer import Scorer
@@ -116,3 +119,23 @@ def test_the_decider_state_follows_a_rollback_within_the_memory() -> None:
     assert seen[285.0] == BAD
     assert seen[300.0] == GOOD
     assert seen[330.0] == GOOD
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.sampled_from([GOOD, BAD, "570.86.10"]), min_size=2, max_size=12),
+       st.lists(st.integers(1, 300), min_size=12, max_size=12))
+def test_any_sequence_of_driver_changes_reads_the_latest_scraped(drivers: list[str], gaps: list[int]) -> None:
+    """Invariant: whatever the changes (back to a remembered label set, or not) and the gaps between them
+    (seconds, within the hour the old series is remembered), the engine's tuples and the decider's state
+    read the driver of the latest scrape, every cycle."""
+    policy = default_policy()
+    loop = DecisionLoop(policy)
+    t = 0.0
+    for drv, gap in zip(drivers, gaps, strict=False):
+        for _ in range(2):  # two scrapes on each driver: the change, then a steady one
+            res = loop.cycle(_scrape(t, {"node-1": drv}), t)
+            assert res.health.tuples["node-1"].labels.get("driver_version") == drv
+            assert res.health.tuples["node-1/gpu1"].labels.get("driver_version") == drv
+            assert res.decision.state.entities["node-1"].labels.get("driver_version") == drv
+            t += 15.0
+        t += float(gap)
