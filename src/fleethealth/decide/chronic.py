@@ -112,7 +112,8 @@ class Evidence:
 
 
 def node_evidence(health: Any, policy: Policy, degraded: Callable[[str], bool] | None = None,
-                  watch: Collection[str] = (), memo: LabelMemo | None = None) -> dict[str, Evidence]:
+                  watch: Collection[str] = (), memo: LabelMemo | None = None,
+                  kept: dict[str, Any] | None = None) -> dict[str, Evidence]:
     """Per node whose worst GPU's combined z is past the CUSUM allowance and whose slowest rank, in the
     biggest job, would cost more than a swap: its evidence (a READY node that cannot pay for a swap is
     never escalated, so its CUSUM is not fed). Also, priced or not (``pays`` False): such a node for
@@ -121,7 +122,10 @@ def node_evidence(health: Any, policy: Policy, degraded: Callable[[str], bool] |
     engine's FleetHealth (anything else, e.g. a list of tuples, has no per-signal columns: no evidence).
     Without ``degraded`` and ``watch`` the work is what it was: healthy fleets pay nothing more.
     ``memo``: the decider's label memo (``decide.tuples``), so a GPU's job label is fetched once while the
-    series are the same, not through the engine's whole label index every cycle a node is priced."""
+    series are the same, not through the engine's whole label index every cycle a node is priced.
+    ``kept``: a dict the caller holds (the decider's): which rows are the performance signals and the
+    job sizes, kept while the engine's signal list and rank names are the same objects (answers, never
+    state)."""
     ch = policy.chronic
     kinds = getattr(health, "kinds", None)
     if not ch.enabled or kinds is None or "gpu" not in kinds or "node" not in kinds:
@@ -129,7 +133,7 @@ def node_evidence(health: Any, policy: Policy, degraded: Callable[[str], bool] |
     ks = kinds["gpu"]
     if not getattr(ks, "names", None) or getattr(ks, "member_of", None) is None or not hasattr(ks, "results"):
         return {}  # a stand-in without the engine's columns
-    perf = [j for j, s in enumerate(ks.signals) if s.shape == "peer" and s.category in ch.categories]
+    perf = _perf_rows(ks.signals, ch, kept)
     if not perf:
         return {}
     if not watch and _below_allowance([ks.results[j].z for j in perf], ch.cusum_k):
@@ -164,7 +168,7 @@ def node_evidence(health: Any, policy: Policy, degraded: Callable[[str], bool] |
     extra = [] if degraded is None else [n for n in best if n >= 0 and degraded(node_names[n])]
     watched = set(_watched(watch, node_names, member, comb, best))
     extra += sorted(watched)
-    sizes = _job_sizes(kinds) if priced or extra else {}
+    sizes = _job_sizes(kinds, kept) if priced or extra else {}
     biggest = max(sizes.values(), default=0)
     out: dict[str, Evidence] = {}
     for node in priced + extra:
@@ -243,13 +247,31 @@ def _watched(watch: Collection[str], node_names: Any, member: np.ndarray, comb: 
     return out
 
 
-def _job_sizes(kinds: Mapping[str, Any]) -> dict[str, int]:
-    """GPUs (ranks) per training job, from the rank entities (``job/rankN``)."""
+def _perf_rows(signals: list[Any], ch: Any, kept: dict[str, Any] | None) -> list[int]:
+    """The rows of the performance peer signals (``chronic.categories``) among a kind's ``signals``."""
+    hit = None if kept is None else kept.get("perf")
+    if hit is not None and hit[0] is signals and hit[1] == len(signals) and hit[2] is ch:
+        return hit[3]  # type: ignore[no-any-return]
+    perf = [j for j, s in enumerate(signals) if s.shape == "peer" and s.category in ch.categories]
+    if kept is not None:
+        kept["perf"] = (signals, len(signals), ch, perf)
+    return perf
+
+
+def _job_sizes(kinds: Mapping[str, Any], kept: dict[str, Any] | None = None) -> dict[str, int]:
+    """GPUs (ranks) per training job, from the rank entities (``job/rankN``); in ``kept`` while the rank
+    names are the same list."""
     rk = kinds.get("rank")
     if rk is None or not rk.names:
         return {}
+    hit = None if kept is None else kept.get("sizes")
+    if hit is not None and hit[0] is rk.names and hit[1] == len(rk.names):
+        return hit[2]  # type: ignore[no-any-return]
     jobs, counts = np.unique(np.array([n.rpartition("/")[0] for n in rk.names]), return_counts=True)
-    return dict(zip(jobs.tolist(), counts.tolist(), strict=True))
+    sizes = dict(zip(jobs.tolist(), counts.tolist(), strict=True))
+    if kept is not None:
+        kept["sizes"] = (rk.names, len(rk.names), sizes)
+    return sizes
 
 
 def _label(health: Any, ks: Any, i: int, key: str, memo: LabelMemo | None) -> str | None:

@@ -118,6 +118,7 @@ class Decider(SafetyRules, Repairs, FailureDomains):
         self._labels_ok: dict[str, tuple[dict[str, str], dict[str, str]]] = {}
         self._steady_ok: dict[str, tuple[EntityLifecycle, Observation]] = {}
         self._app_flags = frozenset(f"xid:{x}" for x in self.policy.xid.app_xids)
+        self._chronic_kept: dict[str, Any] = {}  # chronic.node_evidence's: signal rows, job sizes
 
     # ------------------------------------------------------------------------------------------
     def decide(self, state: DecisionState, health: Any, now: float, events: Sequence[Event] = (),
@@ -193,8 +194,11 @@ class Decider(SafetyRules, Repairs, FailureDomains):
                 obs[eid] = None
                 continue
             fl = node_flags.get(eid)
-            drain = bool((fl and not DRAIN_FLAGS.isdisjoint(fl)) or (ht.flags and not DRAIN_FLAGS.isdisjoint(ht.flags)))
-            floor = chronic.at_floor(fl, ht.flags)  # the lifecycle's fast path
+            if fl or ht.flags:
+                drain = bool((fl and not DRAIN_FLAGS.isdisjoint(fl)) or (ht.flags and not DRAIN_FLAGS.isdisjoint(ht.flags)))
+                floor = chronic.at_floor(fl, ht.flags)  # the lifecycle's fast path
+            else:  # nearly every entity, every cycle: no flag at all
+                drain = floor = False
             if fast:
                 hit = obs_of.get(eid)
                 if hit is not None and hit[0] is ht and hit[1] == (drain, floor):
@@ -247,7 +251,7 @@ class Decider(SafetyRules, Repairs, FailureDomains):
         c.chronic = chronic.node_evidence(
             health, p, degraded=lambda n: (e := s.entities.get(n)) is not None and e.state == State.DEGRADED,
             watch=[k[len(chronic.TICKET_PREFIX):] for k in s.incidents if k.startswith(chronic.TICKET_PREFIX)],
-            memo=memo)
+            memo=memo, kept=self._chronic_kept if fast else None)
         if fast:
             # A steady entity is skipped whatever the order (stepping one entity never changes another),
             # so only the others are sorted.
