@@ -200,7 +200,7 @@ class Repairs:
         pool = es.labels.get("pool", "default")
         key = f"repair:{action}:{pool}"
         window = self.policy.budgets.window_s
-        used = sum(1 for ts, k, _ in c.s.ledger if k == key and c.now - ts < window)
+        used = self._ledger_counts(c, window).get(key, 0)
         if used >= allowed:
             c.incident(f"budget:{key}", f"pool/{pool}", "budget_exhausted",
                        {"pool": pool, "kind": es.kind, "used": used, "allowed": allowed, "wanted": es.entity,
@@ -208,6 +208,22 @@ class Repairs:
             return f"repair budget: {used} of {allowed} {action} in pool {pool} within {window:g} s"
         c.s.ledger.append((c.now, key, es.entity))
         return None
+
+    def _ledger_counts(self, c: Cycle, window_s: float) -> dict[str, int]:
+        """Ledger key -> its entries within ``window_s`` of now: the ledger counted once per cycle and
+        extended as the cycle appends to it (as ``SafetyRules._spent``: a fleet-wide flag storm holds a
+        repair step on every gated node, and counting the whole ledger per step grew with the square of
+        the fleet). Rebuilt when the ledger list, now or the window is another, or the ledger shrank."""
+        ledger = c.s.ledger
+        ix: tuple[list[Any], float, float, int, dict[str, int]] | None = getattr(self, "_ledger_ix", None)
+        if ix is None or ix[0] is not ledger or ix[1] != c.now or ix[2] != window_s or ix[3] > len(ledger):
+            ix = (ledger, c.now, window_s, 0, {})
+        counts = ix[4]
+        for ts, k, _ in ledger[ix[3]:]:
+            if c.now - ts < window_s:
+                counts[k] = counts.get(k, 0) + 1
+        self._ledger_ix = (ledger, c.now, window_s, len(ledger), counts)
+        return counts
 
     def _row_remaps(self, c: Cycle, obs: Mapping[str, Observation | None], node_flags: Mapping[str, set[str]],
                     gpu_by_node: Mapping[str, list[HealthTuple]]) -> None:
