@@ -1,11 +1,14 @@
 """`fleethealth backtest --decisions FILE`: the decision log as JSON lines, on the built-in xid79-off-bus
 scenario compressed to one hour (two GPUs off the bus 15 minutes apart), run in-process through the
 real CLI: every transition and intent with time, entity, reason and params, time-ordered, the arm named;
-the same run writes the same bytes; the off-bus nodes are quarantined on their hard gate."""
+the same run writes the same bytes, whatever ``PYTHONHASHSEED``; the off-bus nodes are quarantined on their hard gate."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +70,21 @@ def test_every_record_is_a_timed_named_decision_in_time_order(product: tuple[dic
 def test_the_same_run_writes_the_same_bytes(product: tuple[dict[str, Any], Path], tmp_path: Path) -> None:
     _, again = run(tmp_path, "b.jsonl", "-b", "none")
     assert again.read_bytes() == product[1].read_bytes()
+
+
+def test_the_same_bytes_whatever_the_hash_seed(tmp_path: Path) -> None:
+    """Two processes, two string-hash seeds (set and dict orders differ): every arm's log the same bytes."""
+    outs = []
+    for seed in ("1", "2"):
+        out = tmp_path / f"h{seed}.jsonl"
+        r = subprocess.run([sys.executable, "-c", "from fleethealth.cli.main import main; main()", *RUN,
+                            "--decisions", str(out), "--decisions-arm", "all"], capture_output=True, text=True,
+                           env={**os.environ, "PYTHONHASHSEED": seed}, check=False)
+        assert r.returncode == 0, r.stderr[-2000:]
+        outs.append(out.read_bytes())
+    assert outs[0] == outs[1] and len(outs[0].splitlines()) > 100
+    assert {json.loads(line)["arm"] for line in outs[0].splitlines()} == {
+        "fleethealth", "static-rules", "liveness-only", "weighted-mean", "no-confidence"}
 
 
 def test_all_arms_are_named_and_a_baseline_asked_for_is_run(tmp_path: Path) -> None:
