@@ -100,3 +100,8 @@ def test_all_arms_are_named_and_a_baseline_asked_for_is_run(tmp_path: Path) -> N
 def test_an_unknown_arm_is_a_one_line_error(tmp_path: Path) -> None:
     r = CliRunner().invoke(app, [*RUN, "--decisions", str(tmp_path / "x"), "--decisions-arm", "nope"])
     assert r.exit_code != 0 and "unknown arm 'nope'" in r.output
+
+
+def test_an_arm_without_a_file_is_an_error_not_ignored() -> None:
+    r = CliRunner().invoke(app, [*RUN, "--decisions-arm", "all"])
+    assert r.exit_code != 0 and "give --decisions FILE too" in r.output

@@ -11,6 +11,10 @@ third of a CPU second per cycle for a 512-GPU fleet, so a 15 s cadence makes a d
 plus an immediate cycle on any step that carries a non-metric event (an Xid line in the kernel log, a CUDA
 OOM), as the controller's event-driven sources would. ``cycle_s`` equal to the scenario's step gives the
 controller's own cadence.
+
+Each arm keeps what it decided in its ``ArmLog`` (transitions and intents, in decision order);
+``decision_records`` flattens chosen arms' logs into one time-ordered list of records for operators
+(``fleethealth backtest --decisions FILE``).
 """
 
 from __future__ import annotations

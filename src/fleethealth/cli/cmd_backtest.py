@@ -255,6 +255,8 @@ def register(app: typer.Typer) -> None:
             fail("give a scenario (--scenario NAME or FILE), or --compare BEFORE.json AFTER.json")
         if cycle <= 0:
             fail("--cycle must be positive")
+        if decisions_arm and decisions is None:
+            fail("--decisions-arm chooses whose decisions --decisions FILE writes: give --decisions FILE too")
         from fleethealth.backtest import BASELINES, evaluate, run_backtest
         from fleethealth.backtest.report import write_report
         from fleethealth.review.kpis import SloSampler
