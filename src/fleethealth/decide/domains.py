@@ -94,8 +94,11 @@ class FailureDomains:
         keep = lc.ready_above if open_domains else deg
         open_set = frozenset(open_domains)
         unhealthy: list[str] = []
+        below = max(keep, deg)  # what reads at or above both is unhealthy only by a gate
         for eid, o in obs.items():
-            if (o is not None and o.value is not None and o.confidence >= minc and ents[eid].kind == "node"
+            if o is None or not (o.gate or (o.value is not None and o.value < below)):
+                continue  # nearly every entity, every cycle: no dict look-up for its kind
+            if (o.value is not None and o.confidence >= minc and ents[eid].kind == "node"
                     and (o.gate or o.value < deg
                          or (o.value < keep and self._in_open_domain(ents[eid], open_set)))):
                 unhealthy.append(eid)
