@@ -151,7 +151,7 @@ class SafetyRules:
     def _confidence_counts(self, c: Cycle, obs: Mapping[str, Observation | None]) -> tuple[int, int]:
         """``_fleet_confidence``'s two counts in one pass: entities counted, and those without a usable
         observation."""
-        lc = self.policy.lifecycle
+        minc = self.policy.lifecycle.min_confidence
         frozen, now = c.s.frozen, c.now
         total = low = 0
         for eid, es in c.s.entities.items():
@@ -161,7 +161,7 @@ class SafetyRules:
             if es.absent_since is not None and not frozen and not now - es.absent_since < ABSENT_GRACE_S:
                 continue
             o = obs.get(eid)
-            bad = o is None or not o.usable(lc)
+            bad = o is None or o.value is None or not o.confidence >= minc  # Observation.usable, inlined
             if bad and es.last_known_ts is None and not frozen:
                 continue  # never usable yet (a fresh start, counters seen once): warming up, not an outage
             total += 1
