@@ -35,7 +35,8 @@ def test_plan_queries_reads_only_what_the_policy_needs() -> None:
     assert "vllm:time_to_first_token_seconds_count" in plan.counters
     assert "fleethealth_replica_errors_total" in plan.counters
     assert {"fleethealth_node_info", "fleethealth_replica_info"} <= set(plan.gauges)
-    assert "DCGM_FI_DEV_GPU_UTIL" not in plan.all_names  # not in the policy: never queried
+    assert "DCGM_FI_DEV_GPU_UTIL" in plan.gauges  # read-only (score: false): read for chronic:idle
+    assert "DCGM_FI_DEV_FB_USED" not in plan.all_names  # not in the policy: never queried
     assert not set(plan.gauges) & set(plan.counters)
     assert plan.targets == ("up", "scrape_duration_seconds")
 

@@ -84,5 +84,5 @@ def test_a_rate_sustained_over_the_whole_window_still_reads_as_such() -> None:
 def test_sustained_is_for_counters() -> None:
     text = default_policy_text().replace(
         "  - name: row_remap_pending\n", "  - name: row_remap_pending\n    sustained: true\n", 1)
-    with pytest.raises(PolicyError, match="sustained is for counters"):
+    with pytest.raises(PolicyError, match="sustained: is for counters"):
         parse_policy(text)
