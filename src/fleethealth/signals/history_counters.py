@@ -15,7 +15,10 @@ Rows are appended and never written again. The history expires and thins them by
 the ingest's time and the retentions of what it still holds): dropping the oldest rows moves the start
 of the live rows; dropping any other (thinning: one row per minute past a quarter of an hour, one per
 five minutes past an hour) or adding columns builds new arrays (``_Group._realloc``), so the slices a
-view handed out stay valid after later ingests.
+view handed out stay valid after later ingests. A group thinned every ingest (an SLO's or a 6 h rate's:
+a row crosses into the five-minute tier every minute) would allocate fresh matrices every ingest, and
+fresh memory costs its page faults as much again as the copy; so the arrays it left two copies ago
+are written again once nothing holds them any more (``_Group._arrays``: no view's slice refers to them).
 
 Pure data structures: no clock, no I/O.
 """
@@ -23,7 +26,9 @@ Pure data structures: no clock, no I/O.
 from __future__ import annotations
 
 import itertools
+import sys
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -86,7 +91,7 @@ class _Group:
     builds new arrays, so the slices a view hands out stay valid after later ingests."""
 
     __slots__ = ("keep", "cm", "cs", "cslot", "T", "V", "at", "cid", "tlo", "thi", "tdone", "r0", "r1", "cnt", "holes",
-                 "last_t", "monotone", "version", "_ranges")
+                 "last_t", "monotone", "version", "_ranges", "_spare")
 
     def __init__(self, keep: float) -> None:
         self.keep = keep
@@ -111,6 +116,28 @@ class _Group:
         self.monotone = True
         self.version = 0  # changes with the columns
         self._ranges: tuple[int, list[tuple[int, int, int]]] | None = None
+        self._spare: tuple[np.ndarray, np.ndarray] | None = None  # the matrices before the last copy
+
+    def __getstate__(self) -> dict[str, Any]:
+        # a copy (the backtest forks a lane's history) takes the live matrices, not the spare ones
+        return {name: getattr(self, name) for name in self.__slots__ if name != "_spare"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        for name, value in state.items():
+            setattr(self, name, value)
+        self._spare = None
+
+    def _arrays(self, cap: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """Matrices of at least ``cap`` rows and ``n`` columns for ``_realloc`` (contents undefined): the
+        ones left by the copy before the last when they fit and nothing but this group holds them any
+        more (a view's slice holds its array: numpy's ``base``), else new ones. The current ones become
+        the spare ones, up to ``_SPARE_BYTES`` (at 100k GPUs a group's matrices are not kept twice)."""
+        spare = self._spare
+        self._spare = (self.T, self.V) if 2 * self.T.nbytes <= _SPARE_BYTES else None
+        if (spare is not None and spare[0].shape[1] == n and cap <= spare[0].shape[0] <= cap + cap // 2
+                and sys.getrefcount(spare[0]) <= _HELD_ONCE and sys.getrefcount(spare[1]) <= _HELD_ONCE):
+            return spare
+        return np.empty((cap, n)), np.empty((cap, n))
 
     def _realloc(self, n: int, keep_rows: np.ndarray, room: int, cols_at: np.ndarray | None = None) -> None:
         """New arrays with ``n`` columns (old column j at ``cols_at[j]``) holding the rows ``keep_rows``."""
@@ -122,10 +149,12 @@ class _Group:
         if n * 64 * 16 <= 32 * 2**20:
             spare = max(spare, 64)
         cap = max(16, k + room + spare)
+        cap += -cap % 32  # (a few sizes, so that the spare matrices fit again as the live rows vary)
         # Memory traffic is most of an ingest's cost: the kept rows are copied once, run by run of
         # consecutive rows (slices: no gathered temporary; thinning leaves a few runs), and a spare row is
         # written only when it is appended (``append`` fills what it leaves).
-        T, V = np.empty((cap, n)), np.empty((cap, n))
+        T, V = self._arrays(cap, n)
+        cap = T.shape[0]
         if cols_at is None:
             heads = np.flatnonzero(np.diff(keep_rows) != 1) + 1
             if heads.size <= 16:
@@ -255,6 +284,17 @@ class _Group:
         if self._ranges is None or self._ranges[0] != self.version:
             self._ranges = (self.version, _id_runs(self.cm))
         return self._ranges[1]
+
+
+def _held_once() -> int:
+    """What ``sys.getrefcount`` reads for an array held only by a tuple, read as ``_Group._arrays`` reads
+    it (the count includes the call's own reference, which interpreters count differently)."""
+    held = (np.empty(0),)
+    return sys.getrefcount(held[0])
+
+
+_HELD_ONCE = _held_once()
+_SPARE_BYTES = 32 * 2**20
 
 
 def _id_runs(ids: np.ndarray) -> list[tuple[int, int, int]]:
