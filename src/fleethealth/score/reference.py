@@ -63,6 +63,7 @@ def score_reference(snap: Snapshot, policy: Policy, now: float, how: str = "min"
         for labels, value, ts in by_metric.get(spec.metric, []):
             series[tuple(sorted(labels.items()))].append((ts, value))
         per_gpu: dict[str, list[tuple[float, dict[str, str], float]]] = defaultdict(list)  # (x, labels, ts)
+        newest = _newest_per_gpu(series, policy)
         for key, pts in series.items():
             labels = dict(key)
             node = _node_of(labels, policy)
@@ -96,7 +97,7 @@ def score_reference(snap: Snapshot, policy: Policy, now: float, how: str = "min"
                 per_gpu[gpu].append((rate, labels, pts[-1][0]))
             else:
                 ts, v = pts[-1]
-                if now - ts <= max_age:
+                if now - ts <= max_age and ts >= newest[gpu]:  # superseded by a relabelled series: not counted
                     per_gpu[gpu].append((v, labels, ts))
         if spec.shape == "peer":
             _peer(spec, policy, per_gpu, subs)
@@ -217,6 +218,22 @@ def _shape(spec: SignalSpec, x: float) -> float:
     raise ValueError(spec.shape)
 
 
+def _newest_per_gpu(series: dict[tuple[tuple[str, str], ...], list[tuple[float, float]]],
+                    policy: Policy) -> dict[str, float]:
+    """Per GPU, the time of the newest sample among its series of one metric. A gauge series whose last
+    sample is older was superseded (a relabel ends one series and starts another): only series at this
+    time count, as Prometheus marks a series stale at the first scrape without it."""
+    out: dict[str, float] = {}
+    for key, pts in series.items():
+        labels = dict(key)
+        node = _node_of(labels, policy)
+        if not node or labels.get("gpu", "") == "" or not pts:
+            continue
+        gpu = f"{node}/gpu{labels['gpu']}"
+        out[gpu] = max(out.get(gpu, -float("inf")), max(t for t, _ in pts))
+    return out
+
+
 def _latest_worst(rows: list[tuple[dict[str, str], float, float]], gpu: str, spec: SignalSpec, policy: Policy,
                   now: float, max_age: float) -> float | None:
     """The worst latest fresh value among one GPU's series of a gauge (None: none)."""
@@ -228,7 +245,8 @@ def _latest_worst(rows: list[tuple[dict[str, str], float, float]], gpu: str, spe
         key = tuple(sorted(labels.items()))
         if key not in latest or ts > latest[key][0]:
             latest[key] = (ts, value)
-    vals = [v for ts, v in latest.values() if now - ts <= max_age]
+    newest = max((ts for ts, _ in latest.values()), default=0.0)
+    vals = [v for ts, v in latest.values() if now - ts <= max_age and ts >= newest]
     if not vals:
         return None
     return max(vals) if spec.worse_if == "higher" else min(vals)

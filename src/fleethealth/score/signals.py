@@ -6,6 +6,9 @@ Per signal and kind: the latest fresh sample per series (gauges) or a reset-awar
 (counters; a counter ramp with ``short_window_s`` also reads a short window, which counts once the long
 window's rate is past ``warn``: ``_confirmed_short``), reduced per entity (the worst), then shaped into a sub-score (gate, ramp, flag, peer robust z
 with grouped median/MAD, Xid classes; SLOs in score/slo.py). Missing or stale data is NaN: never a score.
+A gauge series superseded by a newer one of the same entity (a relabel: a driver rolled back) no longer
+counts, as Prometheus marks it stale at the first scrape without it: only the entity's series at its newest
+sample time do (``_current``; series of one scrape share a timestamp).
 A read-only signal (``score: false``) stops at its fresh raw value and age: its sub-score is NaN.
 ``_evaluate`` is the reference per-signal path; on a history's view it reads gauge rows and counter
 matrices directly (``_evaluate_gauge_rows``, ``_evaluate_counter_columns``) with the same numbers. Peer
@@ -99,6 +102,7 @@ def _evaluate(ctx: _Ctx, spec: SignalSpec, kind: EntityKind, table: _KindTable,
         x = res.rate
     else:
         lp = _latest_per_series(ser, ts)
+        lp = lp[_current(ent[lp], ts[lp], n)]
         age_s = now - ts[lp]
         fresh = age_s <= max_age
         res.age[:] = _reduce_worst(ent[lp], np.maximum(age_s, 0.0), n, False)
@@ -157,12 +161,29 @@ def _evaluate_gauge_rows(ctx: _Ctx, spec: SignalSpec, kind: EntityKind, rows: _G
     if rows.single:
         res.age[rows.ent] = np.maximum(age_s, 0.0)
         res.raw[rows.ent[fresh]] = vals[fresh]
+        lp = np.arange(rows.ent.size)
     else:
-        res.age[:] = _reduce_worst(rows.ent, np.maximum(age_s, 0.0), n, False)
+        cur = _current(rows.ent, ts, n)
+        fresh &= cur
+        lp = np.flatnonzero(cur)
+        res.age[:] = _reduce_worst(rows.ent[cur], np.maximum(age_s[cur], 0.0), n, False)
         res.raw[:] = _reduce_worst(rows.ent[fresh], vals[fresh], n, spec.worse_if == "higher")
         _any_series_at(spec, rows.ent[fresh], vals[fresh], res)
-    res.sub[:] = _shape(ctx, spec, kind, res.raw, rows.ser, rows.ent, np.arange(rows.ent.size), res, n)
+    res.sub[:] = _shape(ctx, spec, kind, res.raw, rows.ser, rows.ent, lp, res, n)
     return res
+
+
+def _current(ent: np.ndarray, ts: np.ndarray, n: int) -> np.ndarray:
+    """Per series (its latest sample ``ts``, its entity ``ent``): whether it is current, not superseded.
+    A relabel (a driver rolled back) ends a series and starts another for the same entity and metric; the
+    old one's last sample stays fresh for ``max_age`` but Prometheus would have marked it stale at the
+    first scrape without it. Series of one entity scraped together share a timestamp exactly (a node's
+    GPUs, per-link NVLink series), so only those at the entity's newest sample time count."""
+    if ent.size < 2:
+        return np.ones(ent.size, bool)
+    newest = np.full(n, -np.inf)
+    np.maximum.at(newest, ent, ts)
+    return np.asarray(ts >= newest[ent])
 
 
 def _any_series_at(spec: SignalSpec, ent: np.ndarray, vals: np.ndarray, res: _SignalResult) -> None:
