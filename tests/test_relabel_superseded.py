@@ -28,22 +28,26 @@ GOOD, BAD = "550.54.15", "565.57.01"
 ROLLBACK = 60.0  # node-1 runs the bad driver (recovery_action 1) until here, the good one (0) from here
 
 
-def _add_scrape(b: SnapshotBuilder, t: float, both: bool = False) -> None:
+def _add_scrape(b: SnapshotBuilder, t: float, both: bool = False, bad_action: float = 1.0,
+                bad_xid: float = 0.0) -> None:
     """One scrape at ``t`` of NODES nodes x 2 GPUs. ``both``: node-1 exposes its old (bad, gated) and its
-    new (good) series in this same scrape."""
+    new (good) series in this same scrape. The bad driver's series read ``bad_action`` (recovery action)
+    and, from 30 s, ``bad_xid`` (DCGM's last Xid)."""
     for n in range(NODES):
         node = f"node-{n}"
         if n == 1:
             versions = [(BAD, 1.0), (GOOD, 0.0)] if both else [(BAD, 1.0) if t < ROLLBACK else (GOOD, 0.0)]
         else:
             versions = [(GOOD, 0.0)]
-        for drv, action in versions:
+        for drv, is_bad in versions:
+            action = bad_action if is_bad else 0.0
+            xid = bad_xid if is_bad and t >= 30.0 else 0.0
             b.add("fleethealth_node_info", {"node": node, "pool": "p", "driver_version": drv}, 1.0, t)
             for g in range(2):
                 lab = {"Hostname": node, "gpu": str(g), "UUID": f"GPU-{n}-{g}", "driver_version": drv}
                 b.add("DCGM_FI_DEV_GPU_TEMP", lab, 60.0, t)
                 b.add("DCGM_FI_DEV_SM_CLOCK", lab, 1980.0, t)
-                b.add("DCGM_FI_DEV_XID_ERRORS", lab, 0.0, t)
+                b.add("DCGM_FI_DEV_XID_ERRORS", lab, xid, t)
                 b.add("DCGM_FI_DEV_GPU_RECOVERY_ACTION", lab, action, t)
 
 
@@ -105,6 +109,26 @@ def test_a_gate_in_a_series_scraped_beside_a_new_one_still_counts() -> None:
     assert _gated(plain.value, plain.reason)
     ref = score_reference(snap, POLICY, 45.0)["node-1/gpu0"]
     assert ref.value == 0.0 and ref.reason == "gate:recovery_action"
+
+
+def test_an_old_series_xid_does_not_gate_after_relabel() -> None:
+    """The bad driver's last-Xid gauge reads 79 (fallen off the bus: a gate) from 30 s; after the rollback
+    the new series reads 0. The old series' Xid gated the GPU until its last sample went stale."""
+    history, scorer = SignalHistory(POLICY), Scorer()
+    plain = SnapshotBuilder()
+    for i in range(7):
+        t = 15.0 * i
+        scrape = SnapshotBuilder()
+        _add_scrape(scrape, t, bad_action=0.0, bad_xid=79.0)
+        _add_scrape(plain, t, bad_action=0.0, bad_xid=79.0)
+        history.add(scrape.build(t))
+        h = scorer.score(history.view(t), POLICY, t, "remediation").tuples["node-1/gpu0"]
+        snap = plain.build(t)
+        p = Scorer().score(snap, POLICY, t, "remediation").tuples["node-1/gpu0"]
+        ref = score_reference(snap, POLICY, t)["node-1/gpu0"]
+        want_gate = 30.0 <= t < ROLLBACK
+        for got in (h, p, ref):
+            assert (got.value == 0.0 and got.reason == "gate:xid") == want_gate, (t, got)
 
 
 @pytest.mark.slow

@@ -74,6 +74,8 @@ def score_reference(snap: Snapshot, policy: Policy, now: float, how: str = "min"
             seen[gpu].add(spec.family_name)
             subs[gpu].setdefault(spec.name, None)
             pts.sort()
+            if spec.shape == "xid" and pts[-1][0] < newest[gpu]:
+                continue  # superseded by a relabelled series of the same GPU: its Xids no longer count
             if spec.shape == "xid" and spec.kind == "gauge":
                 window = spec.xid_window_s or policy.xid.window_s
                 fresh = now - pts[-1][0] <= max_age

@@ -477,10 +477,16 @@ def _evaluate_xid(
     ent_lp = layout.ent_lp if layout is not None else ent[lp]
     age_s = now - ts[lp]
     fresh_lp = age_s <= max_age
+    newest: np.ndarray | None = None  # per entity, its newest sample: older series are superseded
     if layout is not None and layout.single:
         res.age[ent_lp] = np.maximum(age_s, 0.0)
     else:
-        res.age[:] = _reduce_worst(ent_lp, np.maximum(age_s, 0.0), n, False)
+        cur_lp = _current(ent_lp, ts[lp], n)
+        if not cur_lp.all():  # a relabel: the old series' Xids no longer count (``_current``)
+            newest = np.full(n, -np.inf)
+            np.maximum.at(newest, ent_lp, ts[lp])
+            fresh_lp &= cur_lp
+        res.age[:] = _reduce_worst(ent_lp[cur_lp], np.maximum(age_s[cur_lp], 0.0), n, False)
     fresh_e = np.zeros(n, bool)
     fresh_e[ent_lp[fresh_lp]] = True
     codes: list[tuple[int, int]] = []  # (entity, xid)
@@ -501,6 +507,8 @@ def _evaluate_xid(
         new_run[1:] = change | (v_o[1:] != v_o[:-1])
         run_start_ts = t_o[np.maximum.accumulate(np.where(new_run, steps, 0))]
         w = last & (v_o > 0) & (run_start_ts > now - window) & (now - t_o <= max_age)
+        if newest is not None:
+            w &= t_o >= newest[e_o]
         if w.any():
             for e, v in set(zip(e_o[w].tolist(), v_o[w].astype(np.int64).tolist(), strict=True)):
                 codes.append((e, v))
@@ -513,8 +521,11 @@ def _evaluate_xid(
         s_ids, inc, _t0, _t1, _ = _increase_per_series(ser[inw], vals[inw], ts[inw])
         hit = np.flatnonzero(np.nan_to_num(inc) > 0)
         ent_of_series = {s: e for s, e in zip(ser.tolist(), ent.tolist(), strict=True)}
+        last_of_series = dict(zip(ser[lp].tolist(), ts[lp].tolist(), strict=True))
         for i in hit.tolist():
             s = int(s_ids[i])
+            if newest is not None and last_of_series[s] < newest[ent_of_series[s]]:
+                continue  # superseded by a newer series of the same GPU
             x = dict(snap.labelsets[s]).get("xid", "")
             try:
                 codes.append((ent_of_series[s], int(float(x))))
