@@ -9,7 +9,8 @@ it as stale: unknown, never healthy. Counters need a window of samples to become
 counters need hours: counter samples are kept per metric for as long as the policy's longest window for
 that metric, thinned to one sample per ``coarse_s`` once older than ``dense_s`` and one per
 ``sparse_coarse_s`` once older than ``sparse_s`` (a rate over hours needs its end points, not every
-scrape). Counter resets are folded in on arrival (a reset-corrected
+scrape); by the ages as of the last multiple of ``thin_every_s``, as ``signals.history`` (the one change
+from session 9: thinning in batches). Counter resets are folded in on arrival (a reset-corrected
 cumulative value), so thinning can never hide a reset.
 
 Pure data structure: no clock, no I/O; ``now`` is an argument.
@@ -133,6 +134,7 @@ class ReferenceHistory:
         coarse_s: float = 60.0,
         sparse_s: float = 3900.0,
         sparse_coarse_s: float = 300.0,
+        thin_every_s: float = 240.0,
     ) -> None:
         self.policy = policy
         self.memory_s = memory_s
@@ -143,6 +145,7 @@ class ReferenceHistory:
         # and the view, scored every cycle, is 2.5x smaller.
         self.sparse_s = max(sparse_s, dense_s)
         self.sparse_coarse_s = sparse_coarse_s
+        self.thin_every_s = thin_every_s  # thinning goes by the ages as of the last multiple of this
         self.counter_keep = counter_metrics(policy)
         self.value_start = value_start_metrics(policy)
         # Histogram buckets an SLO reads at a latency threshold: the engine reads one bucket (the
@@ -468,10 +471,12 @@ class ReferenceHistory:
             kept.append(_Chunk(ch.at, ch.m[keep], ch.s[keep], ch.v[keep], ch.t[keep], sl, uslots,
                                float(km.min()), float(km.max())))
         # thinning: beyond dense_s only the first chunk of each coarse bucket survives
+        # (by the ages as of the last multiple of thin_every_s)
         out: list[_Chunk] = []
         last_bucket = None
+        thin_now = (now // self.thin_every_s) * self.thin_every_s
         for ch in kept:
-            age = now - ch.at
+            age = thin_now - ch.at
             if age > self.dense_s:
                 b = int(ch.at // (self.sparse_coarse_s if age > self.sparse_s else self.coarse_s))
                 b = b if age > self.sparse_s else -1 - b  # the tiers never share a bucket id

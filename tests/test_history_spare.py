@@ -57,7 +57,8 @@ def _named(v: Snapshot) -> list[tuple[str, tuple[tuple[str, str], ...], float, f
 
 
 def test_held_views_keep_their_samples_while_the_matrices_are_written_again() -> None:
-    h, ref = SignalHistory(POLICY), ReferenceHistory(POLICY)
+    # thinned at every scrape (thin_every_s 15, not the default batching) to copy as often as possible
+    h, ref = SignalHistory(POLICY, thin_every_s=15.0), ReferenceHistory(POLICY, thin_every_s=15.0)
     held: list[tuple[Snapshot, Samples]] = []
     seen: list[weakref.ref[np.ndarray]] = []
     rewritten = 0
@@ -94,3 +95,24 @@ def test_a_copied_history_gives_the_same_views_and_keeps_no_spare_matrices() -> 
         for x in (h, twin):
             x.add(_scrape(t, k))
         _same(_samples(h.view(t)), _samples(twin.view(t)))
+
+
+def test_thinning_waits_for_the_next_multiple_of_thin_every_s_and_views_do_not_depend_on_how_often_taken() -> None:
+    every, sometimes, ref = SignalHistory(POLICY), SignalHistory(POLICY), ReferenceHistory(POLICY)
+    thinned_at: list[float] = []
+    for k in range(400):  # every 15 s for 100 minutes: past both tiers (15 and 65 minutes)
+        t = T0 + 15.0 * k
+        snap = _scrape(t, k)
+        for x in (every, sometimes, ref):
+            x.add(snap)
+        before = len(every._chunks)
+        v = every.view(t)
+        if len(every._chunks) < before:
+            thinned_at.append(t)
+        if k % 7 == 0 or k > 380:
+            assert _named(v) == _named(sometimes.view(t)) == _named(ref.view(t))
+    assert thinned_at and all(t % every.thin_every_s == 0 for t in thinned_at)  # one copy per 4 minutes
+    # a row a tier thins is gone within thin_every_s of reaching the tier's age: the minute tier
+    now = T0 + 15.0 * 399
+    ts = np.unique(every.view(now).ts)
+    assert np.diff(ts[ts < now - every.dense_s - every.thin_every_s]).min() >= 60.0

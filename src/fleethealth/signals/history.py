@@ -6,7 +6,12 @@ it as stale: unknown, never healthy. Counters need a window of samples to become
 counters need hours: counter samples are kept per metric for as long as the policy's longest window for
 that metric, thinned to one sample per ``coarse_s`` once older than ``dense_s`` and one per
 ``sparse_coarse_s`` once older than ``sparse_s`` (a rate over hours needs its end points, not every
-scrape). Counter resets are folded in on arrival (a reset-corrected
+scrape). Thinning goes by the ages as of the last multiple of ``thin_every_s`` (4 minutes), not ``now``:
+a long group's matrices are copied when its rows are thinned (a view's slices must stay valid), so the
+copy is paid once per 4 minutes, not every ingest; a thinned row lives up to that much past its tier's
+age, where no window of the default policy starts (30 min, 1 h and 6 h read rows far from 15 and 65
+min), and the views stay a function of ``now`` (``tests/history_reference.py`` thins by the same rule).
+Counter resets are folded in on arrival (a reset-corrected
 cumulative value), so thinning can never hide a reset; a drop that comes back to the old count soon
 after is an exporter glitch, not a reset (``signals.counter_glitch``).
 
@@ -152,6 +157,7 @@ class SignalHistory:
         coarse_s: float = 60.0,
         sparse_s: float = 3900.0,
         sparse_coarse_s: float = 300.0,
+        thin_every_s: float = 240.0,
     ) -> None:
         self.policy = policy
         self.memory_s = memory_s
@@ -162,6 +168,9 @@ class SignalHistory:
         # and the view, scored every cycle, is 2.5x smaller.
         self.sparse_s = max(sparse_s, dense_s)
         self.sparse_coarse_s = sparse_coarse_s
+        # thinning by the ages as of the last multiple of this: one copy of a long group per thin_every_s
+        # (module docstring); a function of ``now`` only, so views do not depend on how often they are taken
+        self.thin_every_s = thin_every_s
         self.counter_keep = counter_metrics(policy)
         self.slo_counters = slo_counter_metrics(policy)
         self.value_start = value_start_metrics(policy)
@@ -592,10 +601,11 @@ class SignalHistory:
                     arr[i, 1] = ch.keeps[0]
             # thinning: beyond dense_s only the first chunk of each coarse bucket survives (the first
             # in list order among the old chunks left)
-            old = np.flatnonzero(~gone & (age > self.dense_s))
+            thin_age = np.floor(now / self.thin_every_s) * self.thin_every_s - at  # (see ``thin_every_s``)
+            old = np.flatnonzero(~gone & (thin_age > self.dense_s))
             drop = gone
             if old.size > 1:
-                sparse = age[old] > self.sparse_s
+                sparse = thin_age[old] > self.sparse_s
                 b = np.where(sparse, np.floor_divide(at[old], self.sparse_coarse_s),
                              -1.0 - np.floor_divide(at[old], self.coarse_s))  # the tiers never share an id
                 same = np.flatnonzero(b[1:] == b[:-1]) + 1
