@@ -10,6 +10,8 @@ from decide_support import Run, tup
 from fleethealth.decide.model import IntentKind, State
 from fleethealth.decide.state import Event
 from fleethealth.policy import parse_policy
+from test_decide_recurring import DAY
+from test_decide_recurring import _day as _remap_day  # a remap pending ten minutes, then its reset
 from test_repair_ladder import default_policy_text_with
 from test_repair_preconditions import BUDGET_POLICY, TP_POLICY
 
@@ -96,20 +98,6 @@ def test_an_oom_answer_is_stamped_with_the_cycle_time() -> None:
 
 
 # ---- the recurring row-remap incident, one per GPU: fire, update, resolve (issue 21) -------------------
-
-DAY = 86400.0
-
-
-def _remap_on(gpu: str) -> list:
-    return [tup("n1", 0.8, reason="min:memory", flags=("row_remap_pending",)),
-            tup(f"n1/{gpu}", 0.8, kind="gpu", labels={"node": "n1"}, flags=("row_remap_pending", "xid:63"))]
-
-
-def _remap_day(r: Run, t0: float, gpu: str = "gpu3") -> None:
-    """A remap pending for ten minutes, then the reset at the safe point clears it."""
-    r.steps(t0, t0 + 600, 60, lambda t: _remap_on(gpu))
-    r.step(t0 + 660, [tup("n1", 0.97)], [Event(t0 + 650, "reset", "n1", passed=True)])
-
 
 def test_the_recurring_remap_page_says_how_many_resets_in_how_many_days() -> None:
     r = Run()
