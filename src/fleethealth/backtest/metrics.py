@@ -56,7 +56,7 @@ from typing import Any
 
 from fleethealth.backtest.arms import ArmLog
 from fleethealth.decide.decider import is_hard_gate_reason
-from fleethealth.decide.incidents import is_new_page
+from fleethealth.decide.incidents import is_new_page, is_ticket
 from fleethealth.decide.model import IntentKind, State
 from fleethealth.decide.safety import PHYSICAL_BUDGET_NOTE
 from fleethealth.policy import Policy
@@ -241,7 +241,7 @@ def score_arm(
         if it.kind == IntentKind.PAGE and is_new_page(it.params):
             # an incident's updates and resolution are not new pages; a ticket (severity "ticket": work
             # for the day shift, nobody woken) is counted apart from the pages
-            if str(it.params.get("severity", "page")) == "ticket":
+            if is_ticket(it.params):
                 tickets += 1
             else:
                 pages.append((it.ts, it.reason))

@@ -96,5 +96,10 @@ def is_new_page(params: dict[str, Any]) -> bool:
     return str(params.get("state", FIRING)).lower() not in (UPDATE, RESOLVED)
 
 
+def is_ticket(params: dict[str, Any]) -> bool:
+    """A PAGE of severity ``ticket`` (a chronic node's, a job's): work for the day shift, nobody woken."""
+    return str(params.get("severity", "page")) == "ticket"
+
+
 def open_keys(incidents: dict[str, dict[str, Any]]) -> Iterable[str]:
     return sorted(incidents)

@@ -46,7 +46,7 @@ from typing import Any
 
 import numpy as np
 
-from fleethealth.decide.incidents import is_new_page
+from fleethealth.decide.incidents import is_new_page, is_ticket
 from fleethealth.review.incidents import build_incidents, count_flaps, figures
 
 ISOLATED_STATES = frozenset({"DRAINING", "QUARANTINED", "RECOVERING", "FAILED"})
@@ -238,11 +238,11 @@ def pool_kpis(
     pages_by_entity: dict[str, int] = defaultdict(int)
     tickets_by_entity: dict[str, int] = defaultdict(int)
     for it in intents:
-        if (start <= float(it["ts"]) <= end and str(it.get("intent", it.get("kind"))) == "page"
-                and is_new_page(dict(it.get("params") or {}))):
-            # a ticket (severity "ticket") wakes nobody: counted apart from the pages
-            ticket = str(dict(it.get("params") or {}).get("severity", "page")) == "ticket"
-            (tickets_by_entity if ticket else pages_by_entity)[str(it["entity"])] += 1
+        if start <= float(it["ts"]) <= end and str(it.get("intent", it.get("kind"))) == "page":
+            params = dict(it.get("params") or {})
+            if is_new_page(params):
+                # a ticket wakes nobody: counted apart from the pages
+                (tickets_by_entity if is_ticket(params) else pages_by_entity)[str(it["entity"])] += 1
 
     def onset_of(i: Any) -> float:
         if i.label is not None and i.label.onset is not None:
