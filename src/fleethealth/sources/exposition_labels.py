@@ -9,7 +9,10 @@ exporters print every series with the same keys in the same order, so only the v
 another shape, with escapes or invalid ones take the careful ``_split_labels``. Label sets are built
 column by column (``_column_label_sets``) so that shared pairs are one object. The scraper's own labels
 are merged the way Prometheus merges them (``_merge_extra``: its labels win, a page's own value moves to
-``exported_<name>``), memoised per (scraper labels, raw string) in the cache's ``merged``.
+``exported_<name>``), memoised per (scraper labels, raw string) in the cache's ``merged``. New
+(scraper labels, raw string) pairs of one template whose scraper labels only add names (the page plans'
+cold read: ``_merged_bulk``) are cut at their quotes at once and merged as columns, without per-string
+merging.
 Both are pure memos of pure functions, bounded; no state lives in this module.
 """
 
@@ -32,7 +35,8 @@ _ESCAPE_RE = re.compile(r'\\[\\n"]')
 _ESCAPES = {"\\\\": "\\", "\\n": "\n", '\\"': '"'}
 
 
-_LABEL_CACHE_MAX = 500_000  # per memo; a 100k-GPU fleet has ~100k GPU label sets
+_LABEL_CACHE_MAX = 500_000
+Template = tuple[str, str, list[str], list[str]]  # see ``_quoted_template``  # per memo; a 100k-GPU fleet has ~100k GPU label sets
 
 
 class LabelCache:
@@ -42,15 +46,17 @@ class LabelCache:
     Pure memos of pure functions: sharing one, or not, never changes a result, only the cost. Each is
     emptied when it reaches ``_LABEL_CACHE_MAX`` entries."""
 
-    __slots__ = ("parsed", "merged")
+    __slots__ = ("parsed", "merged", "template")
 
     def __init__(self) -> None:
         self.parsed: dict[bytes, LabelSet | str] = {}
         self.merged: dict[tuple[LabelSet, bytes], LabelSet] = {}
+        self.template: Template | None = None  # the last one ``_merged_bulk`` read strings with
 
     def clear(self) -> None:
         self.parsed.clear()
         self.merged.clear()
+        self.template = None
 
 
 def _unescape(s: str) -> str:
@@ -249,9 +255,14 @@ def _column_label_sets(columns: list[list[Any]], keys: list[str]) -> list[LabelS
     sets. Fewer new objects also means fewer garbage collector passes. Empty values mean an absent label
     and are dropped (a Python loop for those only). Raises UnicodeDecodeError on a value that is not
     UTF-8."""
-    n = len(columns[0]) if columns else 0
-    if n == 0:
+    if not columns or not columns[0]:
         return []
+    return _zip_sets(*_pair_columns(columns, keys))
+
+
+def _pair_columns(columns: list[list[Any]], keys: list[str]) -> tuple[list[list[tuple[str, str]]], bool]:
+    """``_column_label_sets``' columns of (key, value) pairs, in key order, and whether a value is empty."""
+    n = len(columns[0])
     cols: list[list[tuple[str, str]]] = []
     empty = False
     for j in sorted(range(len(keys)), key=keys.__getitem__):
@@ -267,10 +278,89 @@ def _column_label_sets(columns: list[list[Any]], keys: list[str]) -> list[LabelS
             strs = list(map(bytes.decode, col)) if isinstance(col[0], bytes) else col
             cols.append(list(zip(repeat(k), strs)))
             empty = empty or not all(strs)
+    return cols, empty
+
+
+def _zip_sets(cols: list[list[tuple[str, str]]], empty: bool) -> list[LabelSet]:
+    """The label sets of ``_pair_columns``' columns (without the pairs of empty values)."""
     sets: list[LabelSet] = list(zip(*cols, strict=True))
     if empty:
         sets = [tuple(p for p in ls if p[1]) for ls in sets]
     return sets
+
+
+def _merged_bulk(keyed: list[tuple[LabelSet, bytes]], cache: LabelCache) -> list[LabelSet] | None:
+    """``_merge_extra(_parse_labels(raw), extra)`` of many new (extra, raw) pairs at once, when every raw
+    string has one template and every extra only adds labels (no honor-labels mark, no name of the
+    template's, no empty value, the same names in each): then the merged label set is the sorted pairs
+    of the template's values and the extra's, built as columns (``_pair_columns``). Memoised in
+    ``cache.merged``, and the unmerged sets in ``cache.parsed``. None, having cached nothing, otherwise
+    (the caller then takes ``_parse_labels_bulk`` and ``_merge_extra``).
+
+    The values are cut with one ``str.split`` on '"' of all strings joined by newlines, not a regex:
+    with no backslash, no newline and no NUL in the strings, a string fits the template exactly when its
+    pieces between quotes are the template's separators (keys, '=', ',', spacing; each with a quote at
+    its ends only), and then its other pieces are its values, without quotes or escapes, as the template
+    regex of ``_parse_labels_bulk`` would have taken them. The text is decoded at once: the pieces of a
+    valid UTF-8 text between ASCII quotes are the values decoded one by one. The last template that
+    fitted (``cache.template``: one exporter's strings, chunk after chunk) is tried first, then the
+    first string's (``_template_of``, from its careful parse)."""
+    n = len(keyed)
+    extras = set(map(itemgetter(0), keyed))
+    names = {tuple(k for k, _ in e) for e in extras}
+    if n < 8 or len(names) != 1 or any(not e or e[0][0] == HONOR_LABELS_MARK or not all(v for _, v in e)
+                                       for e in extras):
+        return None
+    extra_keys = list(next(iter(names)))
+    raws = list(map(itemgetter(1), keyed))
+    try:
+        text = b"\n".join(raws).decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    if "\0" in text or "\\" in text or text.count("\n") != n - 1:
+        return None
+    pieces = text.split('"')
+    found = cache.template
+    if found is None or not _fits(pieces, found, n):
+        found = _quoted_template(raws[0])
+        if found is None or not _fits(pieces, found, n):
+            return None
+    if not set(found[3]).isdisjoint(extra_keys):
+        return None
+    cache.template = found
+    nk = len(found[3])
+    columns: list[list[Any]] = [pieces[1 + 2 * j::2 * nk] for j in range(nk)]
+    columns += [[e[j][1] for e in map(itemgetter(0), keyed)] for j in range(len(extra_keys))]
+    cols, empty = _pair_columns(columns, found[3] + extra_keys)
+    sets = _zip_sets(cols, empty)
+    # the unmerged sets too, for ``parsed`` (the other paths' memo): the same pair columns less the extra's
+    own = _zip_sets([c for c in cols if c[0][0] not in extra_keys], empty)
+    merged, parsed = cache.merged, cache.parsed
+    for memo in (merged, parsed):
+        if len(memo) + n >= _LABEL_CACHE_MAX:
+            memo.clear()
+    merged.update(zip(keyed, sets, strict=True))
+    parsed.update(zip(raws, own, strict=True))
+    return sets
+
+
+def _fits(pieces: list[str], tpl: Template, n: int) -> bool:
+    """Whether n strings split at their quotes (``pieces``) have the template's text between values."""
+    return len(pieces) == 2 * len(tpl[3]) * n + 1 and pieces[0::2] == (
+        [tpl[0]] + (tpl[2] + [tpl[1] + "\n" + tpl[0]]) * (n - 1) + tpl[2] + [tpl[1]])
+
+
+def _quoted_template(raw: bytes) -> Template | None:
+    """``_template_of`` as (text before the first value, after the last, between values; keys), when
+    the string's only quotes are those around its values (no quoted label names)."""
+    shape = _template_of(raw)
+    if shape is None:
+        return None
+    segs, keys = shape
+    if (segs[0].count('"') != 1 or segs[0][-1:] != '"' or segs[-1].count('"') != 1 or segs[-1][:1] != '"'
+            or any(x.count('"') != 2 or x[:1] != '"' or x[-1:] != '"' for x in segs[1:-1])):
+        return None
+    return "{" + segs[0][:-1], segs[-1][1:] + "}", [x[1:-1] for x in segs[1:-1]], keys
 
 
 # A page whose extra labels carry this (impossible) label name is merged like Prometheus' honor_labels:

@@ -30,6 +30,16 @@ scraper's as Prometheus merges them), the value float() gives, the scrape's time
 a value that must become missing data. ``tests/test_exposition_plan.py`` checks it against the plain
 path for pages that change between scrapes (structure, values, broken lines) with Hypothesis.
 
+A plan is made from the scrape that has none (a cold read: 12,500 pages of 100k GPUs) without reading
+every line: each row is taken to equal the row it most likely equals (``_build``), and the apply that
+follows at once proves every byte of it, as it would on a later scrape. Most of a fleet's pages share
+one layout (dcgm-exporter: the same comment lines and names, 8 GPUs' label strings in every block), so
+a plan's first page is kept as a ``_Shape`` and the next pages with its line count are taken to be laid
+out like it (``_build_like``): only each page's distinct label strings are read and parsed (all of one
+template, in bulk: ``exposition_labels._merged_bulk``), and the arrays and name/comment checks that
+are the same for every plan of that many such pages (``_Frame``) are made once. A wrong guess costs
+one failed apply; the chunk is then built row by row as before.
+
 Anything a plan cannot prove (a page whose structure changed, a timestamp, a value float() refuses)
 leaves that chunk's pages to the plain path this scrape, and the chunk's plan is made again from the
 new pages. Pages that cannot be planned together are planned by halves, down to single pages; a page that
@@ -44,9 +54,9 @@ is no longer scraped (a fleet whose pods come and go).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import repeat
+from itertools import chain, repeat
 
 import numpy as np
 
@@ -56,6 +66,7 @@ from fleethealth.sources.exposition_labels import (
     _LABEL_CACHE_MAX,
     LabelCache,
     _merge_extra,
+    _merged_bulk,
     _parse_labels,
     _parse_labels_bulk,
 )
@@ -111,6 +122,46 @@ class _ChunkPlan:
     dcgm: np.ndarray  # the sample line's metric is a DCGM field
     per_page: np.ndarray  # sample lines per page
     page_first: np.ndarray  # each page's first line
+    shape: _Shape | None = None  # the layout of its first page (see ``_build_like``)
+
+
+@dataclass(slots=True)
+class _Shape:
+    """The layout of a planned page (the first of its plan), a hypothesis for planning pages laid out like
+    it (``_build_like``): which lines are comments, which sample lines have which name, and which of the
+    page's distinct label strings ('slots', numbered by first appearance) each sample line repeats."""
+
+    n_lines: int
+    c_lines: np.ndarray  # the comment lines (of the page)
+    c_w: np.ndarray  # their widths, newline included
+    c_ids: np.ndarray  # their rows (in ``rows``)
+    s_lines: np.ndarray  # the sample lines
+    name_w: np.ndarray  # per sample line: its name's width
+    name_ids: np.ndarray  # its name's row (in ``rows``)
+    mids: np.ndarray  # its metric id (in ``PagePlans.names``)
+    dcgm: np.ndarray
+    slot: np.ndarray  # its label slot
+    slot_first: np.ndarray  # per slot: its first sample line (an index into ``s_lines``)
+    occ: np.ndarray | None  # (c, slots): each slot's k-th sample line, when every slot has c of them
+    rows: list[bytes]  # names, then comment lines
+    frames: dict[int, _Frame]  # pages per plan -> what every plan of that many such pages shares
+
+
+@dataclass(slots=True)
+class _Frame:
+    """The part of a plan of ``n`` pages of one shape that is the same for all such plans (shared by them)."""
+
+    page_first: np.ndarray
+    page_last: np.ndarray
+    s_lines: np.ndarray
+    name_w: np.ndarray  # per sample line
+    row_of: np.ndarray  # per sample line: page * slots + its slot
+    mids: np.ndarray
+    dcgm: np.ndarray
+    per_page: np.ndarray
+    heads: list[_RowCheck]  # the name and comment checks
+    lab_lines: np.ndarray | None  # the sample lines by (k-th occurrence, page, slot), when the shape has ``occ``
+    lab_shift: np.ndarray | None  # their names' widths
 
 
 class PagePlans:
@@ -123,6 +174,7 @@ class PagePlans:
         self.labels = LabelCache()  # label strings parsed across scrapes (any path of ``parse_many``)
         self._plans: dict[PageKey, _ChunkPlan] = {}  # by each plan's first page
         self._failed: dict[PageKey, int] = {}  # page -> the scrape it may be planned again
+        self._shapes: dict[int, _Shape] = {}  # lines per page -> the last planned layout of such a page
         self.scrapes = 0
         self.planned_pages = 0  # of the last scrape: pages read through a plan (made now or before)
         self._used = 0  # series the last counted scrape used (see ``compact``)
@@ -142,6 +194,7 @@ class PagePlans:
         if len(self.names.labelsets) > 2 * self._used + 10_000:
             self.names = SnapshotBuilder()
             self._plans.clear()
+            self._shapes.clear()  # (their metric ids are the old list's)
             self._used = 0
 
     def parse_into(self, b: SnapshotBuilder, raws: Sequence[bytes | None], keys: list[PageKey], default_ts: float,
@@ -209,16 +262,29 @@ class PagePlans:
               keys: list[PageKey], default_ts: float, counts: list[int]) -> bool:
         tx = _Text.of([r for r in (raws[p] for p in pages) if r is not None])
         sources = [keys[p][0] for p in pages]
-        # First on the likely layout (rows equal to the row they most likely equal, unchecked: the apply
-        # right after proves every byte of it); when that does not prove, on rows read one by one.
-        got = None
-        for exact in (False, True):
-            plan = _build([keys[p] for p in pages], tx, self.names, exact, self.labels)
-            if plan is None:
-                return False
-            got = _apply(plan, tx, self.names, b, shared, sources, default_ts)
-            if got is not None:
-                break
+        page_keys = [keys[p] for p in pages]
+        # First as pages laid out like one planned before (the fleet's pages share one layout: a
+        # dcgm-exporter page of 8 GPUs, say), then on the likely layout (rows equal to the row they most
+        # likely equal, unchecked), then on rows read one by one. The apply right after proves every
+        # byte of whichever plan it is given.
+        got, plan = None, None
+        shape = self._shapes.get(tx.nls.shape[0] // len(pages)) if tx.nls.shape[0] % len(pages) == 0 else None
+        if shape is not None:
+            plan = _build_like(shape, page_keys, tx, self.names, self.labels)
+            if plan is not None:
+                got = _apply(plan, tx, self.names, b, shared, sources, default_ts)
+        if got is None:
+            for exact in (False, True):
+                plan = _build(page_keys, tx, self.names, exact, self.labels)
+                if plan is None:
+                    return False
+                got = _apply(plan, tx, self.names, b, shared, sources, default_ts)
+                if got is not None:
+                    break
+            if got is not None and plan is not None and plan.shape is not None:
+                if len(self._shapes) >= _SHAPES_MAX:
+                    self._shapes.clear()
+                self._shapes[plan.shape.n_lines] = plan.shape
         if got is None or plan is None:
             return False
         for p, c in zip(pages, got, strict=True):
@@ -226,6 +292,9 @@ class PagePlans:
             self._failed.pop(keys[p], None)
         self._plans[plan.keys[0]] = plan
         return True
+
+
+_SHAPES_MAX = 16  # page layouts kept (one per exporter kind and GPU count, say)
 
 
 @dataclass(slots=True)
@@ -350,10 +419,10 @@ def _build(keys: list[PageKey], tx: _Text, names: SnapshotBuilder, exact: bool, 
     pages_of, lab_of = np.divmod(pair, len(labs))
     keyed = [(keys[p][1], labs[k][:-1] if len(labs[k]) > 1 else b"{}")
              for p, k in zip(pages_of.tolist(), lab_of.tolist(), strict=True)]
-    sets = _label_sets(dict.fromkeys(keyed), labels)
+    sets = _label_sets(keyed, labels)
     if sets is None:
         return None
-    pair_sid = np.asarray(names.series_ids([sets[k] for k in keyed]), np.int64)
+    pair_sid = np.asarray(names.series_ids(sets), np.int64)
     sids = pair_sid[inverse].astype(np.int32)
     # No (metric, series) twice in a page (the plain path would report the repeat): distinct (page, label
     # string) pairs of distinct series, and each pair with a name once.
@@ -365,10 +434,109 @@ def _build(keys: list[PageKey], tx: _Text, names: SnapshotBuilder, exact: bool, 
     checks = _checks(np.concatenate((c_lines, s_lines)), np.concatenate((nls[c_lines] - ls[c_lines] + 1, name_end - a)),
                      np.concatenate((com_ids + len(name_rows), name_ids)), name_rows + comments, None)
     checks += _checks(s_lines, vs - name_end, lab_ids, labs, name_end - a)
+    # The first page's layout, for pages laid out like it (``_build_like``); its label rows are distinct
+    # strings numbered by first appearance (``_row_ids``), proven by the apply before the shape is kept.
+    nc0, ns0 = int(np.searchsorted(c_lines, page_last[0] + 1)), int(np.searchsorted(s_lines, page_last[0] + 1))
+    _, first, slot = np.unique(lab_ids[:ns0], return_index=True, return_inverse=True)
+    per_slot = np.bincount(slot)
+    occ = (_stable_argsort(slot).reshape(per_slot.shape[0], int(per_slot[0])).T
+           if ns0 and per_slot.min() == per_slot.max() else None)
+    shape = _Shape(
+        n_lines=int(page_last[0]) + 1, c_lines=c_lines[:nc0], c_w=(nls - ls + 1)[c_lines[:nc0]],
+        c_ids=com_ids[:nc0] + len(name_rows), s_lines=s_lines[:ns0], name_w=(name_end - a)[:ns0],
+        name_ids=name_ids[:ns0], mids=mids[:ns0], dcgm=dcgm_of[mids[:ns0]], slot=slot.reshape(-1),
+        slot_first=first, occ=occ, rows=name_rows + comments, frames={},
+    ) if ns0 else None
     return _ChunkPlan(
         keys=list(keys), n_lines=n, page_last=page_last, checks=checks, s_lines=s_lines,
         s_pre=vs - a, mids=mids, sids=sids, dcgm=dcgm_of[mids],
-        per_page=np.bincount(s_page, minlength=n_pages), page_first=page_first,
+        per_page=np.bincount(s_page, minlength=n_pages), page_first=page_first, shape=shape,
+    )
+
+
+def _build_like(shape: _Shape, keys: list[PageKey], tx: _Text, names: SnapshotBuilder, labels: LabelCache
+                ) -> _ChunkPlan | None:
+    """The plan of pages taken to be laid out as ``shape``'s page (the same lines, comments and names;
+    each sample line with the label string of its slot, read from the slot's first line in each page),
+    or None when a page visibly is not. Nothing else of the pages is read: the apply that follows proves
+    every row, as it proves ``_build``'s likely layout. Per plan, only each page's slot strings (8 for a
+    dcgm-exporter page of 8 GPUs) are read as bytes and parsed; the rest is the ``_Frame`` of plans of
+    that many such pages, made once."""
+    text, nls = tx.text, tx.nls
+    n_pages, n_slots = tx.ends.shape[0], shape.slot_first.shape[0]
+    if nls.shape[0] != n_pages * shape.n_lines:
+        return None
+    fr = shape.frames.get(n_pages)
+    if fr is None:
+        if len(shape.frames) >= _SHAPES_MAX:
+            shape.frames.clear()
+        fr = shape.frames[n_pages] = _frame(shape, n_pages)
+    if not np.array_equal(nls[fr.page_last], tx.ends):
+        return None
+    # each page's slot strings: as ``_cut_assumed`` cuts a line, after the name the shape says it has: to
+    # the first '}' of the line, which a space follows (a single space: `name value`)
+    at = (fr.page_first[:, None] + shape.s_lines[shape.slot_first]).reshape(-1)
+    o = _line_starts(nls)[at] + np.tile(shape.name_w[shape.slot_first], n_pages)
+    y = nls[at]
+    if bool((o >= y).any()):
+        return None
+    arr = tx.arr
+    first, o_list = arr[o], o.tolist()
+    c = np.fromiter(map(text.find, repeat(b"}"), o_list, y.tolist()), np.int64, o.shape[0])
+    bare = first == 32
+    end = np.where(bare, o + 1, c + 2)
+    if not bool((bare | ((first == 123) & (c >= 0) & (arr[c + 1] == 32))).all()):
+        return None
+    rows = list(map(text.__getitem__, map(slice, o_list, end.tolist())))
+    raws = list(map(text.__getitem__, map(slice, o_list, (end - 1).tolist())))
+    for i in np.flatnonzero(bare).tolist():
+        raws[i] = b"{}"  # (as ``_build`` keys a line without labels)
+    keyed = list(zip(chain.from_iterable(repeat(k[1], n_slots) for k in keys), raws, strict=True))
+    sets = _label_sets(keyed, labels)
+    if sets is None:
+        return None
+    pair_sid = np.asarray(names.series_ids(sets), np.int64).reshape(n_pages, n_slots)
+    by_page = np.sort(pair_sid, axis=1)
+    if bool((by_page[:, 1:] == by_page[:, :-1]).any()):
+        return None  # two label strings of a page are one series: ``_build`` decides
+    widths = np.fromiter(map(len, rows), np.int64, len(rows))
+    lab_w = widths[fr.row_of]
+    w0 = int(widths[0])
+    if fr.lab_lines is not None and fr.lab_shift is not None and bool((widths == w0).all()):
+        # every slot as often, all of one width: the lines by (k-th occurrence, page, slot) read the
+        # pages' slot strings in turn, k times over (what ``_checks`` makes of such rows)
+        pattern = b"".join(rows)
+        labs = [_RowCheck(w0, fr.lab_lines, fr.lab_shift, np.frombuffer(pattern, np.dtype((np.void, w0))), None,
+                          fr.lab_lines.shape[0] // len(rows), pattern)]
+    else:
+        labs = _checks(fr.s_lines, lab_w, fr.row_of, rows, fr.name_w)
+    return _ChunkPlan(
+        keys=list(keys), n_lines=nls.shape[0], page_last=fr.page_last, checks=fr.heads + labs,
+        s_lines=fr.s_lines, s_pre=fr.name_w + lab_w, mids=fr.mids, sids=pair_sid.reshape(-1)[fr.row_of].astype(np.int32),
+        dcgm=fr.dcgm, per_page=fr.per_page, page_first=fr.page_first, shape=shape,
+    )
+
+
+def _frame(shape: _Shape, n_pages: int) -> _Frame:
+    page_first = np.arange(n_pages, dtype=np.int64) * shape.n_lines
+    s_lines = (page_first[:, None] + shape.s_lines).reshape(-1)
+    n_slots = shape.slot_first.shape[0]
+    lab_lines = lab_shift = None
+    if shape.occ is not None:
+        tiles = shape.occ.shape[0]
+        lab_lines = (page_first[None, :, None] + shape.s_lines[shape.occ][:, None, :]).reshape(-1)
+        lab_shift = np.broadcast_to(shape.name_w[shape.occ][:, None, :], (tiles, n_pages, n_slots)).reshape(-1)
+    name_w = np.tile(shape.name_w, n_pages)
+    return _Frame(
+        page_first=page_first, page_last=page_first + (shape.n_lines - 1), s_lines=s_lines, name_w=name_w,
+        row_of=(np.arange(n_pages, dtype=np.int64)[:, None] * n_slots + shape.slot).reshape(-1),
+        mids=np.tile(shape.mids, n_pages), dcgm=np.tile(shape.dcgm, n_pages),
+        per_page=np.full(n_pages, shape.s_lines.shape[0], np.int64),
+        heads=_checks(np.concatenate(((page_first[:, None] + shape.c_lines).reshape(-1), s_lines)),
+                      np.concatenate((np.tile(shape.c_w, n_pages), name_w)),
+                      np.concatenate((np.tile(shape.c_ids, n_pages), np.tile(shape.name_ids, n_pages))),
+                      shape.rows, None),
+        lab_lines=lab_lines, lab_shift=lab_shift,
     )
 
 
@@ -474,22 +642,19 @@ def _row_ids(text: bytes, arr: np.ndarray, at: np.ndarray, width: np.ndarray, ca
     return ids, list(ix)
 
 
-def _label_sets(pairs: Mapping[tuple[LabelSet, bytes], None], labels: LabelCache
-                ) -> dict[tuple[LabelSet, bytes], LabelSet] | None:
+def _label_sets(keyed: list[tuple[LabelSet, bytes]], labels: LabelCache) -> list[LabelSet] | None:
     """The merged label set of each (scraper labels, raw label string); None if a string is invalid."""
     cache = labels.merged
-    out: dict[tuple[LabelSet, bytes], LabelSet] = {}
-    miss = []
-    for k in pairs:
-        hit = cache.get(k)
-        if hit is None:
-            miss.append(k)
-        else:
-            out[k] = hit
-    if miss:
+    sets: list[LabelSet | None] = list(map(cache.get, keyed))
+    if None not in sets:
+        return sets  # type: ignore[return-value]
+    miss = list(dict.fromkeys([k for k, s in zip(keyed, sets, strict=True) if s is None]))
+    got = _merged_bulk(miss, labels)
+    if got is None:
         _parse_labels_bulk(list({r for _, r in miss}), labels)
         if len(cache) + len(miss) >= _LABEL_CACHE_MAX:
             cache.clear()
+        got = []
         for k in miss:
             extra, r = k
             parsed = labels.parsed.get(r)
@@ -497,8 +662,12 @@ def _label_sets(pairs: Mapping[tuple[LabelSet, bytes], None], labels: LabelCache
                 parsed = _parse_labels(r, labels)
             if isinstance(parsed, str):
                 return None
-            out[k] = cache[k] = _merge_extra(parsed, extra) if extra else parsed
-    return out
+            got.append(_merge_extra(parsed, extra) if extra else parsed)
+        cache.update(zip(miss, got, strict=True))
+    if len(miss) == len(keyed):
+        return got  # (all new, none twice: a cold read's)
+    new = dict(zip(miss, got, strict=True))
+    return [new[k] if s is None else s for k, s in zip(keyed, sets, strict=True)]
 
 
 def _checks(lines: np.ndarray, widths: np.ndarray, ids: np.ndarray, rows: list[bytes], shift: np.ndarray | None
