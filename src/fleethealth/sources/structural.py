@@ -29,8 +29,11 @@ metric can see a scrape land between two queries).
 
 It runs every decision cycle, so a history view is read through its index (``_fresh_indexed``): the
 gauge rows and each counter series' latest sample, never the hours of counter samples, and while the
-layout of those is unchanged (a steady fleet) only their times (``structural_layout._Layout``). Any
-other snapshot is read row by row; both give the same answers (tests/test_structural_index_equiv.py).
+layout of those is unchanged (a steady fleet) only their times (``structural_layout._Layout``, built
+when a layout is first seen: a fleet settles in the cycle after the first, whose derived series the
+history adds). Any other snapshot is read row by row; both give the same answers
+(tests/test_structural_index_equiv.py). Label sets are described once each, as the history's list
+grows (``structural_layout._SeriesTable``).
 """
 
 from __future__ import annotations
@@ -47,15 +50,14 @@ from fleethealth.sources.structural_layout import (
     _NO_IDS,
     _NO_IDS32,
     _NO_VALS,
-    _block_metrics,
     _Blocks,
     _cat,
     _CGroups,
-    _columns,
     _latest_arrays,
     _Layout,
     _Masks,
     _run_end,
+    _SeriesTable,
 )
 
 GPUS_MISSING = "fleethealth_node_gpus_missing"
@@ -95,7 +97,6 @@ class StructuralTracker:
         # bumped whenever the memory (``memory()``) may have changed: the controller saves it then
         self.memory_version = 0
         self.target_nodes: dict[str, set[str]] = {}
-        self._ls_cache: dict[LabelSet, tuple[str | None, str | None, str | None]] = {}
         # interned node names and (node, GPU) pairs, and the per-series table of the last label-set list
         self._names: list[str] = []
         self._name_ix: dict[str, int] = {}
@@ -149,25 +150,6 @@ class StructuralTracker:
         mem = self.memory()
         return {nm: mem[nm][1] for nm in short if nm in mem and mem[nm][1]}
 
-    def _describe(self, ls: LabelSet) -> tuple[str | None, str | None, str | None]:
-        hit = self._ls_cache.get(ls)
-        if hit is None:
-            d = dict(ls)
-            node = gpu = None
-            for k in self.node_labels:  # (plain loops: a cold 100k-GPU cycle describes 100k label sets)
-                node = d.get(k)
-                if node:
-                    break
-            for k in self.gpu_labels:
-                gpu = d.get(k)
-                if gpu:
-                    break
-            hit = (node or None, gpu or None, d.get("instance"))
-            if len(self._ls_cache) > 2_000_000:
-                self._ls_cache.clear()
-            self._ls_cache[ls] = hit
-        return hit
-
     def _series(self, labelsets: list[LabelSet]) -> _SeriesTable:
         """Per-series facts of a label-set list, extended as the list grows: a history's list is
         append-only and the same object every cycle, so each label set is described once."""
@@ -199,8 +181,11 @@ class StructuralTracker:
         if fr.present is not None:
             todo = fr.present & st.learnable & ~st.learned
             if todo.any():
-                for sid in np.flatnonzero(todo).tolist():
-                    self.target_nodes.setdefault(st.inst[sid], set()).add(st.node[sid])  # type: ignore[index,arg-type]
+                # each distinct (target, node) pair once, in order of first appearance (a set's
+                # insertion order, which its iteration follows, is then the same as series by series)
+                sids = np.flatnonzero(todo).tolist()
+                for inst, node in dict.fromkeys(zip([st.inst[i] for i in sids], [st.node[i] for i in sids], strict=True)):
+                    self.target_nodes.setdefault(inst, set()).add(node)  # type: ignore[arg-type]
                 st.learned |= todo
                 self._targets_version += 1
 
@@ -219,9 +204,8 @@ class StructuralTracker:
         else:
             downs = []
             for sid, v in zip(up_sids.tolist(), up_vals.tolist(), strict=True):
-                node, _, inst_l = self._describe(view.labelsets[sid])
+                own, inst_l = st.node[sid], st.inst[sid]
                 inst = inst_l or dict(view.labelsets[sid]).get("job", "?")
-                own = node
                 # A target carrying its own node label (one target per node, e.g. a path per node on one
                 # host:port) speaks for that node only, whatever else shares its instance.
                 names = {own} if own is not None and own != inst else set(self.target_nodes.get(inst, ()))
@@ -245,7 +229,7 @@ class StructuralTracker:
         n_nodes = len(node_names)
         dur_sids, dur_vals = fr.dur
         for sid, v in zip(dur_sids.tolist(), dur_vals.tolist(), strict=True):
-            inst = self._describe(view.labelsets[sid])[2] or "?"
+            inst = st.inst[sid] or "?"
             report.scrape_seconds[inst] = v
             if v > self.slow_scrape_s:
                 b.issues.append(InputIssue(f"target {inst}", 0, f"slow scrape: {v:.2f} s"))
@@ -342,10 +326,10 @@ class StructuralTracker:
                     g = ix.groups[cm.group]
                     if not g.t.shape[0]:
                         continue
-                    cols = np.arange(cm.c0, cm.c1)
                     if g.dense:
-                        parts.append((g.series[cols], g.t[-1][cols]))
+                        parts.append((g.series[cm.c0:cm.c1], g.t[-1, cm.c0:cm.c1]))
                     else:
+                        cols = np.arange(cm.c0, cm.c1)
                         last = g.last[cols]
                         ok = last >= 0
                         parts.append((g.series[cols[ok]], g.t[last[ok], cols[ok]]))
@@ -355,6 +339,13 @@ class StructuralTracker:
             sids, ts = view.series_ids[rows], view.ts[rows]
             parts = [(sids[mids == m], ts[mids == m]) for m in np.unique(mids).tolist()]
         if not parts:
+            return None
+        # None at once where every fresh GPU-metric time is the same (one read time: none absent, the
+        # answer below too): two passes over the times, no gather (a steady single-scrape read)
+        lo = now - self.max_age_s
+        t_max = max(float(p[1].max(initial=-np.inf)) for p in parts)
+        t_min = min(float(np.min(p[1], where=p[1] > lo, initial=np.inf)) for p in parts)
+        if t_max <= lo or t_min == t_max:
             return None
         # every metric's rows at once (one pass, not one per metric: ~30 metrics every cycle), each
         # compared with its (node, metric)'s newest
@@ -419,34 +410,39 @@ class StructuralTracker:
             bitmap[fs * np.int32(n_metrics) + fm] = True  # int32 keys: no int64 copy of every row
         else:
             bitmap[fs.astype(np.int64) * n_metrics + fm] = True
-        p_sid, p_mid = np.divmod(np.flatnonzero(bitmap), n_metrics)
-        present, current, gpus = self._pair_facts(st, masks, n_series, p_sid, p_mid)
+        present, current, gpus = self._pair_facts(st, masks, bitmap)
         newest = np.full(st.rank_n, -np.inf)
         _newest(newest, node_of, fm, fs, ft, is_target, current)
         return _Fresh(present, current, gpus, newest, current,
                       _latest_arrays(rows, fs, ft, values, _rows_of(fm, is_up)),
                       _latest_arrays(rows, fs, ft, values, _rows_of(fm, is_dur)))
 
-    def _pair_facts(self, st: _SeriesTable, masks: _Masks, n_series: int, p_sid: np.ndarray,
-                    p_mid: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """For a set of (metric, series) pairs: the series with pairs of the node's own samples, those
-        pairs per node, and the distinct (node, GPU) pairs per node among series with GPU-metric pairs."""
+    def _pair_facts(self, st: _SeriesTable, masks: _Masks, seen: np.ndarray
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """For a set of (metric, series) pairs (``seen``: a bitmap of the view's series by its metrics,
+        flat, series-major): the series with pairs of the node's own samples, those pairs per node, and
+        the distinct (node, GPU) pairs per node among series with GPU-metric pairs. By rows of the bitmap
+        (a series' metrics side by side): per-series counts, then per node, no pass per pair."""
         is_gpu_metric, is_target = masks[2], masks[3]
-        s_sid = p_sid[~is_target[p_mid]]  # pairs of the node's own samples
-        present = np.zeros(n_series, bool)
-        present[s_sid] = True
-        nodes = st.node_of()[s_sid]
-        current = np.bincount(nodes[nodes >= 0], minlength=st.rank_n)
+        pairs = seen.reshape(-1, is_target.size)
+        own = np.flatnonzero(~is_target)
+        per_series = np.count_nonzero(pairs if own.size == is_target.size else pairs[:, own], axis=1)
+        present = per_series > 0
+        node_of = st.node_of()[: st.n]
+        ok = node_of >= 0
+        # (float weights, exact for any count a view holds)
+        current = np.bincount(node_of[ok], per_series[: st.n][ok], minlength=st.rank_n).astype(np.int64)
         # GPUs per node now: distinct (node, GPU id) pairs among fresh GPU-metric samples.
         gpus = np.zeros(st.rank_n, np.int64)
-        has_gpu = np.zeros(n_series, bool)
-        has_gpu[p_sid[is_gpu_metric[p_mid]]] = True
-        pid = st.pair_id[has_gpu[: st.n]]
-        pid = pid[pid >= 0]
-        if pid.size:
-            hit = np.zeros(len(self._pair_node), bool)
-            hit[pid] = True
-            gpus += np.bincount(st.rank[self._pair_nodes()[hit]], minlength=st.rank_n)
+        gpu_cols = np.flatnonzero(is_gpu_metric)
+        if gpu_cols.size:
+            has_gpu = np.asarray(pairs[:, gpu_cols].any(axis=1))
+            pid = st.pair_id[has_gpu[: st.n]]
+            pid = pid[pid >= 0]
+            if pid.size:
+                hit = np.zeros(len(self._pair_node), bool)
+                hit[pid] = True
+                gpus += np.bincount(st.rank[self._pair_nodes()[hit]], minlength=st.rank_n)
         return present, current, gpus
 
     def _pairs_per_node(self, st: _SeriesTable, n_metrics: int, n_series: int, sids: np.ndarray,
@@ -469,17 +465,17 @@ class StructuralTracker:
         the same on the fresh entries: the set of fresh (metric, series) pairs, the newest fresh time per
         node and the latest ``up`` / scrape duration per target.
 
-        While the layout of the entries (the blocks, the series of each, the counter columns) is the same
-        as the last cycle's, which pairs are fresh follows from which entries are stale (few, and the same
-        from one cycle to the next: none in a steady state), and what depends only on the set of fresh
-        pairs is the layout's (``_Layout``): then a cycle reads the entries' times once and the rows of
-        ``up`` and the scrape duration, nothing else."""
+        A layout of the entries (the blocks, the series of each, the counter columns) is built when first
+        seen (``_Layout.build``). While it is the same as the last cycle's, which pairs are fresh follows
+        from which entries are stale (few, and the same from one cycle to the next: none in a steady
+        state), and what depends only on the set of fresh pairs is the layout's: then a cycle reads the
+        entries' times once (a scatter-max of them per node: the newest) and the rows of ``up`` and the
+        scrape duration, nothing else."""
         if not len(view):
             return None
         ix = view.index_upto(now + self.future_skew_s)
         if ix is None:
             return None
-        is_target = masks[3]
         counters = ix.counters
         if any(m in counters for m in self._row_metrics(masks)):
             return None
@@ -535,41 +531,21 @@ class StructuralTracker:
         key = (st, st.n, view.metrics, len(view.metrics), blocks, cgroups)
         lay = self._layout
         if lay is None or not lay.matches(key, bs, g_series, g_valid):
-            lay = self._layout = _Layout(key, blocks, cgroups, bs, g_series, g_valid)  # built when seen again
-        elif not lay.built:
+            # a new layout is built at once (a pass over the entries, as reading them pair by pair would
+            # be): the next cycle of a steady fleet then reads only the times
+            lay = self._layout = _Layout(key, blocks, cgroups, bs, g_series, g_valid)
             lay.build(self, st, masks, len(view.labelsets), len(view.metrics))
         ta = _cat([t if v is None else t[v] for t, v in zip(g_t, g_valid, strict=True)], _NO_VALS)
-        if lay.built:
-            present, current, gpus = lay.facts(self, st, masks, np.flatnonzero(bt <= lo), np.flatnonzero(~(ta > lo)))
-            # A node's newest entry is its newest fresh one when it has a fresh one (later than every
-            # stale entry); without one (``current`` 0) it has no fresh time.
-            newest = np.full(st.rank_n, -np.inf)
-            if lay.nb_nodes.size:
-                newest[lay.nb_nodes] = np.maximum.reduceat(bt[lay.nb_order], lay.nb_starts)
-            if lay.na_nodes.size:
-                newest[lay.na_nodes] = np.maximum(
-                    newest[lay.na_nodes], np.maximum.reduceat(ta[lay.na_order], lay.na_starts))
-            newest[current == 0] = -np.inf
-            return _Fresh(present, current, gpus, newest, lay.retained, lay.target_rows(0, bs, bt, bv, lo),
-                          lay.target_rows(1, bs, bt, bv, lo))
-        # a layout seen once: the fresh entries' distinct pairs
-        nb = bt.size
-        fresh_b = np.flatnonzero(bt > lo)
-        bm = _block_metrics(blocks, nb)
-        am, as_ = _columns(cgroups, g_series, g_valid)
-        fresh_a = np.flatnonzero(ta > lo)
-        fm = np.concatenate((bm[fresh_b], am[fresh_a]))
-        fs = np.concatenate((bs[fresh_b], as_[fresh_a]))
-        ft = np.concatenate((bt[fresh_b], ta[fresh_a]))
-        fr = self._from_entries(view, st, masks, fm, fs, ft, fresh_b, bv)
-
-        def all_pairs() -> tuple[np.ndarray, np.ndarray]:
-            sids, mids = np.concatenate((bs, as_)), np.concatenate((bm, am))
-            keep = ~is_target[mids]
-            return sids[keep], mids[keep]
-
-        fr.retained = self._retained(view, st, all_pairs, True)
-        return fr
+        present, current, gpus = lay.facts(self, st, masks, np.flatnonzero(bt <= lo), np.flatnonzero(~(ta > lo)))
+        # A node's newest entry is its newest fresh one when it has a fresh one (later than every stale
+        # entry); without one (``current`` 0) it has no fresh time.
+        newest = np.full(st.rank_n + 1, -np.inf)  # (a spare slot: entries of no node)
+        np.maximum.at(newest, lay.b_node, bt)
+        np.maximum.at(newest, lay.a_node, ta)
+        newest = newest[: st.rank_n]
+        newest[current == 0] = -np.inf
+        return _Fresh(present, current, gpus, newest, lay.retained, lay.target_rows(0, bs, bt, bv, lo),
+                      lay.target_rows(1, bs, bt, bv, lo))
 
     def _metric_masks(self, metrics: list[str]) -> _Masks:
         """Per metric: up, scrape duration, GPU metric, target (not a sample of the node itself)."""
@@ -610,86 +586,6 @@ class StructuralTracker:
         if self._pair_node_arr.size != len(self._pair_node):
             self._pair_node_arr = np.asarray(self._pair_node, np.int64)
         return self._pair_node_arr
-
-
-class _SeriesTable:
-    """Node, GPU and scrape-target facts of each label set of one label-set list, as arrays."""
-
-    def __init__(self, labelsets: list[LabelSet]) -> None:
-        self.labelsets = labelsets
-        self.n = 0
-        self.last: LabelSet | None = None
-        self.node: list[str | None] = []
-        self.inst: list[str | None] = []
-        self.name_id = np.zeros(0, np.int64)  # tracker-wide node name id per series (-1: none)
-        self.pair_id = np.zeros(0, np.int64)  # tracker-wide (node, GPU) id per series (-1: none)
-        self.learnable = np.zeros(0, bool)  # has an instance and a node label that differ
-        self.learned = np.zeros(0, bool)  # already taught the tracker its target -> node pair
-        self.node_names: list[str] = []  # sorted names of this list's nodes
-        self.node_ix: dict[str, int] = {}
-        self.rank = np.zeros(0, np.int64)  # name id -> index in node_names (-1)
-        self.rank_n = 0
-        self._node_of: np.ndarray | None = None
-
-    def extend(self, tr: StructuralTracker, labelsets: list[LabelSet]) -> None:
-        n0 = self.n
-        new = labelsets[n0:]
-        k = len(new)
-        # (Python lists, made arrays once: a cold 100k-GPU cycle describes 100k label sets, and an item
-        # assignment into a numpy array costs more than the list append)
-        name_ids: list[int] = []
-        pair_ids: list[int] = []
-        learn: list[bool] = []
-        describe, name_ix, pair_ix = tr._describe, tr._name_ix, tr._pair_ix
-        for ls in new:
-            node, gpu, inst = describe(ls)
-            self.node.append(node)
-            self.inst.append(inst)
-            if node is None:
-                name_ids.append(-1)
-                pair_ids.append(-1)
-                learn.append(False)
-                continue
-            nid = name_ix.get(node)
-            if nid is None:
-                nid = name_ix[node] = len(tr._names)
-                tr._names.append(node)
-            name_ids.append(nid)
-            if gpu is not None:
-                pid = pair_ix.get((node, gpu))
-                if pid is None:
-                    pid = pair_ix[(node, gpu)] = len(tr._pair_node)
-                    tr._pair_node.append(nid)
-                    tr.memory_version += 1
-                pair_ids.append(pid)
-            else:
-                pair_ids.append(-1)
-            learn.append(inst is not None and node != inst)
-        name_id = np.asarray(name_ids, np.int64).reshape(k)
-        self.name_id = np.concatenate((self.name_id, name_id))
-        self.pair_id = np.concatenate((self.pair_id, np.asarray(pair_ids, np.int64).reshape(k)))
-        self.learnable = np.concatenate((self.learnable, np.asarray(learn, bool).reshape(k)))
-        self.learned = np.concatenate((self.learned, np.zeros(k, bool)))
-        self.n = len(labelsets)
-        self.last = labelsets[-1]
-        ids = np.unique(self.name_id[self.name_id >= 0])
-        if ids.size != self.rank_n or (name_id >= 0).any():
-            self.node_names = sorted(tr._names[i] for i in ids.tolist())
-            self.node_ix = {nm: i for i, nm in enumerate(self.node_names)}
-            self.rank = np.full(len(tr._names), -1, np.int64)
-            for nm, i in self.node_ix.items():
-                self.rank[tr._name_ix[nm]] = i
-            self.rank_n = len(self.node_names)
-        self._node_of = None
-
-    def node_of(self) -> np.ndarray:
-        """Sorted-node index per series (-1: none); at least one entry, as indexing needs."""
-        if self._node_of is None:
-            if self.n == 0:
-                self._node_of = np.full(1, -1, np.int64)
-            else:
-                self._node_of = np.where(self.name_id >= 0, self.rank[np.maximum(self.name_id, 0)], -1)
-        return self._node_of
 
 
 def _rows_of(fm: np.ndarray, is_metric: np.ndarray) -> np.ndarray:

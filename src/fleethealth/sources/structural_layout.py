@@ -1,23 +1,35 @@
-"""The layout of a history view's entries, as the structural tracker reads them (``_Layout``), and the
-helpers of that reading. Split out of ``sources/structural.py`` (see its docstring: the tracker reads a
-history view through its index, and while the layout of the entries is unchanged, only their times).
+"""The structural tracker's per-series table (``_SeriesTable``) and the layout of a history view's
+entries, as the tracker reads them (``_Layout``), with the helpers of that reading. Split out of
+``sources/structural.py`` (see its docstring: the tracker reads a history view through its index, and
+while the layout of the entries is unchanged, only their times).
 
-Theory of operation. A history view's entries are the rows of every block that is not a counter matrix
-(gauges: a row or two per series) and each counter series' latest sample. ``_Layout`` keeps, for one
-such layout, the (metric, series) pair of each entry, the entries per pair and what follows from the set
-of pairs (present series, pairs and GPUs per node, the entries of each node), built the second time the
-same layout is seen; a steady fleet then reads only the entries' times each cycle. Pure: the tracker
-holds the layout (``StructuralTracker._layout``), nothing is kept here.
+Theory of operation. ``_SeriesTable`` describes each label set of a history's (append-only) list once,
+as the list grows: its node, GPU and target, the tracker-wide ids of its node name and (node, GPU)
+pair. A cold 100k-GPU cycle brings 100k label sets: each is read by one ``dict(ls)`` and the ids are
+interned by C-level dict and map passes over the lot, not a Python step per label set.
+
+A history view's entries are the rows of every block that is not a counter matrix (gauges: a row or two
+per series) and each counter series' latest sample. ``_Layout`` keeps, for one such layout, the (metric,
+series) pair of each entry, the entries per pair and what follows from the set of pairs (present series,
+pairs and GPUs per node, the node each entry's time counts for), built the first time the layout is
+seen, in passes over the entries (a bitmap of the pairs, no sort); a steady fleet then reads only the
+entries' times each cycle. Pure: the tracker holds the layout (``StructuralTracker._layout``), nothing
+is kept here.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from itertools import repeat
+from operator import is_not, itemgetter, ne
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
+from fleethealth.signals.snapshot import LabelSet
+
 if TYPE_CHECKING:
-    from fleethealth.sources.structural import StructuralTracker, _SeriesTable
+    from fleethealth.sources.structural import StructuralTracker
 
 # per metric: up, scrape duration, GPU metric, target (not a sample of the node itself)
 _Masks = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
@@ -30,7 +42,108 @@ _CGroups = tuple[tuple[int, tuple[tuple[int, int, int], ...], int], ...]
 _NO_IDS = np.zeros(0, np.int64)
 _NO_IDS32 = np.zeros(0, np.int32)
 _NO_VALS = np.zeros(0, np.float64)
+# (a label set's node, GPU and instance labels: None where it has none)
+_Described = tuple[list[str | None], list[str | None], list[str | None]]
 
+
+class _SeriesTable:
+    """Node, GPU and scrape-target facts of each label set of one label-set list, as arrays."""
+
+    def __init__(self, labelsets: list[LabelSet]) -> None:
+        self.labelsets = labelsets
+        self.n = 0
+        self.last: LabelSet | None = None
+        self.node: list[str | None] = []
+        self.inst: list[str | None] = []
+        self.name_id = np.zeros(0, np.int64)  # tracker-wide node name id per series (-1: none)
+        self.pair_id = np.zeros(0, np.int64)  # tracker-wide (node, GPU) id per series (-1: none)
+        self.learnable = np.zeros(0, bool)  # has an instance and a node label that differ
+        self.learned = np.zeros(0, bool)  # already taught the tracker its target -> node pair
+        self.node_names: list[str] = []  # sorted names of this list's nodes
+        self.node_ix: dict[str, int] = {}
+        self.rank = np.zeros(0, np.int64)  # name id -> index in node_names (-1)
+        self.rank_n = 0
+        self._node_of: np.ndarray | None = None
+
+    def extend(self, tr: StructuralTracker, labelsets: list[LabelSet]) -> None:
+        """Describe the label sets past ``n`` and intern their node names and (node, GPU) pairs with the
+        tracker, ids in order of first appearance. No Python step per label set but the describing
+        (``_describe_many``): a cold 100k-GPU cycle brings 100k new label sets and 12.5k nodes, interned
+        by C-level dict and map passes."""
+        new = labelsets[self.n:]
+        k = len(new)
+        nodes, gpus, insts = _describe_many(new, tr.node_labels, tr.gpu_labels)
+        self.node.extend(nodes)
+        self.inst.extend(insts)
+        # (looked up with None too: never a key, so -1)
+        name_ix = cast("dict[str | None, int]", tr._name_ix)
+        pair_ix = cast("dict[tuple[str | None, str | None], int]", tr._pair_ix)
+        names = [nm for nm in dict.fromkeys(nodes) if nm is not None and nm not in name_ix]
+        if names:
+            name_ix.update(zip(names, range(len(tr._names), len(tr._names) + len(names)), strict=True))
+            tr._names.extend(names)
+        name_id = np.fromiter(map(name_ix.get, nodes, repeat(-1)), np.int64, k)
+        # (node, GPU) pairs: only where both are labelled (a pair with a None is in no index: -1)
+        pairs = list(zip(nodes, gpus, strict=True))
+        fresh = [p for p in dict.fromkeys(pairs) if p[0] is not None and p[1] is not None and p not in pair_ix]
+        if fresh:
+            pair_ix.update(zip(fresh, range(len(tr._pair_node), len(tr._pair_node) + len(fresh)), strict=True))
+            tr._pair_node.extend(map(name_ix.__getitem__, map(itemgetter(0), fresh)))
+            tr.memory_version += len(fresh)  # (one bump per new pair, as one at a time)
+        pair_id = np.fromiter(map(pair_ix.get, pairs, repeat(-1)), np.int64, k)
+        learn = (name_id >= 0) & np.fromiter(map(is_not, insts, repeat(None)), bool, k) & np.fromiter(
+            map(ne, nodes, insts), bool, k)
+        self.name_id = np.concatenate((self.name_id, name_id))
+        self.pair_id = np.concatenate((self.pair_id, pair_id))
+        self.learnable = np.concatenate((self.learnable, learn))
+        self.learned = np.concatenate((self.learned, np.zeros(k, bool)))
+        self.n = len(labelsets)
+        self.last = labelsets[-1]
+        ids = np.unique(self.name_id[self.name_id >= 0])
+        if ids.size != self.rank_n or (name_id >= 0).any():
+            self.node_names = sorted(tr._names[i] for i in ids.tolist())
+            self.node_ix = {nm: i for i, nm in enumerate(self.node_names)}
+            self.rank = np.full(len(tr._names), -1, np.int64)
+            self.rank[np.fromiter(map(name_ix.__getitem__, self.node_names), np.int64, len(self.node_names))] = (
+                np.arange(len(self.node_names)))
+            self.rank_n = len(self.node_names)
+        self._node_of = None
+
+    def node_of(self) -> np.ndarray:
+        """Sorted-node index per series (-1: none); at least one entry, as indexing needs."""
+        if self._node_of is None:
+            if self.n == 0:
+                self._node_of = np.full(1, -1, np.int64)
+            else:
+                self._node_of = np.where(self.name_id >= 0, self.rank[np.maximum(self.name_id, 0)], -1)
+        return self._node_of
+
+
+def _describe_many(sets: Sequence[LabelSet], node_labels: Sequence[str], gpu_labels: Sequence[str]
+                   ) -> _Described:
+    """Each label set's node (the first of ``node_labels`` with a non-empty value), GPU (the same of
+    ``gpu_labels``) and ``instance`` label (as it is, empty included), as ``dict(ls)`` reads them (the
+    last of a repeated name). One at a time: a column-wise reading (``zip(*sets)``, names checked per
+    position) is no faster on the label sets of a cold cycle, which are not in the CPU's caches, and
+    a dict per label set is most of the cost either way."""
+    nodes: list[str | None] = []
+    gpus: list[str | None] = []
+    insts: list[str | None] = []
+    for ls in sets:
+        d = dict(ls)
+        node = gpu = None
+        for key in node_labels:
+            node = d.get(key)
+            if node:
+                break
+        for key in gpu_labels:
+            gpu = d.get(key)
+            if gpu:
+                break
+        nodes.append(node or None)
+        gpus.append(gpu or None)
+        insts.append(d.get("instance"))
+    return nodes, gpus, insts
 
 
 def _latest_arrays(rows: np.ndarray, sids: np.ndarray, ts: np.ndarray, values: np.ndarray,
@@ -52,10 +165,10 @@ def _latest_arrays(rows: np.ndarray, sids: np.ndarray, ts: np.ndarray, values: n
 
 class _Layout:
     """The entries of a history view (block rows, then the counter columns with a sample, group by group)
-    and, once the same layout has come twice in a row (built then, not for a layout seen once), what
-    follows from it: the (metric, series) pair of each entry, the entries per pair, the pair facts when
-    every pair is fresh (present series, pairs and GPUs per node), the pairs in the whole view per node,
-    and per node the entries to take the newest time of."""
+    and, once built (``build``: when the layout is first seen), what follows from it: the (metric, series)
+    pair of each entry, the entries per pair, the pair facts when every pair is fresh (present series,
+    pairs and GPUs per node), the pairs in the whole view per node, and per entry the node whose newest
+    time it counts for."""
 
     def __init__(self, key: tuple[object, ...], blocks: _Blocks, cgroups: _CGroups, bs: np.ndarray,
                  g_series: list[np.ndarray], g_valid: list[np.ndarray | None]) -> None:
@@ -68,6 +181,9 @@ class _Layout:
         self.g_series = [s.copy() for s in g_series]
         self.g_valid = [None if v is None else v.copy() for v in g_valid]
         self.built = False
+        # (set by ``build``: the pair facts of every pair, the bitmap of the pairs, each pair's bit)
+        self.present = self.retained = self.gpus = self._seen = _NO_IDS
+        self._keys: np.ndarray | None = None
         # the last answer of ``facts``: (stale block rows, stale counter columns, the facts)
         self._stale: tuple[np.ndarray, np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray]] | None = None
 
@@ -96,50 +212,48 @@ class _Layout:
         if not gone.size:
             out = (self.present, self.retained, self.gpus)
         else:
-            fresh = np.ones(self.npe.size, bool)
-            fresh[gone] = False
-            out = tr._pair_facts(st, masks, self.present.size, self.p_sid[fresh], self.p_mid[fresh])
+            if self._keys is None:
+                self._keys = np.flatnonzero(self._seen)  # each pair's bit, in pair order
+            seen = self._seen.copy()
+            seen[self._keys[gone]] = False
+            out = tr._pair_facts(st, masks, seen)
         self._stale = (stale_b, stale_a, out)
         return out
 
     def build(self, tr: StructuralTracker, st: _SeriesTable, masks: _Masks, n_labelsets: int,
               n_metric_names: int) -> None:
+        """What follows from the layout, in passes over the entries and no sort: the pairs are the set
+        bits of a bitmap of (series, metric), numbered in bit order (a running count), which is the
+        order of their keys."""
         is_up, is_dur, _, is_target = masks
         blocks, cgroups = self.blocks, self.cgroups
         n_series, n_metrics = max(n_labelsets, 1), max(n_metric_names, 1)
         nb = self.bs.size
         bm = _block_metrics(blocks, nb)
         am, as_ = _columns(cgroups, self.g_series, self.g_valid)
-        sids = np.concatenate((self.bs, as_)).astype(np.int64)
-        mids = np.concatenate((bm, am)).astype(np.int64)
-        # distinct pairs by a stable sort: the entries are runs already in key order (a block's series
-        # ascending, a group's columns by (metric, series)), which it merges
-        keys = sids * n_metrics + mids
-        order = np.argsort(keys, kind="stable")
-        sk = keys[order]
-        first = np.ones(sk.size, bool)
-        np.not_equal(sk[1:], sk[:-1], out=first[1:])
-        keys = sk[first]
-        pair = np.empty(sk.size, np.int32 if sk.size < 2**31 else np.int64)  # (kept: half the memory)
-        pair[order] = np.cumsum(first) - 1
+        size = n_series * n_metrics
+        kt = np.int32 if size < 2**31 else np.int64  # (int32 keys and numbers: half the memory traffic)
+        keys: np.ndarray = np.concatenate((self.bs, as_)).astype(kt)
+        keys *= kt(n_metrics)
+        keys += np.concatenate((bm, am))
+        seen = np.zeros(size, bool)
+        seen[keys] = True
+        pair = np.cumsum(seen, dtype=kt)[keys]
+        pair -= 1
         self.pair_b, self.pair_a = pair[:nb], pair[nb:]
-        self.npe = np.diff(np.append(np.flatnonzero(first), sk.size))  # entries per pair
-        self.p_sid, self.p_mid = np.divmod(keys, n_metrics)
-        self.present, self.retained, self.gpus = tr._pair_facts(st, masks, n_series, self.p_sid, self.p_mid)
+        self.npe = np.bincount(pair, minlength=int(pair.max()) + 1 if pair.size else 0)  # entries per pair
+        self._seen = seen
+        self._keys = None  # (made when a pair first goes stale)
+        self.present, self.retained, self.gpus = tr._pair_facts(st, masks, seen)
+        # per entry, the node whose newest time it counts for (not a target metric's entry, nor a
+        # series without a node: the spare slot ``rank_n``), for a scatter-max each cycle
         node_of = st.node_of()
 
-
-        def by_node(s: np.ndarray, m: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-            # entries of a node (not of a target metric), by node; as intp: the fastest gather
+        def entry_nodes(s: np.ndarray, m: np.ndarray) -> np.ndarray:
             nodes = node_of[s]
-            rows = np.flatnonzero((nodes >= 0) & ~is_target[m])
-            rows = rows[np.argsort(nodes[rows], kind="stable")]
-            nodes = nodes[rows]
-            starts = np.flatnonzero(np.concatenate(([True], nodes[1:] != nodes[:-1]))) if rows.size else _NO_IDS
-            return rows, starts, nodes[starts]
+            return np.where((nodes >= 0) & ~is_target[m], nodes, st.rank_n).astype(np.int32 if st.rank_n < 2**31 else np.int64)
 
-        self.nb_order, self.nb_starts, self.nb_nodes = by_node(self.bs, bm)
-        self.na_order, self.na_starts, self.na_nodes = by_node(as_, am)
+        self.b_node, self.a_node = entry_nodes(self.bs, bm), entry_nodes(as_, am)
         # per target metric (up, scrape duration): its block rows, their series, whether one row each and
         # in series order (then the latest fresh value of each is its row's when every row is fresh)
         self.targets: list[tuple[np.ndarray, np.ndarray, bool]] = []

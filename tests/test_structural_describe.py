@@ -1,0 +1,121 @@
+"""The structural tracker's label-set description (``_describe_many``) reads each label set as
+``dict(ls)`` does (the first non-empty node / GPU label, the raw ``instance``), whatever the mix of
+lengths, names, repeated names, empty values and kinds of series; and with its vectorised series table
+(names and pairs interned by C-level dict and map passes) the tracker's interned ids (node names,
+(node, GPU) pairs, in order of first appearance), its memory version and the target -> node pairs it
+learns (in the same order) are the ones the one-at-a-time tracker (tests/structural_reference.py) ends
+with."""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import structural_reference as ref
+from fleethealth.signals.snapshot import LabelSet, SnapshotBuilder
+from fleethealth.sources.structural import StructuralTracker
+from fleethealth.sources.structural_layout import _describe_many
+from structural_support import same_report
+
+NODE_LABELS = ("Hostname", "node", "hostname", "instance")
+GPU_LABELS = ("gpu", "UUID")
+
+
+def _one(ls: LabelSet) -> tuple[str | None, str | None, str | None]:
+    """The tracker's description of one label set, as it read them one at a time."""
+    d = dict(ls)
+    node = next((d[k] for k in NODE_LABELS if d.get(k)), None)
+    gpu = next((d[k] for k in GPU_LABELS if d.get(k)), None)
+    return node, gpu, d.get("instance")
+
+
+names = st.sampled_from(["Hostname", "node", "hostname", "instance", "gpu", "UUID", "job", "device", "a"])
+values = st.sampled_from(["", "n1", "n2", "n1:9400", "0", "1", "GPU-x"])
+label_set = st.lists(st.tuples(names, values), max_size=6).map(tuple)
+# a few kinds of series repeated many times (a scrape), and odd ones mixed in
+kind = st.lists(names, min_size=0, max_size=6)
+
+
+@st.composite
+def scrapes(draw: st.DrawFn) -> list[LabelSet]:
+    kinds = draw(st.lists(kind, min_size=1, max_size=4))
+    out: list[LabelSet] = []
+    for _ in range(draw(st.integers(0, 40))):
+        ks = draw(st.sampled_from(kinds))
+        out.append(tuple((k, draw(values)) for k in ks))
+    odd = draw(st.lists(label_set, max_size=5))
+    for ls in odd:
+        out.insert(draw(st.integers(0, len(out))), ls)
+    return out
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(sets=scrapes())
+def test_column_wise_description_is_the_one_at_a_time_one(sets: list[LabelSet]) -> None:
+    want = [_one(ls) for ls in sets]
+    got = _describe_many(sets, NODE_LABELS, GPU_LABELS)
+    assert list(zip(*got, strict=True)) == want
+
+
+def test_many_kinds_of_one_length_and_repeated_names() -> None:
+    sets: list[LabelSet] = [(("a", str(i)), ("job", "j"), ("x" + str(i % 13), "v")) for i in range(100)]
+    sets += [(("Hostname", ""), ("Hostname", "h"), ("gpu", "")), (("Hostname", "h"), ("Hostname", ""), ("UUID", "u"))]
+    sets += [(("node", "n"), ("gpu", "1"), ("instance", ""))] * 20
+    got = _describe_many(sets, NODE_LABELS, GPU_LABELS)
+    assert list(zip(*got, strict=True)) == [_one(ls) for ls in sets]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(batches=st.lists(scrapes(), min_size=1, max_size=4))
+def test_series_table_interns_as_the_one_at_a_time_tracker(batches: list[list[LabelSet]]) -> None:
+    """Label sets arriving in batches (a history's list grows): the same ids, memory and learned targets
+    as the reference, and the same report on a view of one sample per label set."""
+    fast, plain = StructuralTracker(), ref.StructuralTracker()
+    b = SnapshotBuilder()
+    for i, batch in enumerate(batches):
+        t = 100.0 + 15 * i
+        for ls in batch:
+            b.add("DCGM_FI_DEV_GPU_TEMP", ls, 50.0, t)
+        b.add("up", {"instance": "n1:9400", "job": "dcgm"}, 1.0, t)
+        v = b.build(t)
+        a, c = fast.observe(v, t), plain.observe(v, t)
+        same_report(a, c)
+        assert fast.target_nodes == plain.target_nodes
+        assert {k: list(s) for k, s in fast.target_nodes.items()} == {k: list(s) for k, s in plain.target_nodes.items()}
+        assert fast.max_gpus == plain.max_gpus
+        assert fast._names == plain._names and list(fast._pair_ix.items()) == list(plain._pair_ix.items())
+        assert fast._pair_node == plain._pair_node
+    # one memory bump per new (node, GPU) pair, the batches' label sets described as the list grows
+    tr = StructuralTracker()
+    grown: list[LabelSet] = []
+    for batch in batches:
+        grown.extend(ls for ls in dict.fromkeys(batch) if ls not in grown)
+        tr._series(grown)
+    pairs = list(dict.fromkeys((n, g) for n, g, _ in map(_one, grown) if n is not None and g is not None))
+    assert tr.memory_version == len(pairs) and list(tr._pair_ix) == pairs
+    assert tr._pair_node == [tr._name_ix[n] for n, _ in pairs]
+
+
+def test_a_layout_is_built_when_first_seen_and_kept_while_steady() -> None:
+    """A history view's layout is built on its first cycle (no cycle reads it pair by pair first), and
+    the same layout object serves the cycles after while the fleet is steady."""
+    from fleethealth.policy import default_policy
+    from fleethealth.signals.history import SignalHistory
+
+    h = SignalHistory(default_policy(), memory_s=600.0)
+    tr, plain = StructuralTracker(max_age_s=90), ref.StructuralTracker(max_age_s=90)
+    lays = []
+    for i in range(5):
+        t = 1_000.0 + 15 * i
+        b = SnapshotBuilder()
+        for g in range(4):
+            b.add("DCGM_FI_DEV_GPU_TEMP", {"Hostname": "a", "gpu": str(g), "instance": "a:9400"}, 50.0, t)
+        b.add("up", {"instance": "a:9400", "job": "dcgm"}, 1.0, t)
+        h.add(b.build(t))
+        v = h.view(t)
+        r = tr.observe(v, t)
+        same_report(r, plain.observe(v, t))
+        assert tr._layout is not None and tr._layout.built
+        lays.append(tr._layout)
+        h.add(r.snapshot)
+    assert lays[2] is lays[3] is lays[4]
