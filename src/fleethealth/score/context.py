@@ -348,15 +348,15 @@ def _entity_tables(ctx: _Ctx, policy: Policy, inventory: Mapping[str, Sequence[s
                     # declares the GPUs of a node whose samples have all left the view (else: "gpu
                     # without node", the whole cycle lost); a name not node/gpuN sits under the placeholder
                     node = name.rsplit("/gpu", 1)[0] if "/gpu" in name else UNNAMED_NODE
-                    inv_nodes.append(r._kid("node:" + node))
-                    inv_ids.append(r._kid(f"gpu:{name}", inv_nodes[-1]))
+                    inv_nodes.append(r._kid("node", node))
+                    inv_ids.append(r._kid("gpu", name, inv_nodes[-1]))
                 else:
-                    inv_ids.append(r._kid(f"{inv_kind}:{name}"))
+                    inv_ids.append(r._kid(inv_kind, name))  # type: ignore[arg-type]
             found[inv_kind].append(np.asarray(inv_ids, np.int64))
             if inv_nodes:
                 found["node"].append(np.asarray(inv_nodes, np.int64))
     out: dict[str, _KindTable] = {}
-    n_keys = len(r.key_names)
+    n_keys = r.n_keys
     for kind in KINDS:
         ids = _uniq(np.concatenate(found[kind])) if found[kind] else np.zeros(0, np.int64)
         lut = np.full(max(n_keys, 1), -1, np.int64)

@@ -7,16 +7,21 @@ each label set once to the key ids of the entities it describes (gpu ``node/gpuN
 ``job/rankN``) and keeps per-label-set answers the engine asks for again and again (a label's float
 value, a match's verdict, a peer group id). It is append-only: reused while the snapshot's label-set list
 only grows (the history and the simulator keep one list), so a label set is resolved once for the life
-of a stream. Which resolver serves a snapshot is the scorer's choice (``_resolver_for``, kept in
+of a stream. New label sets are read column by column with C-level maps, a chunk at a time (a cold
+100k-GPU cycle resolves ~112k of them): key ids are kept per kind by display name (a node's or replica's
+is the label's own string), new ones handed out in the order a loop over the label sets would (by first
+label set, then node, gpu, replica, rank), and peer-group ids coded per distinct value, not per label set. Which resolver serves a snapshot is the scorer's choice (``_resolver_for``, kept in
 ``Kept.resolvers``). ``_KindTable`` is one kind's entities for one cycle: key id <-> entity index.
 """
 
 from __future__ import annotations
 
+import operator
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from itertools import repeat
+from itertools import compress, repeat
+from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -47,8 +52,11 @@ class _Resolver:
         # sets (a pass of its own per label costs ~0.15 s at 100k GPUs, three of them on a cold start).
         self._label_cols: dict[str, tuple[list[str], list[bool]]] = {k: ([], []) for k in dict.fromkeys(grouping)}
         self.n = 0
-        self.key_names: list[str] = []
-        self.key_ix: dict[str, int] = {}
+        # Key ids: per kind, an entity's name without the kind prefix (its display name) -> key id. The
+        # key's name is "<kind>:<display>" (``key_names``); kept per kind, a node's or replica's display
+        # name is the label value itself (no string made per label set) and a GPU's is made once.
+        self.kind_ix: dict[str, dict[str, int]] = {k: {} for k in KINDS}
+        self.key_kind: list[int] = []  # key id -> its kind's position in ``_ORDER``
         self.key_node: list[int] = []  # key id -> node key id (for gpu keys), else -1
         self.display: list[str] = []  # key id -> entity name without the kind prefix
         self._display_arr = np.zeros(0, object)
@@ -96,11 +104,7 @@ class _Resolver:
         if n_done < len(self.labelsets) and all(k in self._label_cols for k in labels):
             exported = self._exported.setdefault(labels, [])
             cols = [self._label_cols[k] for k in labels]  # as long as the label sets (``update``)
-            for key in zip(*[c[0][n_done:] for c in cols], strict=True):
-                i = keys.get(key)
-                if i is None:
-                    i = keys[key] = len(keys)
-                ids.append(i)
+            ids.extend(_first_ids([c[0][n_done:] for c in cols], keys))
             if len(cols) == 1:
                 exported.extend(cols[0][1][n_done:])
             else:
@@ -136,12 +140,22 @@ class _Resolver:
             out[i] = key
         return out
 
-    def _kid(self, name: str, node_kid: int = -1) -> int:
-        ix = self.key_ix.get(name)
+    @property
+    def n_keys(self) -> int:
+        return len(self.display)
+
+    @property
+    def key_names(self) -> list[str]:
+        """Every key's name, "<kind>:<display name>", by key id."""
+        return list(map(str.__add__, map(_PREFIXES.__getitem__, self.key_kind), self.display))
+
+    def _kid(self, kind: EntityKind, display: str, node_kid: int = -1) -> int:
+        """The key id of ``kind``'s entity ``display`` (a new one: the next id)."""
+        ix = self.kind_ix[kind].get(display)
         if ix is None:
-            ix = self.key_ix[name] = len(self.key_names)
-            self.key_names.append(name)
-            self.display.append(name.split(":", 1)[1])
+            ix = self.kind_ix[kind][display] = len(self.display)
+            self.display.append(display)
+            self.key_kind.append(_ORDER.index(kind))
             self.key_node.append(node_kid)
         return ix
 
@@ -149,8 +163,8 @@ class _Resolver:
         if len(labelsets) == self.n:
             return
         # Column by column with C-level maps (a cold 100k-GPU cycle resolves 100k label sets, and a loop
-        # per label set and grouping label cost ~0.4 s); only the key ids are handed out label set by
-        # label set, in the order they always were.
+        # per label set cost ~0.4 s); the key ids are handed out in the order they always were: label set
+        # by label set, node, gpu, replica, rank.
         for lo in range(self.n, len(labelsets), _UPDATE_CHUNK):
             self._update_chunk(labelsets[lo : lo + _UPDATE_CHUNK])
         self.n = len(labelsets)
@@ -158,45 +172,79 @@ class _Resolver:
         self.labelsets = labelsets
 
     def _update_chunk(self, new: list[LabelSet]) -> None:
-        gpu_c, node_c, rep_c, rank_c = (self.cols[k] for k in KINDS)
         ds = list(map(dict, new))
         n = len(ds)
+        present = set().union(*ds)  # a label no label set of the chunk has is not looked up in each
         for k, (vals, exp) in self._label_cols.items():  # as ``exposed_label`` reads it
-            xs = list(map(dict.get, ds, repeat("exported_" + k)))
-            if any(xs):
+            xk = "exported_" + k
+            xs = list(map(dict.get, ds, repeat(xk))) if xk in present else None
+            if xs is not None and any(xs):
                 vals.extend([x or d.get(k, "") for x, d in zip(xs, ds, strict=True)])
                 exp.extend(map(bool, xs))
             else:
-                vals.extend(map(dict.get, ds, repeat(k), repeat("")))
+                vals.extend(map(dict.get, ds, repeat(k), repeat("")) if k in present else repeat("", n))
                 exp.extend(repeat(False, n))
-        nodes = _first_set(ds, self.node_labels)
-        reps = _first_set(ds, self.replica_labels)
-        gpus = list(map(dict.get, ds, repeat("gpu")))
-        xjobs = list(map(dict.get, ds, repeat("exported_job")))
-        jobs = [x or d.get("job", "") for x, d in zip(xjobs, ds, strict=True)] if any(xjobs) else list(
-            map(dict.get, ds, repeat("job"), repeat("")))
-        ranks = list(map(dict.get, ds, repeat("rank")))
-        key_ix = self.key_ix
-        for node, g, rep, job, rank in zip(nodes, gpus, reps, jobs, ranks, strict=True):
-            if not node and g:
-                # A GPU sample without any node label (a bare exporter file): scored under a visible
-                # placeholder node rather than silently dropped.
-                node = UNNAMED_NODE
-            node_kid = -1
-            if node:
-                name = "node:" + node
-                node_kid = key_ix.get(name, -1)
-                if node_kid < 0:
-                    node_kid = self._kid(name)
-            node_c.append(node_kid)
-            if node and g:
-                name = f"gpu:{node}/gpu{g}"
-                gpu_kid = key_ix.get(name, -1)
-                gpu_c.append(gpu_kid if gpu_kid >= 0 else self._kid(name, node_kid))
-            else:
-                gpu_c.append(-1)
-            rep_c.append(self._kid("replica:" + rep) if rep else -1)
-            rank_c.append(self._kid(f"rank:{job}/rank{rank}") if (job and rank is not None and rank != "") else -1)
+        nodes = _first_set(ds, self.node_labels, present)
+        gpus = list(map(dict.get, ds, repeat("gpu"))) if "gpu" in present else [None] * n
+        if not all(nodes) and any(gpus):
+            # A GPU sample without any node label (a bare exporter file): scored under a visible
+            # placeholder node rather than silently dropped.
+            nodes = [node or (UNNAMED_NODE if g else node) for node, g in zip(nodes, gpus, strict=True)]
+        reps = _first_set(ds, self.replica_labels, present)
+        # Each kind's entity per label set by its name without the kind prefix (its display name, "" or
+        # None: no such entity): a node's or replica's is the label's own string (shared by a page's label
+        # sets: coded through a dict of the distinct ones), a GPU's and a rank's made per label set.
+        gpu_d = [f"{x}/gpu{g}" if x and g else "" for x, g in zip(nodes, gpus, strict=True)]
+        if "rank" in present:
+            ranks = list(map(dict.get, ds, repeat("rank")))
+            xjobs = list(map(dict.get, ds, repeat("exported_job"))) if "exported_job" in present else []
+            jobs = [x or d.get("job", "") for x, d in zip(xjobs, ds, strict=True)] if any(xjobs) else list(
+                map(dict.get, ds, repeat("job"), repeat("")))
+            rank_d = [f"{j}/rank{r}" if (j and r is not None and r != "") else ""
+                      for j, r in zip(jobs, ranks, strict=True)]
+        else:
+            rank_d = []  # (no rank anywhere: none)
+        cols: list[list[Any]] = [nodes, gpu_d, reps, rank_d]
+        firsts = [_firsts(c) for c in cols]  # per kind: display name -> its first label set in the chunk
+        ixs = [self.kind_ix[k] for k in _ORDER]
+        # New keys take the next ids in the order they always did: label set by label set, and within
+        # one node, gpu, replica, rank (so: by first label set * 4 + kind)
+        new_at: list[np.ndarray] = []
+        new_disp: list[str] = []
+        for kn, (f, ix) in enumerate(zip(firsts, ixs, strict=True)):
+            fresh = list(map(operator.not_, map(ix.__contains__, f)))
+            if any(fresh):
+                rows = np.fromiter(f.values(), np.int64, len(f))
+                if all(fresh):
+                    new_disp += f
+                else:
+                    new_disp += compress(f, fresh)
+                    rows = rows[np.asarray(fresh, bool)]
+                new_at.append(rows * 4 + kn)
+        if new_disp:
+            at = np.concatenate(new_at)
+            if at.size > 1 and not (at[1:] > at[:-1]).all():
+                order = np.argsort(at)
+                at = at[order]
+                new_disp = list(itemgetter(*order.tolist())(new_disp))
+            start = len(self.display)
+            kinds = at & 3
+            for kn, ix in enumerate(ixs):
+                mine = kinds == kn
+                if mine.any():
+                    ix.update(zip(compress(new_disp, mine.tolist()), (np.flatnonzero(mine) + start).tolist(),
+                                  strict=True))
+            self.display.extend(new_disp)
+            self.key_kind.extend(kinds.tolist())
+        # per label set, each kind's key id
+        ids = [list(map(ix.get, c, repeat(-1))) if c else [-1] * len(ds)
+               for ix, c in zip(ixs, cols, strict=True)]
+        if new_disp:
+            # a new gpu key's node: the node of the first label set naming it
+            node_of = np.asarray(ids[0], np.int64)[at >> 2]
+            self.key_node.extend(np.where(kinds == 1, node_of, -1).tolist())
+        for kind, col in zip(_ORDER, ids, strict=True):
+            self.cols[kind].extend(col)
 
     def display_names(self, ids: np.ndarray) -> list[str]:
         if self._display_arr.size != len(self.display):
@@ -211,15 +259,68 @@ class _Resolver:
         return self._key_node_arr
 
 
-def _first_set(ds: list[dict[str, str]], labels: Sequence[str]) -> list[str | None]:
-    """Per label set (as a dict), the first of ``labels`` with a non-empty value (else the last one's
-    value: None or "", both falsy), as a loop over ``labels`` taking the first that is set reads it."""
-    if not labels:
-        return [None] * len(ds)
-    out: list[str | None] = list(map(dict.get, ds, repeat(labels[0])))
-    for k in labels[1:]:
-        out = [a or b for a, b in zip(out, map(dict.get, ds, repeat(k)), strict=True)]
-    return out
+# The kinds in the order a label set's keys are handed out (node first: a new gpu key names its node's)
+_ORDER: tuple[EntityKind, ...] = ("node", "gpu", "replica", "rank")
+_PREFIXES = tuple(k + ":" for k in _ORDER)
+
+
+def _firsts(vals: list[str | None]) -> dict[str, int]:
+    """The distinct non-empty values of ``vals``, each with the index of its first occurrence (a dict
+    built from the end: the first occurrence is written last)."""
+    d: dict[Any, int] = dict(zip(reversed(vals), range(len(vals) - 1, -1, -1), strict=True))
+    d.pop(None, None)
+    d.pop("", None)
+    return d
+
+
+def _first_set(ds: list[dict[str, str]], labels: Sequence[str], present: set[str]) -> list[str | None]:
+    """Per label set (as a dict), the first of ``labels`` with a non-empty value, else a falsy value (None
+    or ""), as a loop over ``labels`` taking the first that is set reads it; a label none of ``ds`` has
+    (not in ``present``) is skipped."""
+    out: list[str | None] | None = None
+    for k in labels:
+        if k not in present:
+            continue
+        col = map(dict.get, ds, repeat(k))
+        out = list(col) if out is None else [a or b for a, b in zip(out, col, strict=True)]
+    return [None] * len(ds) if out is None else out
+
+
+def _first_ids(cols: list[list[str]], keys: dict[tuple[str, ...], int]) -> list[int]:
+    """Per row of ``cols`` (one list of values per label), the id of its tuple of values in ``keys``,
+    a new tuple taking the next id in order of first appearance (as a loop over the rows with
+    ``keys.setdefault`` hands them out), with a Python step per distinct tuple, not per row: each label's
+    values are coded by C-level dict maps (codes in order of first appearance); a label with one value
+    throughout does not tell rows apart, and several labels that do are combined on arrays."""
+    n = len(cols[0]) if cols else 0
+    if n == 0:
+        return []
+    firsts = [dict.fromkeys(vals) for vals in cols]
+    varying = [i for i, f in enumerate(firsts) if len(f) > 1]
+    if len(varying) <= 1:
+        # the tuples follow one label's values (or there is one tuple): that label's codes are the
+        # tuples' order of first appearance
+        v = varying[0] if varying else 0
+        const = [next(iter(f)) for f in firsts]
+        vmap = {}
+        for x in firsts[v]:
+            const[v] = x
+            vmap[x] = keys.setdefault(tuple(const), len(keys))
+        return list(map(vmap.__getitem__, cols[v]))
+    key = np.zeros(n, np.int64)
+    radix = 1
+    for i in varying:
+        vmap = {x: c for c, x in enumerate(firsts[i])}
+        if radix * len(vmap) >= 2**62:  # (never with real labels) the rows one by one
+            return [keys.setdefault(k, len(keys)) for k in zip(*cols, strict=True)]
+        key += np.fromiter(map(vmap.__getitem__, cols[i]), np.int64, n) * radix
+        radix *= len(vmap)
+    _, first, inv = np.unique(key, return_index=True, return_inverse=True)
+    ids = np.zeros(first.size, np.int64)
+    for u in np.argsort(first, kind="stable").tolist():  # distinct tuples, in order of first appearance
+        row = int(first[u])
+        ids[u] = keys.setdefault(tuple(c[row] for c in cols), len(keys))
+    return ids[inv.reshape(-1)].tolist()
 
 
 def exposed_label(labels: Mapping[str, str], name: str) -> str:

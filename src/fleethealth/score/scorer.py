@@ -172,7 +172,7 @@ def _evaluation(
     hit = kept.last_tables[0] if kept.last_tables else None
     if (
         hit is not None and token is not None and hit[0] == token and hit[1] is policy and hit[3] is r
-        and hit[4] == len(r.key_names) and (hit[2] is inventory or hit[2] == inventory)
+        and hit[4] == r.n_keys and (hit[2] is inventory or hit[2] == inventory)
     ):
         tables, gpu_node = hit[5], hit[6]
     else:
@@ -185,7 +185,7 @@ def _evaluation(
         if not (gpu_node >= 0).all():  # gpus always imply their node
             raise AssertionError("gpu without node")
         if token is not None:
-            kept.last_tables[:] = [(token, policy, inventory, r, len(r.key_names), tables, gpu_node)]
+            kept.last_tables[:] = [(token, policy, inventory, r, r.n_keys, tables, gpu_node)]
     specs, categories, kind_cats = _policy_kinds(kept, policy)
     results: dict[str, list[_SignalResult]] = {kind: [] for kind in KINDS}
     mats: dict[str, _Mats] = {}
