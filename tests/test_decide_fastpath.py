@@ -41,7 +41,7 @@ def _plain(loop: DecisionLoop) -> DecisionLoop:
     inner = loop.decider.decide
 
     def decide(*a: Any, labels_key: Any = None, **k: Any) -> Any:
-        return inner(*a, labels_key=None, **k)
+        return inner(*a, labels_key=None, **k)  # type: ignore[misc]
 
     loop.decider.decide = decide  # type: ignore[method-assign]
     return loop
@@ -53,13 +53,19 @@ def test_labels_are_reused_while_the_series_stay_and_refreshed_when_they_change(
     plain = _plain(DecisionLoop(POLICY))
     meta_cls = type(score_snapshot(scrape(0.0, dict.fromkeys(nodes, "550"), nodes), POLICY, 0.0).meta)
     calls = {"n": 0}
-    orig = meta_cls.labels
+    orig, orig_many = meta_cls.labels, meta_cls.labels_many
 
     def counting(self: Any, kind: str, e: int) -> dict[str, str]:
         calls["n"] += 1
         return orig(self, kind, e)
 
+    def counting_many(self: Any, kind: str, rows: Any) -> list[dict[str, str]]:  # the batched ask counts per row
+        rows = list(rows)
+        calls["n"] += len(rows)
+        return orig_many(self, kind, rows)
+
     meta_cls.labels = counting  # type: ignore[method-assign]
+    meta_cls.labels_many = counting_many  # type: ignore[method-assign]
     try:
         per_cycle = []
         for c in range(8):
@@ -77,7 +83,7 @@ def test_labels_are_reused_while_the_series_stay_and_refreshed_when_they_change(
         assert per_cycle[2] == 0 and per_cycle[3] == 0 and per_cycle[5] == 0  # same series: none asked for
         assert per_cycle[4] > 0 and per_cycle[6] > 0  # new series (label sets): asked again
     finally:
-        meta_cls.labels = orig  # type: ignore[method-assign]
+        meta_cls.labels, meta_cls.labels_many = orig, orig_many  # type: ignore[method-assign]
 
 
 def test_a_custom_scorer_gets_no_label_reuse() -> None:
@@ -87,7 +93,7 @@ def test_a_custom_scorer_gets_no_label_reuse() -> None:
 
     def spy(*a: Any, labels_key: Any = None, **k: Any) -> Any:
         seen.append(labels_key)
-        return inner(*a, labels_key=labels_key, **k)
+        return inner(*a, labels_key=labels_key, **k)  # type: ignore[misc]
 
     loop.decider.decide = spy  # type: ignore[method-assign]
     nodes = {"n0": [0, 1]}

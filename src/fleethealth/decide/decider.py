@@ -86,6 +86,7 @@ from fleethealth.score.health import HealthTuple
 _Cycle = Cycle  # the name before the split (decide.cycle)
 # events a version-held node ignores: the bad driver fails its tests and repairs, not the node
 VERSION_HELD_CONDS = frozenset({Cond.TEST_FAILED, Cond.REPAIR_EXHAUSTED, Cond.RESET_FAILED, Cond.RECURRING})
+_NO_FLAGS = (False, False)  # (drain_reset, floor) of nearly every observation: one tuple, not one per entity
 
 __all__ = [
     "ABSENT_GRACE_S", "DRAIN_FLAGS", "EVENT_CONDS", "FLAG_TIMER", "FORGETTABLE_STATES", "FORGET_AFTER_S",
@@ -169,9 +170,14 @@ class Decider(SafetyRules, Repairs, FailureDomains):
         for t in life:
             es = s.entities.get(t.entity)
             if es is None:
+                # born with the labels the update below would give it (a fleet's first decision: every node)
                 start = State.READY if t.kind == "node" else State.STARTING
-                es = s.entities[t.entity] = EntityLifecycle(t.entity, t.kind, start, now)
+                es = s.entities[t.entity] = EntityLifecycle(t.entity, t.kind, start, now,
+                                                            labels={k: str(v) for k, v in t.labels.items()})
                 c.copied.add(t.entity)
+                if fast:
+                    labels_ok[t.entity] = (t.labels, es.labels)
+                continue
             if fast:
                 # labels only ever grow, and only here; dicts of tuples and states are never changed in
                 # place once handed out, so a pair found covered once stays covered
@@ -199,15 +205,16 @@ class Decider(SafetyRules, Repairs, FailureDomains):
                 floor = chronic.at_floor(fl, ht.flags)  # the lifecycle's fast path
             else:  # nearly every entity, every cycle: no flag at all
                 drain = floor = False
+            df = _NO_FLAGS if not (drain or floor) else (drain, floor)
             if fast:
                 hit = obs_of.get(eid)
-                if hit is not None and hit[0] is ht and hit[1] == (drain, floor):
+                if hit is not None and hit[0] is ht and hit[1] == df:
                     obs[eid] = hit[2]
                     continue
             made = obs[eid] = Observation(ht.value, ht.confidence, ht.reason, gate=ht.reason.startswith("gate:"),
                                           drain_reset=drain, floor=floor)
             if fast:
-                obs_of[eid] = (ht, (drain, floor), made)
+                obs_of[eid] = (ht, df, made)
 
         own_counts = self._fleet_confidence(c, obs, fleet_peers)
         blamed = self._app_xids(c, life, flagged_gpus)
@@ -284,8 +291,9 @@ class Decider(SafetyRules, Repairs, FailureDomains):
     def _unsteady(self, c: Cycle, obs: Mapping[str, Observation | None], serving_by_id: Mapping[str, HealthTuple],
                   by_id: Mapping[str, HealthTuple], ev_by_entity: Mapping[str, list[Event]]) -> list[str]:
         """The entities that need a step this cycle. A steady node is skipped as in the plain loop (its
-        verdict remembered while its lifecycle and observation objects are the same ones); a steady
-        serving replica (``_steady_replica``) gets in one go what its step would do."""
+        verdict remembered while its lifecycle and observation objects are the same ones); a quiet node
+        (``_quiet_node``: a fleet's first usable readings) and a steady serving replica
+        (``_steady_replica``) get in one go what their step would do."""
         out: list[str] = []
         seen = self._steady_ok
         ents = c.s.entities
@@ -302,6 +310,15 @@ class Decider(SafetyRules, Repairs, FailureDomains):
                     continue
                 if self._steady(es, o):
                     seen[eid] = (es, o)  # type: ignore[assignment]
+                    continue
+                if o is not None and eid not in c.chronic and self._quiet_node(es, o, lims):
+                    # a new node's first usable reading (a whole fleet at once on a start's first
+                    # decision): its step would record the observation and nothing else
+                    if eid in c.copied:  # this cycle's own copy (a node new this cycle): as its step would
+                        es.last_value, es.last_confidence, es.last_reason = o.value, o.confidence, o.reason
+                        es.last_known_ts = c.now
+                    else:
+                        ents[eid] = es.seen(o.value, o.confidence, o.reason, c.now)
                     continue
             elif es.kind == "replica" and o is not None:
                 st = serving_by_id.get(eid) or by_id.get(eid)
@@ -330,6 +347,24 @@ class Decider(SafetyRules, Repairs, FailureDomains):
             return abs(w - es.weight) < 0.005
         # no usable serving tuple: the router holds (its last known time is now, after this step)
         return es.weight is None or c.s.frozen or hold_s >= 0.0
+
+    def _quiet_node(self, es: EntityLifecycle, o: Observation,
+                    lims: tuple[float, float, float, float, float, float]) -> bool:
+        """A READY node whose step changes nothing but its last observation (value, confidence, reason,
+        last_known_ts): usable, no gate, drain or floor reading, no timer running and none that would
+        start (at or above quarantine_below and degraded_below), nothing held, blocked or pending, its
+        flag already on the side its value is, no scheduler hold to lift. The caller has checked for
+        events and chronic evidence. Its last value was unknown or at least degraded_below as well: the
+        only reader of another node's last observation (``_own_fault``, during the steps) then answers
+        the same whether it reads this node before or after its step, so the step may be taken early.
+        ``lims`` as ``_steady_replica``'s."""
+        minc, q_below, d_below, f_below = lims[0], lims[1], lims[2], lims[3]
+        v = o.value
+        last = es.last_value
+        return (es.state == State.READY and v is not None and o.confidence >= minc and not o.gate
+                and not o.drain_reset and not o.floor and not es.timers and not es.blocked
+                and not es.no_new_work and es.version_hold is None and v >= q_below and v >= d_below
+                and (v < f_below) == es.flagged and (last is None or last >= d_below))
 
     def _steady(self, es: EntityLifecycle, o: Observation | None) -> bool:
         """A healthy READY node whose tuple is exactly what it was last cycle: nothing can change (no

@@ -84,7 +84,8 @@ def _flagged_gpus(health: Any, memo: LabelMemo | None, rows: dict[str, _Rows] | 
     if rows is None or ks is None or memo is None or not flagged:
         if rows is not None:
             rows.pop(_FLAGGED, None)
-        return [_tuple_at(health, ks, i, _labels_at(health, ks, i, memo)) for i in flagged]
+        return [_tuple_at(health, ks, i, lab) for i, lab in zip(flagged, _labels_of(health, ks, flagged, memo),
+                                                                 strict=True)]
     diff = None if prev is None or prev.memo is not memo else _changed_rows(ks, prev)
     if diff is None:
         changed = None
@@ -94,15 +95,49 @@ def _flagged_gpus(health: Any, memo: LabelMemo | None, rows: dict[str, _Rows] | 
         changed, value, conf, reason, flags, wm = diff
     out: list[HealthTuple] = []
     by_row: dict[int, HealthTuple] = {}
+    kept = {i: t for i in flagged
+            if changed is not None and prev is not None and not changed[i] and (t := prev.by_row.get(i)) is not None}
+    # the labels of the newly flagged rows in one call (a storm flags every GPU at once)
+    _memo_labels(health.meta, ks.kind, ks.names, [i for i in flagged if i not in kept], memo)
     for i in flagged:
-        t = prev.by_row.get(i) if changed is not None and prev is not None and not changed[i] else None
+        t = kept.get(i)
         if t is None:
-            t = _tuple_at(health, ks, i, _labels_at(health, ks, i, memo))
+            t = _tuple_at(health, ks, i, memo[(ks.kind, ks.names[i])])
         by_row[i] = t
         out.append(t)
     rows[_FLAGGED] = _Rows(_FLAGGED, prev.names if diff is not None and prev is not None else list(ks.names), value,
                            conf, np.array(ks.worst, np.int64), reason, flags, wm, list(ks.categories), memo, [], by_row)
     return out
+
+
+def _ask_labels(meta: Any, kind: str, rows: list[int]) -> list[dict[str, str]]:
+    """The metadata labels of ``rows``, in one call where the engine has one (``labels_many``: a fleet's
+    first decision asks for every node's)."""
+    many = getattr(meta, "labels_many", None)
+    if many is not None:
+        got: list[dict[str, str]] = many(kind, rows)
+        return got
+    return [meta.labels(kind, i) for i in rows]
+
+
+def _memo_labels(meta: Any, kind: str, names: list[str], rows: list[int], memo: LabelMemo) -> None:
+    """Fill ``memo`` for ``rows`` (the labels of the first row of a name missing from it), asking for
+    all of them in one call."""
+    want: dict[tuple[str, str], int] = {}
+    for i in rows:
+        key = (kind, names[i])
+        if key not in memo and key not in want:
+            want[key] = i
+    if want:
+        memo.update(zip(want, _ask_labels(meta, kind, list(want.values())), strict=True))
+
+
+def _labels_of(health: Any, ks: Any, rows: list[int], memo: LabelMemo | None) -> list[dict[str, str]]:
+    """``_labels_at`` of each of ``rows``, asked for in one call."""
+    if memo is None:
+        return _ask_labels(health.meta, ks.kind, rows)
+    _memo_labels(health.meta, ks.kind, ks.names, rows, memo)
+    return [memo[(ks.kind, ks.names[i])] for i in rows]
 
 
 def _labels_at(health: Any, ks: Any, i: int, memo: LabelMemo | None) -> dict[str, str]:
@@ -176,20 +211,21 @@ def _light_tuples(health: Any, kind: str, memo: LabelMemo | None = None) -> list
     values = ks.value.tolist()
     conf = ks.confidence.tolist()
     worst = ks.worst.tolist()
+    names = list(ks.names)
+    if memo is None:
+        asked = _ask_labels(meta, kind, list(range(len(names))))
+    else:
+        _memo_labels(meta, kind, names, list(range(len(names))), memo)
     out = []
-    for i, name in enumerate(ks.names):
+    ek, cats, reason, wm, flags, now = ks.kind, ks.categories, ks.reason, ks.worst_member, ks.flags, health.now
+    for i, name in enumerate(names):
         v = values[i]
         w = int(worst[i])
-        if memo is None:
-            labels = meta.labels(kind, i)
-        else:
-            labels = memo.get((kind, name))  # type: ignore[assignment]
-            if labels is None:
-                labels = memo[(kind, name)] = meta.labels(kind, i)
+        labels = asked[i] if memo is None else memo[(kind, name)]
         out.append(HealthTuple(
-            entity=name, kind=ks.kind, value=None if v != v else float(v), confidence=float(conf[i]),
-            worst=ks.categories[w] if w >= 0 else None, reason=str(ks.reason[i]), labels=labels,
-            worst_member=ks.worst_member.get(i), flags=tuple(ks.flags.get(i, ())), ts=health.now,
+            entity=name, kind=ek, value=None if v != v else float(v), confidence=float(conf[i]),
+            worst=cats[w] if w >= 0 else None, reason=str(reason[i]), labels=labels,
+            worst_member=wm.get(i), flags=tuple(flags.get(i, ())), ts=now,
         ))
     return out
 
@@ -263,7 +299,7 @@ def _light_tuples_reusing(health: Any, kind: str, memo: LabelMemo | None, cache:
     asked: list[dict[str, str]] | None = None
     if memo is None:
         meta = health.meta
-        asked = [meta.labels(kind, i) for i in range(len(ks.names))]
+        asked = _ask_labels(meta, kind, list(range(len(ks.names))))
     diff = None if prev is None or prev.memo is not memo else _changed_rows(ks, prev)
     if diff is None or prev is None:
         if asked is None:
@@ -281,16 +317,12 @@ def _light_tuples_reusing(health: Any, kind: str, memo: LabelMemo | None, cache:
                 changed[i] = True
     tuples = list(prev.tuples)
     if changed.any():
-        meta = health.meta
-        for i in np.flatnonzero(changed).tolist():
-            if asked is not None:
-                labels = asked[i]
-            else:
-                assert memo is not None
-                name = ks.names[i]
-                labels = memo.get((kind, name))  # type: ignore[assignment]
-                if labels is None:
-                    labels = memo[(kind, name)] = meta.labels(kind, i)
+        redo = np.flatnonzero(changed).tolist()
+        if asked is None:
+            assert memo is not None
+            _memo_labels(health.meta, kind, ks.names, redo, memo)
+        for i in redo:
+            labels = asked[i] if asked is not None else memo[(kind, ks.names[i])]  # type: ignore[index]
             tuples[i] = _tuple_at(health, ks, i, labels)
     cache[kind] = _Rows(kind, prev.names, value, conf, np.array(ks.worst, np.int64), reason, flags, wm,
                         prev.categories, memo, tuples)
