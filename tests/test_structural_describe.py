@@ -119,3 +119,30 @@ def test_a_layout_is_built_when_first_seen_and_kept_while_steady() -> None:
         lays.append(tr._layout)
         h.add(r.snapshot)
     assert lays[2] is lays[3] is lays[4]
+
+
+def test_a_gpu_missing_from_one_metric_while_another_metric_went_stale() -> None:
+    """GPU 0 holds the newest sample of a metric no longer scraped (stale) and an older sample than GPU 1
+    of a fresh one: it is absent from the read just made, in the row path and the index path alike
+    (the stale metric's newest sample says nothing about now)."""
+    from fleethealth.policy import default_policy
+    from fleethealth.signals.history import SignalHistory
+
+    def scrape(t: float, gpus: tuple[int, ...], metric: str) -> object:
+        b = SnapshotBuilder()
+        for g in gpus:
+            b.add(metric, {"Hostname": "a", "gpu": str(g), "instance": "a:9400"}, 50.0, t)
+        return b.build(t)
+
+    h = SignalHistory(default_policy(), memory_s=600.0)
+    tr, plain = StructuralTracker(max_age_s=90), ref.StructuralTracker(max_age_s=90)
+    steps = [(1000.0, (0, 1), "DCGM_FI_DEV_MEM_CLOCK"), (1000.0, (0, 1), "DCGM_FI_DEV_GPU_TEMP"),
+             (1050.0, (0,), "DCGM_FI_DEV_MEM_CLOCK"), (1200.0, (0, 1), "DCGM_FI_DEV_GPU_TEMP"),
+             (1215.0, (1,), "DCGM_FI_DEV_GPU_TEMP")]
+    for t, gpus, metric in steps:
+        h.add(scrape(t, gpus, metric))  # type: ignore[arg-type]
+        v = h.view(t)
+        r = tr.observe(v, t)
+        same_report(r, plain.observe(v, t))
+        h.add(r.snapshot)
+    assert r.gpus_now == {"a": 1} and r.gpus_expected == {"a": 2}

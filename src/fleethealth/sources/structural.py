@@ -340,12 +340,19 @@ class StructuralTracker:
             parts = [(sids[mids == m], ts[mids == m]) for m in np.unique(mids).tolist()]
         if not parts:
             return None
-        # None at once where every fresh GPU-metric time is the same (one read time: none absent, the
-        # answer below too): two passes over the times, no gather (a steady single-scrape read)
+        # None at once where every fresh GPU series has a sample at its metric's newest time (no node's
+        # newest is later, so each of its GPUs is current: none absent, as below): a steady fleet read
+        # in one scrape, value-start rows and all. Series bitmaps, no gather of pairs or nodes.
         lo = now - self.max_age_s
-        t_max = max(float(p[1].max(initial=-np.inf)) for p in parts)
-        t_min = min(float(np.min(p[1], where=p[1] > lo, initial=np.inf)) for p in parts)
-        if t_max <= lo or t_min == t_max:
+        fresh = np.zeros(st.n, bool)
+        top = np.zeros(st.n, bool)
+        for s_, t_ in parts:
+            if t_.size:
+                fresh[s_[t_ > lo]] = True
+                t_max = t_.max()
+                if t_max > lo:  # (a metric with no fresh sample marks none: its newest is stale)
+                    top[s_[t_ == t_max]] = True
+        if not (fresh & ~top & (st.pair_id >= 0)).any():
             return None
         # every metric's rows at once (one pass, not one per metric: ~30 metrics every cycle), each
         # compared with its (node, metric)'s newest

@@ -99,8 +99,11 @@ class _SeriesTable:
         self.learned = np.concatenate((self.learned, np.zeros(k, bool)))
         self.n = len(labelsets)
         self.last = labelsets[-1]
-        ids = np.unique(self.name_id[self.name_id >= 0])
-        if ids.size != self.rank_n or (name_id >= 0).any():
+        # the table's sorted node names change only when it gains a name (a derived series' node is one
+        # the GPU series already named)
+        named = name_id[name_id >= 0]
+        if (named >= self.rank.size).any() or (self.rank[named[named < self.rank.size]] < 0).any():
+            ids = np.unique(self.name_id[self.name_id >= 0])
             self.node_names = sorted(tr._names[i] for i in ids.tolist())
             self.node_ix = {nm: i for i, nm in enumerate(self.node_names)}
             self.rank = np.full(len(tr._names), -1, np.int64)
@@ -182,8 +185,10 @@ class _Layout:
         self.g_valid = [None if v is None else v.copy() for v in g_valid]
         self.built = False
         # (set by ``build``: the pair facts of every pair, the bitmap of the pairs, each pair's bit)
-        self.present = self.retained = self.gpus = self._seen = _NO_IDS
+        self.present = self.retained = self.gpus = self._seen = self._entry_keys = _NO_IDS
+        self._nb = 0
         self._keys: np.ndarray | None = None
+        self._pairs: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
         # the last answer of ``facts``: (stale block rows, stale counter columns, the facts)
         self._stale: tuple[np.ndarray, np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray]] | None = None
 
@@ -207,8 +212,9 @@ class _Layout:
         c = self._stale
         if c is not None and _same(c[0], stale_b) and _same(c[1], stale_a):
             return c[2]
-        u, n = np.unique(np.concatenate((self.pair_b[stale_b], self.pair_a[stale_a])), return_counts=True)
-        gone = u[n == self.npe[u]]  # pairs none of whose entries is fresh
+        pair_b, pair_a, npe = self._numbering()
+        u, n = np.unique(np.concatenate((pair_b[stale_b], pair_a[stale_a])), return_counts=True)
+        gone = u[n == npe[u]]  # pairs none of whose entries is fresh
         if not gone.size:
             out = (self.present, self.retained, self.gpus)
         else:
@@ -223,8 +229,7 @@ class _Layout:
     def build(self, tr: StructuralTracker, st: _SeriesTable, masks: _Masks, n_labelsets: int,
               n_metric_names: int) -> None:
         """What follows from the layout, in passes over the entries and no sort: the pairs are the set
-        bits of a bitmap of (series, metric), numbered in bit order (a running count), which is the
-        order of their keys."""
+        bits of a bitmap of (series, metric) keys, their facts read off its rows (``_pair_facts``)."""
         is_up, is_dur, _, is_target = masks
         blocks, cgroups = self.blocks, self.cgroups
         n_series, n_metrics = max(n_labelsets, 1), max(n_metric_names, 1)
@@ -238,20 +243,20 @@ class _Layout:
         keys += np.concatenate((bm, am))
         seen = np.zeros(size, bool)
         seen[keys] = True
-        pair = np.cumsum(seen, dtype=kt)[keys]
-        pair -= 1
-        self.pair_b, self.pair_a = pair[:nb], pair[nb:]
-        self.npe = np.bincount(pair, minlength=int(pair.max()) + 1 if pair.size else 0)  # entries per pair
-        self._seen = seen
-        self._keys = None  # (made when a pair first goes stale)
+        self._seen, self._entry_keys, self._nb = seen, keys, nb
+        # (numbered when an entry first goes stale, each pair's bit when a pair does: neither in a
+        # steady fleet, nor in its first cycles)
+        self._pairs = self._keys = None
         self.present, self.retained, self.gpus = tr._pair_facts(st, masks, seen)
         # per entry, the node whose newest time it counts for (not a target metric's entry, nor a
         # series without a node: the spare slot ``rank_n``), for a scatter-max each cycle
         node_of = st.node_of()
+        slot = np.where(node_of >= 0, node_of, st.rank_n).astype(np.int32 if st.rank_n < 2**31 else np.int64)
 
         def entry_nodes(s: np.ndarray, m: np.ndarray) -> np.ndarray:
-            nodes = node_of[s]
-            return np.where((nodes >= 0) & ~is_target[m], nodes, st.rank_n).astype(np.int32 if st.rank_n < 2**31 else np.int64)
+            out = slot[s]
+            out[is_target[m]] = st.rank_n
+            return out
 
         self.b_node, self.a_node = entry_nodes(self.bs, bm), entry_nodes(as_, am)
         # per target metric (up, scrape duration): its block rows, their series, whether one row each and
@@ -262,6 +267,16 @@ class _Layout:
             sids = self.bs[rows].astype(np.int64)
             self.targets.append((rows, sids, sids.size < 2 or bool((sids[1:] > sids[:-1]).all())))
         self.built = True
+
+    def _numbering(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Each entry's pair (block rows, counter columns: pairs numbered in bit order, a running count
+        of the bitmap, which is the order of their keys) and the entries per pair."""
+        if self._pairs is None:
+            pair = np.cumsum(self._seen, dtype=self._entry_keys.dtype)[self._entry_keys]
+            pair -= 1
+            npe = np.bincount(pair, minlength=int(pair.max()) + 1 if pair.size else 0)
+            self._pairs = (pair[: self._nb], pair[self._nb:], npe)
+        return self._pairs
 
     def target_rows(self, which: int, bs: np.ndarray, bt: np.ndarray, bv: np.ndarray,
                     lo: float) -> tuple[np.ndarray, np.ndarray]:
