@@ -40,6 +40,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
+from operator import itemgetter
 
 import numpy as np
 
@@ -184,7 +185,8 @@ class StructuralTracker:
                 # each distinct (target, node) pair once, in order of first appearance (a set's
                 # insertion order, which its iteration follows, is then the same as series by series)
                 sids = np.flatnonzero(todo).tolist()
-                for inst, node in dict.fromkeys(zip([st.inst[i] for i in sids], [st.node[i] for i in sids], strict=True)):
+                for inst, node in dict.fromkeys(zip(*(itemgetter(*sids)(col) if len(sids) > 1 else (col[sids[0]],)
+                                                      for col in (st.inst, st.node)), strict=True)):
                     self.target_nodes.setdefault(inst, set()).add(node)  # type: ignore[arg-type]
                 st.learned |= todo
                 self._targets_version += 1

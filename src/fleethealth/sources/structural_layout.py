@@ -20,8 +20,8 @@ is kept here.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from itertools import repeat
-from operator import is_not, itemgetter, ne
+from itertools import compress, filterfalse, repeat
+from operator import is_not, ne
 from typing import TYPE_CHECKING, cast
 
 import numpy as np
@@ -78,19 +78,31 @@ class _SeriesTable:
         # (looked up with None too: never a key, so -1)
         name_ix = cast("dict[str | None, int]", tr._name_ix)
         pair_ix = cast("dict[tuple[str | None, str | None], int]", tr._pair_ix)
-        names = [nm for nm in dict.fromkeys(nodes) if nm is not None and nm not in name_ix]
+        distinct = dict.fromkeys(nodes)
+        distinct.pop(None, None)
+        names = list(filterfalse(name_ix.__contains__, distinct))
         if names:
             name_ix.update(zip(names, range(len(tr._names), len(tr._names) + len(names)), strict=True))
-            tr._names.extend(names)
+            tr._names.extend(cast("list[str]", names))
         name_id = np.fromiter(map(name_ix.get, nodes, repeat(-1)), np.int64, k)
-        # (node, GPU) pairs: only where both are labelled (a pair with a None is in no index: -1)
+        # (node, GPU) pairs: only where both are labelled (-1 elsewhere)
+        paired = (name_id >= 0) & np.fromiter(map(is_not, gpus, repeat(None)), bool, k)
         pairs = list(zip(nodes, gpus, strict=True))
-        fresh = [p for p in dict.fromkeys(pairs) if p[0] is not None and p[1] is not None and p not in pair_ix]
+        if not paired.all():
+            pairs = list(compress(pairs, paired.tolist()))
+        distinct_pairs = dict.fromkeys(pairs)
+        fresh = list(filterfalse(pair_ix.__contains__, distinct_pairs) if pair_ix else distinct_pairs)
+        p0 = len(tr._pair_node)
         if fresh:
-            pair_ix.update(zip(fresh, range(len(tr._pair_node), len(tr._pair_node) + len(fresh)), strict=True))
-            tr._pair_node.extend(map(name_ix.__getitem__, map(itemgetter(0), fresh)))
+            pair_ix.update(zip(fresh, range(p0, p0 + len(fresh)), strict=True))
+        pair_id = np.full(k, -1, np.int64)
+        pair_id[paired] = np.fromiter(map(pair_ix.__getitem__, pairs), np.int64, len(pairs))
+        if fresh:  # each new pair's node: its first series' (any series of it: the same node)
+            first = pair_id >= p0
+            pair_node = np.empty(len(fresh), np.int64)
+            pair_node[pair_id[first] - p0] = name_id[first]
+            tr._pair_node.extend(pair_node.tolist())
             tr.memory_version += len(fresh)  # (one bump per new pair, as one at a time)
-        pair_id = np.fromiter(map(pair_ix.get, pairs, repeat(-1)), np.int64, k)
         learn = (name_id >= 0) & np.fromiter(map(is_not, insts, repeat(None)), bool, k) & np.fromiter(
             map(ne, nodes, insts), bool, k)
         self.name_id = np.concatenate((self.name_id, name_id))
