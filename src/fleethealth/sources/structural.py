@@ -350,8 +350,10 @@ class StructuralTracker:
         top = np.zeros(st.n, bool)
         for s_, t_ in parts:
             if t_.size:
-                fresh[s_[t_ > lo]] = True
                 t_max = t_.max()
+                if t_max > lo and t_.min() == t_max:
+                    continue  # every sample at the newest time: its series would be marked in both
+                fresh[s_[t_ > lo]] = True
                 if t_max > lo:  # (a metric with no fresh sample marks none: its newest is stale)
                     top[s_[t_ == t_max]] = True
         if not (fresh & ~top & (st.pair_id >= 0)).any():
