@@ -308,7 +308,7 @@ def _merged_bulk(keyed: list[tuple[LabelSet, bytes]], cache: LabelCache) -> list
     n = len(keyed)
     extras = set(map(itemgetter(0), keyed))
     names = {tuple(k for k, _ in e) for e in extras}
-    if n < 8 or len(names) != 1 or any(not e or e[0][0] == HONOR_LABELS_MARK or not all(v for _, v in e)
+    if n < 8 or len(names) != 1 or any(e and (e[0][0] == HONOR_LABELS_MARK or not all(v for _, v in e))
                                        for e in extras):
         return None
     extra_keys = list(next(iter(names)))
@@ -334,7 +334,7 @@ def _merged_bulk(keyed: list[tuple[LabelSet, bytes]], cache: LabelCache) -> list
     cols, empty = _pair_columns(columns, found[3] + extra_keys)
     sets = _zip_sets(cols, empty)
     # the unmerged sets too, for ``parsed`` (the other paths' memo): the same pair columns less the extra's
-    own = _zip_sets([c for c in cols if c[0][0] not in extra_keys], empty)
+    own = _zip_sets([c for c in cols if c[0][0] not in extra_keys], empty) if extra_keys else sets
     merged, parsed = cache.merged, cache.parsed
     for memo in (merged, parsed):
         if len(memo) + n >= _LABEL_CACHE_MAX:

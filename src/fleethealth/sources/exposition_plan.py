@@ -276,11 +276,12 @@ class PagePlans:
         if got is None:
             for exact in (False, True):
                 plan = _build(page_keys, tx, self.names, exact, self.labels)
-                if plan is None:
-                    return False
-                got = _apply(plan, tx, self.names, b, shared, sources, default_ts)
-                if got is not None:
-                    break
+                if plan is not None:
+                    got = _apply(plan, tx, self.names, b, shared, sources, default_ts)
+                    if got is not None:
+                        break
+                elif exact:  # (the likely layout may be wrong where the exact one is not: a bare
+                    return False  # metric's line after labelled ones)
             if got is not None and plan is not None and plan.shape is not None:
                 if len(self._shapes) >= _SHAPES_MAX:
                     self._shapes.clear()
@@ -487,8 +488,9 @@ def _build_like(shape: _Shape, keys: list[PageKey], tx: _Text, names: SnapshotBu
     end = np.where(bare, o + 1, c + 2)
     if not bool((bare | ((first == 123) & (c >= 0) & (arr[c + 1] == 32))).all()):
         return None
-    rows = list(map(text.__getitem__, map(slice, o_list, end.tolist())))
-    raws = list(map(text.__getitem__, map(slice, o_list, (end - 1).tolist())))
+    raws = list(map(text.__getitem__, map(slice, o_list, (end - 1).tolist())))  # (rows less their space)
+    any_bare = bool(bare.any())
+    rows = list(map(text.__getitem__, map(slice, o_list, end.tolist()))) if any_bare else None
     for i in np.flatnonzero(bare).tolist():
         raws[i] = b"{}"  # (as ``_build`` keys a line without labels)
     keyed = list(zip(chain.from_iterable(repeat(k[1], n_slots) for k in keys), raws, strict=True))
@@ -499,16 +501,18 @@ def _build_like(shape: _Shape, keys: list[PageKey], tx: _Text, names: SnapshotBu
     by_page = np.sort(pair_sid, axis=1)
     if bool((by_page[:, 1:] == by_page[:, :-1]).any()):
         return None  # two label strings of a page are one series: ``_build`` decides
-    widths = np.fromiter(map(len, rows), np.int64, len(rows))
+    widths = end - o
     lab_w = widths[fr.row_of]
     w0 = int(widths[0])
     if fr.lab_lines is not None and fr.lab_shift is not None and bool((widths == w0).all()):
         # every slot as often, all of one width: the lines by (k-th occurrence, page, slot) read the
         # pages' slot strings in turn, k times over (what ``_checks`` makes of such rows)
-        pattern = b"".join(rows)
+        pattern = b"".join(rows) if rows is not None else b" ".join(raws) + b" "
         labs = [_RowCheck(w0, fr.lab_lines, fr.lab_shift, np.frombuffer(pattern, np.dtype((np.void, w0))), None,
-                          fr.lab_lines.shape[0] // len(rows), pattern)]
+                          fr.lab_lines.shape[0] // len(raws), pattern)]
     else:
+        if rows is None:
+            rows = list(map(text.__getitem__, map(slice, o_list, end.tolist())))
         labs = _checks(fr.s_lines, lab_w, fr.row_of, rows, fr.name_w)
     return _ChunkPlan(
         keys=list(keys), n_lines=nls.shape[0], page_last=fr.page_last, checks=fr.heads + labs,
@@ -581,6 +585,8 @@ def _cut_assumed(text: bytes, a: np.ndarray, e: np.ndarray, b_first: np.ndarray,
     roots = np.flatnonzero(lab_cand < 0)
     widths = []
     for o, y in zip(name_end[roots].tolist(), e[roots].tolist(), strict=True):
+        if o >= y:  # (a name taken to be as long as another line's runs past this line)
+            return None
         if text[o] == 32:  # `name value`
             widths.append(1)
             continue
@@ -648,7 +654,9 @@ def _label_sets(keyed: list[tuple[LabelSet, bytes]], labels: LabelCache) -> list
     sets: list[LabelSet | None] = list(map(cache.get, keyed))
     if None not in sets:
         return sets  # type: ignore[return-value]
-    miss = list(dict.fromkeys([k for k, s in zip(keyed, sets, strict=True) if s is None]))
+    # (all new, a cold read's: each is merged, a pair twice twice over, as it would be once)
+    miss = keyed if sets.count(None) == len(sets) else list(
+        dict.fromkeys([k for k, s in zip(keyed, sets, strict=True) if s is None]))
     got = _merged_bulk(miss, labels)
     if got is None:
         _parse_labels_bulk(list({r for _, r in miss}), labels)
@@ -664,8 +672,8 @@ def _label_sets(keyed: list[tuple[LabelSet, bytes]], labels: LabelCache) -> list
                 return None
             got.append(_merge_extra(parsed, extra) if extra else parsed)
         cache.update(zip(miss, got, strict=True))
-    if len(miss) == len(keyed):
-        return got  # (all new, none twice: a cold read's)
+    if miss is keyed:
+        return got
     new = dict(zip(miss, got, strict=True))
     return [new[k] if s is None else s for k, s in zip(keyed, sets, strict=True)]
 
