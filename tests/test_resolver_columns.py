@@ -136,11 +136,16 @@ def test_keys_and_groups_as_the_loop_hands_them_out() -> None:
 
 
 def test_one_chunk_per_label_set_and_uniform_sets() -> None:
-    """Chunks of one label set, and a fleet of like label sets (a page per node), as the big one."""
+    """Chunks of one label set, and a fleet of like label sets (a page per node: chunks read transposed),
+    as the big one."""
     sets = _label_sets(300, seed=3)
     fleet = [tuple(sorted({"Hostname": f"h{i // 8}", "gpu": str(i % 8), "instance": f"h{i // 8}:9400",
                            "modelName": "H100", "i": str(i)}.items())) for i in range(400)]
-    for data in (sets, fleet, sets + fleet, fleet + sets):
+    # like label sets with a training job's ranks, the scrape's job displaced to exported_job on some
+    ranks = [tuple(sorted({"node": f"h{i // 8}", "gpu": str(i % 8), "rank": str(i), "job": "scrape",
+                           "exported_job": f"train{i % 3}" if i % 5 else "", "pool": "p",
+                           "exported_pool": "" if i % 2 else "xp"}.items())) for i in range(300)]
+    for data in (sets, fleet, ranks, sets + fleet, fleet + sets, fleet + ranks):
         for chunk in (1, 7, resolve._UPDATE_CHUNK):
             old_chunk = resolve._UPDATE_CHUNK
             resolve._UPDATE_CHUNK = chunk
@@ -150,8 +155,9 @@ def test_one_chunk_per_label_set_and_uniform_sets() -> None:
             finally:
                 resolve._UPDATE_CHUNK = old_chunk
             ref = _Ref()
-            _, cols, _ = _reference(data, ref)
+            _, cols, groups = _reference(data, ref)
             _check(r, data, ref, cols)
+            assert {k: r._label_cols[k][0] for k in GROUPING} == groups
 
 
 _VALUES = st.sampled_from(["", "a", "b", "c", "a:1", "a/gpu1"])
@@ -166,12 +172,20 @@ def test_any_label_sets_resolve_as_the_loop(dicts: list[dict[str, str]], split: 
     """Any label sets (empty values, values that look like other keys, a node/gpu name that reads as
     another's), updated in two steps: the loop's keys, ids, display names, gpu -> node keys and groups."""
     sets = list(dict.fromkeys(tuple(sorted(d.items())) for d in dicts))
-    r = _Resolver(NODE_LABELS, REPLICA_LABELS, GROUPING)
-    r.update(sets[:split])
-    r.update(sets)
     ref = _Ref()
     _, cols, groups = _reference(sets, ref)
-    _check(r, sets, ref, cols)
-    assert {k: r._label_cols[k][0] for k in GROUPING} == groups
-    if sets:
-        assert np.array_equal(r.arr["gpu"], np.asarray(cols["gpu"], np.int64))
+    old_chunk = resolve._UPDATE_CHUNK
+    for chunk in (old_chunk, 1, 3):  # chunks of one label set: each read transposed (same labels)
+        resolve._UPDATE_CHUNK = chunk
+        try:
+            r = _Resolver(NODE_LABELS, REPLICA_LABELS, GROUPING)
+            r.update(sets[:split])
+            r.update(sets)
+        finally:
+            resolve._UPDATE_CHUNK = old_chunk
+        _check(r, sets, ref, cols)
+        assert {k: r._label_cols[k][0] for k in GROUPING} == groups
+        assert {k: r._label_cols[k][1] for k in GROUPING} == {
+            k: [bool(dict(ls).get("exported_" + k)) for ls in sets] for k in GROUPING}
+        if sets:
+            assert np.array_equal(r.arr["gpu"], np.asarray(cols["gpu"], np.int64))
