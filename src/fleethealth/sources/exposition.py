@@ -42,7 +42,8 @@ Modules: ``exposition_labels`` (label strings and the ``LabelCache`` a caller ke
 missing-data rules), ``exposition_blocks`` (the parse context and the fast block paths),
 ``exposition_careful`` (the line-by-line path), ``exposition_batch`` (``parse_many``'s batched blocks),
 ``exposition_plan`` (``PagePlans``: what ``parse_many`` keeps across scrapes of the same pages, so that a
-steady fleet's pages are proved equal to the last scrape's but for their values and read in bulk). This
+steady fleet's pages are proved equal to the last scrape's but for their values and read in bulk; its
+fixed-width rows and their checks: ``exposition_rows``). This
 module holds the page-level driver (which path a block takes) and the public API; every name listed in
 ``__all__`` is importable from here.
 """
