@@ -284,8 +284,19 @@ class SnapshotBuilder:
 
     def series_ids(self, sets: Sequence[LabelSet]) -> list[int]:
         """``series_id`` for many frozen label sets at once (same ids, same order of first appearance),
-        with C-level dict and list operations: a new 100k-GPU scrape interns 100k label sets."""
+        with C-level dict and list operations: a new 100k-GPU scrape interns 100k label sets. One pass
+        (``setdefault`` with the id each set gets if all are new) when all are new and none twice (a cold
+        scrape) or all are known; a mix is undone and interned in four passes."""
         ix = self._labelset_ix
+        n0, n = len(self.labelsets), len(sets)
+        ids = list(map(ix.setdefault, sets, range(n0, n0 + n)))
+        if len(ix) == n0 + n:  # all new and distinct: ids n0, n0 + 1, ... in order
+            self.labelsets.extend(sets)
+            return ids
+        if len(ix) == n0:
+            return ids
+        for ls in [ls for ls, i in zip(sets, ids, strict=True) if i >= n0]:
+            ix.pop(ls, None)
         new = [ls for ls in dict.fromkeys(sets) if ls not in ix]
         if new:
             ix.update(zip(new, range(len(self.labelsets), len(self.labelsets) + len(new)), strict=True))
