@@ -66,3 +66,35 @@ def test_cold_counters_land_in_their_metrics_groups() -> None:
         grp = h._groups[int(h._c_grp[slot])]
         assert grp.keep == h.counter_keep[metric]
         assert h._group_of_keep[(grp.keep, metric in h.slo_counters)] == int(h._c_grp[slot])
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 6), st.integers(0, 40)), max_size=60),
+       st.sampled_from([np.int32, np.int64]))
+def test_unique_pairs_is_np_unique(pairs: list[tuple[int, int]], dtype: type) -> None:
+    """The presence table (in place, int32 or int64 ids) answers as np.unique of the packed pairs; so
+    does its sort fallback (a sparse table)."""
+    from fleethealth.signals.history import _unique_pairs
+
+    m: np.ndarray = np.asarray([p[0] for p in pairs], dtype)
+    s: np.ndarray = np.asarray([p[1] for p in pairs], dtype)
+    uniq, inv = _unique_pairs(m, s)
+    want_u, want_inv = np.unique((m.astype(np.int64) << 32) | s.astype(np.int64), return_inverse=True)
+    assert uniq.tolist() == want_u.tolist()
+    assert inv.tolist() == want_inv.reshape(-1).tolist()
+    sparse_m = m.astype(np.int64) * 1000  # a table far larger than the pairs: the sort
+    uniq, inv = _unique_pairs(sparse_m, s)
+    want_u, want_inv = np.unique((sparse_m << 32) | s.astype(np.int64), return_inverse=True)
+    assert uniq.tolist() == want_u.tolist() and inv.tolist() == want_inv.reshape(-1).tolist()
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.integers(0, 30), max_size=40), st.booleans())
+def test_stable_order_is_a_stable_argsort(slots: list[int], run: bool) -> None:
+    """Distinct slots forming a run are placed at their offsets; anything else is sorted: either way a
+    stable argsort."""
+    from fleethealth.signals.history import _stable_order
+
+    a = np.asarray(slots if not run else list(np.random.default_rng(len(slots)).permutation(len(slots)) + 5),
+                   np.int64)
+    assert _stable_order(a).tolist() == np.argsort(a, kind="stable").tolist()

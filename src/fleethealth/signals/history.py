@@ -94,37 +94,54 @@ def _frozen(a: np.ndarray) -> bool:
     return not a.flags.writeable and a.base is None
 
 
+def _unique_pairs(m: np.ndarray, s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique((m << 32) | s, return_inverse=True)``. Ids are small and dense (a few dozen metrics,
+    series numbered from 0), so a presence table over metric x series replaces the sort: at 100k GPUs
+    (2.9M pairs on a cold start) a sort costs ~0.5 s, the table a tenth of that. Temporaries are made in
+    place where they can be: on a cold start each new MB is page faults (~0.25 ms per MB)."""
+    if m.size == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    n_s = int(s.max()) + 1
+    cells = (int(m.max()) + 1) * n_s
+    if int(m.min()) < 0 or int(s.min()) < 0 or cells > 4 * m.size + 4096:
+        uniq, inv = np.unique((m.astype(np.int64) << 32) | s.astype(np.int64), return_inverse=True)
+        return uniq, inv.reshape(-1)
+    flat = m.astype(np.int64)
+    flat *= n_s
+    flat += s
+    present = np.zeros(cells, bool)
+    present[flat] = True
+    cell = np.flatnonzero(present)
+    rank = np.cumsum(present, dtype=np.int64)
+    rank -= 1
+    inv = rank[flat]
+    del rank, flat
+    hi, lo = np.divmod(cell, n_s)
+    hi <<= 32
+    hi |= lo
+    return hi, inv
+
+
 def _stable_order(slot: np.ndarray) -> np.ndarray:
     """``np.argsort(slot, kind="stable")``; for distinct slots forming one run (a plan made on a cold
     start: every slot new) by placing each at its offset instead of sorting."""
     if slot.size > 1:
         lo = int(slot.min())
         if int(slot.max()) - lo + 1 == slot.size:
-            order = np.full(slot.size, -1, np.int64)
-            order[slot - lo] = np.arange(slot.size)
-            if bool((order >= 0).all()):  # each offset taken once: distinct, so the order is the sort
+            at = slot - lo
+            seen = np.zeros(slot.size, bool)
+            seen[at] = True
+            if bool(seen.all()):  # each offset taken once: distinct, so the order is the sort
+                order = np.empty(slot.size, np.int64)
+                order[at] = np.arange(slot.size)
                 return order
     return np.argsort(slot, kind="stable")
 
 
-def _unique_pairs(m: np.ndarray, s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``np.unique((m << 32) | s, return_inverse=True)``. Ids are small and dense (a few dozen metrics,
-    series numbered from 0), so a presence table over metric x series replaces the sort: at 100k GPUs
-    (2.9M pairs on a cold start) a sort costs ~0.5 s, the table a tenth of that."""
-    if m.size == 0:
-        return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    m64, s64 = m.astype(np.int64), s.astype(np.int64)
-    n_s = int(s64.max()) + 1
-    cells = (int(m64.max()) + 1) * n_s
-    if int(m64.min()) < 0 or int(s64.min()) < 0 or cells > 4 * m.size + 4096:
-        uniq, inv = np.unique((m64 << 32) | s64, return_inverse=True)
-        return uniq, inv.reshape(-1)
-    flat = m64 * n_s + s64
-    present = np.zeros(cells, bool)
-    present[flat] = True
-    cell = np.flatnonzero(present)
-    rank = np.cumsum(present, dtype=np.int64) - 1
-    return ((cell // n_s) << 32) | (cell % n_s), rank[flat]
+def _grown(a: np.ndarray, more: np.ndarray) -> np.ndarray:
+    """``a`` with ``more`` appended (of a's dtype); ``more`` itself when ``a`` is empty (a cold start's
+    first slots: no copy, whose memory would be new pages)."""
+    return more.astype(a.dtype, copy=False) if a.size == 0 else np.concatenate((a, more))
 
 
 def _slice_or_none(a: np.ndarray | slice) -> slice | None:
@@ -386,8 +403,10 @@ class SignalHistory:
                 p = self._plans[key] = dataclasses.replace(q, metrics=snap.metrics, labelsets=snap.labelsets,
                                                            seen_ids=None)
                 return p
-        m = mmap[snap.metric_ids]
-        s = smap[snap.series_ids]
+        # ids as int32 (they fit: metric and series ids of one history): half the new memory of a cold
+        # start's gathers, which is page faults
+        m = mmap.astype(np.int32)[snap.metric_ids]
+        s = smap.astype(np.int32)[snap.series_ids]
         is_c = self._keep_of_metric[m] > 0
         wanted = self._wanted(m, s)
         g_rows = np.flatnonzero(~is_c if wanted is None else ~is_c & wanted)
@@ -411,17 +430,17 @@ class SignalHistory:
     def _unplanned_slots(self, g_new: int, c_new: int) -> None:
         if g_new:
             key = np.concatenate(self._slot_ms["gauge"])[self._g_m.size:]
-            self._g_m = np.concatenate((self._g_m, (key >> 32).astype(np.int32)))
-            self._g_s = np.concatenate((self._g_s, (key & 0xFFFFFFFF).astype(np.int32)))
-            self._g_v = np.concatenate((self._g_v, np.full(g_new, np.nan)))
-            self._g_t = np.concatenate((self._g_t, np.full(g_new, -np.inf)))
-            self._g_since = np.concatenate((self._g_since, np.full(g_new, -np.inf)))
+            self._g_m = _grown(self._g_m, (key >> 32).astype(np.int32))
+            self._g_s = _grown(self._g_s, (key & 0xFFFFFFFF).astype(np.int32))
+            self._g_v = _grown(self._g_v, np.full(g_new, np.nan))
+            self._g_t = _grown(self._g_t, np.full(g_new, -np.inf))
+            self._g_since = _grown(self._g_since, np.full(g_new, -np.inf))
         if c_new:
             base = self._c_last.size
-            self._c_last = np.concatenate((self._c_last, np.full(c_new, np.nan)))
-            self._c_off = np.concatenate((self._c_off, np.zeros(c_new)))
-            self._c_grp = np.concatenate((self._c_grp, np.zeros(c_new, np.int64)))
-            self._c_col = np.concatenate((self._c_col, np.zeros(c_new, np.int64)))
+            self._c_last = _grown(self._c_last, np.full(c_new, np.nan))
+            self._c_off = _grown(self._c_off, np.zeros(c_new))
+            self._c_grp = _grown(self._c_grp, np.zeros(c_new, np.int64))
+            self._c_col = _grown(self._c_col, np.zeros(c_new, np.int64))
             key = np.concatenate(self._slot_ms["counter"])[base:base + c_new]
             m, s = key >> 32, key & 0xFFFFFFFF
             keeps = self._keep_of_metric[m]
@@ -472,7 +491,8 @@ class SignalHistory:
             idx[0], idx[1] = uniq, slots_u
             self._n_slots[table] = base + uniq.size
             self._slot_ms[table].append(uniq)
-            return slots_u[inv], int(uniq.size)
+            inv += base  # = slots_u[inv], in place (inv is _unique_pairs' own)
+            return inv, int(uniq.size)
         pos = np.asarray(np.searchsorted(keys_sorted, uniq), np.int64)
         found = np.zeros(uniq.size, bool)
         if n_have:
