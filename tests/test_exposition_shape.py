@@ -166,7 +166,8 @@ def test_a_page_unlike_the_shape_is_planned_row_by_row() -> None:
 
 def test_bulk_merge_edge_cases_equal_parse_and_merge() -> None:
     raws = [f'{{gpu="{i}",pod="{"" if i % 3 else "p"}",k="é{i}"}}'.encode() for i in range(10)]
-    for extra in [(), (("instance", ""),), (("instance", "n"),), (("gpu", "9"),), (("instance", "n"), ("pod", "q")),
+    for extra in [(), (("instance", ""),), (("instance", "n"),), (("A", "1"), ("h", "2"), ("zz", "3")),
+                  (("gpu", "9"),), (("instance", "n"), ("pod", "q")),
                   ((HONOR_LABELS_MARK, ""), ("job", "j")), ((HONOR_LABELS_MARK, "1"), ("job", "j")),
                   ((HONOR_LABELS_MARK, "1"), ("gpu", "9"))]:
         keyed = [(extra, r) for r in raws]
@@ -178,4 +179,4 @@ def test_bulk_merge_edge_cases_equal_parse_and_merge() -> None:
             want.append(_merge_extra(parsed, extra) if extra else parsed)
         assert got is None or got == want
         # taken in bulk exactly where the scraper labels only add names with values
-        assert (got is not None) == (extra in [(), (("instance", "n"),)])
+        assert (got is not None) == (extra in [(), (("instance", "n"),), (("A", "1"), ("h", "2"), ("zz", "3"))])

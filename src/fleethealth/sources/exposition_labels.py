@@ -329,12 +329,16 @@ def _merged_bulk(keyed: list[tuple[LabelSet, bytes]], cache: LabelCache) -> list
         return None
     cache.template = found
     nk = len(found[3])
-    columns: list[list[Any]] = [pieces[1 + 2 * j::2 * nk] for j in range(nk)]
-    columns += [[e[j][1] for e in map(itemgetter(0), keyed)] for j in range(len(extra_keys))]
-    cols, empty = _pair_columns(columns, found[3] + extra_keys)
-    sets = _zip_sets(cols, empty)
-    # the unmerged sets too, for ``parsed`` (the other paths' memo): the same pair columns less the extra's
-    own = _zip_sets([c for c in cols if c[0][0] not in extra_keys], empty) if extra_keys else sets
+    cols, empty = _pair_columns([pieces[1 + 2 * j::2 * nk] for j in range(nk)], found[3])
+    own = _zip_sets(cols, empty)  # (for ``parsed``, the other paths' memo)
+    if not extra_keys:
+        sets = own
+    else:  # the extra's pairs (non-empty values) as columns of their own, at their names' places
+        of_key = sorted(found[3])
+        extra_of = list(map(itemgetter(0), keyed))
+        for j, k in sorted(enumerate(extra_keys), key=itemgetter(1), reverse=True):
+            cols.insert(bisect_left(of_key, k), list(map(itemgetter(j), extra_of)))
+        sets = _zip_sets(cols, empty)
     merged, parsed = cache.merged, cache.parsed
     for memo in (merged, parsed):
         if len(memo) + n >= _LABEL_CACHE_MAX:

@@ -228,7 +228,7 @@ class PagePlans:
                         i += k
                         continue
                 del self._plans[keys[i]]  # the pages changed: planned again below, from this scrape
-            if raw is None or not _plannable(raw) or self._failed.get(keys[i], 0) > self.scrapes:
+            if raw is None or not _plannable_head(raw) or self._failed.get(keys[i], 0) > self.scrapes:
                 flush_run()
                 left.append(i)
             else:
@@ -243,7 +243,10 @@ class PagePlans:
 
     def _make(self, b: SnapshotBuilder, shared: bool, pages: list[int], raws: Sequence[bytes | None],
               keys: list[PageKey], default_ts: float, counts: list[int]) -> bool:
-        tx = _Text.of([r for r in (raws[p] for p in pages) if r is not None])
+        texts = [r for r in (raws[p] for p in pages) if r is not None]
+        tx = _Text.of(texts)
+        if tx.odd and not all(map(_plannable, texts)):
+            return False  # (a CR or NUL: the pages are planned by halves, the page with it not at all)
         sources = [keys[p][0] for p in pages]
         page_keys = [keys[p] for p in pages]
         # First as pages laid out like one planned before (the fleet's pages share one layout: a
@@ -289,35 +292,46 @@ class _Text:
     arr: np.ndarray
     nls: np.ndarray
     ends: np.ndarray
+    odd: bool  # a byte below 14 other than a newline (CR, NUL, tab, ...): see ``_plannable``
 
     @staticmethod
     def of(texts: list[bytes]) -> _Text:
         text = b"".join(texts)
         arr = np.frombuffer(text, np.uint8)
-        return _Text(text, arr, _newlines(arr), np.cumsum(np.fromiter(map(len, texts), np.int64, len(texts))) - 1)
+        nls, odd = _newlines(arr)
+        return _Text(text, arr, nls, np.cumsum(np.fromiter(map(len, texts), np.int64, len(texts))) - 1, odd)
 
 
-def _newlines(arr: np.ndarray) -> np.ndarray:
+def _newlines(arr: np.ndarray) -> tuple[np.ndarray, bool]:
     """Offsets of every newline, found piece by piece into a reused scratch buffer (a whole-text compare
-    writes and reads back a temporary the size of the text)."""
+    writes and reads back a temporary the size of the text), and whether another byte below 14 is there:
+    the bytes below 14 are found (as cheaply as the newlines alone), then the newlines among them."""
     scratch = np.empty(min(arr.shape[0], _PIECE), bool)
     parts = []
+    odd = False
     for c0 in range(0, arr.shape[0], _PIECE):
         c1 = min(c0 + _PIECE, arr.shape[0])
         m = scratch[: c1 - c0]
-        np.equal(arr[c0:c1], 10, out=m)
-        parts.append(np.flatnonzero(m) + c0)
-    return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+        np.less(arr[c0:c1], 14, out=m)
+        low = np.flatnonzero(m) + c0
+        nl = low[arr[low] == 10]
+        odd = odd or nl.shape[0] != low.shape[0]
+        parts.append(nl)
+    return (np.concatenate(parts) if parts else np.zeros(0, np.int64)), odd
 
 
 _PIECE = 1 << 18
 
 
+def _plannable_head(raw: bytes) -> bool:
+    """``_plannable`` but for CR and NUL, which a chunk's newline scan finds at no cost (``_Text.odd``)."""
+    return raw[:2] == b"# " and raw[-1:] == b"\n" and raw[-2:-1] != b"\n" and not is_openmetrics(raw)
+
+
 def _plannable(raw: bytes) -> bool:
     """The page-wide part of the plan's shape: starts with a comment, ends with one newline, no CR, no
     NUL, not OpenMetrics."""
-    return (raw[:2] == b"# " and raw[-1:] == b"\n" and raw[-2:-1] != b"\n" and b"\r" not in raw
-            and b"\0" not in raw and not is_openmetrics(raw))
+    return _plannable_head(raw) and b"\r" not in raw and b"\0" not in raw
 
 
 def _line_starts(nls: np.ndarray) -> np.ndarray:
