@@ -167,3 +167,29 @@ def test_a_quiet_node_with_a_low_last_reading_is_stepped_in_order() -> None:
     assert df.state.entities["n2"].blocked == "tp_group:tpA"  # held: n3 read low too when n2 was stepped
     assert [x.to_dict() for x in df.intents] == [x.to_dict() for x in dp.intents]
     assert df.state.to_dict() == dp.state.to_dict()
+
+
+def test_a_flag_storm_answers_as_the_plain_decider_cycle_after_cycle() -> None:
+    """Every GPU flagged from the second cycle on (Xid 79, a recovery action on some), held for cycles: the
+    flagged tuples and their per-node flags kept from cycle to cycle answer as the plain decider does, and a
+    GPU whose flags change is read anew."""
+    rows: dict[str, Any] = {n: (0.95, 1.0, "min:hardware", ()) for n in NODES + REPLICAS + GPUS}
+    fast, plain = Decider(POL), Decider(POL, fast=False)
+    sf, sp = DecisionState(), DecisionState()
+    t = 1_000.0
+    for cycle_no in range(7):
+        if cycle_no == 1:
+            rows.update({g: (0.0, 1.0, "gate:xid", ("xid:79",)) for g in GPUS})
+        if cycle_no == 4:
+            rows[GPUS[2]] = (0.0, 1.0, "gate:xid", ("xid:79", "recovery_action:DRAIN_AND_RESET"))
+        if cycle_no == 5:
+            rows[GPUS[0]] = (0.95, 1.0, "min:hardware", ())
+        kinds = _kinds(rows)
+        df = fast.decide(sf, Health(kinds, t), t, labels_key="k")
+        dp = plain.decide(sp, Health(kinds, t), t, labels_key="k")
+        assert [x.to_dict() for x in df.transitions] == [x.to_dict() for x in dp.transitions]
+        assert [x.to_dict() for x in df.intents] == [x.to_dict() for x in dp.intents]
+        assert df.state.to_dict() == dp.state.to_dict()
+        sf, sp = df.state, dp.state
+        t += 15.0
+    assert any(es.state != State.READY for es in sf.entities.values())

@@ -104,7 +104,7 @@ class Cycle:
         """The entity, copied on first change: the caller's state is never modified, and a steady
         entity costs no copy."""
         if eid not in self.copied:
-            self.s.entities[eid] = self.s.entities[eid].copy()
+            self.s.entities[eid] = self.s.entities[eid].fork()
             self.copied.add(eid)
         return self.s.entities[eid]
 

@@ -26,6 +26,7 @@ helpers) stays importable from this module.
 
 from __future__ import annotations
 
+import operator
 from collections import defaultdict
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from typing import Any
@@ -120,6 +121,8 @@ class Decider(SafetyRules, Repairs, FailureDomains):
         self._steady_ok: dict[str, tuple[EntityLifecycle, Observation]] = {}
         self._app_flags = frozenset(f"xid:{x}" for x in self.policy.xid.app_xids)
         self._chronic_kept: dict[str, Any] = {}  # chronic.node_evidence's: signal rows, job sizes
+        # _flagged_by_node's answer and the flagged GPU tuples it was made of
+        self._flagged_kept: tuple[list[HealthTuple], dict[str, frozenset[str]], dict[str, list[HealthTuple]]] | None = None
 
     # ------------------------------------------------------------------------------------------
     def decide(self, state: DecisionState, health: Any, now: float, events: Sequence[Event] = (),
@@ -160,10 +163,11 @@ class Decider(SafetyRules, Repairs, FailureDomains):
         for t in life:
             if t.kind == "node" and t.flags:
                 node_flags[t.entity].update(t.flags)
-        for g in flagged_gpus:
-            n = node_of(g)
-            node_flags[n].update(g.flags)
-            gpu_by_node[n].append(g)
+        flags_of, gpus_of = self._flagged_by_node(flagged_gpus)
+        for n, nf in flags_of.items():
+            node_flags[n].update(nf)
+        for n, gs in gpus_of.items():
+            gpu_by_node[n] = list(gs)
         c.node_flags = node_flags  # physical evidence, asked by the version passes below
 
         labels_ok = self._labels_ok
@@ -288,6 +292,28 @@ class Decider(SafetyRules, Repairs, FailureDomains):
         s.last_ts = now
         return Decision(s, c.transitions, c.intents, now, confidence_counts=own_counts)
 
+    def _flagged_by_node(self, flagged: list[HealthTuple]) -> tuple[dict[str, frozenset[str]],
+                                                                    dict[str, list[HealthTuple]]]:
+        """Per node (``node_of``), the union of its flagged GPUs' flags and those GPUs in order. Fast: kept
+        while the flagged tuples are the same objects as last cycle's (a flag storm: 100k GPUs, every
+        cycle); the caller copies what it hands on."""
+        kept = self._flagged_kept
+        if self.fast and kept is not None and len(kept[0]) == len(flagged) and all(map(operator.is_, kept[0], flagged)):
+            return kept[1], kept[2]
+        sets: dict[str, set[str]] = {}
+        gpus_of: dict[str, list[HealthTuple]] = {}
+        for g in flagged:
+            n = node_of(g)
+            fl = sets.get(n)
+            if fl is None:
+                fl = sets[n] = set()
+                gpus_of[n] = []
+            fl.update(g.flags)
+            gpus_of[n].append(g)
+        flags_of = {n: frozenset(fl) for n, fl in sets.items()}
+        self._flagged_kept = (list(flagged), flags_of, gpus_of) if self.fast else None
+        return flags_of, gpus_of
+
     def _unsteady(self, c: Cycle, obs: Mapping[str, Observation | None], serving_by_id: Mapping[str, HealthTuple],
                   by_id: Mapping[str, HealthTuple], ev_by_entity: Mapping[str, list[Event]]) -> list[str]:
         """The entities that need a step this cycle. A steady node is skipped as in the plain loop (its
@@ -388,8 +414,8 @@ class Decider(SafetyRules, Repairs, FailureDomains):
             es.last_value, es.last_confidence, es.last_reason = o.value, o.confidence, o.reason
         if usable:
             es.last_known_ts = now
-        advance_timers(es.timers, o, now, lc, es.state)
         conds = holding_conds(o, lc)
+        advance_timers(es.timers, o, now, lc, es.state, conds)
         if es.kind == "node":
             conds |= chronic.conds(es.state, es.timers, c.chronic.get(es.entity), now, p, o)
         if usable and es.state == State.STARTING:
@@ -430,7 +456,9 @@ class Decider(SafetyRules, Repairs, FailureDomains):
                     c.emit(IntentKind.RUN_ACTIVE_TEST, es.entity, f"version_resolved:{released}",
                            {"tests": tests}, Tier.NODE)
         chosen: Rule | None = None
-        for rule in candidate_rules(es.state, conds, es.timers, now - es.since, lc):
+        # (vetoes and soft fallbacks change neither state, timers nor conditions: asked once)
+        candidates = candidate_rules(es.state, conds, es.timers, now - es.since, lc)
+        for rule in candidates:
             if rule.cond == Cond.DRAIN_TIMEOUT and ladder.running(es.repair):
                 continue  # the repair ladder's own timeouts apply while it runs
             why = self._veto(c, es, rule, suspects, approved=Cond.HUMAN_QUARANTINE in conds,
@@ -440,8 +468,7 @@ class Decider(SafetyRules, Repairs, FailureDomains):
                 break
             self._soft_fallback(c, es, why, o)
         if chosen is None:
-            if es.blocked and not any(r.dst in REMEDIATION_TARGETS for r in
-                                      candidate_rules(es.state, conds, es.timers, now - es.since, lc)):
+            if es.blocked and not any(r.dst in REMEDIATION_TARGETS for r in candidates):
                 es.blocked, es.blocked_since = None, None  # nothing wants remediation any more
             self._flag(c, es, o)
             return

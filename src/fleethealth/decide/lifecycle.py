@@ -55,7 +55,8 @@ for the README, so the picture cannot drift from the code.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import operator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -158,14 +159,21 @@ REMEDIATION_TARGETS: frozenset[State] = frozenset({State.DRAINING, State.QUARANT
 
 
 _SIGNAL_KEYS = frozenset(str(c) for c in SIGNAL_CONDS)
+_COND_OF_KEY: dict[str, Cond] = {str(c): c for c in Cond}  # a timer's key -> its condition (no enum call)
 # Per state, the signal conditions its rules read (only those need timers).
 TIMED_CONDS: dict[State, tuple[Cond, ...]] = {
     st: tuple(dict.fromkeys(r.cond for r in RULES if r.src == st and r.cond in SIGNAL_CONDS)) for st in State
 }
+_TIMED_KEYS: dict[State, tuple[tuple[Cond, str], ...]] = {st: tuple((c, str(c)) for c in cs) for st, cs in TIMED_CONDS.items()}
+# Per state, its rules in table order: looked up every step of every entity (a flag storm steps them all).
+_RULES_FROM: dict[State, tuple[Rule, ...]] = {st: tuple(r for r in RULES if r.src == st) for st in State}
+_OPS: dict[str, Callable[[float, float], bool]] = {"<": operator.lt, ">": operator.gt, ">=": operator.ge,
+                                                   "<=": operator.le}
+_SIGNAL_TESTS = tuple((cond, attr, _OPS[op]) for cond, (attr, op) in SIGNAL_CONDS.items())
 
 
 def rules_from(state: State) -> list[Rule]:
-    return [r for r in RULES if r.src == state]
+    return list(_RULES_FROM[state])
 
 
 @dataclass(slots=True)
@@ -204,11 +212,7 @@ def holding_conds(obs: Observation | None, lc: Lifecycle) -> set[Cond]:
     if obs is None or not obs.usable(lc):
         return set()
     v = float(obs.value)  # type: ignore[arg-type]
-    out: set[Cond] = set()
-    for cond, (attr, op) in SIGNAL_CONDS.items():
-        t = float(getattr(lc, attr))
-        if (op == "<" and v < t) or (op == ">" and v > t) or (op == ">=" and v >= t) or (op == "<=" and v <= t):
-            out.add(cond)
+    out = {cond for cond, attr, op in _SIGNAL_TESTS if op(v, float(getattr(lc, attr)))}
     if lc.floor_dwell_s is None or not obs.floor:  # the fast path is off, or not a counter at the floor
         out.discard(Cond.AT_FLOOR)
     if obs.gate:
@@ -220,19 +224,21 @@ def holding_conds(obs: Observation | None, lc: Lifecycle) -> set[Cond]:
 
 
 def advance_timers(timers: dict[str, Timer], obs: Observation | None, now: float, lc: Lifecycle,
-                   state: State) -> None:
+                   state: State, holding: set[Cond] | None = None) -> None:
     """Apply one observation to the timers (in place), as described in the module docstring. Only the
-    conditions that some rule of ``state`` reads are timed; other timers are dropped."""
+    conditions that some rule of ``state`` reads are timed; other timers are dropped. ``holding``:
+    ``holding_conds(obs, lc)`` where the caller has computed it already."""
     timed = TIMED_CONDS[state]
-    for key in [k for k in timers if k in _SIGNAL_KEYS and Cond(k) not in timed]:
-        del timers[key]
+    if timers:
+        for key in [k for k in timers if k in _SIGNAL_KEYS and _COND_OF_KEY[k] not in timed]:
+            del timers[key]
     if obs is None or not obs.usable(lc):
         for t in timers.values():
             t.last_ts = None
         return
-    holding = holding_conds(obs, lc)
-    for cond in timed:
-        key = str(cond)
+    if holding is None:
+        holding = holding_conds(obs, lc)
+    for cond, key in _TIMED_KEYS[state]:
         if cond in holding:
             tm = timers.get(key)
             if tm is None:
@@ -248,7 +254,7 @@ def advance_timers(timers: dict[str, Timer], obs: Observation | None, now: float
 def timers_after_transition(timers: dict[str, Timer], src: State, dst: State) -> dict[str, Timer]:
     """The timers that survive a transition (see the module docstring)."""
     if src == State.READY and dst == State.DEGRADED:
-        return {k: t for k, t in timers.items() if (k in _SIGNAL_KEYS and Cond(k) not in IMPROVING_CONDS)
+        return {k: t for k, t in timers.items() if (k in _SIGNAL_KEYS and _COND_OF_KEY[k] not in IMPROVING_CONDS)
                 or k == "chronic_cusum"}  # the CUSUM of decide.chronic keeps adding up
     return {}
 
@@ -278,7 +284,7 @@ def candidate_rules(state: State, conds: set[Cond], timers: dict[str, Timer], in
                     lc: Lifecycle) -> list[Rule]:
     """Every rule of this state whose condition holds, in priority order (the caller takes the first one
     that safety allows)."""
-    return [r for r in rules_from(state) if rule_holds(r, conds, timers, in_state_s, lc)]
+    return [r for r in _RULES_FROM[state] if rule_holds(r, conds, timers, in_state_s, lc)]
 
 
 def _cond_label(rule: Rule, lc: Lifecycle | None) -> str:

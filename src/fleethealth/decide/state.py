@@ -75,6 +75,20 @@ class EntityLifecycle:
             version_hold=self.version_hold,
         )
 
+    def fork(self) -> EntityLifecycle:
+        """The decider's working copy of an entity it changes this cycle (``Cycle.mut``): ``copy`` except that
+        the lists the decider only ever replaces, never changes in place (recoveries, remaps, episodes: each
+        pass assigns a new list), are shared, as ``seen`` shares them. A fleet-wide flag storm changes every
+        node every cycle: three lists less per node per cycle for the cyclic collector to walk."""
+        return EntityLifecycle(
+            self.entity, self.kind, self.state, self.since,
+            {k: Timer(t.accum_s, t.last_ts) for k, t in self.timers.items()}, self.transitions,
+            self.recoveries, dict(self.labels), self.last_value, self.last_confidence, self.last_reason,
+            self.last_known_ts, self.weight, self.no_new_work, self.flagged, self.blocked, self.reset_scheduled,
+            self.absent_since, self.overload_until, repair=self.repair, blocked_since=self.blocked_since,
+            remaps=self.remaps, episodes=self.episodes, version_hold=self.version_hold,
+        )
+
     def seen(self, value: float | None, confidence: float, reason: str, ts: float) -> EntityLifecycle:
         """This entity after a usable observation that changed nothing else (the decider's steady
         replicas): a new object sharing the containers, which neither object ever changes in place (the

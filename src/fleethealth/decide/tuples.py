@@ -84,8 +84,7 @@ def _flagged_gpus(health: Any, memo: LabelMemo | None, rows: dict[str, _Rows] | 
     if rows is None or ks is None or memo is None or not flagged:
         if rows is not None:
             rows.pop(_FLAGGED, None)
-        return [_tuple_at(health, ks, i, lab) for i, lab in zip(flagged, _labels_of(health, ks, flagged, memo),
-                                                                 strict=True)]
+        return _tuples_at(health, ks, flagged, _labels_of(health, ks, flagged, memo))
     diff = None if prev is None or prev.memo is not memo else _changed_rows(ks, prev)
     if diff is None:
         changed = None
@@ -97,12 +96,14 @@ def _flagged_gpus(health: Any, memo: LabelMemo | None, rows: dict[str, _Rows] | 
     by_row: dict[int, HealthTuple] = {}
     kept = {i: t for i in flagged
             if changed is not None and prev is not None and not changed[i] and (t := prev.by_row.get(i)) is not None}
-    # the labels of the newly flagged rows in one call (a storm flags every GPU at once)
-    _memo_labels(health.meta, ks.kind, ks.names, [i for i in flagged if i not in kept], memo)
+    # the newly flagged rows' labels in one call and their tuples from the columns at once (a storm flags
+    # every GPU at once)
+    need = [i for i in flagged if i not in kept]
+    made = dict(zip(need, _tuples_at(health, ks, need, _labels_of(health, ks, need, memo)), strict=True))
     for i in flagged:
         t = kept.get(i)
         if t is None:
-            t = _tuple_at(health, ks, i, memo[(ks.kind, ks.names[i])])
+            t = made[i]
         by_row[i] = t
         out.append(t)
     rows[_FLAGGED] = _Rows(_FLAGGED, prev.names if diff is not None and prev is not None else list(ks.names), value,
@@ -321,9 +322,9 @@ def _light_tuples_reusing(health: Any, kind: str, memo: LabelMemo | None, cache:
         if asked is None:
             assert memo is not None
             _memo_labels(health.meta, kind, ks.names, redo, memo)
-        for i in redo:
-            labels = asked[i] if asked is not None else memo[(kind, ks.names[i])]  # type: ignore[index]
-            tuples[i] = _tuple_at(health, ks, i, labels)
+        labels = [asked[i] for i in redo] if asked is not None else [memo[(kind, ks.names[i])] for i in redo]  # type: ignore[index]
+        for i, t in zip(redo, _tuples_at(health, ks, redo, labels), strict=True):
+            tuples[i] = t
     cache[kind] = _Rows(kind, prev.names, value, conf, np.array(ks.worst, np.int64), reason, flags, wm,
                         prev.categories, memo, tuples)
     return tuples
@@ -340,10 +341,34 @@ def _tuple_at(health: Any, ks: Any, i: int, labels: dict[str, str]) -> HealthTup
     )
 
 
+def _tuples_at(health: Any, ks: Any, rows: list[int], labels: list[dict[str, str]]) -> list[HealthTuple]:
+    """``_tuple_at`` of each of ``rows`` (with its labels), the columns read at once instead of one numpy
+    scalar at a time (a storm makes one per GPU)."""
+    if not rows:
+        return []
+    values = np.asarray(ks.value, np.float64)[rows].tolist()
+    conf = np.asarray(ks.confidence, np.float64)[rows].tolist()
+    worst = np.asarray(ks.worst)[rows].tolist()
+    names, ek, cats, reason, wm, flags, now = ks.names, ks.kind, ks.categories, ks.reason, ks.worst_member, ks.flags, health.now
+    out = []
+    for j, i in enumerate(rows):
+        v = values[j]
+        w = int(worst[j])
+        out.append(HealthTuple(
+            entity=names[i], kind=ek, value=None if v != v else v, confidence=conf[j],
+            worst=cats[w] if w >= 0 else None, reason=str(reason[i]), labels=labels[j],
+            worst_member=wm.get(i), flags=tuple(flags.get(i, ())), ts=now,
+        ))
+    return out
+
+
 def node_of(t: HealthTuple) -> str:
     if t.kind == "node":
         return t.entity
-    for k in ("node", "Hostname", "hostname"):
-        if t.labels.get(k):
-            return t.labels[k]
+    labels = t.labels
+    if labels:  # (asked of every flagged GPU every cycle: a storm flags them all)
+        for k in ("node", "Hostname", "hostname"):
+            v = labels.get(k)
+            if v:
+                return v
     return t.entity.rsplit("/", 1)[0]
