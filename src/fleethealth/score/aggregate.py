@@ -452,7 +452,8 @@ def _derive(plan: _SpecPlan, sub_t: np.ndarray, fresh_t: np.ndarray, weights: li
     if plan.direct:
         cat_t[plan.direct_cats] = sub_t[plan.direct_rows]
     if plan.multi:
-        wsub = plan.weights[:, None] * np.where(fresh_t, sub_t, 0.0)  # NaN exactly where not fresh
+        wsub = np.where(fresh_t, sub_t, 0.0)  # NaN exactly where not fresh
+        wsub *= plan.weights[:, None]  # in place: one m x n temporary, not two (new pages on a cold cycle)
         zero = sub_t == 0  # NaN is never == 0: only fresh zeroes
         with np.errstate(invalid="ignore", divide="ignore"):
             for (c, rows, _), (pos, safe) in zip(plan.multi, weights, strict=True):
