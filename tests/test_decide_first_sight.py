@@ -193,3 +193,29 @@ def test_a_flag_storm_answers_as_the_plain_decider_cycle_after_cycle() -> None:
         sf, sp = df.state, dp.state
         t += 15.0
     assert any(es.state != State.READY for es in sf.entities.values())
+
+
+def test_decide_runs_without_cyclic_collection_and_leaves_the_collector_as_it_found_it(monkeypatch: Any) -> None:
+    import gc
+
+    seen: list[bool] = []
+    orig = Decider._decide
+
+    def spy(self: Decider, *a: Any) -> Any:
+        seen.append(gc.isenabled())
+        return orig(self, *a)
+
+    monkeypatch.setattr(Decider, "_decide", spy)
+    rows = {n: (0.95, 1.0, "min:hardware", ()) for n in NODES + REPLICAS + GPUS}
+    was = gc.isenabled()
+    try:
+        gc.enable()
+        Decider(POL).decide(DecisionState(), Health(_kinds(rows), 100.0), 100.0)
+        assert gc.isenabled()
+        gc.disable()
+        Decider(POL).decide(DecisionState(), Health(_kinds(rows), 100.0), 100.0)
+        assert not gc.isenabled()
+    finally:
+        if was:
+            gc.enable()
+    assert seen == [False, False]
