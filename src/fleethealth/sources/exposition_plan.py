@@ -28,7 +28,10 @@ page with only its value texts changed (no newline inside a prefix, every byte c
 reads, on every path, as one sample per sample line with the line's metric and labels (merged with the
 scraper's as Prometheus merges them), the value float() gives, the scrape's timestamp, and an issue for
 a value that must become missing data. ``tests/test_exposition_plan.py`` checks it against the plain
-path for pages that change between scrapes (structure, values, broken lines) with Hypothesis.
+path for pages that change between scrapes (structure, values, broken lines) with Hypothesis, and
+``tests/test_exposition_shape.py`` for pages planned like another page's shape (below). (CR and NUL
+are looked for by the newline scan of step 1 when a plan is made: any byte below 14 but a newline
+makes the chunk's pages be checked one by one.)
 
 A plan is made from the scrape that has none (a cold read: 12,500 pages of 100k GPUs) without reading
 every line: each row is taken to equal the row it most likely equals (``_build``), and the apply that
