@@ -61,7 +61,7 @@ class _Resolver:
         self.key_node: list[int] = []  # key id -> node key id (for gpu keys), else -1
         self.display: list[str] = []  # key id -> entity name without the kind prefix
         self._display_arr = np.zeros(0, object)
-        self.cols: dict[str, list[int]] = {k: [] for k in KINDS}
+        self._parts: dict[str, list[np.ndarray]] = {k: [] for k in KINDS}  # key ids of chunks not in ``arr``
         self.arr: dict[str, np.ndarray] = {}
         self.labelsets: list[LabelSet] | None = None
         self._groups: dict[tuple[str, ...], tuple[int, dict[tuple[str, ...], int], list[int], np.ndarray]] = {}
@@ -169,8 +169,15 @@ class _Resolver:
         for lo in range(self.n, len(labelsets), _UPDATE_CHUNK):
             self._update_chunk(labelsets[lo : lo + _UPDATE_CHUNK])
         self.n = len(labelsets)
-        self.arr = {k: np.asarray(v, np.int64) for k, v in self.cols.items()}
+        self.arr = {k: np.concatenate([self.arr[k], *self._parts[k]] if k in self.arr else self._parts[k])
+                    for k in KINDS}
+        self._parts = {k: [] for k in KINDS}
         self.labelsets = labelsets
+
+    @property
+    def cols(self) -> dict[str, list[int]]:
+        """Per kind, each label set's key id (-1: none), as lists (``arr``: the same as arrays)."""
+        return {k: self.arr[k].tolist() if k in self.arr else [] for k in KINDS}
 
     def _update_chunk(self, new: list[LabelSet]) -> None:
         n = len(new)
@@ -236,14 +243,13 @@ class _Resolver:
             self.display.extend(new_disp)
             self.key_kind.extend(kinds.tolist())
         # per label set, each kind's key id
-        ids = [list(map(ix.get, c, repeat(-1))) if c else [-1] * n
+        ids = [np.fromiter(map(ix.get, c, repeat(-1)), np.int64, n) if c else np.full(n, -1, np.int64)
                for ix, c in zip(ixs, cols, strict=True)]
         if new_disp:
             # a new gpu key's node: the node of the first label set naming it
-            node_of = np.asarray(ids[0], np.int64)[at >> 2]
-            self.key_node.extend(np.where(kinds == 1, node_of, -1).tolist())
+            self.key_node.extend(np.where(kinds == 1, ids[0][at >> 2], -1).tolist())
         for kind, kids in zip(_ORDER, ids, strict=True):
-            self.cols[kind].extend(kids)
+            self._parts[kind].append(kids)
 
     def display_names(self, ids: np.ndarray) -> list[str]:
         if self._display_arr.size != len(self.display):
@@ -306,6 +312,8 @@ class _Columns:
         as a loop over ``labels`` taking the first that is set reads it."""
         out: list[str | None] | None = None
         for k in labels:
+            if out is not None and all(out):  # every one set: a later label changes nothing
+                break
             c = self.get(k)
             if c is None:
                 continue
