@@ -345,7 +345,7 @@ class Decider(SafetyRules, Repairs, FailureDomains):
                 hit = seen.get(eid)
                 if hit is not None and hit[0] is es and hit[1] is o:
                     continue
-                if self._steady(es, o):
+                if es.last_known_ts is not None and self._steady(es, o):  # (never usable yet: not steady)
                     seen[eid] = (es, o)  # type: ignore[assignment]
                     continue
                 if o is not None and eid not in c.chronic and self._quiet_node(es, o, lims):

@@ -363,12 +363,7 @@ class _MetaIndex:
         """The wanted labels of ``series``, the first series' value where several carry one; None when
         ``agreed`` and two of them carry different values (the caller then orders them by freshness)."""
         labelsets, wanted = self.snap.labelsets, self.wanted
-        if len(series) == 1:  # (nearly every entity) one label set: its wanted labels, unless a name repeats
-            pairs = [kv for kv in labelsets[series[0]] if kv[0] in wanted]
-            merged = dict(pairs)
-            if len(merged) == len(pairs):
-                return merged
-        merged = {}
+        merged: dict[str, str] = {}
         for sid in series:
             for k, v in labelsets[sid]:
                 if k in wanted:
