@@ -74,7 +74,7 @@ def test_cold_counters_land_in_their_metrics_groups() -> None:
 def test_unique_pairs_is_np_unique(pairs: list[tuple[int, int]], dtype: type) -> None:
     """The presence table (in place, int32 or int64 ids) answers as np.unique of the packed pairs; so
     does its sort fallback (a sparse table)."""
-    from fleethealth.signals.history import _unique_pairs
+    from fleethealth.signals.history_pairs import _unique_pairs
 
     m: np.ndarray = np.asarray([p[0] for p in pairs], dtype)
     s: np.ndarray = np.asarray([p[1] for p in pairs], dtype)
@@ -93,7 +93,7 @@ def test_unique_pairs_is_np_unique(pairs: list[tuple[int, int]], dtype: type) ->
 def test_stable_order_is_a_stable_argsort(slots: list[int], run: bool) -> None:
     """Distinct slots forming a run are placed at their offsets; anything else is sorted: either way a
     stable argsort."""
-    from fleethealth.signals.history import _stable_order
+    from fleethealth.signals.history_pairs import _stable_order
 
     a = np.asarray(slots if not run else list(np.random.default_rng(len(slots)).permutation(len(slots)) + 5),
                    np.int64)

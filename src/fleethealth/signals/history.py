@@ -46,6 +46,7 @@ from fleethealth.signals.history_counters import (
     counter_metrics,
     slo_counter_metrics,
 )
+from fleethealth.signals.history_pairs import _stable_order, _unique_pairs
 from fleethealth.signals.slo_buckets import HistogramIds, buckets_at_threshold
 from fleethealth.signals.snapshot import (
     CounterMatrix,
@@ -92,50 +93,6 @@ def _frozen(a: np.ndarray) -> bool:
     """Whether ``a``'s contents can no longer change: read-only and owning its memory (a read-only
     view of a writable array could change under it)."""
     return not a.flags.writeable and a.base is None
-
-
-def _unique_pairs(m: np.ndarray, s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``np.unique((m << 32) | s, return_inverse=True)``. Ids are small and dense (a few dozen metrics,
-    series numbered from 0), so a presence table over metric x series replaces the sort: at 100k GPUs
-    (2.9M pairs on a cold start) a sort costs ~0.5 s, the table a tenth of that. Temporaries are made in
-    place where they can be: on a cold start each new MB is page faults (~0.25 ms per MB)."""
-    if m.size == 0:
-        return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    n_s = int(s.max()) + 1
-    cells = (int(m.max()) + 1) * n_s
-    if int(m.min()) < 0 or int(s.min()) < 0 or cells > 4 * m.size + 4096:
-        uniq, inv = np.unique((m.astype(np.int64) << 32) | s.astype(np.int64), return_inverse=True)
-        return uniq, inv.reshape(-1)
-    flat = m.astype(np.int64)
-    flat *= n_s
-    flat += s
-    present = np.zeros(cells, bool)
-    present[flat] = True
-    cell = np.flatnonzero(present)
-    rank = np.cumsum(present, dtype=np.int64)
-    rank -= 1
-    inv = rank[flat]
-    del rank, flat
-    hi, lo = np.divmod(cell, n_s)
-    hi <<= 32
-    hi |= lo
-    return hi, inv
-
-
-def _stable_order(slot: np.ndarray) -> np.ndarray:
-    """``np.argsort(slot, kind="stable")``; for distinct slots forming one run (a plan made on a cold
-    start: every slot new) by placing each at its offset instead of sorting."""
-    if slot.size > 1:
-        lo = int(slot.min())
-        if int(slot.max()) - lo + 1 == slot.size:
-            at = slot - lo
-            seen = np.zeros(slot.size, bool)
-            seen[at] = True
-            if bool(seen.all()):  # each offset taken once: distinct, so the order is the sort
-                order = np.empty(slot.size, np.int64)
-                order[at] = np.arange(slot.size)
-                return order
-    return np.argsort(slot, kind="stable")
 
 
 def _grown(a: np.ndarray, more: np.ndarray) -> np.ndarray:
