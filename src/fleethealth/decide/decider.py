@@ -101,8 +101,9 @@ __all__ = [
 class Decider(SafetyRules, Repairs, FailureDomains):
     """``fast`` (the default) reuses, from one cycle to the next, what cannot have changed: the tuple and
     observation objects of entities whose scores are bit-for-bit the same, the verdict that a steady
-    entity's (unchanged) lifecycle and observation need nothing, and it skips the per-entity work of the
-    passes that only act on flagged, held or unhealthy entities. Every cache is keyed on object
+    entity's (unchanged) lifecycle and observation need nothing, the step of a quiet node that would only
+    record its reading (a fleet's first decision: every node; ``_quiet_node``), and it skips the per-entity
+    work of the passes that only act on flagged, held or unhealthy entities. Every cache is keyed on object
     identity (the decider's own outputs are never modified in place) or on equal inputs, so a fast
     decider answers exactly as ``fast=False`` (the plain code, every entity every cycle) does; the
     property tests hold the two side by side."""

@@ -14,6 +14,9 @@ flags, worst member and labels are unchanged; ``_serving_replicas`` does the sam
 consumer's replica rows and ``_flagged_gpus`` for the flagged GPUs' rows. Identity then carries the meaning "nothing changed" to the decider's other
 caches. These caches are answers, never state: they live in the ``Decider`` object the caller holds,
 and a cache that cannot be compared (a different set of names, categories or shapes) is rebuilt whole.
+
+Labels are asked for in one call per kind and cycle where the engine offers it (``labels_many``): a
+fleet's first decision needs every node's, a flag storm every GPU's; the same dicts as row by row.
 """
 
 from __future__ import annotations

@@ -6,7 +6,8 @@ Theory of operation
 first read (the serving consumer's one reader, the router, reads replicas alone; GPUs and nodes come
 together with the roll-up). ``HealthTuple`` objects are built on access, so a 100k-GPU fleet scores in a
 fraction of a second; their metadata labels (``_MetaIndex``) are gathered lazily from the label sets of
-an entity's samples and from the info metrics. A result holds its scorer's memory weakly: read after the
+an entity's samples and from the info metrics, for many rows in one pass where a caller asks for many
+(``labels_many``: the decider's first decision asks for every node's). A result holds its scorer's memory weakly: read after the
 scorer is gone, it aggregates with a memory of its own, the same numbers.
 
 A label that changes (a driver upgraded or rolled back) is a new series with the new value; the old one
