@@ -11,7 +11,8 @@ own ``instance`` label, keeping its ``PagePlans`` across reads as the direct scr
 controller runs its whole cycle on it: history, structural signals, scoring, decisions. HTTP is left
 out: it is the network's cost, not the controller's. The first cycle is cold (no label string seen
 before); later cycles are the steady state (same label strings, new values): the median of the later
-half of the cycles (the structural tracker settles its layout in the two cycles after the first). ``--old PATH`` runs this benchmark (the same pages) on another tree's fleethealth
+half of the cycles (the structural tracker settles its layout in the cycle after the first, and every node first
+enters its lifecycle in the second). ``--old PATH`` runs this benchmark (the same pages) on another tree's fleethealth
 (``git worktree add PATH COMMIT``) and on this one, each in a fresh process, alternately, and prints them side by side with the CPU
 calibration taken before each run (the machine may be shared). The run tunes its process's memory as the controller
 process does (``fleethealth.memory``: numpy's huge pages off, malloc keeping freed blocks); ``--untuned`` times
@@ -186,7 +187,7 @@ def bench_cycle(gpus: int = 100_000, cycles: int = 6, interval_s: float = 15.0,
         reports.append((rep, cpu, src.parse_s, src.parse_cpu_s))
         now += interval_s
     # The steady state: the later half of the cycles. The first is cold (every label set new, no counter
-    # history yet), and the structural tracker settles its layout over the next two (see the per-cycle
+    # history yet), and the structural tracker settles its layout in the next one (see the per-cycle
     # figures, which are all reported).
     last = reports[max(1, cycles // 2):] or reports
     samples = reports[-1][0].samples
