@@ -211,27 +211,8 @@ def _light_tuples(health: Any, kind: str, memo: LabelMemo | None = None) -> list
     ks = health.kinds.get(kind)
     if ks is None:
         return []
-    meta = health.meta
-    values = ks.value.tolist()
-    conf = ks.confidence.tolist()
-    worst = ks.worst.tolist()
-    names = list(ks.names)
-    if memo is None:
-        asked = _ask_labels(meta, kind, list(range(len(names))))
-    else:
-        _memo_labels(meta, kind, names, list(range(len(names))), memo)
-    out = []
-    ek, cats, reason, wm, flags, now = ks.kind, ks.categories, ks.reason, ks.worst_member, ks.flags, health.now
-    for i, name in enumerate(names):
-        v = values[i]
-        w = int(worst[i])
-        labels = asked[i] if memo is None else memo[(kind, name)]
-        out.append(HealthTuple(
-            entity=name, kind=ek, value=None if v != v else float(v), confidence=float(conf[i]),
-            worst=cats[w] if w >= 0 else None, reason=str(reason[i]), labels=labels,
-            worst_member=wm.get(i), flags=tuple(flags.get(i, ())), ts=now,
-        ))
-    return out
+    rows = list(range(len(ks.names)))
+    return _tuples_at(health, ks, rows, _labels_of(health, ks, rows, memo))
 
 
 @dataclass(slots=True)
@@ -309,7 +290,7 @@ def _light_tuples_reusing(health: Any, kind: str, memo: LabelMemo | None, cache:
         if asked is None:
             out = _light_tuples(health, kind, memo)
         else:
-            out = [_tuple_at(health, ks, i, asked[i]) for i in range(len(ks.names))]
+            out = _tuples_at(health, ks, list(range(len(ks.names))), asked)
         cache[kind] = _Rows(kind, list(ks.names), _bits(ks.value), _bits(ks.confidence), np.array(ks.worst, np.int64),
                             [str(r) for r in ks.reason], {int(i): tuple(f) for i, f in ks.flags.items()},
                             dict(ks.worst_member), list(ks.categories), memo, out)
@@ -335,13 +316,7 @@ def _light_tuples_reusing(health: Any, kind: str, memo: LabelMemo | None, cache:
 
 def _tuple_at(health: Any, ks: Any, i: int, labels: dict[str, str]) -> HealthTuple:
     """Row ``i`` of the engine's columns as ``_light_tuples`` builds it."""
-    v = float(ks.value[i])
-    w = int(ks.worst[i])
-    return HealthTuple(
-        entity=ks.names[i], kind=ks.kind, value=None if v != v else v, confidence=float(ks.confidence[i]),
-        worst=ks.categories[w] if w >= 0 else None, reason=str(ks.reason[i]), labels=labels,
-        worst_member=ks.worst_member.get(i), flags=tuple(ks.flags.get(i, ())), ts=health.now,
-    )
+    return _tuples_at(health, ks, [i], [labels])[0]
 
 
 def _tuples_at(health: Any, ks: Any, rows: list[int], labels: list[dict[str, str]]) -> list[HealthTuple]:
