@@ -354,12 +354,6 @@ class _MetaIndex:
         ent, ser, _ = self._pairs[kind]
         return ent, ser
 
-    def _series_of(self, kind: str, e: int) -> list[int]:
-        ent, ser = self._pairs_of(kind)
-        a = int(np.searchsorted(ent, e, "left"))
-        b = int(np.searchsorted(ent, e, "right"))
-        return ser[a:b].tolist()
-
     def _merged(self, series: tuple[int, ...], agreed: bool = True) -> dict[str, str] | None:
         """The wanted labels of ``series``, the first series' value where several carry one; None when
         ``agreed`` and two of them carry different values (the caller then orders them by freshness)."""
