@@ -57,6 +57,33 @@ def test_column_wise_description_is_the_one_at_a_time_one(sets: list[LabelSet]) 
     assert list(zip(*got, strict=True)) == want
 
 
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(sets=scrapes(), chunk=st.integers(1, 24))
+def test_description_a_chunk_at_a_time_is_the_one_at_a_time_one(sets: list[LabelSet], chunk: int) -> None:
+    """Chunks of any size (a page's label sets split between chunks, exporters interleaved in one, odd
+    label sets of the same length with other names): the same description."""
+    import pytest
+
+    import fleethealth.sources.structural_layout as layout
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(layout, "_CHUNK", chunk)
+        got = _describe_many(sets, NODE_LABELS, GPU_LABELS)
+    assert list(zip(*got, strict=True)) == [_one(ls) for ls in sets]
+
+
+def test_interleaved_exporters_in_big_chunks() -> None:
+    """Thousands of label sets of three shapes interleaved page by page (chunks of mixed lengths, split
+    by length), and of two shapes of one length (read one at a time): the same description."""
+    sets: list[LabelSet] = []
+    for p in range(300):
+        sets += [(("Hostname", f"n{p}"), ("gpu", str(g)), ("instance", f"n{p}:9400")) for g in range(8)]
+        sets += [(("instance", f"n{p}:9100"), ("job", "node"))]
+        sets += [(("node", f"n{p}" if p % 7 else ""), ("UUID", f"GPU-{p}"), ("job", "x"))] * (p % 3)
+    got = _describe_many(sets, NODE_LABELS, GPU_LABELS)
+    assert list(zip(*got, strict=True)) == [_one(ls) for ls in sets]
+
+
 def test_many_kinds_of_one_length_and_repeated_names() -> None:
     sets: list[LabelSet] = [(("a", str(i)), ("job", "j"), ("x" + str(i % 13), "v")) for i in range(100)]
     sets += [(("Hostname", ""), ("Hostname", "h"), ("gpu", "")), (("Hostname", "h"), ("Hostname", ""), ("UUID", "u"))]
@@ -85,6 +112,10 @@ def test_series_table_interns_as_the_one_at_a_time_tracker(batches: list[list[La
         assert fast.max_gpus == plain.max_gpus
         assert fast._names == plain._names and list(fast._pair_ix.items()) == list(plain._pair_ix.items())
         assert fast._pair_node == plain._pair_node
+        # the memory the controller saves: each node's GPU ids, off the pairs it has seen
+        want = {nm: sorted({g for (n, g) in plain._pair_ix if n == nm}) for nm in plain.max_gpus}
+        assert {nm: (n, sorted(ids)) for nm, (n, ids) in fast.memory().items()} == {
+            nm: (n, want[nm]) for nm, n in plain.max_gpus.items()}
     # one memory bump per new (node, GPU) pair, the batches' label sets described as the list grows
     tr = StructuralTracker()
     grown: list[LabelSet] = []

@@ -98,11 +98,17 @@ class StructuralTracker:
         # bumped whenever the memory (``memory()``) may have changed: the controller saves it then
         self.memory_version = 0
         self.target_nodes: dict[str, set[str]] = {}
-        # interned node names and (node, GPU) pairs, and the per-series table of the last label-set list
+        # interned node names, GPU ids and (node, GPU) pairs (each pair's name and GPU id; the known pairs'
+        # keys, name id << 32 | GPU id, sorted, and their pair ids), and the per-series table of the last
+        # label-set list
         self._names: list[str] = []
         self._name_ix: dict[str, int] = {}
-        self._pair_ix: dict[tuple[str, str], int] = {}
+        self._gpus: list[str] = []
+        self._gpu_ix: dict[str, int] = {}
         self._pair_node: list[int] = []
+        self._pair_gpu: list[int] = []
+        self._pair_keys = np.zeros(0, np.int64)
+        self._pair_key_ids = np.zeros(0, np.int64)
         self._table: _SeriesTable | None = None
         self._mcache: tuple[list[str], int, _Masks] | None = None
         self._pair_node_arr = np.zeros(0, np.int64)
@@ -130,9 +136,16 @@ class StructuralTracker:
         """What the tracker expects of each node by its past: (the most GPUs it has shown, the GPU ids it
         has shown), for the state store."""
         ids: dict[str, set[str]] = {nm: set(v) for nm, v in self.prior_gpus.items()}
-        for node, gpu in self._pair_ix:
-            ids.setdefault(node, set()).add(gpu)
+        names, gpus = self._names, self._gpus
+        for node, gpu in zip(self._pair_node, self._pair_gpu, strict=True):
+            ids.setdefault(names[node], set()).add(gpus[gpu])
         return {nm: (int(n), sorted(ids.get(nm, ()), key=_gpu_order)) for nm, n in self.max_gpus.items()}
+
+    @property
+    def _pair_ix(self) -> dict[tuple[str, str], int]:
+        """(node, GPU) -> pair id, in pair order (made on demand: the tracker keeps its pairs as ids)."""
+        names, gpus = self._names, self._gpus
+        return {(names[n], gpus[g]): i for i, (n, g) in enumerate(zip(self._pair_node, self._pair_gpu, strict=True))}
 
     def restore(self, memory: Mapping[str, tuple[int, Sequence[str]]]) -> None:
         """Take back a ``memory()`` (a controller restart): the counts and ids join what is known now."""

@@ -20,7 +20,7 @@ is kept here.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from itertools import compress, filterfalse, repeat
+from itertools import filterfalse, repeat
 from operator import is_not, ne
 from typing import TYPE_CHECKING, cast
 
@@ -66,10 +66,11 @@ class _SeriesTable:
         self._node_of: np.ndarray | None = None
 
     def extend(self, tr: StructuralTracker, labelsets: list[LabelSet]) -> None:
-        """Describe the label sets past ``n`` and intern their node names and (node, GPU) pairs with the
-        tracker, ids in order of first appearance. No Python step per label set but the describing
-        (``_describe_many``): a cold 100k-GPU cycle brings 100k new label sets and 12.5k nodes, interned
-        by C-level dict and map passes."""
+        """Describe the label sets past ``n`` and intern their node names, GPU ids and (node, GPU) pairs
+        with the tracker, ids in order of first appearance. No Python step per label set: a cold 100k-GPU
+        cycle brings 100k new label sets, described a chunk of columns at a time (``_describe_many``),
+        12.5k nodes and 8 GPU ids, interned by C-level dict and map passes, and 100k pairs, interned as
+        int keys in numpy (``_intern_pairs``)."""
         new = labelsets[self.n:]
         k = len(new)
         nodes, gpus, insts = _describe_many(new, tr.node_labels, tr.gpu_labels)
@@ -77,32 +78,13 @@ class _SeriesTable:
         self.inst.extend(insts)
         # (looked up with None too: never a key, so -1)
         name_ix = cast("dict[str | None, int]", tr._name_ix)
-        pair_ix = cast("dict[tuple[str | None, str | None], int]", tr._pair_ix)
-        distinct = dict.fromkeys(nodes)
-        distinct.pop(None, None)
-        names = list(filterfalse(name_ix.__contains__, distinct))
-        if names:
-            name_ix.update(zip(names, range(len(tr._names), len(tr._names) + len(names)), strict=True))
-            tr._names.extend(cast("list[str]", names))
-        name_id = np.fromiter(map(name_ix.get, nodes, repeat(-1)), np.int64, k)
-        # (node, GPU) pairs: only where both are labelled (-1 elsewhere)
-        paired = (name_id >= 0) & np.fromiter(map(is_not, gpus, repeat(None)), bool, k)
-        pairs = list(zip(nodes, gpus, strict=True))
-        if not paired.all():
-            pairs = list(compress(pairs, paired.tolist()))
-        distinct_pairs = dict.fromkeys(pairs)
-        fresh = list(filterfalse(pair_ix.__contains__, distinct_pairs) if pair_ix else distinct_pairs)
-        p0 = len(tr._pair_node)
-        if fresh:
-            pair_ix.update(zip(fresh, range(p0, p0 + len(fresh)), strict=True))
+        name_id = _interned(name_ix, tr._names, nodes)
+        gpu_id = _interned(cast("dict[str | None, int]", tr._gpu_ix), tr._gpus, gpus)
+        # (node, GPU) pairs: only where both are labelled (-1 elsewhere), as (name id, GPU id) int keys
         pair_id = np.full(k, -1, np.int64)
-        pair_id[paired] = np.fromiter(map(pair_ix.__getitem__, pairs), np.int64, len(pairs))
-        if fresh:  # each new pair's node: its first series' (any series of it: the same node)
-            first = pair_id >= p0
-            pair_node = np.empty(len(fresh), np.int64)
-            pair_node[pair_id[first] - p0] = name_id[first]
-            tr._pair_node.extend(pair_node.tolist())
-            tr.memory_version += len(fresh)  # (one bump per new pair, as one at a time)
+        paired = (name_id >= 0) & (gpu_id >= 0)
+        if paired.any():
+            pair_id[paired] = _intern_pairs(tr, (name_id[paired] << 32) | gpu_id[paired])
         learn = (name_id >= 0) & np.fromiter(map(is_not, insts, repeat(None)), bool, k) & np.fromiter(
             map(ne, nodes, insts), bool, k)
         self.name_id = np.concatenate((self.name_id, name_id))
@@ -134,13 +116,87 @@ class _SeriesTable:
         return self._node_of
 
 
+# label sets described together: a chunk's label sets and their pairs stay in the CPU's caches between
+# the passes of a column-wise reading (one transposition of 100k label sets is slower than a dict each)
+_CHUNK = 1024
+
+
 def _describe_many(sets: Sequence[LabelSet], node_labels: Sequence[str], gpu_labels: Sequence[str]
                    ) -> _Described:
     """Each label set's node (the first of ``node_labels`` with a non-empty value), GPU (the same of
     ``gpu_labels``) and ``instance`` label (as it is, empty included), as ``dict(ls)`` reads them (the
-    last of a repeated name). One at a time: a column-wise reading (``zip(*sets)``, names checked per
-    position) is no faster on the label sets of a cold cycle, which are not in the CPU's caches, and
-    a dict per label set is most of the cost either way."""
+    last of a repeated name). Column-wise, a chunk at a time (``_describe_chunk``): the label sets of
+    one exporter's pages have the same names at the same positions."""
+    nodes: list[str | None] = []
+    gpus: list[str | None] = []
+    insts: list[str | None] = []
+    for i in range(0, len(sets), _CHUNK):
+        n_, g_, i_ = _describe_chunk(sets[i:i + _CHUNK], node_labels, gpu_labels)
+        nodes.extend(n_)
+        gpus.extend(g_)
+        insts.extend(i_)
+    return nodes, gpus, insts
+
+
+def _describe_chunk(chunk: Sequence[LabelSet], node_labels: Sequence[str], gpu_labels: Sequence[str]
+                    ) -> tuple[Sequence[str | None], Sequence[str | None], Sequence[str | None]]:
+    """``_describe_many`` of a few label sets: off their columns when all have the same names at the same
+    positions, else by length (label sets of different exporters interleaved: each length's columns),
+    else one at a time."""
+    k = len(chunk)
+    cols = _transposed(chunk)
+    if cols is not None:
+        inst = cols.get("instance")
+        return (_first_set(cols, node_labels, k), _first_set(cols, gpu_labels, k),
+                [None] * k if inst is None else inst)
+    lens = np.fromiter(map(len, chunk), np.int64, k)
+    if k < 16 or bool((lens == lens[0]).all()):
+        return _describe_each(chunk, node_labels, gpu_labels)
+    out = [np.empty(k, object) for _ in range(3)]
+    for n in np.unique(lens).tolist():
+        at = np.flatnonzero(lens == n)
+        sub = [chunk[i] for i in at.tolist()]
+        for o, col in zip(out, _describe_chunk(sub, node_labels, gpu_labels), strict=True):
+            o[at] = col if isinstance(col, list) else list(col)
+    return out[0].tolist(), out[1].tolist(), out[2].tolist()
+
+
+def _transposed(chunk: Sequence[LabelSet]) -> dict[str, tuple[str, ...]] | None:
+    """Label -> every label set's value, when all of ``chunk`` have the same names at the same positions
+    (else None; a name twice in a label set: the last, as ``dict`` reads it)."""
+    k = len(chunk)
+    if not k:
+        return None
+    n = len(chunk[0])
+    if not all(map(n.__eq__, map(len, chunk))):
+        return None
+    cols: dict[str, tuple[str, ...]] = {}
+    for at in zip(*chunk, strict=True):
+        keys, vals = zip(*at, strict=True)
+        key = keys[0]
+        if keys.count(key) != k:
+            return None
+        cols[key] = vals
+    return cols
+
+
+def _first_set(cols: dict[str, tuple[str, ...]], labels: Sequence[str], k: int) -> Sequence[str | None]:
+    """Per label set (``cols``: ``_transposed``), the value of the first of ``labels`` that is non-empty
+    (None: none is)."""
+    out: Sequence[str | None] | None = None
+    for lab in labels:
+        c = cols.get(lab)
+        if c is None:
+            continue
+        out = c if out is None else [a or b for a, b in zip(out, c, strict=True)]
+        if all(out):  # every one set: a later label changes nothing
+            return out
+    return [None] * k if out is None else [x or None for x in out]
+
+
+def _describe_each(sets: Sequence[LabelSet], node_labels: Sequence[str], gpu_labels: Sequence[str]
+                   ) -> _Described:
+    """``_describe_many`` one label set at a time, through ``dict(ls)``."""
     nodes: list[str | None] = []
     gpus: list[str | None] = []
     insts: list[str | None] = []
@@ -159,6 +215,48 @@ def _describe_many(sets: Sequence[LabelSet], node_labels: Sequence[str], gpu_lab
         gpus.append(gpu or None)
         insts.append(d.get("instance"))
     return nodes, gpus, insts
+
+
+def _interned(ix: dict[str | None, int], names: list[str], values: list[str | None]) -> np.ndarray:
+    """The ids of ``values`` in ``ix`` (None: -1), new names taking the next ids in order of first
+    appearance (appended to ``names``): C-level dict and map passes."""
+    distinct = dict.fromkeys(values)
+    distinct.pop(None, None)
+    new = list(filterfalse(ix.__contains__, distinct))
+    if new:
+        ix.update(zip(new, range(len(names), len(names) + len(new)), strict=True))
+        names.extend(cast("list[str]", new))
+    return np.fromiter(map(ix.get, values, repeat(-1)), np.int64, len(values))
+
+
+def _intern_pairs(tr: StructuralTracker, keys: np.ndarray) -> np.ndarray:
+    """The tracker-wide ids of (node, GPU) pairs (``keys``: name id << 32 | GPU id), new pairs taking
+    the next ids in order of first appearance, one memory bump each; a sorted array of the known keys,
+    not a dict of (node, GPU) tuples (a cold 100k-GPU cycle brings 100k new pairs)."""
+    ids = np.full(keys.size, -1, np.int64)
+    known, known_ids = tr._pair_keys, tr._pair_key_ids
+    if known.size:
+        pos = np.minimum(np.searchsorted(known, keys), known.size - 1)
+        hit = known[pos] == keys
+        ids[hit] = known_ids[pos[hit]]
+        new = ~hit
+    else:
+        new = np.ones(keys.size, bool)
+    if new.any():
+        u, first, inv = np.unique(keys[new], return_index=True, return_inverse=True)
+        rank = np.empty(u.size, np.int64)  # each distinct new key's place in order of first appearance
+        order = np.argsort(first, kind="stable")
+        rank[order] = np.arange(u.size)
+        p0 = len(tr._pair_node)
+        ids[new] = p0 + rank[inv.reshape(-1)]
+        fresh = u[order]
+        tr._pair_node.extend((fresh >> 32).tolist())
+        tr._pair_gpu.extend((fresh & 0xFFFFFFFF).tolist())
+        all_keys, all_ids = np.concatenate((known, u)), np.concatenate((known_ids, p0 + rank))
+        by_key = np.argsort(all_keys, kind="stable")
+        tr._pair_keys, tr._pair_key_ids = all_keys[by_key], all_ids[by_key]
+        tr.memory_version += u.size  # (one bump per new pair, as one at a time)
+    return ids
 
 
 def _latest_arrays(rows: np.ndarray, sids: np.ndarray, ts: np.ndarray, values: np.ndarray,
