@@ -20,7 +20,9 @@ column per series: ``signals.history_counters``), so a view hands the engine eac
 ``CounterMatrix`` on its ``ViewIndex``: a window's increase is a difference of two entries, read without
 sorting the view's rows. This module keeps the gauges, ingests snapshots (a layout seen before lands
 through its ``_Plan`` without re-deriving slots; label sets are interned in batches, a first write's in
-one C-level pass), expires and thins the counter chunks as of ``now`` and builds the views.
+one C-level pass; the first write itself, every pair new, orders its rows once and stores its gauges as
+their arrays are made: ``_first_plan``), expires and thins the counter chunks as of ``now`` and builds
+the views.
 
 Pure data structure: no clock, no I/O; ``now`` is an argument.
 """
@@ -31,7 +33,6 @@ import dataclasses
 import itertools
 import weakref
 from collections.abc import Hashable, Iterable
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -46,7 +47,16 @@ from fleethealth.signals.history_counters import (
     counter_metrics,
     slo_counter_metrics,
 )
-from fleethealth.signals.history_pairs import _stable_order, _unique_pairs
+from fleethealth.signals.history_pairs import (
+    _first_layout,
+    _frozen,
+    _grown,
+    _is_identity,
+    _Plan,
+    _slice_or_none,
+    _stable_order,
+    _unique_pairs,
+)
 from fleethealth.signals.slo_buckets import HistogramIds, buckets_at_threshold
 from fleethealth.signals.snapshot import (
     CounterMatrix,
@@ -64,45 +74,6 @@ def value_start_metrics(policy: Policy) -> set[str]:
     """Gauges whose *change* is the event (DCGM's last-Xid value): the view also carries the time the
     current value started, so an old value is not mistaken for a new occurrence."""
     return {s.metric for s in policy.signals if s.shape == "xid" and s.kind == "gauge"}
-
-
-@dataclass(slots=True)
-class _Plan:
-    """How one snapshot layout (metric and series ids, row by row) lands in the history: which rows are
-    gauges and counters, their slots, and the slot orderings, all independent of values and times.
-    A scraper or the simulator sends the same layout every scrape; only when each (metric, series)
-    pair occurs once per snapshot, so that the orderings cannot depend on the timestamps."""
-
-    metrics: list[str]
-    labelsets: list[LabelSet]
-    metric_ids: np.ndarray
-    series_ids: np.ndarray
-    g_rows: np.ndarray  # snapshot rows of gauges, in slot order
-    g_slot: np.ndarray | slice  # a slice when the slots are a run (as made for this layout)
-    g_track: np.ndarray  # positions (in g_rows) of event-like gauges
-    c_rows: np.ndarray  # snapshot rows of counters, in slot order
-    c_slot: np.ndarray
-    c_run: slice | None  # c_slot as a slice when it is a run of slots
-    c_parts: list[tuple[int, np.ndarray]]  # (group, positions in c_rows) per group the rows land in
-    c_cols: dict[int, tuple[int, np.ndarray | None]]  # group -> (its version, the parts' columns; None: all)
-    # the id arrays last found equal to the layout, when nothing can write to them (see ``_frozen``)
-    seen_ids: tuple[np.ndarray, np.ndarray] | None = None
-
-
-def _frozen(a: np.ndarray) -> bool:
-    """Whether ``a``'s contents can no longer change: read-only and owning its memory (a read-only
-    view of a writable array could change under it)."""
-    return not a.flags.writeable and a.base is None
-
-
-def _grown(a: np.ndarray, more: np.ndarray) -> np.ndarray:
-    """``a`` with ``more`` appended (of a's dtype); ``more`` itself when ``a`` is empty (a cold start's
-    first slots: no copy, whose memory would be new pages)."""
-    return more.astype(a.dtype, copy=False) if a.size == 0 else np.concatenate((a, more))
-
-
-def _slice_or_none(a: np.ndarray | slice) -> slice | None:
-    return a if isinstance(a, slice) else None
 
 
 _SERIAL = itertools.count()
@@ -312,7 +283,8 @@ class SignalHistory:
             return
         plan = self._plan_for(snap)
         if plan is not None:
-            self._add_planned(snap, plan)
+            self._add_planned(snap, plan, gauges=not plan.gauges_stored)
+            plan.gauges_stored = False
             return
         mmap, smap = self._maps(snap)
         m = mmap[snap.metric_ids]
@@ -360,6 +332,11 @@ class SignalHistory:
                 p = self._plans[key] = dataclasses.replace(q, metrics=snap.metrics, labelsets=snap.labelsets,
                                                            seen_ids=None)
                 return p
+        if not self._n_slots:  # the history's first write
+            p = self._first_plan(snap, mmap, smap)
+            if p is not None:
+                self._plans[key] = p
+                return p
         # ids as int32 (they fit: metric and series ids of one history): half the new memory of a cold
         # start's gathers, which is page faults
         m = mmap.astype(np.int32)[snap.metric_ids]
@@ -382,6 +359,53 @@ class SignalHistory:
                   np.flatnonzero(self._track_start[m[g_rows]]), c_rows, c_slot,
                   _slice_or_none(_run(c_slot)), self._parts(c_slot), {})
         self._plans[key] = p
+        return p
+
+    def _first_plan(self, snap: Snapshot, mmap: np.ndarray, smap: np.ndarray) -> _Plan | None:
+        """``_plan_for``'s new plan on the history's first write (no slot yet), None when a pair occurs
+        twice: the same slots (each table's pairs numbered in (metric, series) order) from one ordering of
+        the rows (``history_pairs._first_layout``), and the gauges stored as their arrays are made (the values gathered
+        into slot order are those arrays) rather than filled with NaN and written over: the cold start
+        at 100k GPUs is 2.5M new series, and every pass over them a new 20 MB."""
+        m = snap.metric_ids if _is_identity(mmap, snap.metric_ids) else mmap.astype(np.int32)[snap.metric_ids]
+        s = snap.series_ids if _is_identity(smap, snap.series_ids) else smap.astype(np.int32)[snap.series_ids]
+        wanted = self._wanted(m, s)
+        kept = None if wanted is None else np.flatnonzero(wanted)
+        if kept is not None:
+            m, s = m[kept], s[kept]
+        first = _first_layout(m, s, self._keep_of_metric > 0, self._track_start, kept)
+        if first is None:
+            return None
+        g_rows, g_key, g_m, g_track, c_rows, c_key = first
+        n_g, n_c = g_rows.size, c_rows.size
+        for table, k in (("gauge", g_key), ("counter", c_key)):
+            idx = self._index.setdefault(table, [np.zeros(0, np.int64), np.zeros(0, np.int64)])
+            if k.size:
+                idx[0], idx[1] = k, np.arange(k.size)
+                self._n_slots[table] = k.size
+                self._slot_ms[table].append(k)
+        stored = True
+        if n_g:
+            gv, gt = snap.values[g_rows], snap.ts[g_rows]
+            if np.isnan(gt).any():  # a sample with no time is not stored: the plain way
+                self._unplanned_slots(n_g, 0)
+                stored = False
+            else:
+                # = ``_store_gauges`` into new slots (each takes its sample; value start: its time)
+                self._g_m, self._g_s = g_m, g_key.astype(np.int32)  # (astype wraps to the key's low half)
+                since = np.full(n_g, -np.inf)
+                since[g_track] = gt[g_track]
+                self._g_v, self._g_t, self._g_since = gv, gt, since
+                self._epoch += 1
+                if self._view_layout is not None:
+                    self._dirty.append(slice(0, n_g))
+                self._max_t = max(self._max_t, float(gt.max()))
+        if n_c:
+            self._unplanned_slots(0, n_c)
+        c_slot = np.arange(n_c)
+        p = _Plan(snap.metrics, snap.labelsets, snap.metric_ids.copy(), snap.series_ids.copy(), g_rows,
+                  slice(0, n_g) if n_g else np.zeros(0, np.int64), g_track, c_rows, c_slot,
+                  slice(0, n_c) if n_c else None, self._parts(c_slot), {}, gauges_stored=stored)
         return p
 
     def _unplanned_slots(self, g_new: int, c_new: int) -> None:
@@ -425,10 +449,10 @@ class SignalHistory:
             return [(int(grp[0]), np.arange(grp.size))]
         return [(int(g), np.flatnonzero(grp == g)) for g in np.unique(grp).tolist()]
 
-    def _add_planned(self, snap: Snapshot, p: _Plan) -> None:
+    def _add_planned(self, snap: Snapshot, p: _Plan, gauges: bool = True) -> None:
         """``add`` for a known layout: the same arithmetic as the plain path, on precomputed rows."""
         v, t = snap.values, snap.ts
-        if p.g_rows.size:
+        if gauges and p.g_rows.size:
             gv, gt = v[p.g_rows], t[p.g_rows]
             self._store_gauges(p.g_slot, gv, gt, p.g_track)
         if p.c_rows.size:
