@@ -172,7 +172,7 @@ class SignalHistory:
         self._serial = next(_SERIAL)
         self._epoch = 0
         # gauge slots sorted by (metric, series), and their keys
-        self._g_order: tuple[int, np.ndarray, np.ndarray] | None = None
+        self._g_order: tuple[int, np.ndarray | None, np.ndarray] | None = None
         self._last_view: Snapshot | None = None
         self._last_token: Hashable | None = None
         # The last full view's gauge layout, to patch it when only gauge values of series it holds have
@@ -180,7 +180,7 @@ class SignalHistory:
         # (now, epoch, chunk serial, gauge slot -> view row or -1).
         self._view_layout: tuple[float, int, int, np.ndarray] | None = None
         # the gauge part of a view's layout (see ``_gauge_layout``)
-        self._g_base: tuple[int, int, np.ndarray, np.ndarray, Any] | None = None
+        self._g_base: tuple[int, int, np.ndarray | None, np.ndarray, Any] | None = None
         self._dirty: list[np.ndarray | slice] = []  # gauge slots stored since the last view
         self._plans: dict[tuple[int, int], _Plan] = {}
         _HISTORIES.add(self)
@@ -660,11 +660,16 @@ class SignalHistory:
         assert self._g_order is not None
         return self._g_order[2]
 
-    def _gauge_order(self) -> np.ndarray:
+    def _gauge_order(self) -> np.ndarray | None:
+        """The gauge slots in key order; None when they are in it (slots made in key order: a cold start's)."""
         n = self._g_t.size
         if self._g_order is None or self._g_order[0] != n:
-            keys = np.concatenate(self._slot_ms["gauge"]) if self._slot_ms["gauge"] else np.zeros(0, np.int64)
-            self._g_order = (n, np.argsort(keys[:n], kind="stable"), keys[:n])
+            parts = self._slot_ms["gauge"]
+            if len(parts) > 1:
+                parts[:] = [np.concatenate(parts)]  # joined once per growth, not once per view
+            keys = parts[0][:n] if parts else np.zeros(0, np.int64)
+            order = None if bool((keys[1:] > keys[:-1]).all()) else np.argsort(keys, kind="stable")
+            self._g_order = (n, order, keys)
         return self._g_order[1]
 
     def view(self, now: float) -> Snapshot:
@@ -678,8 +683,9 @@ class SignalHistory:
         self._compact(now)
         src, since, pos, gauge_bounds, gm, gs = self._gauge_layout()
         bounds = dict(gauge_bounds)
-        gv, gt = self._g_v[src], self._g_t[src]
-        if since.size:
+        gv, gt = (self._g_v[src], self._g_t[src]) if isinstance(src, np.ndarray) else \
+            (self._g_v[src].copy(), self._g_t[src].copy())  # (a slice reads the history's own arrays)
+        if isinstance(src, np.ndarray) and since.size:  # (value-start rows: never the slice of all)
             gt[since] = self._g_since[src[since]]
         n_rows = int(gm.size)
         matrices: dict[int, CounterMatrix] = {}
@@ -732,43 +738,60 @@ class SignalHistory:
         self._view_layout = (now, self._epoch, self._cid, pos)
         return self._publish(now, head, n_rows, fill, bounds, matrices, groups)
 
-    def _gauge_layout(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[int, tuple[int, int]], np.ndarray,
-                                     np.ndarray]:
+    def _gauge_layout(self) -> tuple[np.ndarray | slice, np.ndarray, np.ndarray, dict[int, tuple[int, int]],
+                                     np.ndarray, np.ndarray]:
         """Where a view's gauge rows come from: the slot of each row (live slots in (metric, series)
         order, an event-like gauge's value-start row just before its latest), the rows that carry a
         value-start time, each slot's row (-1: none), each gauge metric's block, and the rows' metric
         and series ids (shared by the views made with this layout: read-only). Kept while the
-        set of live slots (``_epoch``) and of value-start rows are unchanged: a view then only gathers."""
+        set of live slots (``_epoch``) and of value-start rows are unchanged: a view then only gathers.
+        When every slot is live and the slots are in key order (a cold start makes them so), the rows are
+        the slots: the slice of all, and the ids read-only views of the history's (never written in place)."""
         n = self._g_t.size
         base = self._g_base
         if base is None or base[0] != self._epoch or base[1] != n:
             order = self._gauge_order()
             live = np.isfinite(self._g_t) & ~np.isnan(self._g_v)
-            rows = order[live[order]]
-            track = rows[self._track_start[self._g_m[rows]]]  # live event-like slots, in key order
+            rows: np.ndarray | None
+            if order is None:
+                rows = None if bool(live.all()) else np.flatnonzero(live)  # None: every slot
+                track = np.flatnonzero(self._track_start[self._g_m]) if rows is None else \
+                    rows[self._track_start[self._g_m[rows]]]
+            else:
+                rows = order[live[order]]
+                track = rows[self._track_start[self._g_m[rows]]]  # live event-like slots, in key order
             base = self._g_base = (self._epoch, n, rows, track, None)
         _, _, rows, track, hit = base
         since = self._g_since[track]
         er = track[(since < self._g_t[track]) & np.isfinite(since)]
         if hit is not None and np.array_equal(hit[0], er):
             return hit[1:]  # type: ignore[no-any-return]
+        src: np.ndarray | slice
         if er.size:
+            rows = np.arange(n) if rows is None else rows
             # a value-start row goes just before its series' latest (each metric one block, its rows in
             # (series, time) order)
             keys = self._gauge_keys()
             at = np.searchsorted(keys[rows], keys[er])
             src = np.insert(rows, at, er)
             since_rows = at + np.arange(er.size)  # (np.insert: each before index ``at``, in order)
+            is_since = np.zeros(src.size, bool)
+            is_since[since_rows] = True
+            pos = np.full(n, -1, np.int64)
+            latest = np.flatnonzero(~is_since)
+            pos[src[latest]] = latest
+            gm, gs = self._g_m[src], self._g_s[src]
         else:
-            src, since_rows = rows, np.zeros(0, np.int64)
-        is_since = np.zeros(src.size, bool)
-        is_since[since_rows] = True
-        pos = np.full(n, -1, np.int64)
-        latest = np.flatnonzero(~is_since)
-        pos[src[latest]] = latest
-        gm = self._g_m[src]
+            since_rows = np.zeros(0, np.int64)
+            if rows is None:
+                src, pos = slice(0, n), np.arange(n)
+                gm, gs = self._g_m[:n], self._g_s[:n]
+                gm.flags.writeable = gs.flags.writeable = False
+            else:
+                src, pos = rows, np.full(n, -1, np.int64)
+                pos[rows] = np.arange(rows.size)
+                gm, gs = self._g_m[src], self._g_s[src]
         bounds = {m: (a, b) for m, a, b in _id_runs(gm)}
-        gs = self._g_s[src]
         self._g_base = (base[0], n, rows, track, (er, src, since_rows, pos, bounds, gm, gs))
         return src, since_rows, pos, bounds, gm, gs
 
