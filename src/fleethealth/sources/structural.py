@@ -429,11 +429,11 @@ class StructuralTracker:
         # Presence, series counts and GPUs depend on which (metric, series) pairs have fresh rows, not on
         # how many (a counter has several fresh samples per pair): the distinct pairs, via a dense bitmap
         # (O(n), no sort or hash), and everything after that on pairs.
-        bitmap = np.zeros(n_metrics * n_series, bool)
+        bitmap = np.zeros(n_metrics * n_series, bool)  # (a row of series per metric)
         if n_metrics * n_series < 2**31 and fs.dtype == np.int32 and fm.dtype == np.int32:
-            bitmap[fs * np.int32(n_metrics) + fm] = True  # int32 keys: no int64 copy of every row
+            bitmap[fm * np.int32(n_series) + fs] = True  # int32 keys: no int64 copy of every row
         else:
-            bitmap[fs.astype(np.int64) * n_metrics + fm] = True
+            bitmap[fm.astype(np.int64) * n_series + fs] = True
         present, current, gpus = self._pair_facts(st, masks, bitmap)
         newest = np.full(st.rank_n, -np.inf)
         _newest(newest, node_of, fm, fs, ft, is_target, current)
@@ -443,14 +443,14 @@ class StructuralTracker:
 
     def _pair_facts(self, st: _SeriesTable, masks: _Masks, seen: np.ndarray
                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """For a set of (metric, series) pairs (``seen``: a bitmap of the view's series by its metrics,
-        flat, series-major): the series with pairs of the node's own samples, those pairs per node, and
+        """For a set of (metric, series) pairs (``seen``: a bitmap of the view's metrics by its series,
+        flat, metric-major): the series with pairs of the node's own samples, those pairs per node, and
         the distinct (node, GPU) pairs per node among series with GPU-metric pairs. By rows of the bitmap
-        (a series' metrics side by side): per-series counts, then per node, no pass per pair."""
+        (a metric's series side by side): per-series counts, then per node, no pass per pair."""
         is_gpu_metric, is_target = masks[2], masks[3]
-        pairs = seen.reshape(-1, is_target.size)
+        pairs = seen.reshape(is_target.size, -1)
         own = np.flatnonzero(~is_target)
-        per_series = np.count_nonzero(pairs if own.size == is_target.size else pairs[:, own], axis=1)
+        per_series = np.count_nonzero(pairs if own.size == is_target.size else pairs[own], axis=0)
         present = per_series > 0
         node_of = st.node_of()[: st.n]
         ok = node_of >= 0
@@ -460,7 +460,7 @@ class StructuralTracker:
         gpus = np.zeros(st.rank_n, np.int64)
         gpu_cols = np.flatnonzero(is_gpu_metric)
         if gpu_cols.size:
-            has_gpu = np.asarray(pairs[:, gpu_cols].any(axis=1))
+            has_gpu = np.asarray(pairs[gpu_cols].any(axis=0))
             pid = st.pair_id[has_gpu[: st.n]]
             pid = pid[pid >= 0]
             if pid.size:

@@ -12,7 +12,8 @@ A history view's entries are the rows of every block that is not a counter matri
 per series) and each counter series' latest sample. ``_Layout`` keeps, for one such layout, the (metric,
 series) pair of each entry, the entries per pair and what follows from the set of pairs (present series,
 pairs and GPUs per node, the node each entry's time counts for), built the first time the layout is
-seen, in passes over the entries (a bitmap of the pairs, no sort); a steady fleet then reads only the
+seen, in passes over the entries (a bitmap of the pairs, a row of series per metric, set block by block:
+no sort, no key per entry); a steady fleet then reads only the
 entries' times each cycle. Pure: the tracker holds the layout (``StructuralTracker._layout``), nothing
 is kept here.
 """
@@ -295,8 +296,9 @@ class _Layout:
         self.g_valid = [None if v is None else v.copy() for v in g_valid]
         self.built = False
         # (set by ``build``: the pair facts of every pair, the bitmap of the pairs, each pair's bit)
-        self.present = self.retained = self.gpus = self._seen = self._entry_keys = _NO_IDS
-        self._nb = 0
+        self.present = self.retained = self.gpus = self._seen = _NO_IDS
+        self._am = self._as = _NO_IDS32  # the counter columns' metric and series ids, laid end to end
+        self._n_series = 1
         self._keys: np.ndarray | None = None
         self._pairs: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
         # the last answer of ``facts``: (stale block rows, stale counter columns, the facts)
@@ -339,53 +341,64 @@ class _Layout:
     def build(self, tr: StructuralTracker, st: _SeriesTable, masks: _Masks, n_labelsets: int,
               n_metric_names: int) -> None:
         """What follows from the layout, in passes over the entries and no sort: the pairs are the set
-        bits of a bitmap of (series, metric) keys, their facts read off its rows (``_pair_facts``)."""
+        bits of a bitmap with a row of series per metric, set block by block and counter range by range
+        (a scatter of the entries' series ids, no key per entry), their facts read off its rows
+        (``_pair_facts``)."""
         is_up, is_dur, _, is_target = masks
-        blocks, cgroups = self.blocks, self.cgroups
+        blocks, cgroups, bs = self.blocks, self.cgroups, self.bs
         n_series, n_metrics = max(n_labelsets, 1), max(n_metric_names, 1)
-        nb = self.bs.size
-        bm = _block_metrics(blocks, nb)
-        am, as_ = _columns(cgroups, self.g_series, self.g_valid)
-        size = n_series * n_metrics
-        kt = np.int32 if size < 2**31 else np.int64  # (int32 keys and numbers: half the memory traffic)
-        keys: np.ndarray = np.concatenate((self.bs, as_)).astype(kt)
-        keys *= kt(n_metrics)
-        keys += np.concatenate((bm, am))
-        seen = np.zeros(size, bool)
-        seen[keys] = True
-        self._seen, self._entry_keys, self._nb = seen, keys, nb
+        seen = np.zeros((n_metrics, n_series), bool)
+        at = 0
+        for a, b, m in blocks:
+            seen[m][bs[at:at + b - a]] = True
+            at += b - a
+        for (_, ranges, _), s, v in zip(cgroups, self.g_series, self.g_valid, strict=True):
+            for c0, c1, m in ranges:  # (a history's counter columns are its ranges, end to end)
+                seen[m][s[c0:c1] if v is None else s[c0:c1][v[c0:c1]]] = True
+        self._seen, self._n_series = seen.reshape(-1), n_series
         # (numbered when an entry first goes stale, each pair's bit when a pair does: neither in a
         # steady fleet, nor in its first cycles)
         self._pairs = self._keys = None
-        self.present, self.retained, self.gpus = tr._pair_facts(st, masks, seen)
+        self.present, self.retained, self.gpus = tr._pair_facts(st, masks, self._seen)
         # per entry, the node whose newest time it counts for (not a target metric's entry, nor a
         # series without a node: the spare slot ``rank_n``), for a scatter-max each cycle
         node_of = st.node_of()
         slot = np.where(node_of >= 0, node_of, st.rank_n).astype(np.int32 if st.rank_n < 2**31 else np.int64)
-
-        def entry_nodes(s: np.ndarray, m: np.ndarray) -> np.ndarray:
-            out = slot[s]
-            out[is_target[m]] = st.rank_n
-            return out
-
-        self.b_node, self.a_node = entry_nodes(self.bs, bm), entry_nodes(as_, am)
+        self._am, self._as = am, as_ = _columns(cgroups, self.g_series, self.g_valid)
+        self.b_node, self.a_node = slot[bs], slot[as_]
+        self.a_node[is_target[am]] = st.rank_n
         # per target metric (up, scrape duration): its block rows, their series, whether one row each and
         # in series order (then the latest fresh value of each is its row's when every row is fresh)
+        rows_of: tuple[list[np.ndarray], list[np.ndarray]] = ([], [])
+        at = 0
+        for a, b, m in blocks:
+            if is_target[m]:
+                self.b_node[at:at + b - a] = st.rank_n
+                for mask, parts in zip((is_up, is_dur), rows_of, strict=True):
+                    if mask[m]:
+                        parts.append(np.arange(at, at + b - a))
+            at += b - a
         self.targets: list[tuple[np.ndarray, np.ndarray, bool]] = []
-        for mask in (is_up, is_dur):
-            rows = np.flatnonzero(mask[bm])
-            sids = self.bs[rows].astype(np.int64)
+        for rows_l in rows_of:
+            rows = _cat(rows_l, _NO_IDS)
+            sids = bs[rows].astype(np.int64)
             self.targets.append((rows, sids, sids.size < 2 or bool((sids[1:] > sids[:-1]).all())))
         self.built = True
 
     def _numbering(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Each entry's pair (block rows, counter columns: pairs numbered in bit order, a running count
-        of the bitmap, which is the order of their keys) and the entries per pair."""
+        of the bitmap, which is the order of their keys, metric * series count + series) and the
+        entries per pair."""
         if self._pairs is None:
-            pair = np.cumsum(self._seen, dtype=self._entry_keys.dtype)[self._entry_keys]
+            nb, n_series = self.bs.size, self._n_series
+            kt = np.int32 if self._seen.size < 2**31 else np.int64
+            keys: np.ndarray = np.concatenate((_block_metrics(self.blocks, nb), self._am)).astype(kt)
+            keys *= kt(n_series)
+            keys += np.concatenate((self.bs, self._as))
+            pair = np.cumsum(self._seen, dtype=kt)[keys]
             pair -= 1
             npe = np.bincount(pair, minlength=int(pair.max()) + 1 if pair.size else 0)
-            self._pairs = (pair[: self._nb], pair[self._nb:], npe)
+            self._pairs = (pair[:nb], pair[nb:], npe)
         return self._pairs
 
     def target_rows(self, which: int, bs: np.ndarray, bt: np.ndarray, bv: np.ndarray,
