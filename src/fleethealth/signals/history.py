@@ -53,8 +53,10 @@ from fleethealth.signals.history_pairs import (
     _grown,
     _is_identity,
     _Plan,
+    _Room,
     _slice_or_none,
     _stable_order,
+    _tail,
     _unique_pairs,
 )
 from fleethealth.signals.slo_buckets import HistogramIds, buckets_at_threshold
@@ -139,6 +141,7 @@ class SignalHistory:
         self._g_v = np.zeros(0, np.float64)
         self._g_t = np.full(0, -np.inf)
         self._g_since = np.full(0, -np.inf)  # when the current value started (event-like gauges)
+        self._room = _Room()  # where the gauge arrays grow (``history_pairs._Room``)
         # counters: matrices per retention (``_Group``) of corrected values and times, the ingests that
         # made their rows (``_Chunk``, for retention and thinning); reset correction per slot
         self._chunks: list[_Chunk] = []
@@ -193,6 +196,11 @@ class SignalHistory:
         self._last_view, self._last_token = None, None
         self._view_layout, self._dirty, self._g_base = None, [], None
         _HISTORIES.add(self)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_room"] = _Room()  # a copy's arrays are its own: its room is made when it first grows
+        return state
 
     # -- interning -------------------------------------------------------------------------------
     def _metric(self, name: str) -> int:
@@ -391,11 +399,17 @@ class SignalHistory:
                 self._unplanned_slots(n_g, 0)
                 stored = False
             else:
-                # = ``_store_gauges`` into new slots (each takes its sample; value start: its time)
-                self._g_m, self._g_s = g_m, g_key.astype(np.int32)  # (astype wraps to the key's low half)
-                since = np.full(n_g, -np.inf)
+                # = ``_store_gauges`` into new slots (each takes its sample; value start: its time), the
+                # arrays made with room to grow
+                room = self._room
+                self._g_m, self._g_s = room.made("m", n_g, np.int32), room.made("s", n_g, np.int32)
+                self._g_m[:] = g_m
+                np.copyto(self._g_s, g_key, casting="unsafe")  # (wraps to the key's low half: the series)
+                self._g_v, self._g_t = room.made("v", n_g, np.float64), room.made("t", n_g, np.float64)
+                self._g_v[:], self._g_t[:] = gv, gt
+                since = self._g_since = room.made("since", n_g, np.float64)
+                since.fill(-np.inf)
                 since[g_track] = gt[g_track]
-                self._g_v, self._g_t, self._g_since = gv, gt, since
                 self._epoch += 1
                 if self._view_layout is not None:
                     self._dirty.append(slice(0, n_g))
@@ -410,19 +424,20 @@ class SignalHistory:
 
     def _unplanned_slots(self, g_new: int, c_new: int) -> None:
         if g_new:
-            key = np.concatenate(self._slot_ms["gauge"])[self._g_m.size:]
-            self._g_m = _grown(self._g_m, (key >> 32).astype(np.int32))
-            self._g_s = _grown(self._g_s, (key & 0xFFFFFFFF).astype(np.int32))
-            self._g_v = _grown(self._g_v, np.full(g_new, np.nan))
-            self._g_t = _grown(self._g_t, np.full(g_new, -np.inf))
-            self._g_since = _grown(self._g_since, np.full(g_new, -np.inf))
+            key = _tail(self._slot_ms["gauge"], g_new)
+            room = self._room
+            self._g_m = room.grown("m", self._g_m, (key >> 32).astype(np.int32))
+            self._g_s = room.grown("s", self._g_s, (key & 0xFFFFFFFF).astype(np.int32))
+            self._g_v = room.grown("v", self._g_v, np.full(g_new, np.nan))
+            self._g_t = room.grown("t", self._g_t, np.full(g_new, -np.inf))
+            self._g_since = room.grown("since", self._g_since, np.full(g_new, -np.inf))
         if c_new:
             base = self._c_last.size
             self._c_last = _grown(self._c_last, np.full(c_new, np.nan))
             self._c_off = _grown(self._c_off, np.zeros(c_new))
             self._c_grp = _grown(self._c_grp, np.zeros(c_new, np.int64))
             self._c_col = _grown(self._c_col, np.zeros(c_new, np.int64))
-            key = np.concatenate(self._slot_ms["counter"])[base:base + c_new]
+            key = _tail(self._slot_ms["counter"], c_new)  # (the slots base .. base + c_new)
             m, s = key >> 32, key & 0xFFFFFFFF
             keeps = self._keep_of_metric[m]
             slo = self._slo_metric[m]
