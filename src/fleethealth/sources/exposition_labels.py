@@ -21,7 +21,8 @@ from __future__ import annotations
 import re
 from bisect import bisect_left
 from collections.abc import Mapping
-from itertools import repeat
+from functools import partial
+from itertools import chain, repeat
 from operator import itemgetter
 from typing import Any
 
@@ -44,19 +45,80 @@ class LabelCache:
     Prometheus keeps one per target): ``parsed`` raw label string -> sorted label pairs or the reason it
     is invalid; ``merged`` (scraper labels, raw string) -> label set with the scraper's labels merged.
     Pure memos of pure functions: sharing one, or not, never changes a result, only the cost. Each is
-    emptied when it reaches ``_LABEL_CACHE_MAX`` entries."""
+    emptied when it reaches ``_LABEL_CACHE_MAX`` entries.
 
-    __slots__ = ("parsed", "merged", "template")
+    A bulk merge (``_merged_columns``: a page plan's cold read, 100k new strings) only queues what it
+    made (``_defer``): a scrape source that reads its pages through plans looks none of them up again
+    until a page changes, and the two dicts of 100k entries (and the unmerged sets) cost about a tenth
+    of the cold read. The queue is put into the dicts, in order and with the same bound, the first time
+    either is read (``parsed``, ``merged``), or asked for scraper labels it holds (``merged_of``)."""
+
+    __slots__ = ("_parsed", "_merged", "template", "_pending", "_pending_extras", "_pending_n")
 
     def __init__(self) -> None:
-        self.parsed: dict[bytes, LabelSet | str] = {}
-        self.merged: dict[tuple[LabelSet, bytes], LabelSet] = {}
-        self.template: Template | None = None  # the last one ``_merged_bulk`` read strings with
+        self._parsed: dict[bytes, LabelSet | str] = {}
+        self._merged: dict[tuple[LabelSet, bytes], LabelSet] = {}
+        self.template: Template | None = None  # the last one ``_merged_columns`` read strings with
+        # queued bulk merges: (scraper labels, raw strings, merged sets, unmerged sets or their columns)
+        self._pending: list[tuple[list[LabelSet], list[bytes], list[LabelSet],
+                                  list[LabelSet] | tuple[list[list[tuple[str, str]]], bool]]] = []
+        self._pending_extras: set[LabelSet] = set()  # every scraper label set in the queue
+        self._pending_n = 0
+
+    @property
+    def parsed(self) -> dict[bytes, LabelSet | str]:
+        if self._pending:
+            self._settle()
+        return self._parsed
+
+    @property
+    def merged(self) -> dict[tuple[LabelSet, bytes], LabelSet]:
+        if self._pending:
+            self._settle()
+        return self._merged
 
     def clear(self) -> None:
-        self.parsed.clear()
-        self.merged.clear()
+        self._pending.clear()
+        self._pending_extras.clear()
+        self._pending_n = 0
+        self._parsed.clear()
+        self._merged.clear()
         self.template = None
+
+    def merged_of(self, extras: list[LabelSet], raws: list[bytes]) -> list[LabelSet | None] | None:
+        """``merged.get((extras[i], raws[i]))`` for every i, or None when the memo holds nothing (all
+        unknown). Queued merges of other scraper labels (the other pages of a cold read) stay queued."""
+        if self._pending and not self._pending_extras.isdisjoint(extras):
+            self._settle()
+        memo = self._merged
+        if not memo:
+            return None
+        return list(map(memo.get, zip(extras, raws, strict=True)))
+
+    def _defer(self, extras: list[LabelSet], raws: list[bytes], sets: list[LabelSet],
+               own: list[LabelSet] | tuple[list[list[tuple[str, str]]], bool]) -> None:
+        """Queue a bulk merge's memo entries (``own``: the unmerged sets, or the columns they are zipped
+        from). A queue past the memos' bound is settled at once (the bound applies as it would have)."""
+        self._pending.append((extras, raws, sets, own))
+        self._pending_extras.update(extras)
+        self._pending_n += len(raws)
+        if self._pending_n + max(len(self._merged), len(self._parsed)) >= _LABEL_CACHE_MAX:
+            self._settle()
+
+    def _settle(self) -> None:
+        """Put the queued merges into the memos, in order, each as the eager update would have."""
+        pending = self._pending
+        self._pending = []
+        self._pending_extras = set()
+        self._pending_n = 0
+        merged, parsed = self._merged, self._parsed
+        for extras, raws, sets, own in pending:
+            n = len(raws)
+            for memo in (merged, parsed):
+                if len(memo) + n >= _LABEL_CACHE_MAX:
+                    memo.clear()
+            merged.update(zip(zip(extras, raws, strict=True), sets, strict=True))
+            parsed.update(zip(raws, own if isinstance(own, list) else _zip_sets(*own), strict=True))
 
 
 def _unescape(s: str) -> str:
@@ -290,12 +352,17 @@ def _zip_sets(cols: list[list[tuple[str, str]]], empty: bool) -> list[LabelSet]:
 
 
 def _merged_bulk(keyed: list[tuple[LabelSet, bytes]], cache: LabelCache) -> list[LabelSet] | None:
-    """``_merge_extra(_parse_labels(raw), extra)`` of many new (extra, raw) pairs at once, when every raw
-    string has one template and every extra only adds labels (no honor-labels mark, no name of the
-    template's, no empty value, the same names in each): then the merged label set is the sorted pairs
-    of the template's values and the extra's, built as columns (``_pair_columns``). Memoised in
-    ``cache.merged``, and the unmerged sets in ``cache.parsed``. None, having cached nothing, otherwise
-    (the caller then takes ``_parse_labels_bulk`` and ``_merge_extra``).
+    """``_merged_columns`` of (scraper labels, raw string) pairs."""
+    return _merged_columns(list(map(itemgetter(0), keyed)), list(map(itemgetter(1), keyed)), cache)
+
+
+def _merged_columns(extra_of: list[LabelSet], raws: list[bytes], cache: LabelCache) -> list[LabelSet] | None:
+    """``_merge_extra(_parse_labels(raw), extra)`` of many new (extra_of[i], raws[i]) pairs at once, when
+    every raw string has one template and every extra only adds labels (no honor-labels mark, no name of
+    the template's, no empty value, the same names in each): then the merged label set is the sorted
+    pairs of the template's values and the extra's, built as columns (``_pair_columns``). Memoised in
+    ``cache.merged``, and the unmerged sets in ``cache.parsed`` (queued: ``LabelCache._defer``). None,
+    having cached nothing, otherwise (the caller then takes ``_parse_labels_bulk`` and ``_merge_extra``).
 
     The values are cut with one ``str.split`` on '"' of all strings joined by newlines, not a regex:
     with no backslash, no newline and no NUL in the strings, a string fits the template exactly when its
@@ -305,14 +372,14 @@ def _merged_bulk(keyed: list[tuple[LabelSet, bytes]], cache: LabelCache) -> list
     valid UTF-8 text between ASCII quotes are the values decoded one by one. The last template that
     fitted (``cache.template``: one exporter's strings, chunk after chunk) is tried first, then the
     first string's (``_template_of``, from its careful parse)."""
-    n = len(keyed)
-    extras = set(map(itemgetter(0), keyed))
-    names = {tuple(k for k, _ in e) for e in extras}
-    if n < 8 or len(names) != 1 or any(e and (e[0][0] == HONOR_LABELS_MARK or not all(v for _, v in e))
-                                       for e in extras):
+    n = len(raws)
+    extras = set(extra_of)
+    names = set(map(tuple, map(partial(map, itemgetter(0)), extras)))  # (C-level loops: 100 pages a chunk)
+    if n < 8 or len(names) != 1:
         return None
     extra_keys = list(next(iter(names)))
-    raws = list(map(itemgetter(1), keyed))
+    if extra_keys[:1] == [HONOR_LABELS_MARK] or not all(map(itemgetter(1), chain.from_iterable(extras))):
+        return None
     try:
         text = b"\n".join(raws).decode("utf-8")
     except UnicodeDecodeError:
@@ -330,21 +397,16 @@ def _merged_bulk(keyed: list[tuple[LabelSet, bytes]], cache: LabelCache) -> list
     cache.template = found
     nk = len(found[3])
     cols, empty = _pair_columns([pieces[1 + 2 * j::2 * nk] for j in range(nk)], found[3])
-    own = _zip_sets(cols, empty)  # (for ``parsed``, the other paths' memo)
     if not extra_keys:
-        sets = own
-    else:  # the extra's pairs (non-empty values) as columns of their own, at their names' places
-        of_key = sorted(found[3])
-        extra_of = list(map(itemgetter(0), keyed))
-        for j, k in sorted(enumerate(extra_keys), key=itemgetter(1), reverse=True):
-            cols.insert(bisect_left(of_key, k), list(map(itemgetter(j), extra_of)))
         sets = _zip_sets(cols, empty)
-    merged, parsed = cache.merged, cache.parsed
-    for memo in (merged, parsed):
-        if len(memo) + n >= _LABEL_CACHE_MAX:
-            memo.clear()
-    merged.update(zip(keyed, sets, strict=True))
-    parsed.update(zip(raws, own, strict=True))
+        cache._defer(extra_of, raws, sets, sets)
+        return sets
+    own = list(cols)  # (zipped for ``parsed``, the other paths' memo, only when that is read)
+    of_key = sorted(found[3])  # the extra's pairs (non-empty values) as columns of their own, at their places
+    for j, k in sorted(enumerate(extra_keys), key=itemgetter(1), reverse=True):
+        cols.insert(bisect_left(of_key, k), list(map(itemgetter(j), extra_of)))
+    sets = _zip_sets(cols, empty)
+    cache._defer(extra_of, raws, sets, (own, empty))
     return sets
 
 

@@ -70,6 +70,7 @@ from fleethealth.sources.exposition_labels import (
     LabelCache,
     _merge_extra,
     _merged_bulk,
+    _merged_columns,
     _parse_labels,
     _parse_labels_bulk,
 )
@@ -128,6 +129,7 @@ class _Shape:
     dcgm: np.ndarray
     slot: np.ndarray  # its label slot
     slot_first: np.ndarray  # per slot: its first sample line (an index into ``s_lines``)
+    slot_w: np.ndarray  # per slot: its label string's width with the space after it (1: no labels)
     occ: np.ndarray | None  # (c, slots): each slot's k-th sample line, when every slot has c of them
     rows: list[bytes]  # names, then comment lines
     frames: dict[int, _Frame]  # pages per plan -> what every plan of that many such pages shares
@@ -418,9 +420,8 @@ def _build(keys: list[PageKey], tx: _Text, names: SnapshotBuilder, exact: bool, 
     # series ids: (page's scraper labels, raw label string), as the batched path interns them
     pair, inverse = _dense_unique(s_page * len(labs) + lab_ids, n_pages * len(labs))
     pages_of, lab_of = np.divmod(pair, len(labs))
-    keyed = [(keys[p][1], labs[k][:-1] if len(labs[k]) > 1 else b"{}")
-             for p, k in zip(pages_of.tolist(), lab_of.tolist(), strict=True)]
-    sets = _label_sets(keyed, labels)
+    sets = _label_sets([keys[p][1] for p in pages_of.tolist()],
+                       [labs[k][:-1] if len(labs[k]) > 1 else b"{}" for k in lab_of.tolist()], labels)
     if sets is None:
         return None
     pair_sid = np.asarray(names.series_ids(sets), np.int64)
@@ -446,7 +447,7 @@ def _build(keys: list[PageKey], tx: _Text, names: SnapshotBuilder, exact: bool, 
         n_lines=int(page_last[0]) + 1, c_lines=c_lines[:nc0], c_w=(nls - ls + 1)[c_lines[:nc0]],
         c_ids=com_ids[:nc0] + len(name_rows), s_lines=s_lines[:ns0], name_w=(name_end - a)[:ns0],
         name_ids=name_ids[:ns0], mids=mids[:ns0], dcgm=dcgm_of[mids[:ns0]], slot=slot.reshape(-1),
-        slot_first=first, occ=occ, rows=name_rows + comments, frames={},
+        slot_first=first, slot_w=(vs - name_end)[:ns0][first], occ=occ, rows=name_rows + comments, frames={},
     ) if ns0 else None
     return _ChunkPlan(
         keys=list(keys), n_lines=n, page_last=page_last, checks=checks, s_lines=s_lines,
@@ -483,18 +484,30 @@ def _build_like(shape: _Shape, keys: list[PageKey], tx: _Text, names: SnapshotBu
         return None
     arr = tx.arr
     first, o_list = arr[o], o.tolist()
-    c = np.fromiter(map(text.find, repeat(b"}"), o_list, y.tolist()), np.int64, o.shape[0])
+    # Where it likely ends: as wide as the shape page's slot string (fixed-format values: a UUID, a bus
+    # id, a GPU index), taken where that reads '}' and a space (and, below, no '}' before it), searched
+    # for only where it does not (a host name of another length, say).
+    end = o + np.tile(shape.slot_w, n_pages)
+    ok = end <= y
+    last = np.where(ok, end - 1, o)
+    guess = ok & (arr[last] == 32) & ((end - o == 1) | ((first == 123) & (arr[np.maximum(last - 1, o)] == 125)))
+    if not bool(guess.all()):
+        _find_ends(text, arr, o, y, first, end, np.flatnonzero(~guess))
+        if bool((end < 0).any()):
+            return None
     bare = first == 32
-    end = np.where(bare, o + 1, c + 2)
-    if not bool((bare | ((first == 123) & (c >= 0) & (arr[c + 1] == 32))).all()):
-        return None
     raws = list(map(text.__getitem__, map(slice, o_list, (end - 1).tolist())))  # (rows less their space)
+    if b"".join(raws).count(b"}") != len(raws) - int(np.count_nonzero(bare)):
+        # a '}' before the guessed end of some string: each is searched (the first '}' ends it)
+        _find_ends(text, arr, o, y, first, end, np.arange(o.shape[0]))
+        if bool((end < 0).any()):
+            return None
+        raws = list(map(text.__getitem__, map(slice, o_list, (end - 1).tolist())))
     any_bare = bool(bare.any())
     rows = list(map(text.__getitem__, map(slice, o_list, end.tolist()))) if any_bare else None
     for i in np.flatnonzero(bare).tolist():
         raws[i] = b"{}"  # (as ``_build`` keys a line without labels)
-    keyed = list(zip(chain.from_iterable(repeat(k[1], n_slots) for k in keys), raws, strict=True))
-    sets = _label_sets(keyed, labels)
+    sets = _label_sets(list(chain.from_iterable(repeat(k[1], n_slots) for k in keys)), raws, labels)
     if sets is None:
         return None
     pair_sid = np.asarray(names.series_ids(sets), np.int64).reshape(n_pages, n_slots)
@@ -519,6 +532,19 @@ def _build_like(shape: _Shape, keys: list[PageKey], tx: _Text, names: SnapshotBu
         s_lines=fr.s_lines, s_pre=fr.name_w + lab_w, mids=fr.mids, sids=pair_sid.reshape(-1)[fr.row_of].astype(np.int32),
         dcgm=fr.dcgm, per_page=fr.per_page, page_first=fr.page_first, shape=shape,
     )
+
+
+def _find_ends(text: bytes, arr: np.ndarray, o: np.ndarray, y: np.ndarray, first: np.ndarray, end: np.ndarray,
+               sel: np.ndarray) -> None:
+    """``end[sel]``: where each slot string o..y (its line less the name) ends with its space: after
+    the first '}', which a space must follow, or at once for `name value`; -1 where neither holds."""
+    if sel.shape[0] == 0:
+        return
+    os_, ys, fs = o[sel], y[sel], first[sel]
+    c = np.fromiter(map(text.find, repeat(b"}"), os_.tolist(), ys.tolist()), np.int64, sel.shape[0])
+    bare = fs == 32
+    good = bare | ((fs == 123) & (c >= 0) & (arr[c + 1] == 32))
+    end[sel] = np.where(good, np.where(bare, os_ + 1, c + 2), -1)
 
 
 def _frame(shape: _Shape, n_pages: int) -> _Frame:
@@ -604,18 +630,25 @@ def _cut_assumed(text: bytes, a: np.ndarray, e: np.ndarray, b_first: np.ndarray,
     return name_end, vs
 
 
-def _label_sets(keyed: list[tuple[LabelSet, bytes]], labels: LabelCache) -> list[LabelSet] | None:
+def _label_sets(extras: list[LabelSet], raws: list[bytes], labels: LabelCache) -> list[LabelSet] | None:
     """The merged label set of each (scraper labels, raw label string); None if a string is invalid."""
-    cache = labels.merged
-    sets: list[LabelSet | None] = list(map(cache.get, keyed))
-    if None not in sets:
+    sets = labels.merged_of(extras, raws)  # (None: the memo knows none of them)
+    if sets is not None and None not in sets:
         return sets  # type: ignore[return-value]
+    whole = sets is None or sets.count(None) == len(sets)
     # (all new, a cold read's: each is merged, a pair twice twice over, as it would be once)
-    miss = keyed if sets.count(None) == len(sets) else list(
-        dict.fromkeys([k for k, s in zip(keyed, sets, strict=True) if s is None]))
-    got = _merged_bulk(miss, labels)
+    if whole:
+        miss = None
+        got = _merged_columns(extras, raws, labels)
+    else:
+        assert sets is not None
+        miss = list(dict.fromkeys([k for k, s in zip(zip(extras, raws, strict=True), sets, strict=True) if s is None]))
+        got = _merged_bulk(miss, labels)
     if got is None:
+        if miss is None:
+            miss = list(zip(extras, raws, strict=True))
         _parse_labels_bulk(list({r for _, r in miss}), labels)
+        cache = labels.merged
         if len(cache) + len(miss) >= _LABEL_CACHE_MAX:
             cache.clear()
         got = []
@@ -628,10 +661,11 @@ def _label_sets(keyed: list[tuple[LabelSet, bytes]], labels: LabelCache) -> list
                 return None
             got.append(_merge_extra(parsed, extra) if extra else parsed)
         cache.update(zip(miss, got, strict=True))
-    if miss is keyed:
+    if whole:
         return got
+    assert sets is not None and miss is not None
     new = dict(zip(miss, got, strict=True))
-    return [new[k] if s is None else s for k, s in zip(keyed, sets, strict=True)]
+    return [new[k] if s is None else s for k, s in zip(zip(extras, raws, strict=True), sets, strict=True)]
 
 
 def _apply(plan: _ChunkPlan, tx: _Text, names: SnapshotBuilder, b: SnapshotBuilder, shared: bool,

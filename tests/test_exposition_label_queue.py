@@ -1,0 +1,86 @@
+"""A bulk merge (a page plan's cold read) only queues its memo entries in the ``LabelCache``
+(``LabelCache._defer``): the memos read the same once settled, lookups of other scraper labels leave the
+queue alone, and a later scrape that has to plan a page again still parses no label string."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fleethealth.sources import exposition_labels, exposition_plan
+from fleethealth.sources.exposition_labels import LabelCache, _merge_extra, _merged_columns, _split_labels
+from test_exposition_many import batched, dcgm_pages, with_instances
+from test_exposition_plan import _rescrape, assert_scrapes_same, planned
+
+
+def _raws(n: int, tag: str) -> list[bytes]:
+    return [f'{{gpu="{i}",UUID="GPU-{tag}-{i}",pod="{"" if i % 3 else "p"}"}}'.encode() for i in range(n)]
+
+
+def _eager(extras: list[tuple[tuple[str, str], ...]], raws: list[bytes]) -> tuple[dict, dict]:  # type: ignore[type-arg]
+    parsed = {r: _split_labels(r.decode()) for r in raws}
+    merged = {(e, r): _merge_extra(parsed[r], e) if e else parsed[r] for e, r in zip(extras, raws, strict=True)}  # type: ignore[arg-type]
+    return merged, parsed
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(8, 40), st.sampled_from([(), (("instance", "n1"),), (("instance", "n2"),),
+                                                                 (("A", "a"), ("zz", "z"))])), min_size=1, max_size=5),
+       st.integers(20, 200))
+def test_property_queued_memos_settle_as_eager_updates(batches: list[tuple[int, tuple[tuple[str, str], ...]]],
+                                                      bound: int) -> None:
+    """Batch after batch (a small bound: the memos are emptied on the way), the settled memos hold what
+    updates made at once would hold."""
+    mp = pytest.MonkeyPatch()
+    mp.setattr(exposition_labels, "_LABEL_CACHE_MAX", bound)
+    try:
+        cache = LabelCache()
+        want_m: dict = {}  # type: ignore[type-arg]
+        want_p: dict = {}  # type: ignore[type-arg]
+        for b, (n, extra) in enumerate(batches):
+            raws = _raws(n, str(b))
+            extras = [extra] * n
+            got = _merged_columns(extras, raws, cache)
+            m, p = _eager(extras, raws)
+            assert got == list(m.values())
+            for memo, new in ((want_m, m), (want_p, p)):  # (as the eager update bounded them)
+                if len(memo) + n >= bound:
+                    memo.clear()
+                memo.update(new)
+        assert cache.merged == want_m and cache.parsed == want_p
+        assert not cache._pending
+    finally:
+        mp.undo()
+
+
+def test_lookups_of_other_scraper_labels_leave_the_queue() -> None:
+    cache = LabelCache()
+    a, b = (("instance", "a"),), (("instance", "b"),)
+    raws = _raws(16, "x")
+    assert _merged_columns([a] * 16, raws, cache) is not None
+    assert cache.merged_of([b] * 16, raws) is None and len(cache._pending) == 1  # nothing known, still queued
+    got = cache.merged_of([a] * 16, raws)  # (its own scraper labels: settled, and found)
+    assert not cache._pending and got == [cache.merged[(a, r)] for r in raws]
+    cache.clear()
+    assert not cache.merged and not cache.parsed and cache.template is None
+
+
+def test_a_page_planned_again_parses_no_label_string(monkeypatch: pytest.MonkeyPatch) -> None:
+    first = dcgm_pages(24)
+    plans = assert_scrapes_same([with_instances(first)], chunk_bytes=20_000)
+    assert plans.labels._pending  # (the cold read queued its merges)
+    calls: list[object] = []
+    for mod, name in ((exposition_labels, "_split_labels"), (exposition_plan, "_merged_columns"),
+                      (exposition_plan, "_merged_bulk")):
+        real = getattr(mod, name)
+        monkeypatch.setattr(mod, name, lambda *a, _r=real, **k: calls.append(a) or _r(*a, **k))
+    again = _rescrape(first, 3)
+    again[5] = again[5].replace(b"# HELP", b"# HELP x", 1)  # a comment changed: page 5 planned again
+    for pages in (again, _rescrape(first, 4)):
+        scrape = with_instances(pages)
+        want = batched(scrape)  # (the plain path, with a cache of its own)
+        calls.clear()
+        assert planned(scrape, plans) == want
+        assert calls == []  # every label string known: none parsed, none merged again
+    assert not plans.labels._pending  # (settled when page 5 was planned again)
