@@ -29,8 +29,8 @@ class PlainHistory(SignalHistory):
 @given(st.lists(st.tuples(st.integers(0, 7), st.integers(0, 60)), max_size=80),
        st.sampled_from([np.int32, np.int64]))
 def test_first_rows_is_stable_argsort(pairs: list[tuple[int, int]], dtype: type) -> None:
-    m = np.array([p[0] for p in pairs], dtype)
-    s = np.array([p[1] * (1000 if len(pairs) % 3 == 0 else 1) for p in pairs], dtype)  # sparse too
+    m: np.ndarray = np.array([p[0] for p in pairs], dtype)
+    s: np.ndarray = np.array([p[1] * (1000 if len(pairs) % 3 == 0 else 1) for p in pairs], dtype)  # sparse too
     key = (m.astype(np.int64) << 32) | s.astype(np.int64)
     got = _first_rows(m, s)
     if np.unique(key).size < key.size:

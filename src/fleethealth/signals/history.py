@@ -42,16 +42,19 @@ from fleethealth.signals.counter_glitch import CounterGlitches
 from fleethealth.signals.history_counters import (
     _Chunk,
     _Group,
-    _id_runs,
     _run,
+    _thinned,
     counter_metrics,
     slo_counter_metrics,
+    value_start_metrics,
 )
 from fleethealth.signals.history_pairs import (
     _first_layout,
     _frozen,
+    _gauge_rows,
     _grown,
     _is_identity,
+    _live_gauges,
     _Plan,
     _Room,
     _slice_or_none,
@@ -70,13 +73,6 @@ from fleethealth.signals.snapshot import (
     label_float,
     order_by_series_time,
 )
-
-
-def value_start_metrics(policy: Policy) -> set[str]:
-    """Gauges whose *change* is the event (DCGM's last-Xid value): the view also carries the time the
-    current value started, so an old value is not mistaken for a new occurrence."""
-    return {s.metric for s in policy.signals if s.shape == "xid" and s.kind == "gauge"}
-
 
 _SERIAL = itertools.count()
 # Live histories, so that ``shape_token(view)`` finds the one that made a view (a wrapper such as the
@@ -394,26 +390,17 @@ class SignalHistory:
                 self._slot_ms[table].append(k)
         stored = True
         if n_g:
-            gv, gt = snap.values[g_rows], snap.ts[g_rows]
-            if np.isnan(gt).any():  # a sample with no time is not stored: the plain way
+            arrays = self._room.first_gauges(snap.values, snap.ts, g_rows, g_m, g_key, g_track)
+            if np.isnan(arrays[3]).any():  # a sample with no time is not stored: the plain way
+                self._room = _Room()
                 self._unplanned_slots(n_g, 0)
                 stored = False
-            else:
-                # = ``_store_gauges`` into new slots (each takes its sample; value start: its time), the
-                # arrays made with room to grow
-                room = self._room
-                self._g_m, self._g_s = room.made("m", n_g, np.int32), room.made("s", n_g, np.int32)
-                self._g_m[:] = g_m
-                np.copyto(self._g_s, g_key, casting="unsafe")  # (wraps to the key's low half: the series)
-                self._g_v, self._g_t = room.made("v", n_g, np.float64), room.made("t", n_g, np.float64)
-                self._g_v[:], self._g_t[:] = gv, gt
-                since = self._g_since = room.made("since", n_g, np.float64)
-                since.fill(-np.inf)
-                since[g_track] = gt[g_track]
+            else:  # = ``_store_gauges`` into new slots (each takes its sample; value start: its time)
+                self._g_m, self._g_s, self._g_v, self._g_t, self._g_since = arrays
                 self._epoch += 1
                 if self._view_layout is not None:
                     self._dirty.append(slice(0, n_g))
-                self._max_t = max(self._max_t, float(gt.max()))
+                self._max_t = max(self._max_t, float(arrays[3].max()))
         if n_c:
             self._unplanned_slots(0, n_c)
         c_slot = np.arange(n_c)
@@ -636,19 +623,8 @@ class SignalHistory:
                     ch = chunks[i]
                     ch.keeps = [k for k in ch.keeps if k >= age[i]]
                     arr[i, 1] = ch.keeps[0]
-            # thinning: beyond dense_s only the first chunk of each coarse bucket survives (the first
-            # in list order among the old chunks left)
-            thin_age = np.floor(now / self.thin_every_s) * self.thin_every_s - at  # (see ``thin_every_s``)
-            old = np.flatnonzero(~gone & (thin_age > self.dense_s))
-            drop = gone
-            if old.size > 1:
-                sparse = thin_age[old] > self.sparse_s
-                b = np.where(sparse, np.floor_divide(at[old], self.sparse_coarse_s),
-                             -1.0 - np.floor_divide(at[old], self.coarse_s))  # the tiers never share an id
-                same = np.flatnonzero(b[1:] == b[:-1]) + 1
-                if same.size:
-                    drop = gone.copy()
-                    drop[old[same]] = True
+            drop = _thinned(at, gone, now, self.thin_every_s, self.dense_s, self.coarse_s, self.sparse_s,
+                            self.sparse_coarse_s)
             if drop.any():
                 keep_ix = np.flatnonzero(~drop)
                 self._chunks = [chunks[i] for i in keep_ix.tolist()]
@@ -759,56 +735,21 @@ class SignalHistory:
         order, an event-like gauge's value-start row just before its latest), the rows that carry a
         value-start time, each slot's row (-1: none), each gauge metric's block, and the rows' metric
         and series ids (shared by the views made with this layout: read-only). Kept while the
-        set of live slots (``_epoch``) and of value-start rows are unchanged: a view then only gathers.
-        When every slot is live and the slots are in key order (a cold start makes them so), the rows are
-        the slots: the slice of all, and the ids read-only views of the history's (never written in place)."""
+        set of live slots (``_epoch``) and of value-start rows are unchanged: a view then only gathers
+        (``history_pairs._live_gauges`` and ``_gauge_rows``)."""
         n = self._g_t.size
         base = self._g_base
         if base is None or base[0] != self._epoch or base[1] != n:
-            order = self._gauge_order()
-            live = np.isfinite(self._g_t) & ~np.isnan(self._g_v)
-            rows: np.ndarray | None
-            if order is None:
-                rows = None if bool(live.all()) else np.flatnonzero(live)  # None: every slot
-                track = np.flatnonzero(self._track_start[self._g_m]) if rows is None else \
-                    rows[self._track_start[self._g_m[rows]]]
-            else:
-                rows = order[live[order]]
-                track = rows[self._track_start[self._g_m[rows]]]  # live event-like slots, in key order
+            rows, track = _live_gauges(self._gauge_order(), self._g_t, self._g_v, self._g_m, self._track_start)
             base = self._g_base = (self._epoch, n, rows, track, None)
         _, _, rows, track, hit = base
         since = self._g_since[track]
         er = track[(since < self._g_t[track]) & np.isfinite(since)]
         if hit is not None and np.array_equal(hit[0], er):
             return hit[1:]  # type: ignore[no-any-return]
-        src: np.ndarray | slice
-        if er.size:
-            rows = np.arange(n) if rows is None else rows
-            # a value-start row goes just before its series' latest (each metric one block, its rows in
-            # (series, time) order)
-            keys = self._gauge_keys()
-            at = np.searchsorted(keys[rows], keys[er])
-            src = np.insert(rows, at, er)
-            since_rows = at + np.arange(er.size)  # (np.insert: each before index ``at``, in order)
-            is_since = np.zeros(src.size, bool)
-            is_since[since_rows] = True
-            pos = np.full(n, -1, np.int64)
-            latest = np.flatnonzero(~is_since)
-            pos[src[latest]] = latest
-            gm, gs = self._g_m[src], self._g_s[src]
-        else:
-            since_rows = np.zeros(0, np.int64)
-            if rows is None:
-                src, pos = slice(0, n), np.arange(n)
-                gm, gs = self._g_m[:n], self._g_s[:n]
-                gm.flags.writeable = gs.flags.writeable = False
-            else:
-                src, pos = rows, np.full(n, -1, np.int64)
-                pos[rows] = np.arange(rows.size)
-                gm, gs = self._g_m[src], self._g_s[src]
-        bounds = {m: (a, b) for m, a, b in _id_runs(gm)}
-        self._g_base = (base[0], n, rows, track, (er, src, since_rows, pos, bounds, gm, gs))
-        return src, since_rows, pos, bounds, gm, gs
+        got = _gauge_rows(rows, er, self._gauge_keys(), self._g_m, self._g_s)
+        self._g_base = (base[0], n, rows, track, (er, *got))
+        return got
 
     def _publish(self, now: float, head: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray], n_rows: int,
                  fill: Any, bounds: dict[int, tuple[int, int]], counters: dict[int, CounterMatrix],

@@ -12,7 +12,7 @@ time order down each column, so a view hands them to the engine as they are (``C
 window's increase is a difference of two entries.
 
 Rows are appended and never written again. The history expires and thins them by ingest (``_Chunk``:
-the ingest's time and the retentions of what it still holds): dropping the oldest rows moves the start
+the ingest's time and the retentions of what it still holds; ``_thinned``: which ingests thinning drops): dropping the oldest rows moves the start
 of the live rows; dropping any other (thinning: one row per minute past a quarter of an hour, one per
 five minutes past an hour) or adding columns builds new arrays (``_Group._realloc``), so the slices a
 view handed out stay valid after later ingests. A group thinned every ingest (an SLO's or a 6 h rate's:
@@ -57,6 +57,12 @@ def counter_metrics(policy: Policy) -> dict[str, float]:
                 w = max(w, s.xid_window_s or policy.xid.window_s)
             keep(s.metric, w)
     return out
+
+
+def value_start_metrics(policy: Policy) -> set[str]:
+    """Gauges whose *change* is the event (DCGM's last-Xid value): the view also carries the time the
+    current value started, so an old value is not mistaken for a new occurrence."""
+    return {s.metric for s in policy.signals if s.shape == "xid" and s.kind == "gauge"}
 
 
 def slo_counter_metrics(policy: Policy) -> set[str]:
@@ -311,3 +317,23 @@ def _run(a: np.ndarray) -> np.ndarray | slice:
     if a.size and int(a[-1]) - int(a[0]) == a.size - 1 and bool((np.diff(a) == 1).all()):
         return slice(int(a[0]), int(a[-1]) + 1)
     return a
+
+
+def _thinned(at: np.ndarray, gone: np.ndarray, now: float, thin_every_s: float, dense_s: float, coarse_s: float,
+             sparse_s: float, sparse_coarse_s: float) -> np.ndarray:
+    """``gone`` and the chunks (made at ``at``, in list order) that thinning drops as of ``now``: beyond
+    ``dense_s`` only the first chunk of each ``coarse_s`` bucket survives, beyond ``sparse_s`` of each
+    ``sparse_coarse_s`` bucket (the first in list order among the old chunks left); ages as of the last
+    multiple of ``thin_every_s`` (``SignalHistory.thin_every_s``)."""
+    thin_age = np.floor(now / thin_every_s) * thin_every_s - at
+    old = np.flatnonzero(~gone & (thin_age > dense_s))
+    drop = gone
+    if old.size > 1:
+        sparse = thin_age[old] > sparse_s
+        b = np.where(sparse, np.floor_divide(at[old], sparse_coarse_s),
+                     -1.0 - np.floor_divide(at[old], coarse_s))  # the tiers never share an id
+        same = np.flatnonzero(b[1:] == b[:-1]) + 1
+        if same.size:
+            drop = gone.copy()
+            drop[old[same]] = True
+    return drop

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from fleethealth.signals.history_counters import _id_runs
 from fleethealth.signals.snapshot import LabelSet
 
 
@@ -195,6 +196,23 @@ class _Room:
         buf = self.bufs[name] = np.empty(n + n // 4 + 1024, dtype)
         return buf[:n]
 
+    def first_gauges(self, v: np.ndarray, t: np.ndarray, rows: np.ndarray, g_m: np.ndarray, g_key: np.ndarray,
+                     track: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """A first write's gauge arrays, made with room: per slot its metric, series (``g_key``'s low
+        half), value and time (samples ``rows`` of ``v`` and ``t``) and value start (its time for the
+        event-like slots ``track``, else none)."""
+        n = rows.size
+        m, s = self.made("m", n, np.int32), self.made("s", n, np.int32)
+        m[:] = g_m
+        np.copyto(s, g_key, casting="unsafe")  # (an int64 -> int32 cast keeps the low half)
+        gv, gt = self.made("v", n, np.float64), self.made("t", n, np.float64)
+        np.take(v, rows, out=gv, mode="clip")  # (rows in range: "clip" writes to ``out`` unbuffered)
+        np.take(t, rows, out=gt, mode="clip")
+        since = self.made("since", n, np.float64)
+        since.fill(-np.inf)
+        since[track] = gt[track]
+        return m, s, gv, gt, since
+
     def grown(self, name: str, a: np.ndarray, more: np.ndarray) -> np.ndarray:
         """``a`` with ``more`` appended (as ``a``'s dtype); ``more`` itself when ``a`` is empty."""
         n, k = a.size, more.size
@@ -217,3 +235,54 @@ def _tail(parts: list[np.ndarray], k: int) -> np.ndarray:
         total += parts[i].size
     last = parts[i:]
     return (last[0] if len(last) == 1 else np.concatenate(last))[total - k:]
+
+
+def _live_gauges(order: np.ndarray | None, g_t: np.ndarray, g_v: np.ndarray, g_m: np.ndarray,
+                 track_start: np.ndarray) -> tuple[np.ndarray | None, np.ndarray]:
+    """The live gauge slots in key order (``order``: the slots in key order, None when they are in it)
+    - None when that is every slot in order (a cold start's) - and the live event-like ones."""
+    live = np.isfinite(g_t) & ~np.isnan(g_v)
+    if order is None:
+        if bool(live.all()):
+            return None, np.flatnonzero(track_start[g_m])
+        rows = np.flatnonzero(live)
+    else:
+        rows = order[live[order]]
+    return rows, rows[track_start[g_m[rows]]]
+
+
+def _gauge_rows(rows: np.ndarray | None, er: np.ndarray, keys: np.ndarray, g_m: np.ndarray, g_s: np.ndarray
+                ) -> tuple[np.ndarray | slice, np.ndarray, np.ndarray, dict[int, tuple[int, int]], np.ndarray,
+                           np.ndarray]:
+    """A view's gauge rows from the live slots in key order (``rows``, None: every slot, in order) and
+    the event-like slots whose value started before their latest sample (``er``): the slot of each row
+    (a value-start row just before its series' latest), the value-start rows, each slot's row (-1: none),
+    each metric's block, and the rows' metric and series ids. With every slot a row, in order, the rows
+    are the slice of all and the ids read-only views of ``g_m`` and ``g_s`` (never written in place)."""
+    n = g_m.size
+    src: np.ndarray | slice
+    if er.size:
+        rows = np.arange(n) if rows is None else rows
+        # a value-start row goes just before its series' latest (each metric one block, its rows in
+        # (series, time) order)
+        at = np.searchsorted(keys[rows], keys[er])
+        src = np.insert(rows, at, er)
+        since_rows = at + np.arange(er.size)  # (np.insert: each before index ``at``, in order)
+        is_since = np.zeros(src.size, bool)
+        is_since[since_rows] = True
+        pos = np.full(n, -1, np.int64)
+        latest = np.flatnonzero(~is_since)
+        pos[src[latest]] = latest
+        gm, gs = g_m[src], g_s[src]
+    else:
+        since_rows = np.zeros(0, np.int64)
+        if rows is None:
+            src, pos = slice(0, n), np.arange(n)
+            gm, gs = g_m[:n], g_s[:n]
+            gm.flags.writeable = gs.flags.writeable = False
+        else:
+            src, pos = rows, np.full(n, -1, np.int64)
+            pos[rows] = np.arange(rows.size)
+            gm, gs = g_m[src], g_s[src]
+    bounds = {m: (a, b) for m, a, b in _id_runs(gm)}
+    return src, since_rows, pos, bounds, gm, gs
