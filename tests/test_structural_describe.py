@@ -97,6 +97,25 @@ def test_many_kinds_of_one_length_and_repeated_names() -> None:
 def test_series_table_interns_as_the_one_at_a_time_tracker(batches: list[list[LabelSet]]) -> None:
     """Label sets arriving in batches (a history's list grows): the same ids, memory and learned targets
     as the reference, and the same report on a view of one sample per label set."""
+    _interns_as_the_reference(batches)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(batches=st.lists(scrapes(), min_size=1, max_size=4), chunk=st.integers(1, 12))
+def test_series_table_interns_chunk_by_chunk_as_the_one_at_a_time_tracker(
+        batches: list[list[LabelSet]], chunk: int) -> None:
+    """The same, the label sets described and interned in chunks of any size (names, instances and GPU
+    ids met first in a later chunk, a distinct (target, node) pair's first series in any chunk)."""
+    import pytest
+
+    import fleethealth.sources.structural_layout as layout
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(layout, "_CHUNK", chunk)
+        _interns_as_the_reference(batches)
+
+
+def _interns_as_the_reference(batches: list[list[LabelSet]]) -> None:
     fast, plain = StructuralTracker(), ref.StructuralTracker()
     b = SnapshotBuilder()
     for i, batch in enumerate(batches):

@@ -40,7 +40,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
-from operator import itemgetter
 
 import numpy as np
 
@@ -98,13 +97,15 @@ class StructuralTracker:
         # bumped whenever the memory (``memory()``) may have changed: the controller saves it then
         self.memory_version = 0
         self.target_nodes: dict[str, set[str]] = {}
-        # interned node names, GPU ids and (node, GPU) pairs (each pair's name and GPU id; the known pairs'
+        # interned node names, GPU ids, instance labels and (node, GPU) pairs (each pair's name and GPU id; the known pairs'
         # keys, name id << 32 | GPU id, sorted, and their pair ids), and the per-series table of the last
         # label-set list
         self._names: list[str] = []
         self._name_ix: dict[str, int] = {}
         self._gpus: list[str] = []
         self._gpu_ix: dict[str, int] = {}
+        self._insts: list[str] = []
+        self._inst_ix: dict[str, int] = {}
         self._pair_node: list[int] = []
         self._pair_gpu: list[int] = []
         self._pair_keys = np.zeros(0, np.int64)
@@ -196,11 +197,13 @@ class StructuralTracker:
             todo = fr.present & st.learnable & ~st.learned
             if todo.any():
                 # each distinct (target, node) pair once, in order of first appearance (a set's
-                # insertion order, which its iteration follows, is then the same as series by series)
-                sids = np.flatnonzero(todo).tolist()
-                for inst, node in dict.fromkeys(zip(*(itemgetter(*sids)(col) if len(sids) > 1 else (col[sids[0]],)
-                                                      for col in (st.inst, st.node)), strict=True)):
-                    self.target_nodes.setdefault(inst, set()).add(node)  # type: ignore[arg-type]
+                # insertion order, which its iteration follows, is then the same as series by series):
+                # distinct by their interned ids, one Python step per pair, not per series
+                sids = np.flatnonzero(todo)
+                _, first = np.unique((st.inst_id[sids] << 32) | st.name_id[sids], return_index=True)
+                inst_l, node_l = st.inst, st.node
+                for sid in sids[np.sort(first)].tolist():
+                    self.target_nodes.setdefault(inst_l[sid], set()).add(node_l[sid])  # type: ignore[arg-type]
                 st.learned |= todo
                 self._targets_version += 1
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from itertools import filterfalse, repeat
-from operator import is_not, ne
+from operator import ne
 from typing import TYPE_CHECKING, cast
 
 import numpy as np
@@ -57,6 +57,7 @@ class _SeriesTable:
         self.node: list[str | None] = []
         self.inst: list[str | None] = []
         self.name_id = np.zeros(0, np.int64)  # tracker-wide node name id per series (-1: none)
+        self.inst_id = np.zeros(0, np.int64)  # tracker-wide instance label id per series (-1: none)
         self.pair_id = np.zeros(0, np.int64)  # tracker-wide (node, GPU) id per series (-1: none)
         self.learnable = np.zeros(0, bool)  # has an instance and a node label that differ
         self.learned = np.zeros(0, bool)  # already taught the tracker its target -> node pair
@@ -69,26 +70,37 @@ class _SeriesTable:
     def extend(self, tr: StructuralTracker, labelsets: list[LabelSet]) -> None:
         """Describe the label sets past ``n`` and intern their node names, GPU ids and (node, GPU) pairs
         with the tracker, ids in order of first appearance. No Python step per label set: a cold 100k-GPU
-        cycle brings 100k new label sets, described a chunk of columns at a time (``_describe_many``),
-        12.5k nodes and 8 GPU ids, interned by C-level dict and map passes, and 100k pairs, interned as
-        int keys in numpy (``_intern_pairs``)."""
+        cycle brings 100k new label sets, described a chunk of columns at a time (``_describe_chunk``),
+        12.5k nodes, 12.5k instances and 8 GPU ids, interned chunk by chunk by C-level dict and map
+        passes, and 100k pairs, interned as int keys in numpy (``_intern_pairs``)."""
         new = labelsets[self.n:]
         k = len(new)
-        nodes, gpus, insts = _describe_many(new, tr.node_labels, tr.gpu_labels)
-        self.node.extend(nodes)
-        self.inst.extend(insts)
         # (looked up with None too: never a key, so -1)
         name_ix = cast("dict[str | None, int]", tr._name_ix)
-        name_id = _interned(name_ix, tr._names, nodes)
-        gpu_id = _interned(cast("dict[str | None, int]", tr._gpu_ix), tr._gpus, gpus)
+        gpu_ix = cast("dict[str | None, int]", tr._gpu_ix)
+        inst_ix = cast("dict[str | None, int]", tr._inst_ix)
+        name_id = np.empty(k, np.int64)
+        gpu_id = np.empty(k, np.int64)
+        inst_id = np.empty(k, np.int64)
+        learn = np.empty(k, bool)
+        # a chunk at a time: its names are interned while its strings are in the CPU's caches
+        for i in range(0, k, _CHUNK):
+            nodes, gpus, insts = _describe_chunk(new[i:i + _CHUNK], tr.node_labels, tr.gpu_labels)
+            j = i + len(nodes)
+            self.node.extend(nodes)
+            self.inst.extend(insts)
+            name_id[i:j] = _interned(name_ix, tr._names, nodes)
+            gpu_id[i:j] = _interned(gpu_ix, tr._gpus, gpus)
+            inst_id[i:j] = _interned(inst_ix, tr._insts, insts)
+            learn[i:j] = np.fromiter(map(ne, nodes, insts), bool, j - i)
         # (node, GPU) pairs: only where both are labelled (-1 elsewhere), as (name id, GPU id) int keys
         pair_id = np.full(k, -1, np.int64)
         paired = (name_id >= 0) & (gpu_id >= 0)
         if paired.any():
             pair_id[paired] = _intern_pairs(tr, (name_id[paired] << 32) | gpu_id[paired])
-        learn = (name_id >= 0) & np.fromiter(map(is_not, insts, repeat(None)), bool, k) & np.fromiter(
-            map(ne, nodes, insts), bool, k)
+        learn &= (name_id >= 0) & (inst_id >= 0)
         self.name_id = np.concatenate((self.name_id, name_id))
+        self.inst_id = np.concatenate((self.inst_id, inst_id))
         self.pair_id = np.concatenate((self.pair_id, pair_id))
         self.learnable = np.concatenate((self.learnable, learn))
         self.learned = np.concatenate((self.learned, np.zeros(k, bool)))
@@ -218,7 +230,7 @@ def _describe_each(sets: Sequence[LabelSet], node_labels: Sequence[str], gpu_lab
     return nodes, gpus, insts
 
 
-def _interned(ix: dict[str | None, int], names: list[str], values: list[str | None]) -> np.ndarray:
+def _interned(ix: dict[str | None, int], names: list[str], values: Sequence[str | None]) -> np.ndarray:
     """The ids of ``values`` in ``ix`` (None: -1), new names taking the next ids in order of first
     appearance (appended to ``names``): C-level dict and map passes."""
     distinct = dict.fromkeys(values)
