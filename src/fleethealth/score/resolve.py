@@ -9,19 +9,21 @@ value, a match's verdict, a peer group id). It is append-only: reused while the 
 only grows (the history and the simulator keep one list), so a label set is resolved once for the life
 of a stream. New label sets are read column by column with C-level maps, a chunk at a time (a cold
 100k-GPU cycle resolves ~112k of them; a chunk whose label sets all have the same labels is transposed,
-not made into a dict per label set: ``_Columns``): key ids are kept per kind by display name (a node's or replica's
-is the label's own string), new ones handed out in the order a loop over the label sets would (by first
-label set, then node, gpu, replica, rank), and peer-group ids coded per distinct value, not per label set. Which resolver serves a snapshot is the scorer's choice (``_resolver_for``, kept in
+not made into a dict per label set, and only the labels asked for are read out: ``_Columns``): key ids are kept
+per kind by display name (a node's or replica's is the label's own string), new ones handed out in the order a
+loop over the label sets would (by first label set, then node, gpu, replica, rank). A chunk's values are coded
+by a small dict of its own, so a kind's big dict of every key is touched once per distinct value: written
+with the id the value takes if it is new (``setdefault``; a cold cycle's values all are), renumbered among
+the new ones when some were known. Peer-group ids are coded per distinct value, not per label set. Which resolver serves a snapshot is the scorer's choice (``_resolver_for``, kept in
 ``Kept.resolvers``). ``_KindTable`` is one kind's entities for one cycle: key id <-> entity index.
 """
 
 from __future__ import annotations
 
-import operator
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from itertools import compress, repeat
+from itertools import compress, count, repeat
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
@@ -60,7 +62,6 @@ class _Resolver:
         self.key_kind: list[int] = []  # key id -> its kind's position in ``_ORDER``
         self.key_node: list[int] = []  # key id -> node key id (for gpu keys), else -1
         self.display: list[str] = []  # key id -> entity name without the kind prefix
-        self._display_arr = np.zeros(0, object)
         self._parts: dict[str, list[np.ndarray]] = {k: [] for k in KINDS}  # key ids of chunks not in ``arr``
         self.arr: dict[str, np.ndarray] = {}
         self.labelsets: list[LabelSet] | None = None
@@ -211,50 +212,86 @@ class _Resolver:
         else:
             rank_d = []  # (no rank anywhere: none)
         cols: list[list[Any]] = [nodes, gpu_d, reps, rank_d]
-        firsts = [_firsts(c) for c in cols]  # per kind: display name -> its first label set in the chunk
         ixs = [self.kind_ix[k] for k in _ORDER]
+        # Per kind, each label set's value coded by a small dict of the chunk's distinct values (one
+        # ``setdefault`` per label set: the index of the label set the value first appears in), so the
+        # kind's big dict of every key (cache misses at 100k GPUs) is asked once per distinct value.
+        firsts: list[np.ndarray | None] = []  # per label set: the first label set in the chunk with its value
+        rows_k: list[np.ndarray] = []  # per kind: the first label set of each distinct value
+        names_k: list[list[str]] = []  # per kind: the distinct values, in order of first appearance
+        for c in cols:
+            if not c:
+                firsts.append(None)
+                rows_k.append(np.zeros(0, np.int64))
+                names_k.append([])
+                continue
+            seen: dict[Any, int] = {}
+            firsts.append(np.fromiter(map(seen.setdefault, c, count()), np.int64, n))
+            seen.pop(None, None)  # no entity of this kind
+            seen.pop("", None)
+            rows_k.append(np.fromiter(seen.values(), np.int64, len(seen)))
+            names_k.append(list(seen))
         # New keys take the next ids in the order they always did: label set by label set, and within
-        # one node, gpu, replica, rank (so: by first label set * 4 + kind)
-        new_at: list[np.ndarray] = []
-        new_disp: list[str] = []
-        for kn, (f, ix) in enumerate(zip(firsts, ixs, strict=True)):
-            fresh = list(map(operator.not_, map(ix.__contains__, f)))
-            if any(fresh):
-                rows = np.fromiter(f.values(), np.int64, len(f))
-                if all(fresh):
-                    new_disp += f
+        # one node, gpu, replica, rank (so: by first label set * 4 + kind). Each distinct value is written
+        # into its kind's dict with the id it takes if every value is new (``setdefault``: the big dict
+        # is touched once per value, as a cold cycle's values all are new); a value found there keeps its
+        # id (never one of the new ids), and when some were found the new ones are numbered again alone.
+        start = len(self.display)
+        lens = [len(x) for x in names_k]
+        at = np.concatenate([r * 4 + kn for kn, r in enumerate(rows_k)])
+        order, want = _new_ids(at, start)
+        got_k: list[np.ndarray] = []
+        fresh_k: list[np.ndarray] = []
+        lo = 0
+        for names, ix, m in zip(names_k, ixs, lens, strict=True):
+            w = want[lo : lo + m]
+            lo += m
+            got = np.fromiter(map(ix.setdefault, names, w.tolist()), np.int64, m)
+            got_k.append(got)
+            fresh_k.append(got == w)
+        n_new = sum(int(f.sum()) for f in fresh_k)
+        if n_new != at.size:  # some were known: number the new ones alone, in the same order
+            at = np.concatenate([r[f] * 4 + kn for kn, (r, f) in enumerate(zip(rows_k, fresh_k, strict=True))])
+            order, want = _new_ids(at, start)
+            lo = 0
+            for kn, (names, ix) in enumerate(zip(names_k, ixs, strict=True)):
+                f = fresh_k[kn]
+                m = int(f.sum())
+                if m:
+                    w = want[lo : lo + m]
+                    lo += m
+                    got_k[kn][f] = w
+                    names_k[kn] = list(compress(names, f.tolist()))
+                    ix.update(zip(names_k[kn], w.tolist(), strict=True))
                 else:
-                    new_disp += compress(f, fresh)
-                    rows = rows[np.asarray(fresh, bool)]
-                new_at.append(rows * 4 + kn)
-        if new_disp:
-            at = np.concatenate(new_at)
-            if at.size > 1 and not (at[1:] > at[:-1]).all():
-                order = np.argsort(at)
+                    names_k[kn] = []
+        if at.size:
+            new_disp = [x for names in names_k for x in names]
+            if order is not None:
                 at = at[order]
                 new_disp = list(itemgetter(*order.tolist())(new_disp))
-            start = len(self.display)
-            kinds = at & 3
-            for kn, ix in enumerate(ixs):
-                mine = kinds == kn
-                if mine.any():
-                    ix.update(zip(compress(new_disp, mine.tolist()), (np.flatnonzero(mine) + start).tolist(),
-                                  strict=True))
             self.display.extend(new_disp)
+            kinds = at & 3
             self.key_kind.extend(kinds.tolist())
         # per label set, each kind's key id
-        ids = [np.fromiter(map(ix.get, c, repeat(-1)), np.int64, n) if c else np.full(n, -1, np.int64)
-               for ix, c in zip(ixs, cols, strict=True)]
-        if new_disp:
+        ids: list[np.ndarray] = []
+        for first, r, got in zip(firsts, rows_k, got_k, strict=True):
+            if first is None:
+                ids.append(np.full(n, -1, np.int64))
+                continue
+            kid = np.full(n, -1, np.int64)  # by the first label set of each value
+            kid[r] = got
+            ids.append(kid[first])
+        if at.size:
             # a new gpu key's node: the node of the first label set naming it
             self.key_node.extend(np.where(kinds == 1, ids[0][at >> 2], -1).tolist())
         for kind, kids in zip(_ORDER, ids, strict=True):
             self._parts[kind].append(kids)
 
     def display_names(self, ids: np.ndarray) -> list[str]:
-        if self._display_arr.size != len(self.display):
-            self._display_arr = np.array(self.display, dtype=object)
-        return self._display_arr[ids].tolist() if ids.size else []
+        # (picked from the list: an object array of every key, made once per new key set, cost more
+        # than the pick in a cold cycle, and the tables asking for names are kept while the keys are)
+        return list(map(self.display.__getitem__, ids.tolist())) if ids.size else []
 
     @property
     def key_node_arr(self) -> np.ndarray:
@@ -269,13 +306,16 @@ _ORDER: tuple[EntityKind, ...] = ("node", "gpu", "replica", "rank")
 _PREFIXES = tuple(k + ":" for k in _ORDER)
 
 
-def _firsts(vals: list[str | None]) -> dict[str, int]:
-    """The distinct non-empty values of ``vals``, each with the index of its first occurrence (a dict
-    built from the end: the first occurrence is written last)."""
-    d: dict[Any, int] = dict(zip(reversed(vals), range(len(vals) - 1, -1, -1), strict=True))
-    d.pop(None, None)
-    d.pop("", None)
-    return d
+def _new_ids(at: np.ndarray, start: int) -> tuple[np.ndarray | None, np.ndarray]:
+    """New keys' ids from their places ``at`` (first label set * 4 + kind, in kind order): ids from
+    ``start`` on in the order of ``at``. Returns the sorting order (None: ``at`` is sorted already) and
+    each key's id, in ``at``'s own order."""
+    if at.size > 1 and not (at[1:] > at[:-1]).all():
+        order = np.argsort(at)
+        ids = np.empty(at.size, np.int64)
+        ids[order] = np.arange(start, start + at.size)
+        return order, ids
+    return None, np.arange(start, start + at.size)
 
 
 class _Columns:
@@ -287,23 +327,30 @@ class _Columns:
 
     def __init__(self, new: list[LabelSet]) -> None:
         self.n = len(new)
-        self.cols: dict[str, Sequence[str]] | None = _transposed(new)
+        self.pairs: dict[str, tuple[tuple[str, str], ...]] | None = _transposed(new)
+        self.cols: dict[str, Sequence[str]] = {}  # values read out of ``pairs``: only labels asked for
         self.ds: list[dict[str, str]] = []
         self.present: set[str] = set()
-        if self.cols is None:
+        if self.pairs is None:
             self.ds = list(map(dict, new))
             self.present = set().union(*self.ds)  # a label none has is not looked up in each
 
     def get(self, label: str) -> Sequence[str | None] | None:
-        if self.cols is not None:
-            return self.cols.get(label)
+        if self.pairs is not None:
+            c = self.cols.get(label)
+            if c is None:
+                at = self.pairs.get(label)
+                if at is None:
+                    return None
+                c = self.cols[label] = list(map(_VALUE, at))
+            return c
         return list(map(dict.get, self.ds, repeat(label))) if label in self.present else None
 
     def get_or(self, label: str, default: str) -> Iterable[str]:
         """Each label set's value of ``label``, ``default`` where it has none."""
-        if self.cols is not None:
-            c = self.cols.get(label)
-            return repeat(default, self.n) if c is None else c
+        if self.pairs is not None:
+            c = self.get(label)
+            return repeat(default, self.n) if c is None else c  # type: ignore[return-value]
         return map(dict.get, self.ds, repeat(label), repeat(default)) if label in self.present \
             else repeat(default, self.n)
 
@@ -321,20 +368,24 @@ class _Columns:
         return [None] * self.n if out is None else out
 
 
-def _transposed(new: list[LabelSet]) -> dict[str, Sequence[str]] | None:
-    """Label -> every label set's value, when all of ``new`` have the same labels at the same positions
-    (else None): one zip per position, the labels checked on the way (a label twice in a label set:
-    the last, as a dict of it reads it)."""
+def _transposed(new: list[LabelSet]) -> dict[str, tuple[tuple[str, str], ...]] | None:
+    """Label -> every label set's (label, value) pair, when all of ``new`` have the same labels at the
+    same positions (else None): one zip per position, the labels checked on the way (a label twice in a
+    label set: the last, as a dict of it reads it). The values are read out only for the labels asked for
+    (``_Columns.get``: about half of a dcgm-exporter label set's)."""
     if not new or len(set(map(len, new))) != 1:
         return None
-    cols: dict[str, Sequence[str]] = {}
+    cols: dict[str, tuple[tuple[str, str], ...]] = {}
     for at in zip(*new, strict=True):
-        keys, vals = zip(*at, strict=True)
+        keys = list(map(_KEY, at))
         k = keys[0]
         if keys.count(k) != len(keys):
             return None
-        cols[k] = vals
+        cols[k] = at
     return cols
+
+
+_KEY, _VALUE = itemgetter(0), itemgetter(1)
 
 
 def _first_ids(cols: list[list[str]], keys: dict[tuple[str, ...], int]) -> list[int]:
