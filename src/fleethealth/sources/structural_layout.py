@@ -4,17 +4,19 @@ entries, as the tracker reads them (``_Layout``), with the helpers of that readi
 while the layout of the entries is unchanged, only their times).
 
 Theory of operation. ``_SeriesTable`` describes each label set of a history's (append-only) list once,
-as the list grows: its node, GPU and target, the tracker-wide ids of its node name and (node, GPU)
-pair. A cold 100k-GPU cycle brings 100k label sets: each is read by one ``dict(ls)`` and the ids are
-interned by C-level dict and map passes over the lot, not a Python step per label set.
+as the list grows: its node, GPU and target, the tracker-wide ids of its node name, instance and (node,
+GPU) pair. A cold 100k-GPU cycle brings 100k label sets, read a chunk of ~1000 at a time: a chunk whose
+label sets have the same names at the same positions (one exporter's pages) is transposed into columns
+(``_transposed``: the name at each position checked), others are split by length or read one
+``dict(ls)`` at a time; the chunk's names are interned by C-level dict and map passes while its strings
+are in the CPU's caches, and the (node, GPU) pairs as int keys in numpy. No Python step per label set.
 
 A history view's entries are the rows of every block that is not a counter matrix (gauges: a row or two
 per series) and each counter series' latest sample. ``_Layout`` keeps, for one such layout, the (metric,
 series) pair of each entry, the entries per pair and what follows from the set of pairs (present series,
 pairs and GPUs per node, the node each entry's time counts for), built the first time the layout is
 seen, in passes over the entries (a bitmap of the pairs, a row of series per metric, set block by block:
-no sort, no key per entry); a steady fleet then reads only the
-entries' times each cycle. Pure: the tracker holds the layout (``StructuralTracker._layout``), nothing
+no sort, no key per entry); a steady fleet then reads only the entries' times each cycle. Pure: the tracker holds the layout (``StructuralTracker._layout``), nothing
 is kept here.
 """
 
