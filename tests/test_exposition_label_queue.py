@@ -84,3 +84,46 @@ def test_a_page_planned_again_parses_no_label_string(monkeypatch: pytest.MonkeyP
         assert planned(scrape, plans) == want
         assert calls == []  # every label string known: none parsed, none merged again
     assert not plans.labels._pending  # (settled when page 5 was planned again)
+
+
+_VALS = ["0", "1", "7", "", "ab", "node-1", "a b", "x,y", "{", "}", "=", "GPU-0a1b", "n", "é"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(1, 6), st.integers(1, 12), st.lists(st.sampled_from(["same", "slot", "page", "any"]), min_size=1,
+                                                       max_size=4), st.sampled_from([",", ", "]), st.data())
+def test_property_columns_cut_at_quotes_equal_parse_and_merge(period: int, pages: int, kinds: list[str], sep: str,
+                                                              data: st.DataObject) -> None:
+    """Strings page by page (``period`` a page) whose values are one for all, one per slot, one per page
+    or any: ``_merged_columns`` (the quote cut, by rows where a column is of one width) reads each as the
+    per-string parse and merge."""
+    n = period * pages
+    pick = st.sampled_from(_VALS)
+    cols: list[list[str]] = []
+    for kind in kinds:
+        if kind == "same":
+            cols.append([data.draw(pick)] * n)
+        elif kind == "slot":
+            cols.append([data.draw(pick) for _ in range(period)] * pages)
+        elif kind == "page":
+            cols.append([v for v in (data.draw(pick) for _ in range(pages)) for _ in range(period)])
+        else:
+            cols.append([data.draw(pick) for _ in range(n)])
+    keys = [f"k{j}" for j in range(len(kinds))][::-1]
+    raws = [("{" + sep.join(f'{k}="{c[i]}"' for k, c in zip(keys, cols, strict=True)) + "}").encode()
+            for i in range(n)]
+    extras = [(("instance", f"p{i // period}"),) for i in range(n)]
+    odd = data.draw(st.sampled_from(["", "", "key", "spacing"]))  # one string not of the template
+    if odd:
+        i = data.draw(st.integers(1, n - 1)) if n > 1 else 0
+        raws[i] = raws[i].replace(b"k0=", b"q0=") if odd == "key" else raws[i].replace(b'="', b' ="', 1)
+    got = _merged_columns(extras, raws, LabelCache(), period)
+    if odd and n > 1:
+        m, _ = _eager(extras, raws)
+        assert got is None or got == [m[(e, r)] for e, r in zip(extras, raws, strict=True)]
+        return
+    if n < 8 or _split_labels(raws[0].decode()) == ():
+        assert got is None  # (too few for the bulk path; no template from a string without labels)
+        return
+    m, _ = _eager(extras, raws)
+    assert got == [m[(e, r)] for e, r in zip(extras, raws, strict=True)]

@@ -11,8 +11,12 @@ column by column (``_column_label_sets``) so that shared pairs are one object. T
 are merged the way Prometheus merges them (``_merge_extra``: its labels win, a page's own value moves to
 ``exported_<name>``), memoised per (scraper labels, raw string) in the cache's ``merged``. New
 (scraper labels, raw string) pairs of one template whose scraper labels only add names (the page plans'
-cold read: ``_merged_bulk``) are cut at their quotes at once and merged as columns, without per-string
-merging.
+cold read: ``_merged_columns``) are cut at their quotes at once and merged as columns, without per-string
+merging: ASCII strings from the offsets of their quotes (``_quoted_columns``: separators compared as
+rows, a column of one value, one value per slot of a page or one per page made of one pair per
+distinct value), others by one ``str.split``. What such a bulk merge adds to the memos is queued and put
+into them when they are next read (``LabelCache._defer``): a source reading through page plans reads
+them only when a page changes.
 Both are pure memos of pure functions, bounded; no state lives in this module.
 """
 
@@ -25,6 +29,8 @@ from functools import partial
 from itertools import chain, repeat
 from operator import itemgetter
 from typing import Any
+
+import numpy as np
 
 from fleethealth.signals.snapshot import LabelSet
 
@@ -356,7 +362,8 @@ def _merged_bulk(keyed: list[tuple[LabelSet, bytes]], cache: LabelCache) -> list
     return _merged_columns(list(map(itemgetter(0), keyed)), list(map(itemgetter(1), keyed)), cache)
 
 
-def _merged_columns(extra_of: list[LabelSet], raws: list[bytes], cache: LabelCache) -> list[LabelSet] | None:
+def _merged_columns(extra_of: list[LabelSet], raws: list[bytes], cache: LabelCache, period: int = 0
+                    ) -> list[LabelSet] | None:
     """``_merge_extra(_parse_labels(raw), extra)`` of many new (extra_of[i], raws[i]) pairs at once, when
     every raw string has one template and every extra only adds labels (no honor-labels mark, no name of
     the template's, no empty value, the same names in each): then the merged label set is the sorted
@@ -371,7 +378,9 @@ def _merged_columns(extra_of: list[LabelSet], raws: list[bytes], cache: LabelCac
     regex of ``_parse_labels_bulk`` would have taken them. The text is decoded at once: the pieces of a
     valid UTF-8 text between ASCII quotes are the values decoded one by one. The last template that
     fitted (``cache.template``: one exporter's strings, chunk after chunk) is tried first, then the
-    first string's (``_template_of``, from its careful parse)."""
+    first string's (``_template_of``, from its careful parse). ASCII strings are first cut without
+    splitting them at all (``_quoted_columns``); ``period``: strings per page, when the caller's are
+    page by page (a value repeated on every page is then found as such)."""
     n = len(raws)
     extras = set(extra_of)
     names = set(map(tuple, map(partial(map, itemgetter(0)), extras)))  # (C-level loops: 100 pages a chunk)
@@ -386,17 +395,23 @@ def _merged_columns(extra_of: list[LabelSet], raws: list[bytes], cache: LabelCac
         return None
     if "\0" in text or "\\" in text or text.count("\n") != n - 1:
         return None
-    pieces = text.split('"')
-    found = cache.template
-    if found is None or not _fits(pieces, found, n):
-        found = _quoted_template(raws[0])
+    found = cache.template if cache.template is not None else _quoted_template(raws[0])
+    by_quotes = _quoted_columns(raws, found, period) if found is not None and text.isascii() else None
+    if by_quotes is None:
+        pieces = text.split('"')
+        found = cache.template
         if found is None or not _fits(pieces, found, n):
-            return None
+            found = _quoted_template(raws[0])
+            if found is None or not _fits(pieces, found, n):
+                return None
+        nk = len(found[3])
+        cols, empty = _pair_columns([pieces[1 + 2 * j::2 * nk] for j in range(nk)], found[3])
+    else:
+        cols, empty = by_quotes
+    assert found is not None
     if not set(found[3]).isdisjoint(extra_keys):
         return None
     cache.template = found
-    nk = len(found[3])
-    cols, empty = _pair_columns([pieces[1 + 2 * j::2 * nk] for j in range(nk)], found[3])
     if not extra_keys:
         sets = _zip_sets(cols, empty)
         cache._defer(extra_of, raws, sets, sets)
@@ -408,6 +423,81 @@ def _merged_columns(extra_of: list[LabelSet], raws: list[bytes], cache: LabelCac
     sets = _zip_sets(cols, empty)
     cache._defer(extra_of, raws, sets, (own, empty))
     return sets
+
+
+def _quoted_columns(raws: list[bytes], tpl: Template, period: int
+                    ) -> tuple[list[list[tuple[str, str]]], bool] | None:
+    """``_pair_columns`` of n ASCII strings that fit ``tpl`` (None when one does not), from the offsets
+    of their quotes, without a Python object per piece: a string fits exactly when it has 2 * nk quotes
+    and the bytes outside its values are the template's (compared as fixed-width rows, one memcmp per
+    separator: ``_fits`` on the split pieces, byte for byte). A column whose values are all as wide is
+    read as rows: one value on every string (a model name, a driver version), the first ``period``
+    strings' values on every page (a GPU index, a bus id) or each page's first value on its strings (a
+    host name) make one pair per distinct value; other columns are sliced and paired as
+    ``_pair_columns`` pairs them."""
+    n, nk = len(raws), len(tpl[3])
+    buf = b"".join(raws)
+    arr = np.frombuffer(buf, np.uint8)
+    q = np.flatnonzero(arr == 34)
+    if q.shape[0] != 2 * nk * n or b"\\" in buf or b"\0" in buf:
+        return None
+    qq = q.reshape(n, 2 * nk)
+    st = np.zeros(n, np.int64)
+    lens = np.fromiter(map(len, raws), np.int64, n)
+    np.cumsum(lens[:-1], out=st[1:])
+    # the separators: before the first quote, between a value's closing and the next one's opening
+    # quote, after the last: each of the template's width and bytes
+    seps = [tpl[0], *tpl[2], tpl[1]]
+    begin = np.concatenate((st[:, None], qq[:, 1::2] + 1), axis=1)
+    stop = np.concatenate((qq[:, 0::2], (st + lens)[:, None]), axis=1)
+    if not np.array_equal(stop - begin, np.fromiter(map(len, seps), np.int64, nk + 1)[None, :].repeat(n, 0)):
+        return None
+    for j, sep in enumerate(seps):
+        if sep and _fixed_rows(buf, len(sep), begin[:, j]) != sep.encode() * n:
+            return None
+    cols: list[list[tuple[str, str]]] = []
+    empty = False
+    for j in sorted(range(nk), key=tpl[3].__getitem__):
+        k = tpl[3][j]
+        s, e = qq[:, 2 * j] + 1, qq[:, 2 * j + 1]
+        w = e - s
+        w0 = int(w[0])
+        rep = None
+        if w0 and bool((w == w0).all()):
+            rows = _fixed_rows(buf, w0, s)
+            rep = _repeating_column(k, rows, w0, n, period)
+            values = None if rep is not None else np.frombuffer(rows, f"S{w0}").tolist()
+        else:
+            values = list(map(buf.__getitem__, map(slice, s.tolist(), e.tolist())))
+        if rep is None:
+            assert values is not None
+            one, none = _pair_columns([values], [k])
+            rep = one[0]
+            empty = empty or none
+        cols.append(rep)
+    return cols, empty
+
+
+def _fixed_rows(buf: bytes, width: int, at: np.ndarray) -> bytes:
+    """buf[at[i] : at[i] + width] for every i, concatenated (``exposition_blocks._rows``)."""
+    view = np.ndarray((len(buf) - width + 1,), np.dtype((np.void, width)), buf, 0, (1,))
+    return view[at].tobytes()
+
+
+def _repeating_column(k: str, rows: bytes, w: int, n: int, period: int) -> list[tuple[str, str]] | None:
+    """The (k, value) column of n values of w bytes each (``rows``), when one value is on every string,
+    the first ``period`` on every page, or each page's first on all of its strings; else None."""
+    if rows == rows[:w] * n:
+        return [(k, rows[:w].decode())] * n
+    if not period or n % period:
+        return None
+    pages, size = n // period, w * period
+    if rows == rows[:size] * pages:
+        return [(k, rows[i:i + w].decode()) for i in range(0, size, w)] * pages
+    heads = [rows[i:i + w] for i in range(0, len(rows), size)]  # (each page's first value)
+    if b"".join(h * period for h in heads) == rows:
+        return list(chain.from_iterable(map(repeat, [(k, h.decode()) for h in heads], repeat(period, pages))))
+    return None
 
 
 def _fits(pieces: list[str], tpl: Template, n: int) -> bool:

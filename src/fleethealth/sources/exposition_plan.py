@@ -38,8 +38,9 @@ every line: each row is taken to equal the row it most likely equals (``_build``
 follows at once proves every byte of it, as it would on a later scrape. Most of a fleet's pages share
 one layout (dcgm-exporter: the same comment lines and names, 8 GPUs' label strings in every block), so
 a plan's first page is kept as a ``_Shape`` and the next pages with its line count are taken to be laid
-out like it (``_build_like``): only each page's distinct label strings are read and parsed (all of one
-template, in bulk: ``exposition_labels._merged_bulk``), and the arrays and name/comment checks that
+out like it (``_build_like``): only each page's distinct label strings are read (each likely as wide
+as the shape page's) and parsed (all of one template, in bulk: ``exposition_labels._merged_columns``,
+whose memo entries wait until a page changes), and the arrays and name/comment checks that
 are the same for every plan of that many such pages (``_Frame``) are made once. A wrong guess costs
 one failed apply; the chunk is then built row by row as before.
 
@@ -507,7 +508,7 @@ def _build_like(shape: _Shape, keys: list[PageKey], tx: _Text, names: SnapshotBu
     rows = list(map(text.__getitem__, map(slice, o_list, end.tolist()))) if any_bare else None
     for i in np.flatnonzero(bare).tolist():
         raws[i] = b"{}"  # (as ``_build`` keys a line without labels)
-    sets = _label_sets(list(chain.from_iterable(repeat(k[1], n_slots) for k in keys)), raws, labels)
+    sets = _label_sets(list(chain.from_iterable(repeat(k[1], n_slots) for k in keys)), raws, labels, n_slots)
     if sets is None:
         return None
     pair_sid = np.asarray(names.series_ids(sets), np.int64).reshape(n_pages, n_slots)
@@ -630,8 +631,10 @@ def _cut_assumed(text: bytes, a: np.ndarray, e: np.ndarray, b_first: np.ndarray,
     return name_end, vs
 
 
-def _label_sets(extras: list[LabelSet], raws: list[bytes], labels: LabelCache) -> list[LabelSet] | None:
-    """The merged label set of each (scraper labels, raw label string); None if a string is invalid."""
+def _label_sets(extras: list[LabelSet], raws: list[bytes], labels: LabelCache, period: int = 0
+                ) -> list[LabelSet] | None:
+    """The merged label set of each (scraper labels, raw label string); None if a string is invalid.
+    ``period``: the strings are page by page, that many a page (see ``_merged_columns``)."""
     sets = labels.merged_of(extras, raws)  # (None: the memo knows none of them)
     if sets is not None and None not in sets:
         return sets  # type: ignore[return-value]
@@ -639,7 +642,7 @@ def _label_sets(extras: list[LabelSet], raws: list[bytes], labels: LabelCache) -
     # (all new, a cold read's: each is merged, a pair twice twice over, as it would be once)
     if whole:
         miss = None
-        got = _merged_columns(extras, raws, labels)
+        got = _merged_columns(extras, raws, labels, period)
     else:
         assert sets is not None
         miss = list(dict.fromkeys([k for k, s in zip(zip(extras, raws, strict=True), sets, strict=True) if s is None]))
