@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from fleethealth.policy import default_policy
 from fleethealth.signals.history import SignalHistory
-from fleethealth.signals.history_pairs import _first_rows
+from fleethealth.signals.history_pairs import _first_layout, _first_rows, _split_layout
 from fleethealth.signals.snapshot import Snapshot, SnapshotBuilder
 
 POLICY = default_policy()
@@ -38,6 +38,22 @@ def test_first_rows_is_stable_argsort(pairs: list[tuple[int, int]], dtype: type)
     else:
         o = np.argsort(key, kind="stable")
         assert got is not None and np.array_equal(got[0], o) and np.array_equal(got[1], key[o])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 6), st.integers(0, 40)), max_size=60), st.lists(st.booleans(), min_size=7,
+       max_size=7), st.lists(st.booleans(), min_size=7, max_size=7), st.booleans(), st.booleans())
+def test_first_layout_table_is_the_sorted_split(pairs: list[tuple[int, int]], is_c: list[bool], track: list[bool],
+                                               subset: bool, sparse: bool) -> None:
+    m: np.ndarray = np.array([p[0] for p in pairs], np.int32)
+    s: np.ndarray = np.array([p[1] * (10**6 if sparse else 1) for p in pairs], np.int32)  # sparse: no table
+    kept = np.arange(0, 3 * m.size, 3) if subset else None
+    a = _first_layout(m, s, np.array(is_c), np.array(track), kept)
+    b = _split_layout(m, s, np.array(is_c), np.array(track), kept)
+    assert (a is None) == (b is None)
+    if a is not None and b is not None:
+        for x, y in zip(a, b, strict=True):
+            assert x.dtype == y.dtype and np.array_equal(x, y)
 
 
 def _snapshot(rows: list[tuple[int, int, float, float]], shuffle: list[int], n_names: int) -> Snapshot:

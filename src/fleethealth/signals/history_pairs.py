@@ -153,29 +153,64 @@ def _first_rows(m: np.ndarray, s: np.ndarray) -> tuple[np.ndarray, np.ndarray] |
 
 def _first_layout(m: np.ndarray, s: np.ndarray, is_c: np.ndarray, track: np.ndarray, kept: np.ndarray | None
                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
-    """A first write's slots (``_first_rows``), split into gauges and counters (``is_c``: per metric id):
-    the gauges' rows, keys, metric ids (int32) and positions of event-like ones (``track``: per metric
-    id), then the counters' rows and keys; None when a pair occurs twice. ``kept``: the snapshot rows that
-    ``m`` and ``s`` are of (None: all)."""
+    """A first write's slots, split into gauges and counters (``is_c``: per metric id): the gauges' rows
+    in (metric, series) order, their keys, metric ids (int32) and the positions of event-like ones
+    (``track``: per metric id), then the counters' rows and keys; None when a pair occurs twice.
+    ``kept``: the snapshot rows that ``m`` and ``s`` are of (None: all). As ``_first_rows``, with the
+    gauge metrics' rows of the metric x series table placed before the counters' (each part still in
+    metric id order), so that both parts come out of the table as slices: no pass to split them."""
+    n = m.size
+    n_s = int(s.max()) + 1 if n else 0
+    n_m = int(m.max()) + 1 if n else 0
+    if n == 0 or int(m.min()) < 0 or int(s.min()) < 0 or n_m * n_s > 4 * n + 4096:
+        return _split_layout(m, s, is_c, track, kept)
+    ids = np.arange(n_m)
+    rank = np.argsort(is_c[:n_m], kind="stable")  # the table's metric rows: gauges, then counters
+    place = np.empty(n_m, np.int64)
+    place[rank] = ids
+    flat = place[m]
+    flat *= n_s
+    flat += s
+    at = np.full(n_m * n_s, -1, np.int64)
+    at[flat] = np.arange(n)
+    del flat
+    taken = at >= 0
+    cell = np.flatnonzero(taken)
+    if cell.size != n:
+        return None  # a pair twice: one of its rows was written over
+    rows = at[taken]
+    del at, taken
+    if kept is not None:
+        rows = kept[rows]
+    count = np.diff(np.searchsorted(cell, np.arange(n_m + 1) * n_s))  # rows per table row
+    n_gm = n_m - int(np.count_nonzero(is_c[:n_m]))
+    n_g = int(count[:n_gm].sum())
+    # key = metric << 32 | series, series = cell - row * n_s: per table row one addend
+    key = ((rank << 32) - ids * n_s)[cell // n_s]
+    key += cell
+    gauges = rank[:n_gm]
+    g_m = np.repeat(gauges.astype(np.int32), count[:n_gm])
+    g_track = np.flatnonzero(np.repeat(track[gauges], count[:n_gm]))
+    return rows[:n_g], key[:n_g], g_m, g_track, rows[n_g:], key[n_g:]
+
+
+def _split_layout(m: np.ndarray, s: np.ndarray, is_c: np.ndarray, track: np.ndarray, kept: np.ndarray | None
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
+    """``_first_layout`` for ids too sparse for a table: ``_first_rows``, then split by metric kind."""
     first = _first_rows(m, s)
     if first is None:
         return None
     rows, key = first
     if kept is not None:
         rows = kept[rows]
-    # the rows are in blocks by metric now: a metric's kind and its count say where its block is
     count = np.bincount(m, minlength=1) if m.size else np.zeros(1, np.int64)
     ids = np.arange(count.size)
     c_metric = is_c[ids]
     g_count = np.where(c_metric, 0, count)
-    if c_metric[count > 0].any():
-        c_pos = np.repeat(c_metric, count)
-        g_rows, g_key, c_rows, c_key = rows[~c_pos], key[~c_pos], rows[c_pos], key[c_pos]
-    else:
-        g_rows, g_key, c_rows, c_key = rows, key, rows[:0], key[:0]
+    c_pos = np.repeat(c_metric, count)
     g_m = np.repeat(ids.astype(np.int32), g_count)
     g_track = np.flatnonzero(np.repeat(track[ids], g_count))
-    return g_rows, g_key, g_m, g_track, c_rows, c_key
+    return rows[~c_pos], key[~c_pos], g_m, g_track, rows[c_pos], key[c_pos]
 
 
 class _Room:
