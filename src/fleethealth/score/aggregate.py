@@ -452,14 +452,16 @@ def _derive(plan: _SpecPlan, sub_t: np.ndarray, fresh_t: np.ndarray, weights: li
     if plan.direct:
         cat_t[plan.direct_cats] = sub_t[plan.direct_rows]
     if plan.multi:
-        wsub = np.where(fresh_t, sub_t, 0.0)  # NaN exactly where not fresh
-        wsub *= plan.weights[:, None]  # in place: one m x n temporary, not two (new pages on a cold cycle)
-        zero = sub_t == 0  # NaN is never == 0: only fresh zeroes
+        # one category's rows at a time: its temporaries are freed before the next one's (malloc hands
+        # the same blocks back), not one m x n weighted copy of every signal (new pages on a cold cycle)
         with np.errstate(invalid="ignore", divide="ignore"):
-            for (c, rows, _), (pos, safe) in zip(plan.multi, weights, strict=True):
-                cat_t[c] = np.where(pos, wsub[rows].sum(axis=0) / safe, np.nan)
+            for (c, rows, wr), (pos, safe) in zip(plan.multi, weights, strict=True):
+                sub_c = sub_t[rows]
+                wsub = np.where(fresh_t[rows], sub_c, 0.0)  # NaN exactly where not fresh
+                wsub *= wr[:, None]
+                cat_t[c] = np.where(pos, wsub.sum(axis=0) / safe, np.nan)
                 if critical_zeroes:
-                    cat_t[c][zero[rows].any(axis=0)] = 0.0
+                    cat_t[c][(sub_c == 0).any(axis=0)] = 0.0  # NaN is never == 0: only fresh zeroes
     gate_rows = plan.gate_rows
     if gate_rows.size:
         gate_hit = sub_t[gate_rows] == 0
