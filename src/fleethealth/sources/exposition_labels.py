@@ -57,7 +57,8 @@ class LabelCache:
     made (``_defer``): a scrape source that reads its pages through plans looks none of them up again
     until a page changes, and the two dicts of 100k entries (and the unmerged sets) cost about a tenth
     of the cold read. The queue is put into the dicts, in order and with the same bound, the first time
-    either is read (``parsed``, ``merged``), or asked for scraper labels it holds (``merged_of``)."""
+    either is read (``parsed``, ``merged``); asked for some scraper labels (``merged_of``: a page planned
+    again), only the queued merges that hold them are (a chunk's, not the fleet's)."""
 
     __slots__ = ("_parsed", "_merged", "template", "_pending", "_pending_extras", "_pending_n")
 
@@ -65,22 +66,22 @@ class LabelCache:
         self._parsed: dict[bytes, LabelSet | str] = {}
         self._merged: dict[tuple[LabelSet, bytes], LabelSet] = {}
         self.template: Template | None = None  # the last one ``_merged_columns`` read strings with
-        # queued bulk merges: (scraper labels, raw strings, merged sets, unmerged sets or their columns)
-        self._pending: list[tuple[list[LabelSet], list[bytes], list[LabelSet],
-                                  list[LabelSet] | tuple[list[list[tuple[str, str]]], bool]]] = []
-        self._pending_extras: set[LabelSet] = set()  # every scraper label set in the queue
+        # queued bulk merges: (scraper labels, raw strings, merged sets, unmerged sets or their columns,
+        # the distinct scraper labels)
+        self._pending: list[_Queued] = []
+        self._pending_extras: dict[LabelSet, int] = {}  # scraper label set -> queued merges holding it
         self._pending_n = 0
 
     @property
     def parsed(self) -> dict[bytes, LabelSet | str]:
         if self._pending:
-            self._settle()
+            self._settle(None)
         return self._parsed
 
     @property
     def merged(self) -> dict[tuple[LabelSet, bytes], LabelSet]:
         if self._pending:
-            self._settle()
+            self._settle(None)
         return self._merged
 
     def clear(self) -> None:
@@ -94,37 +95,56 @@ class LabelCache:
     def merged_of(self, extras: list[LabelSet], raws: list[bytes]) -> list[LabelSet | None] | None:
         """``merged.get((extras[i], raws[i]))`` for every i, or None when the memo holds nothing (all
         unknown). Queued merges of other scraper labels (the other pages of a cold read) stay queued."""
-        if self._pending and not self._pending_extras.isdisjoint(extras):
-            self._settle()
+        if self._pending_extras and not self._pending_extras.keys().isdisjoint(extras):
+            self._settle(set(extras))
         memo = self._merged
         if not memo:
             return None
         return list(map(memo.get, zip(extras, raws, strict=True)))
 
     def _defer(self, extras: list[LabelSet], raws: list[bytes], sets: list[LabelSet],
-               own: list[LabelSet] | tuple[list[list[tuple[str, str]]], bool]) -> None:
+               own: list[LabelSet] | tuple[list[list[tuple[str, str]]], bool], distinct: set[LabelSet]) -> None:
         """Queue a bulk merge's memo entries (``own``: the unmerged sets, or the columns they are zipped
-        from). A queue past the memos' bound is settled at once (the bound applies as it would have)."""
-        self._pending.append((extras, raws, sets, own))
-        self._pending_extras.update(extras)
+        from; ``distinct``: the set of ``extras``). A queue past the memos' bound is settled at once (the
+        bound applies as it would have)."""
+        self._pending.append((extras, raws, sets, own, distinct))
+        held = self._pending_extras
+        for e in distinct:
+            held[e] = held.get(e, 0) + 1
         self._pending_n += len(raws)
         if self._pending_n + max(len(self._merged), len(self._parsed)) >= _LABEL_CACHE_MAX:
-            self._settle()
+            self._settle(None)
 
-    def _settle(self) -> None:
-        """Put the queued merges into the memos, in order, each as the eager update would have."""
-        pending = self._pending
-        self._pending = []
-        self._pending_extras = set()
-        self._pending_n = 0
+    def _settle(self, wanted: set[LabelSet] | None) -> None:
+        """Put the queued merges (all, or those holding any of ``wanted``) into the memos, in order, each
+        as the eager update would have. (Which entries a bound's emptying keeps may then differ from
+        updates made at once: a memo's content never changes a result.)"""
+        if wanted is None:
+            take, self._pending = self._pending, []
+            self._pending_extras, self._pending_n = {}, 0
+        else:
+            take = [q for q in self._pending if not q[4].isdisjoint(wanted)]
+            self._pending = [q for q in self._pending if q[4].isdisjoint(wanted)]
+            held = self._pending_extras
+            for q in take:
+                self._pending_n -= len(q[1])
+                for e in q[4]:
+                    if held[e] == 1:
+                        del held[e]
+                    else:
+                        held[e] -= 1
         merged, parsed = self._merged, self._parsed
-        for extras, raws, sets, own in pending:
+        for extras, raws, sets, own, _ in take:
             n = len(raws)
             for memo in (merged, parsed):
                 if len(memo) + n >= _LABEL_CACHE_MAX:
                     memo.clear()
             merged.update(zip(zip(extras, raws, strict=True), sets, strict=True))
             parsed.update(zip(raws, own if isinstance(own, list) else _zip_sets(*own), strict=True))
+
+
+_Queued = tuple[list[LabelSet], list[bytes], list[LabelSet], list[LabelSet] | tuple[list[list[tuple[str, str]]], bool],
+                set[LabelSet]]
 
 
 def _unescape(s: str) -> str:
@@ -414,14 +434,14 @@ def _merged_columns(extra_of: list[LabelSet], raws: list[bytes], cache: LabelCac
     cache.template = found
     if not extra_keys:
         sets = _zip_sets(cols, empty)
-        cache._defer(extra_of, raws, sets, sets)
+        cache._defer(extra_of, raws, sets, sets, extras)
         return sets
     own = list(cols)  # (zipped for ``parsed``, the other paths' memo, only when that is read)
     of_key = sorted(found[3])  # the extra's pairs (non-empty values) as columns of their own, at their places
     for j, k in sorted(enumerate(extra_keys), key=itemgetter(1), reverse=True):
         cols.insert(bisect_left(of_key, k), list(map(itemgetter(j), extra_of)))
     sets = _zip_sets(cols, empty)
-    cache._defer(extra_of, raws, sets, (own, empty))
+    cache._defer(extra_of, raws, sets, (own, empty), extras)
     return sets
 
 
