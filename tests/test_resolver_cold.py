@@ -2,7 +2,8 @@
 written into its dict with the id they take if every value of the chunk is new, and renumbered when some
 were known already. On random streams of label sets (runs of like label sets read transposed, mixed
 ones read as dicts, values seen before, inventory keys between updates, any chunk size), the keys, ids,
-gpu -> node keys, per-label-set columns and peer groups are those of the loop over label sets."""
+gpu -> node keys, per-label-set columns, peer groups and their exported_<name> flags are those of the loop
+over label sets."""
 
 from __future__ import annotations
 
@@ -37,7 +38,8 @@ def _streams(draw: st.DrawFn) -> list[tuple[tuple[str, str], ...]]:
                 d: dict[str, str] = {}
                 for k, vals in (("Hostname", _NODES), ("instance", _NODES), ("gpu", ["0", "1", ""]),
                                 ("job", ["j0", "j1"]), ("exported_job", ["x0", ""]), ("rank", ["0", "1"]),
-                                ("pod", ["p0", "p1"]), ("pool", ["a", "b"]), ("modelName", ["H100"])):
+                                ("pod", ["p0", "p1"]), ("pool", ["a", "b"]), ("exported_pool", ["xa", ""]),
+                                ("modelName", ["H100"])):
                     if draw(st.booleans()):
                         d[k] = draw(st.sampled_from(vals))
                 out.append(tuple(sorted(d.items())))
@@ -64,6 +66,9 @@ def test_cold_path_hands_out_the_loops_keys(sets: list[tuple[tuple[str, str], ..
             for k in resolve.KINDS:
                 cols[k] += got[k]
             _check(r, sets[:hi], ref, cols)
+            for labels in (("pool",), ("job",), ("job", "pool")):  # incremental, added to the kept flags
+                assert r.group_exported(labels).tolist() == [
+                    any(dict(ls).get("exported_" + k) for k in labels) for ls in sets[:hi]]
             if inv:  # inventory names between updates: later label sets find them known
                 nk = r._kid("node", "n1")
                 assert nk == ref.kid("node:n1")

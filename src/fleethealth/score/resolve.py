@@ -14,7 +14,10 @@ per kind by display name (a node's or replica's is the label's own string), new 
 loop over the label sets would (by first label set, then node, gpu, replica, rank). A chunk's values are coded
 by a small dict of its own, so a kind's big dict of every key is touched once per distinct value: written
 with the id the value takes if it is new (``setdefault``; a cold cycle's values all are), renumbered among
-the new ones when some were known. Peer-group ids are coded per distinct value, not per label set. Which resolver serves a snapshot is the scorer's choice (``_resolver_for``, kept in
+the new ones when some were known. A grouping label's values are kept per chunk as read and spelled out
+per label set when the label is first asked for (``_label_col``: a policy names labels a fleet may not
+have); peer-group ids are coded per distinct value, not per label set, and kept as arrays that the new
+label sets' ids are added to. Which resolver serves a snapshot is the scorer's choice (``_resolver_for``, kept in
 ``Kept.resolvers``). ``_KindTable`` is one kind's entities for one cycle: key id <-> entity index.
 """
 
@@ -53,7 +56,13 @@ class _Resolver:
         # Labels peer groups are asked by (``grouping_labels``): each one's exposed value and whether it
         # came from ``exported_<name>``, per label set, read in ``update``'s one pass over the new label
         # sets (a pass of its own per label costs ~0.15 s at 100k GPUs, three of them on a cold start).
-        self._label_cols: dict[str, tuple[list[str], list[bool]]] = {k: ([], []) for k in dict.fromkeys(grouping)}
+        # Kept per chunk as read (``_segs``: the chunk's size, the label's values or None when no label set
+        # has it, the exported_<name> values or None) and made into per-label-set lists when a label is
+        # first asked for (``_label_col``): a policy names labels a fleet may not have at all (model,
+        # role, peer_group on a dcgm-exporter fleet), and those are never spelled out per label set.
+        self._segs: dict[str, list[tuple[int, Sequence[Any] | None, Sequence[str | None] | None]]] = {
+            k: [] for k in dict.fromkeys(grouping)}
+        self._lcols: dict[str, tuple[list[str], list[bool], int]] = {}
         self.n = 0
         # Key ids: per kind, an entity's name without the kind prefix (its display name) -> key id. The
         # key's name is "<kind>:<display>" (``key_names``); kept per kind, a node's or replica's display
@@ -65,8 +74,8 @@ class _Resolver:
         self._parts: dict[str, list[np.ndarray]] = {k: [] for k in KINDS}  # key ids of chunks not in ``arr``
         self.arr: dict[str, np.ndarray] = {}
         self.labelsets: list[LabelSet] | None = None
-        self._groups: dict[tuple[str, ...], tuple[int, dict[tuple[str, ...], int], list[int], np.ndarray]] = {}
-        self._exported: dict[tuple[str, ...], list[bool]] = {}
+        self._groups: dict[tuple[str, ...], tuple[int, dict[tuple[str, ...], int], np.ndarray]] = {}
+        self._exported: dict[tuple[str, ...], np.ndarray] = {}
         self._key_node_arr = np.zeros(0, np.int64)
         self.meta_cache: dict[tuple[str, tuple[int, ...]], dict[str, str]] = {}
         self._floats: dict[str, list[float]] = {}
@@ -100,38 +109,58 @@ class _Resolver:
     def group_ids(self, labels: tuple[str, ...]) -> np.ndarray:
         """Per label set, the id of its peer group (the values of ``labels``); incremental, cached.
         A label a scraper displaced (``exported_<name>``, Prometheus' honor_labels: false) counts with
-        the exporter's own value: a rank sample's training job, never the scrape job shared by all."""
+        the exporter's own value: a rank sample's training job, never the scrape job shared by all.
+        The new label sets' ids and flags are arrays added to the kept ones (not a list of every label
+        set's id made into an array again each time some are added)."""
         assert self.labelsets is not None
-        n_done, keys, ids, arr = self._groups.get(labels, (0, {}, [], np.zeros(0, np.int64)))
-        if n_done < len(self.labelsets) and all(k in self._label_cols for k in labels):
-            exported = self._exported.setdefault(labels, [])
-            cols = [self._label_cols[k] for k in labels]  # as long as the label sets (``update``)
-            ids.extend(_first_ids([c[0][n_done:] for c in cols], keys))
-            if len(cols) == 1:
-                exported.extend(cols[0][1][n_done:])
+        n_done, keys, arr = self._groups.get(labels, (0, {}, np.zeros(0, np.int64)))
+        if n_done < len(self.labelsets):
+            if all(k in self._segs for k in labels):
+                cols = [self._label_col(k) for k in labels]  # as long as the label sets (``update``)
+                ids = _first_ids([c[0][n_done:] for c in cols], keys)
+                if len(cols) == 1:
+                    flags = np.asarray(cols[0][1][n_done:], bool)
+                else:
+                    flags = np.fromiter(map(any, zip(*[c[1][n_done:] for c in cols], strict=True)), bool)
             else:
-                exported.extend(map(any, zip(*[c[1][n_done:] for c in cols], strict=True)))
-            arr = np.asarray(ids, np.int64)
-            self._groups[labels] = (len(self.labelsets), keys, ids, arr)
-        elif n_done < len(self.labelsets):
-            exported = self._exported.setdefault(labels, [])
-            for ls in self.labelsets[n_done:]:
-                d = dict(ls)
-                key = tuple(exposed_label(d, k) for k in labels)
-                ids.append(keys.setdefault(key, len(keys)))
-                exported.append(any(d.get("exported_" + k) for k in labels))
-            arr = np.asarray(ids, np.int64)
-            self._groups[labels] = (len(self.labelsets), keys, ids, arr)
+                id_list: list[int] = []
+                flag_list: list[bool] = []
+                for ls in self.labelsets[n_done:]:
+                    d = dict(ls)
+                    key = tuple(exposed_label(d, k) for k in labels)
+                    id_list.append(keys.setdefault(key, len(keys)))
+                    flag_list.append(any(d.get("exported_" + k) for k in labels))
+                ids, flags = np.asarray(id_list, np.int64), np.asarray(flag_list, bool)
+            arr = np.concatenate((arr, ids)) if n_done else ids
+            old = self._exported.get(labels)
+            self._exported[labels] = np.concatenate((old, flags)) if n_done and old is not None else flags
+            self._groups[labels] = (len(self.labelsets), keys, arr)
         return arr
+
+    @property
+    def _label_cols(self) -> dict[str, tuple[list[str], list[bool]]]:
+        """Per grouping label, each label set's exposed value and whether it came from exported_<name>."""
+        return {k: self._label_col(k) for k in self._segs}
+
+    def _label_col(self, label: str) -> tuple[list[str], list[bool]]:
+        """``label``'s values and exported flags per label set (as ``exposed_label`` reads it), its
+        chunks read so far spelled out on the lists kept for it."""
+        vals, exp, done = self._lcols.get(label, ([], [], 0))
+        segs = self._segs[label]
+        for n, vs, xs in segs[done:]:
+            if xs is not None and any(xs):
+                vals.extend([x or v for x, v in zip(xs, vs if vs is not None else repeat("", n), strict=True)])
+                exp.extend(map(bool, xs))
+            else:
+                vals.extend(vs if vs is not None else repeat("", n))
+                exp.extend(repeat(False, n))
+        self._lcols[label] = (vals, exp, len(segs))
+        return vals, exp
 
     def group_exported(self, labels: tuple[str, ...]) -> np.ndarray:
         """Per label set, whether its peer group took a label from ``exported_<name>`` (``group_ids``)."""
         self.group_ids(labels)
-        flags = self._exported[labels]
-        arr = self._arrays.get(("x", labels))
-        if arr is None or arr.size != len(flags):
-            arr = self._arrays[("x", labels)] = np.asarray(flags, bool)
-        return arr
+        return self._exported[labels]
 
     def group_values(self, labels: tuple[str, ...]) -> list[tuple[str, ...]]:
         """The label values of each id ``group_ids(labels)`` hands out, by id (``""``: label absent)."""
@@ -183,14 +212,11 @@ class _Resolver:
     def _update_chunk(self, new: list[LabelSet]) -> None:
         n = len(new)
         col = _Columns(new)
-        for k, (vals, exp) in self._label_cols.items():  # as ``exposed_label`` reads it
-            xs = col.get("exported_" + k)
-            if xs is not None and any(xs):
-                vals.extend([x or v for x, v in zip(xs, col.get_or(k, ""), strict=True)])
-                exp.extend(map(bool, xs))
-            else:
-                vals.extend(col.get_or(k, ""))
-                exp.extend(repeat(False, n))
+        for k, segs in self._segs.items():
+            vs = col.get(k)
+            if vs is not None and col.pairs is None:
+                vs = list(col.get_or(k, ""))  # (read as dicts: "" where a label set lacks it)
+            segs.append((n, vs, col.get("exported_" + k)))
         nodes = col.first_set(self.node_labels)
         gpus = col.get("gpu") or [None] * n
         if not all(nodes) and any(gpus):
@@ -201,7 +227,12 @@ class _Resolver:
         # Each kind's entity per label set by its name without the kind prefix (its display name, "" or
         # None: no such entity): a node's or replica's is the label's own string (shared by a page's label
         # sets: coded through a dict of the distinct ones), a GPU's and a rank's made per label set.
-        gpu_d = [f"{x}/gpu{g}" if x and g else "" for x, g in zip(nodes, gpus, strict=True)]
+        if col.get("gpu") is None:
+            gpu_d: list[str] = []  # (no gpu label anywhere: none)
+        elif all(nodes) and all(gpus):  # (every label set names both: a page of GPUs)
+            gpu_d = list(map("/gpu".join, zip(nodes, gpus, strict=True)))  # type: ignore[arg-type]
+        else:
+            gpu_d = [f"{x}/gpu{g}" if x and g else "" for x, g in zip(nodes, gpus, strict=True)]
         ranks = col.get("rank")
         if ranks is not None:
             xjobs = col.get("exported_job")
@@ -388,7 +419,7 @@ def _transposed(new: list[LabelSet]) -> dict[str, tuple[tuple[str, str], ...]] |
 _KEY, _VALUE = itemgetter(0), itemgetter(1)
 
 
-def _first_ids(cols: list[list[str]], keys: dict[tuple[str, ...], int]) -> list[int]:
+def _first_ids(cols: list[list[str]], keys: dict[tuple[str, ...], int]) -> np.ndarray:
     """Per row of ``cols`` (one list of values per label), the id of its tuple of values in ``keys``,
     a new tuple taking the next id in order of first appearance (as a loop over the rows with
     ``keys.setdefault`` hands them out), with a Python step per distinct tuple, not per row: each label's
@@ -396,7 +427,7 @@ def _first_ids(cols: list[list[str]], keys: dict[tuple[str, ...], int]) -> list[
     throughout does not tell rows apart, and several labels that do are combined on arrays."""
     n = len(cols[0]) if cols else 0
     if n == 0:
-        return []
+        return np.zeros(0, np.int64)
     firsts = [dict.fromkeys(vals) for vals in cols]
     varying = [i for i, f in enumerate(firsts) if len(f) > 1]
     if len(varying) <= 1:
@@ -408,13 +439,15 @@ def _first_ids(cols: list[list[str]], keys: dict[tuple[str, ...], int]) -> list[
         for x in firsts[v]:
             const[v] = x
             vmap[x] = keys.setdefault(tuple(const), len(keys))
-        return list(map(vmap.__getitem__, cols[v]))
+        if len(vmap) == 1:  # one tuple throughout (a label no label set has: the common case)
+            return np.full(n, next(iter(vmap.values())), np.int64)
+        return np.fromiter(map(vmap.__getitem__, cols[v]), np.int64, n)
     key = np.zeros(n, np.int64)
     radix = 1
     for i in varying:
         vmap = {x: c for c, x in enumerate(firsts[i])}
         if radix * len(vmap) >= 2**62:  # (never with real labels) the rows one by one
-            return [keys.setdefault(k, len(keys)) for k in zip(*cols, strict=True)]
+            return np.asarray([keys.setdefault(k, len(keys)) for k in zip(*cols, strict=True)], np.int64)
         key += np.fromiter(map(vmap.__getitem__, cols[i]), np.int64, n) * radix
         radix *= len(vmap)
     _, first, inv = np.unique(key, return_index=True, return_inverse=True)
@@ -422,7 +455,7 @@ def _first_ids(cols: list[list[str]], keys: dict[tuple[str, ...], int]) -> list[
     for u in np.argsort(first, kind="stable").tolist():  # distinct tuples, in order of first appearance
         row = int(first[u])
         ids[u] = keys.setdefault(tuple(c[row] for c in cols), len(keys))
-    return ids[inv.reshape(-1)].tolist()
+    return ids[inv.reshape(-1)]
 
 
 def exposed_label(labels: Mapping[str, str], name: str) -> str:
