@@ -21,8 +21,9 @@ column per series: ``signals.history_counters``), so a view hands the engine eac
 sorting the view's rows. This module keeps the gauges, ingests snapshots (a layout seen before lands
 through its ``_Plan`` without re-deriving slots; label sets are interned in batches, a first write's in
 one C-level pass; the first write itself, every pair new, orders its rows once and stores its gauges as
-their arrays are made: ``_first_plan``), expires and thins the counter chunks as of ``now`` and builds
-the views.
+their arrays are made: ``_first_plan``; gauge arrays grow into room left after them, ``_Room``), expires
+and thins the counter chunks as of ``now`` and builds the views (slots in key order, all live: the gauge
+rows are the slots, read without a sort or gather; ``signals.history_pairs``).
 
 Pure data structure: no clock, no I/O; ``now`` is an argument.
 """
