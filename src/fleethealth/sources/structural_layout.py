@@ -112,13 +112,16 @@ class _SeriesTable:
         # the GPU series already named)
         named = name_id[name_id >= 0]
         if (named >= self.rank.size).any() or (self.rank[named[named < self.rank.size]] < 0).any():
-            ids = np.unique(self.name_id[self.name_id >= 0])
-            self.node_names = sorted(tr._names[i] for i in ids.tolist())
-            self.node_ix = {nm: i for i, nm in enumerate(self.node_names)}
+            has = np.zeros(len(tr._names), bool)  # (the table's name ids: a bitmap, no sort of the series)
+            has[self.name_id[self.name_id >= 0]] = True
+            ids = np.flatnonzero(has)
+            names = list(map(tr._names.__getitem__, ids.tolist()))
+            order = sorted(range(len(names)), key=names.__getitem__)
+            self.node_names = list(map(names.__getitem__, order))
+            self.node_ix = dict(zip(self.node_names, range(len(names)), strict=True))
             self.rank = np.full(len(tr._names), -1, np.int64)
-            self.rank[np.fromiter(map(name_ix.__getitem__, self.node_names), np.int64, len(self.node_names))] = (
-                np.arange(len(self.node_names)))
-            self.rank_n = len(self.node_names)
+            self.rank[ids[np.array(order, np.int64)]] = np.arange(len(names))
+            self.rank_n = len(names)
         self._node_of = None
 
     def node_of(self) -> np.ndarray:
