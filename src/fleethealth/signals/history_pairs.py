@@ -297,11 +297,10 @@ def _gauge_rows(rows: np.ndarray | None, er: np.ndarray, keys: np.ndarray, g_m: 
     n = g_m.size
     src: np.ndarray | slice
     if er.size:
-        rows = np.arange(n) if rows is None else rows
         # a value-start row goes just before its series' latest (each metric one block, its rows in
         # (series, time) order)
-        at = np.searchsorted(keys[rows], keys[er])
-        src = np.insert(rows, at, er)
+        at = np.searchsorted(keys if rows is None else keys[rows], keys[er])
+        src = np.insert(np.arange(n) if rows is None else rows, at, er)
         since_rows = at + np.arange(er.size)  # (np.insert: each before index ``at``, in order)
         is_since = np.zeros(src.size, bool)
         is_since[since_rows] = True
