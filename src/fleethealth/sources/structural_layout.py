@@ -185,16 +185,16 @@ def _transposed(chunk: Sequence[LabelSet]) -> dict[str, tuple[str, ...]] | None:
     k = len(chunk)
     if not k:
         return None
-    n = len(chunk[0])
-    if not all(map(n.__eq__, map(len, chunk))):
-        return None
     cols: dict[str, tuple[str, ...]] = {}
-    for at in zip(*chunk, strict=True):
-        keys, vals = zip(*at, strict=True)
-        key = keys[0]
-        if keys.count(key) != k:
-            return None
-        cols[key] = vals
+    try:
+        for at in zip(*chunk, strict=True):  # (strict: label sets of other lengths raise)
+            keys, vals = zip(*at, strict=True)
+            key = keys[0]
+            if keys.count(key) != k:
+                return None
+            cols[key] = vals
+    except ValueError:
+        return None
     return cols
 
 
