@@ -178,8 +178,10 @@ class PagePlans:
         otherwise be kept for ever. Counted only when the list has grown past the last count's bound."""
         if len(self.names.labelsets) <= 2 * self._used + 10_000:
             return
-        ids = [c[1] for c in b.chunks()]
-        self._used = int(np.count_nonzero(np.bincount(np.concatenate(ids)))) if ids else 0
+        used = np.zeros(len(b.labelsets), bool)  # (marked chunk by chunk: no copy of 2.5M ids)
+        for c in b.chunks():
+            used[c[1]] = True
+        self._used = int(np.count_nonzero(used))
         if len(self.names.labelsets) > 2 * self._used + 10_000:
             self.names = SnapshotBuilder()
             self._plans.clear()
@@ -497,13 +499,22 @@ def _build_like(shape: _Shape, keys: list[PageKey], tx: _Text, names: SnapshotBu
         if bool((end < 0).any()):
             return None
     bare = first == 32
-    raws = list(map(text.__getitem__, map(slice, o_list, (end - 1).tolist())))  # (rows less their space)
-    if b"".join(raws).count(b"}") != len(raws) - int(np.count_nonzero(bare)):
+    widths = end - o
+    w0 = int(widths[0])
+    same_w = w0 > 1 and bool((widths == w0).all())
+    if same_w:  # (one gather; numpy's bytes rows end at their '}', so none loses a trailing NUL)
+        raws = np.frombuffer(_rows(text, w0 - 1, o), f"S{w0 - 1}").tolist()
+    else:
+        raws = list(map(text.__getitem__, map(slice, o_list, (end - 1).tolist())))  # (rows less their space)
+    if np.count_nonzero(np.frombuffer(b"".join(raws), np.uint8) == 125) != len(raws) - int(np.count_nonzero(bare)):
         # a '}' before the guessed end of some string: each is searched (the first '}' ends it)
         _find_ends(text, arr, o, y, first, end, np.arange(o.shape[0]))
         if bool((end < 0).any()):
             return None
         raws = list(map(text.__getitem__, map(slice, o_list, (end - 1).tolist())))
+        widths = end - o
+        w0 = int(widths[0])
+        same_w = w0 > 1 and bool((widths == w0).all())
     any_bare = bool(bare.any())
     rows = list(map(text.__getitem__, map(slice, o_list, end.tolist()))) if any_bare else None
     for i in np.flatnonzero(bare).tolist():
@@ -515,13 +526,11 @@ def _build_like(shape: _Shape, keys: list[PageKey], tx: _Text, names: SnapshotBu
     by_page = np.sort(pair_sid, axis=1)
     if bool((by_page[:, 1:] == by_page[:, :-1]).any()):
         return None  # two label strings of a page are one series: ``_build`` decides
-    widths = end - o
     lab_w = widths[fr.row_of]
-    w0 = int(widths[0])
     if fr.lab_lines is not None and fr.lab_shift is not None and bool((widths == w0).all()):
         # every slot as often, all of one width: the lines by (k-th occurrence, page, slot) read the
         # pages' slot strings in turn, k times over (what ``_checks`` makes of such rows)
-        pattern = b"".join(rows) if rows is not None else b" ".join(raws) + b" "
+        pattern = b"".join(rows) if rows is not None else _rows(text, w0, o) if same_w else b" ".join(raws) + b" "
         labs = [_RowCheck(w0, fr.lab_lines, fr.lab_shift, np.frombuffer(pattern, np.dtype((np.void, w0))), None,
                           fr.lab_lines.shape[0] // len(raws), pattern)]
     else:
