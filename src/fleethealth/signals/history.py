@@ -367,26 +367,24 @@ class SignalHistory:
         return p
 
     def _first_plan(self, snap: Snapshot, mmap: np.ndarray, smap: np.ndarray) -> _Plan | None:
-        """``_plan_for``'s new plan on the history's first write (no slot yet), None when a pair occurs
-        twice: the same slots (each table's pairs numbered in (metric, series) order) from one ordering of
-        the rows (``history_pairs._first_layout``), and the gauges stored as their arrays are made (the values gathered
-        into slot order are those arrays) rather than filled with NaN and written over: the cold start
-        at 100k GPUs is 2.5M new series, and every pass over them a new 20 MB."""
+        """``_plan_for``'s new plan on the history's first write (no slot yet), None when a pair occurs twice:
+        the same slots (each table's in (metric, series) order) from one ordering of the rows
+        (``history_pairs._first_layout``), the gauges stored as their arrays are made, not NaN-filled and
+        written over: the cold start at 100k GPUs is 2.5M new series, and every pass over them 20 MB."""
         m = snap.metric_ids if _is_identity(mmap, snap.metric_ids) else mmap.astype(np.int32)[snap.metric_ids]
         s = snap.series_ids if _is_identity(smap, snap.series_ids) else smap.astype(np.int32)[snap.series_ids]
         wanted = self._wanted(m, s)
         kept = None if wanted is None else np.flatnonzero(wanted)
-        if kept is not None:
-            m, s = m[kept], s[kept]
-        first = _first_layout(m, s, self._keep_of_metric > 0, self._track_start, kept)
+        m, s = (m, s) if kept is None else (m[kept], s[kept])
+        first = _first_layout(m, s, self._keep_of_metric > 0, self._track_start, kept, self._room)
         if first is None:
             return None
         g_rows, g_key, g_m, g_track, c_rows, c_key = first
         n_g, n_c = g_rows.size, c_rows.size
         for table, k in (("gauge", g_key), ("counter", c_key)):
             idx = self._index.setdefault(table, [np.zeros(0, np.int64), np.zeros(0, np.int64)])
-            if k.size:
-                idx[0], idx[1] = k, np.arange(k.size)
+            if k.size:  # (the gauges' keys and slots with room to grow: ``_first_layout``, ``_Room.arange``)
+                idx[0], idx[1] = k, self._room.arange("gauge slots", k.size) if table == "gauge" else np.arange(k.size)
                 self._n_slots[table] = k.size
                 self._slot_ms[table].append(k)
         stored = True
@@ -405,10 +403,9 @@ class SignalHistory:
         if n_c:
             self._unplanned_slots(0, n_c)
         c_slot = np.arange(n_c)
-        p = _Plan(snap.metrics, snap.labelsets, snap.metric_ids.copy(), snap.series_ids.copy(), g_rows,
-                  slice(0, n_g) if n_g else np.zeros(0, np.int64), g_track, c_rows, c_slot,
-                  slice(0, n_c) if n_c else None, self._parts(c_slot), {}, gauges_stored=stored)
-        return p
+        return _Plan(snap.metrics, snap.labelsets, snap.metric_ids.copy(), snap.series_ids.copy(), g_rows,
+                     slice(0, n_g) if n_g else np.zeros(0, np.int64), g_track, c_rows, c_slot,
+                     slice(0, n_c) if n_c else None, self._parts(c_slot), {}, gauges_stored=stored)
 
     def _unplanned_slots(self, g_new: int, c_new: int) -> None:
         if g_new:
@@ -488,8 +485,12 @@ class SignalHistory:
         base = self._n_slots.get(table, 0)
         slots_u[new] = np.arange(base, base + n_new)
         if n_new:
-            idx[0] = np.insert(keys_sorted, pos[new], uniq[new])
-            idx[1] = np.insert(slots_sorted, pos[new], slots_u[new])
+            if n_have and uniq[new][0] > keys_sorted[-1]:  # all after the last: appended (into room)
+                idx[0], idx[1] = self._room.grown(table + " keys", keys_sorted, uniq[new]), \
+                    self._room.grown(table + " slots", slots_sorted, slots_u[new])
+            else:
+                idx[0], idx[1] = np.insert(keys_sorted, pos[new], uniq[new]), \
+                    np.insert(slots_sorted, pos[new], slots_u[new])
             self._n_slots[table] = base + n_new
             self._slot_ms[table].append(uniq[new])  # in slot order (slots_u[new] is ascending)
         return slots_u[inv], n_new

@@ -151,14 +151,16 @@ def _first_rows(m: np.ndarray, s: np.ndarray) -> tuple[np.ndarray, np.ndarray] |
     return rows, key
 
 
-def _first_layout(m: np.ndarray, s: np.ndarray, is_c: np.ndarray, track: np.ndarray, kept: np.ndarray | None
+def _first_layout(m: np.ndarray, s: np.ndarray, is_c: np.ndarray, track: np.ndarray, kept: np.ndarray | None,
+                  room: _Room | None = None
                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
     """A first write's slots, split into gauges and counters (``is_c``: per metric id): the gauges' rows
     in (metric, series) order, their keys, metric ids (int32) and the positions of event-like ones
     (``track``: per metric id), then the counters' rows and keys; None when a pair occurs twice.
     ``kept``: the snapshot rows that ``m`` and ``s`` are of (None: all). As ``_first_rows``, with the
     gauge metrics' rows of the metric x series table placed before the counters' (each part still in
-    metric id order), so that both parts come out of the table as slices: no pass to split them."""
+    metric id order), so that both parts come out of the table as slices: no pass to split them. With
+    ``room``, the gauges' keys are made in its buffer "gauge keys" (the slot index grows into it)."""
     n = m.size
     n_s = int(s.max()) + 1 if n else 0
     n_m = int(m.max()) + 1 if n else 0
@@ -186,12 +188,16 @@ def _first_layout(m: np.ndarray, s: np.ndarray, is_c: np.ndarray, track: np.ndar
     n_gm = n_m - int(np.count_nonzero(is_c[:n_m]))
     n_g = int(count[:n_gm].sum())
     # key = metric << 32 | series, series = cell - row * n_s: per table row one addend
-    key = ((rank << 32) - ids * n_s)[cell // n_s]
-    key += cell
+    addend, row = (rank << 32) - ids * n_s, cell // n_s
+    g_key = np.take(addend, row[:n_g], out=room.made("gauge keys", n_g, np.int64), mode="clip") \
+        if room is not None else addend[row[:n_g]]
+    g_key += cell[:n_g]
+    c_key = addend[row[n_g:]]
+    c_key += cell[n_g:]
     gauges = rank[:n_gm]
     g_m = np.repeat(gauges.astype(np.int32), count[:n_gm])
     g_track = np.flatnonzero(np.repeat(track[gauges], count[:n_gm]))
-    return rows[:n_g], key[:n_g], g_m, g_track, rows[n_g:], key[n_g:]
+    return rows[:n_g], g_key, g_m, g_track, rows[n_g:], c_key
 
 
 def _split_layout(m: np.ndarray, s: np.ndarray, is_c: np.ndarray, track: np.ndarray, kept: np.ndarray | None
@@ -215,7 +221,8 @@ def _split_layout(m: np.ndarray, s: np.ndarray, is_c: np.ndarray, track: np.ndar
 
 class _Room:
     """Per-slot arrays that grow at their end (new slots) into room left after them: a history's first
-    write makes its gauge arrays (2.4M slots at 100k GPUs) with a quarter more room (``made``; the room
+    write makes its gauge arrays and slot index (2.4M slots at 100k GPUs; the index grows at its end when
+    the new keys sort after all known ones) with a quarter more room (``made``; the room
     is never written, so it costs no page), and the slots the next writes add (a cycle's structural
     signals) go into it (``grown``) instead of a copy of every array. An array is grown in place only
     while it is the start of its buffer (anything else, e.g. a deep copy's, is copied into a new one);
@@ -247,6 +254,12 @@ class _Room:
         since.fill(-np.inf)
         since[track] = gt[track]
         return m, s, gv, gt, since
+
+    def arange(self, name: str, n: int) -> np.ndarray:
+        """``np.arange(n)`` with room after it."""
+        out = self.made(name, n, np.int64)
+        np.copyto(out, np.arange(n))
+        return out
 
     def grown(self, name: str, a: np.ndarray, more: np.ndarray) -> np.ndarray:
         """``a`` with ``more`` appended (as ``a``'s dtype); ``more`` itself when ``a`` is empty."""
