@@ -198,11 +198,13 @@ def test_a_gpu_missing_from_one_metric_while_another_metric_went_stale() -> None
     assert r.gpus_now == {"a": 1} and r.gpus_expected == {"a": 2}
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=400, deadline=None)
 @given(data=st.data())
 def test_a_layouts_newest_time_per_node_is_the_scatter_max(data: st.DataObject) -> None:
-    """``_Layout.newest``: the same as a scatter-max of the entries' times per node slot, whether every
-    entry has one time (no scatter) or not, NaN and -inf times included; asked again, the same."""
+    """``_Layout.newest``: for every node it is asked for, the same as a scatter-max of the entries'
+    times per node slot, whether every node has an entry at the newest time (no scatter) or not, NaN and
+    -inf times included; asked again with the same or other times (the slots at the newest time kept
+    while the entries at it are the same), the same."""
     import numpy as np
 
     from fleethealth.sources.structural_layout import _Layout
@@ -213,13 +215,17 @@ def test_a_layouts_newest_time_per_node_is_the_scatter_max(data: st.DataObject) 
     lay = _Layout.__new__(_Layout)
     lay.b_node = np.array(data.draw(st.lists(st.integers(0, n_slots - 1), min_size=nb, max_size=nb)), np.int32)
     lay.a_node = np.array(data.draw(st.lists(st.integers(0, n_slots - 1), min_size=na, max_size=na)), np.int32)
-    lay._n_slots, lay._has_entry = n_slots, None
-    for _ in range(2):
-        bt = np.array(data.draw(st.lists(times, min_size=nb, max_size=nb)), np.float64)
-        ta = np.array(data.draw(st.lists(times, min_size=na, max_size=na)), np.float64)
+    lay._n_slots, lay._top = n_slots, None
+    bt = np.array(data.draw(st.lists(times, min_size=nb, max_size=nb)), np.float64)
+    ta = np.array(data.draw(st.lists(times, min_size=na, max_size=na)), np.float64)
+    for _ in range(3):
+        if data.draw(st.booleans()):  # other times (else the same again)
+            bt = np.array(data.draw(st.lists(times, min_size=nb, max_size=nb)), np.float64)
+            ta = np.array(data.draw(st.lists(times, min_size=na, max_size=na)), np.float64)
+        need = np.array(data.draw(st.lists(st.booleans(), min_size=n_slots - 1, max_size=n_slots - 1)), bool)
         want = np.full(n_slots, -np.inf)
         with np.errstate(invalid="ignore"):  # (NaN times)
             np.maximum.at(want, lay.b_node, bt)
             np.maximum.at(want, lay.a_node, ta)
-            got = lay.newest(bt, ta)
-        np.testing.assert_array_equal(got, want)
+            got = lay.newest(bt, ta, need)
+        np.testing.assert_array_equal(got[:-1][need], want[:-1][need])

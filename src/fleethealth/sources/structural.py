@@ -570,8 +570,9 @@ class StructuralTracker:
         present, current, gpus = lay.facts(self, st, masks, np.flatnonzero(bt <= lo), np.flatnonzero(~(ta > lo)))
         # A node's newest entry is its newest fresh one when it has a fresh one (later than every stale
         # entry); without one (``current`` 0) it has no fresh time.
-        newest = lay.newest(bt, ta)[: st.rank_n]  # (less the spare slot: entries of no node)
-        newest[current == 0] = -np.inf
+        alive = current > 0
+        newest = lay.newest(bt, ta, alive)[: st.rank_n]  # (less the spare slot: entries of no node)
+        newest[~alive] = -np.inf
         return _Fresh(present, current, gpus, newest, lay.retained, lay.target_rows(0, bs, bt, bv, lo),
                       lay.target_rows(1, bs, bt, bv, lo))
 

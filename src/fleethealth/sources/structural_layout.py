@@ -320,10 +320,10 @@ class _Layout:
         self._pairs: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
         # the last answer of ``facts``: (stale block rows, stale counter columns, the facts)
         self._stale: tuple[np.ndarray, np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray]] | None = None
-        # (set by ``build``: the node slots, the spare one included; which slots have an entry, when first
-        # asked)
+        # (set by ``build``: the node slots, the spare one included; ``newest``: the entries at the newest
+        # time last asked, block rows and counter columns, and the slots they cover)
         self._n_slots = 1
-        self._has_entry: np.ndarray | None = None
+        self._top: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
 
     def matches(self, key: tuple[object, ...], bs: np.ndarray, g_series: list[np.ndarray],
                 g_valid: list[np.ndarray | None]) -> bool:
@@ -387,7 +387,7 @@ class _Layout:
         slot = np.where(node_of >= 0, node_of, st.rank_n).astype(np.int32 if st.rank_n < 2**31 else np.int64)
         self._am, self._as = am, as_ = _columns(cgroups, self.g_series, self.g_valid)
         self.b_node, self.a_node = slot[bs], slot[as_]
-        self._n_slots, self._has_entry = st.rank_n + 1, None
+        self._n_slots, self._top = st.rank_n + 1, None
         self.a_node[is_target[am]] = st.rank_n
         # per target metric (up, scrape duration): its block rows, their series, whether one row each and
         # in series order (then the latest fresh value of each is its row's when every row is fresh)
@@ -407,23 +407,29 @@ class _Layout:
             self.targets.append((rows, sids, sids.size < 2 or bool((sids[1:] > sids[:-1]).all())))
         self.built = True
 
-    def newest(self, bt: np.ndarray, ta: np.ndarray) -> np.ndarray:
+    def newest(self, bt: np.ndarray, ta: np.ndarray, need: np.ndarray) -> np.ndarray:
         """Per node slot (``b_node``/``a_node``, the spare slot last), the newest time of its entries
-        (block rows' times ``bt``, counter columns' ``ta``; -inf: none): a scatter-max over the entries,
-        or, where every entry has the same time (a fleet read in one scrape, a steady state's usual
-        case), that time for each slot with an entry."""
+        (block rows' times ``bt``, counter columns' ``ta``; -inf: none), exact for the nodes ``need``
+        flags (the others may get the newest time of all: the caller drops them). A scatter-max over the
+        entries, unless the entries at the newest time of all are those of the last call (a steady fleet
+        read in one scrape; its value-start and derived rows older) and cover every node needed: then
+        that time for the nodes they covered (``_top``), no scatter."""
         out = np.full(self._n_slots, -np.inf)
-        ends = [f(t) for t in (bt, ta) if t.size for f in (np.min, np.max)]
-        if ends and all(e == ends[0] for e in ends):  # (a NaN time: never equal, scattered as it was)
-            if self._has_entry is None:
-                has = np.zeros(self._n_slots, bool)
-                has[self.b_node] = True
-                has[self.a_node] = True
-                self._has_entry = has
-            out[self._has_entry] = ends[0]
+        tops = [t.max() for t in (bt, ta) if t.size]
+        if not tops:
             return out
+        exact = all(t == t for t in tops)  # (a NaN time: scattered, as np.maximum spreads it)
+        if exact:
+            t_max = max(tops)
+            at_b, at_a = bt == t_max, ta == t_max
+            c = self._top
+            if c is not None and _same(c[0], at_b) and _same(c[1], at_a) and not (need & ~c[2][:-1]).any():
+                out[c[2]] = t_max
+                return out
         np.maximum.at(out, self.b_node, bt)
         np.maximum.at(out, self.a_node, ta)
+        if exact and t_max > -np.inf:  # the slots with an entry at the newest time of all: those whose
+            self._top = (at_b, at_a, out == t_max)  # newest it is (-inf: also the slots with no entry)
         return out
 
     def _numbering(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
