@@ -56,7 +56,7 @@ class _SignalResult:
 
     @property
     def z(self) -> np.ndarray:
-        return self._m.z[self._j]
+        return self._m.z_row(self._j)
 
     @property
     def age(self) -> np.ndarray:
@@ -70,15 +70,44 @@ class _SignalResult:
 class _Mats:
     """One kind's per-signal results as signals x entities matrices (NaN / unseen to start): each
     signal's ``_SignalResult`` holds rows of them, so that several signals are evaluated and shaped by
-    one numpy operation and aggregation reads the matrices without stacking."""
+    one numpy operation and aggregation reads the matrices without stacking.
+
+    Only peer signals write z (a few rows of a kind's list), so z is kept per row, made (NaN) on a
+    row's first access, and stacked into the m x n matrix only when the whole matrix is asked for
+    (``z``); from then on the rows are views of it. A full NaN matrix of z would be faulted in (every
+    page touched) each cycle for nothing: 23 MB at 100k GPUs. Rows are written right where they are
+    taken (``_shape_peer``), before anything reads the matrix."""
 
     def __init__(self, m: int, n: int) -> None:
         self.sub = np.full((m, n), np.nan)
         self.raw = np.full((m, n), np.nan)
         self.rate = np.full((m, n), np.nan)
-        self.z = np.full((m, n), np.nan)
         self.age = np.full((m, n), np.nan)
         self.seen = np.zeros((m, n), bool)
+        self.lazy_z(m, n)
+
+    def lazy_z(self, m: int, n: int) -> None:
+        """Start z as no rows (all NaN) of an m x n matrix."""
+        self._zshape = (m, n)
+        self._z: np.ndarray | None = None
+        self._zrows: dict[int, np.ndarray] = {}
+
+    def z_row(self, j: int) -> np.ndarray:
+        if self._z is not None:
+            return self._z[j]
+        row = self._zrows.get(j)
+        if row is None:
+            row = self._zrows[j] = np.full(self._zshape[1], np.nan)
+        return row
+
+    @property
+    def z(self) -> np.ndarray:
+        if self._z is None:
+            z = np.full(self._zshape, np.nan)
+            for j, row in self._zrows.items():
+                z[j] = row
+            self._z, self._zrows = z, {}
+        return self._z
 
     def result(self, j: int) -> _SignalResult:
         return _SignalResult(self, j)

@@ -4,7 +4,7 @@ Theory of operation
 -------------------
 On a history's view the steady-state cycle is a fixed sequence of numpy operations (``_Plan``, kept in
 the scorer's memory while the view's layout is the one it was built on: ``holds``): each quantity (sub,
-raw, rate, z, age) is one flat buffer of which a kind's signals x entities matrix is a block; all gauges
+raw, rate, age) is one flat buffer of which a kind's signals x entities matrix is a block (z: per row, where written); all gauges
 are one gather, each counter group's rates one window (a sustained signal's over its whole window; a
 two-window ramp's short window gathered too, then confirmed by the long one in one pass); ramps, gates and
 flags one element-wise pass, then the two-window ramps' floor flags; the SLOs of a kind one batch; peers
@@ -93,7 +93,7 @@ class _Plan:
     (``gauge_rows``, ``columns``) on a history's view, kept while the layout it read is the same (the
     checks in ``holds``), so that a steady-state cycle is a fixed sequence of numpy operations:
 
-    * every kind's results live in one flat buffer per quantity (sub, raw, rate, z, age, seen); a
+    * every kind's results live in one flat buffer per quantity (sub, raw, rate, age, seen; z per row); a
       kind's ``_Mats`` are m x n views of its block and a signal's result is rows of those;
     * gauges with one row per series and one series per entity: one gather of values and times for all
       of them, one scatter into raw and age;
@@ -329,17 +329,19 @@ class _Plan:
     def run(self, ctx: _Ctx, specs: dict[str, list[SignalSpec]],
             ) -> tuple[dict[str, list[_SignalResult]], dict[str, _Mats]]:
         L = self.size
-        # five allocations, not one of 5 x L: each stays under malloc's mmap threshold (32 MiB, memory.py)
-        # at 100k GPUs, so a steady cycle reuses the last one's freed blocks instead of faulting in 128 MB
-        sub_f, raw_f, rate_f, z_f, age_f = (np.full(L, np.nan) for _ in range(5))
+        # four allocations, not one of 4 x L: each stays under malloc's mmap threshold (32 MiB, memory.py)
+        # at 100k GPUs, so a steady cycle reuses the last one's freed blocks instead of faulting in 100 MB;
+        # z is per row, made where written (only peer signals write it: ``_Mats.z_row``)
+        sub_f, raw_f, rate_f, age_f = (np.full(L, np.nan) for _ in range(4))
         seen_f = self.seen.copy()
         mats: dict[str, _Mats] = {}
         results: dict[str, list[_SignalResult]] = {}
         flat: list[_SignalResult] = []
         for kind, off, m, n in self.kinds:
             mt = mats[kind] = _Mats.__new__(_Mats)
-            mt.sub, mt.raw, mt.rate, mt.z, mt.age, mt.seen = (
-                a[off:off + m * n].reshape(m, n) for a in (sub_f, raw_f, rate_f, z_f, age_f, seen_f))
+            mt.sub, mt.raw, mt.rate, mt.age, mt.seen = (
+                a[off:off + m * n].reshape(m, n) for a in (sub_f, raw_f, rate_f, age_f, seen_f))
+            mt.lazy_z(m, n)
             results[kind] = [mt.result(j) for j in range(m)]
             flat.extend(results[kind])
         now = ctx.now
