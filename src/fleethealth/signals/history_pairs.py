@@ -8,11 +8,11 @@ and each row's rank among them (what ``np.unique`` of the packed pairs answers) 
 over metric x series, ids being small and dense; ``_stable_order`` is a stable argsort of slots that
 places distinct slots forming one run (a cold start's) at their offsets instead of sorting. Both make
 their temporaries in place where they can: on a cold start at 100k GPUs every new MB is page faults.
-A history's first write (every pair new, no slot yet) needs neither: ``_first_rows`` puts the rows in
+A history's first write (every pair new, no slot yet) needs neither: ``_first_layout`` puts the rows in
 (metric, series) order in one scatter into the same metric x series table, and the new slots are then
 simply 0, 1, ... in that order (what the general path's unique-and-rank followed by a stable sort of the
-slots arrives at, with a third of its passes over the rows); ``_first_layout`` cuts that order into
-the gauges' and the counters' slots by metric blocks.
+slots arrives at, with a third of its passes over the rows), cut into the gauges' and the counters'
+slots by metric blocks; ids too sparse for a table take a stable sort instead (``_first_rows``).
 No I/O, no state (a ``_Plan`` is state the history holds).
 """
 
@@ -117,38 +117,14 @@ def _stable_order(slot: np.ndarray) -> np.ndarray:
 
 def _first_rows(m: np.ndarray, s: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
     """The rows in (metric, series) order and their keys ``(m << 32) | s``, ascending: ``o =
-    np.argsort(keys, kind="stable")`` and ``keys[o]``; None when a pair occurs twice. For a first write:
-    the slots of the pairs are then their positions in that order, and the keys the slot index. With small
-    dense ids a row's position in a metric x series table is its key's rank, so one scatter of the row
-    numbers into the table and one read of its taken cells in order replace the sort (2.5M rows at 100k
-    GPUs)."""
-    n = m.size
-    if n == 0:
+    np.argsort(keys, kind="stable")`` and ``keys[o]``; None when a pair occurs twice. For a first write
+    whose ids are too sparse (or negative) for ``_first_layout``'s metric x series table."""
+    if m.size == 0:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    n_s = int(s.max()) + 1
-    cells = (int(m.max()) + 1) * n_s
-    if int(m.min()) < 0 or int(s.min()) < 0 or cells > 4 * n + 4096:
-        key = (m.astype(np.int64) << 32) | s.astype(np.int64)
-        o = np.argsort(key, kind="stable")
-        key = key[o]
-        return None if bool((key[1:] == key[:-1]).any()) else (o, key)
-    flat = m.astype(np.int64)
-    flat *= n_s
-    flat += s
-    at = np.full(cells, -1, np.int64)
-    at[flat] = np.arange(n)
-    del flat
-    taken = at >= 0
-    cell = np.flatnonzero(taken)
-    if cell.size != n:
-        return None  # a pair twice: one of its rows was written over
-    rows = at[taken]
-    del at, taken
-    # key = m * 2**32 + s and cell = m * n_s + s, so key = cell + m * (2**32 - n_s): two arrays, not four
-    key = cell // n_s
-    key *= (1 << 32) - n_s
-    key += cell
-    return rows, key
+    key = (m.astype(np.int64) << 32) | s.astype(np.int64)
+    o = np.argsort(key, kind="stable")
+    key = key[o]
+    return None if bool((key[1:] == key[:-1]).any()) else (o, key)
 
 
 def _first_layout(m: np.ndarray, s: np.ndarray, is_c: np.ndarray, track: np.ndarray, kept: np.ndarray | None,
