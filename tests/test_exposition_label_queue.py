@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fleethealth.sources import exposition_labels, exposition_plan
+from fleethealth.sources import exposition_labels, exposition_shape
 from fleethealth.sources.exposition_labels import LabelCache, _merge_extra, _merged_columns, _split_labels
 from test_exposition_many import batched, dcgm_pages, with_instances
 from test_exposition_plan import _rescrape, assert_scrapes_same, planned
@@ -77,8 +77,8 @@ def test_a_page_planned_again_parses_no_label_string(monkeypatch: pytest.MonkeyP
     queued = len(plans.labels._pending)  # (the cold read queued its merges, a chunk's at a time)
     assert queued > 1
     calls: list[object] = []
-    for mod, name in ((exposition_labels, "_split_labels"), (exposition_plan, "_merged_columns"),
-                      (exposition_plan, "_merged_bulk")):
+    for mod, name in ((exposition_labels, "_split_labels"), (exposition_shape, "_merged_columns"),
+                      (exposition_shape, "_merged_bulk")):
         real = getattr(mod, name)
         monkeypatch.setattr(mod, name, lambda *a, _r=real, **k: calls.append(a) or _r(*a, **k))
     again = _rescrape(first, 3)

@@ -1,4 +1,4 @@
-"""Page plans made from a kept page shape (``exposition_plan._build_like``) and label strings merged in
+"""Page plans made from a kept page shape (``exposition_shape._build_like``) and label strings merged in
 bulk (``exposition_labels._merged_bulk``): a cold read planned that way must read exactly as the plain
 path reads (samples, label sets, issues, samples per page), however the pages differ from the shape's
 page, and the bulk merge must equal the per-string parse and merge."""
