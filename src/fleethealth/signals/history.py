@@ -23,7 +23,8 @@ through its ``_Plan`` without re-deriving slots; label sets are interned in batc
 one C-level pass; the first write itself, every pair new, orders its rows once and stores its gauges as
 their arrays are made: ``_first_plan``; gauge arrays grow into room left after them, ``_Room``), expires
 and thins the counter chunks as of ``now`` and builds the views (slots in key order, all live: the gauge
-rows are the slots, read without a sort or gather; ``signals.history_pairs``).
+rows are the slots, read without a sort or gather; ``signals.history_pairs``): the view side is the mixin
+``signals.history_view._HistoryViews``.
 
 Pure data structure: no clock, no I/O; ``now`` is an argument.
 """
@@ -44,7 +45,6 @@ from fleethealth.signals.history_counters import (
     _Chunk,
     _Group,
     _run,
-    _thinned,
     counter_metrics,
     slo_counter_metrics,
     value_start_metrics,
@@ -52,10 +52,8 @@ from fleethealth.signals.history_counters import (
 from fleethealth.signals.history_pairs import (
     _first_layout,
     _frozen,
-    _gauge_rows,
     _grown,
     _is_identity,
-    _live_gauges,
     _Plan,
     _Room,
     _slice_or_none,
@@ -63,14 +61,12 @@ from fleethealth.signals.history_pairs import (
     _tail,
     _unique_pairs,
 )
+from fleethealth.signals.history_view import _HistoryViews
 from fleethealth.signals.slo_buckets import HistogramIds, buckets_at_threshold
 from fleethealth.signals.snapshot import (
-    CounterMatrix,
-    HistoryView,
     InputIssue,
     LabelSet,
     Snapshot,
-    ViewIndex,
     label_float,
     order_by_series_time,
 )
@@ -92,7 +88,7 @@ def shape_token(view: Snapshot) -> Hashable | None:
     return None
 
 
-class SignalHistory:
+class SignalHistory(_HistoryViews):
     def __init__(
         self,
         policy: Policy,
@@ -603,201 +599,6 @@ class SignalHistory:
         keeps.sort()
         self._chunks.append(_Chunk(at, cid, keeps))
         self._chunk_new.append((at, keeps[0], keeps[-1], float(cid)))
-
-    # -- view ------------------------------------------------------------------------------------
-    def _compact(self, now: float) -> None:
-        """Expire and thin the chunks as of ``now`` (vectorised over the chunks: a view's main cost
-        once its rows are lazy)."""
-        chunks = self._chunks
-        n = len(chunks)
-        if self._chunk_new:
-            self._chunk_arr = np.concatenate((self._chunk_arr, np.array(self._chunk_new, np.float64)))
-            self._chunk_new = []
-        if n:
-            arr = self._chunk_arr
-            at, kmin, kmax = arr[:, 0], arr[:, 1].copy(), arr[:, 2]
-            age = now - at
-            whole = kmin >= age
-            expired = not bool(whole.all())
-            gone = kmax < age
-            if expired:
-                for i in np.flatnonzero(~whole & ~gone).tolist():  # some metrics expire, others stay
-                    ch = chunks[i]
-                    ch.keeps = [k for k in ch.keeps if k >= age[i]]
-                    arr[i, 1] = ch.keeps[0]
-            drop = _thinned(at, gone, now, self.thin_every_s, self.dense_s, self.coarse_s, self.sparse_s,
-                            self.sparse_coarse_s)
-            if drop.any():
-                keep_ix = np.flatnonzero(~drop)
-                self._chunks = [chunks[i] for i in keep_ix.tolist()]
-                self._chunk_arr = arr[keep_ix]
-                dropped = arr[drop, 3].astype(np.int64).tolist()
-            else:
-                dropped = []
-            if expired or dropped:
-                gone_ids = np.sort(np.asarray(dropped, np.int64)) if dropped else None
-                for g in self._groups:
-                    if g.expire(now, gone_ids):
-                        self._epoch += 1
-        # forget gauges nobody has reported for memory_s
-        if self._g_t.size:
-            dead = (now - self._g_t > self.memory_s) & np.isfinite(self._g_t)
-            if dead.any():
-                self._g_t[dead] = -np.inf
-                self._g_v[dead] = np.nan
-                self._epoch += 1
-
-    def _gauge_keys(self) -> np.ndarray:
-        """(metric << 32 | series) per gauge slot."""
-        self._gauge_order()
-        assert self._g_order is not None
-        return self._g_order[2]
-
-    def _gauge_order(self) -> np.ndarray | None:
-        """The gauge slots in key order; None when they are in it (slots made in key order: a cold start's)."""
-        n = self._g_t.size
-        if self._g_order is None or self._g_order[0] != n:
-            parts = self._slot_ms["gauge"]
-            if len(parts) > 1:
-                parts[:] = [np.concatenate(parts)]  # joined once per growth, not once per view
-            keys = parts[0][:n] if parts else np.zeros(0, np.int64)
-            order = None if bool((keys[1:] > keys[:-1]).all()) else np.argsort(keys, kind="stable")
-            self._g_order = (n, order, keys)
-        return self._g_order[1]
-
-    def view(self, now: float) -> Snapshot:
-        """The window as of ``now``: every live gauge's latest sample (and, for event-like gauges, the
-        time its value started) and the retained counter samples. Each metric's rows are one block,
-        counters' in (series, time) order; ``Snapshot.index`` says so, with each counter metric's samples
-        as a matrix (``CounterMatrix``)."""
-        patched = self._patched_view(now)
-        if patched is not None:
-            return patched
-        self._compact(now)
-        src, since, pos, gauge_bounds, gm, gs = self._gauge_layout()
-        bounds = dict(gauge_bounds)
-        gv, gt = (self._g_v[src], self._g_t[src]) if isinstance(src, np.ndarray) else \
-            (self._g_v[src].copy(), self._g_t[src].copy())  # (a slice reads the history's own arrays)
-        if isinstance(src, np.ndarray) and since.size:  # (value-start rows: never the slice of all)
-            gt[since] = self._g_since[src[since]]
-        n_rows = int(gm.size)
-        matrices: dict[int, CounterMatrix] = {}
-        groups: list[CounterMatrix] = []
-        # counters: each metric one block of rows, in time order (as the ingests came), series ascending
-        # within; written straight into the view's arrays (sizes first)
-        blocks: list[tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray | None, int, int]] = []
-        for g in self._groups:
-            k = g.r1 - g.r0
-            if k == 0 or g.cm.size == 0:
-                continue
-            T, V = g.T[g.r0:g.r1], g.V[g.r0:g.r1]
-            have = None
-            last = np.full(g.cm.size, k - 1, np.int64)
-            if g.holes:
-                have = ~np.isnan(T)
-                last = np.where(have.any(axis=0), k - 1 - np.argmax(have[::-1], axis=0), -1)
-                sizes = np.cumsum(have.sum(axis=0))
-            gi = len(groups)
-            groups.append(CounterMatrix(g.cs, T, V, last, gi, 0, g.cm.size, have is None, g.row_times()))
-            for m, c0, c1 in g.ranges():
-                size = k * (c1 - c0) if have is None else int(sizes[c1 - 1]) - (int(sizes[c0 - 1]) if c0 else 0)
-                if size:
-                    bounds[m] = (n_rows, n_rows + size)
-                    blocks.append((m, T[:, c0:c1], V[:, c0:c1], g.cs[c0:c1],
-                                   None if have is None else have[:, c0:c1], n_rows, n_rows + size))
-                    n_rows += size
-                if g.monotone:
-                    matrices[m] = CounterMatrix(g.cs[c0:c1], T[:, c0:c1], V[:, c0:c1], last[c0:c1], gi, c0, c1,
-                                                have is None)
-        head = (gm, gs, gv, gt)
-
-        def fill() -> tuple[np.ndarray, ...]:
-            ng = head[0].size
-            out_m, out_s = np.empty(n_rows, np.int32), np.empty(n_rows, np.int32)
-            out_v, out_t = np.empty(n_rows), np.empty(n_rows)
-            out_m[:ng], out_s[:ng], out_v[:ng], out_t[:ng] = head
-            for m, Tm, Vm, cs, hm, a, b in blocks:
-                out_m[a:b] = m
-                if hm is None:
-                    shape = Tm.shape
-                    out_t[a:b].reshape(shape)[...] = Tm
-                    out_v[a:b].reshape(shape)[...] = Vm
-                    out_s[a:b].reshape(shape)[...] = cs
-                else:
-                    out_t[a:b], out_v[a:b] = Tm[hm], Vm[hm]
-                    out_s[a:b] = np.broadcast_to(cs, hm.shape)[hm]
-            return out_m, out_s, out_v, out_t
-
-        self._view_layout = (now, self._epoch, self._cid, pos)
-        return self._publish(now, head, n_rows, fill, bounds, matrices, groups)
-
-    def _gauge_layout(self) -> tuple[np.ndarray | slice, np.ndarray, np.ndarray, dict[int, tuple[int, int]],
-                                     np.ndarray, np.ndarray]:
-        """Where a view's gauge rows come from: the slot of each row (live slots in (metric, series)
-        order, an event-like gauge's value-start row just before its latest), the rows that carry a
-        value-start time, each slot's row (-1: none), each gauge metric's block, and the rows' metric
-        and series ids (shared by the views made with this layout: read-only). Kept while the
-        set of live slots (``_epoch``) and of value-start rows are unchanged: a view then only gathers
-        (``history_pairs._live_gauges`` and ``_gauge_rows``)."""
-        n = self._g_t.size
-        base = self._g_base
-        if base is None or base[0] != self._epoch or base[1] != n:
-            rows, track = _live_gauges(self._gauge_order(), self._g_t, self._g_v, self._g_m, self._track_start)
-            base = self._g_base = (self._epoch, n, rows, track, None)
-        _, _, rows, track, hit = base
-        since = self._g_since[track]
-        er = track[(since < self._g_t[track]) & np.isfinite(since)]
-        if hit is not None and np.array_equal(hit[0], er):
-            return hit[1:]  # type: ignore[no-any-return]
-        got = _gauge_rows(rows, er, self._gauge_keys(), self._g_m, self._g_s)
-        self._g_base = (base[0], n, rows, track, (er, *got))
-        return got
-
-    def _publish(self, now: float, head: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray], n_rows: int,
-                 fill: Any, bounds: dict[int, tuple[int, int]], counters: dict[int, CounterMatrix],
-                 groups: list[CounterMatrix]) -> Snapshot:
-        """A view of ``head`` then the rows ``fill`` writes (only when asked for: ``HistoryView``)."""
-        empty = n_rows == head[0].size  # nothing to write later: the head is every row
-        snap = HistoryView(
-            now, self.metrics, self.labelsets, *(head if empty else (np.zeros(0, np.int32),) * 2 + (np.zeros(0),) * 2),
-            issues=self.issues[-1000:], source_errors=list(self.source_errors), fill=None if empty else fill,
-            n_rows=n_rows,
-        )
-        snap.index = ViewIndex(bounds, counters, groups, self._max_t, head, weakref.ref(snap))
-        self.source_errors = []
-        self._last_view, self._last_token = snap, (self._serial, self._epoch)
-        self._dirty = []
-        return snap
-
-    def _patched_view(self, now: float) -> Snapshot | None:
-        """The view as of the same ``now`` as the last one when all that came in since are new samples
-        of gauge series it already holds (no counter, no new or revived series, no event-like gauge):
-        the last view's rows with those values and times written over, its counter matrices shared.
-        The same rows as a full view: compaction at an unchanged ``now`` changes nothing."""
-        lay, last = self._view_layout, self._last_view
-        if lay is None or last is None or last.index is None:
-            return None
-        at, epoch, cid, pos = lay
-        if at != now or epoch != self._epoch or cid != self._cid or pos.size != self._g_t.size:
-            return None
-        slots = np.concatenate([np.arange(d.start, d.stop) if isinstance(d, slice) else d for d in self._dirty]) \
-            if self._dirty else np.zeros(0, np.int64)
-        rows = pos[slots]
-        if (rows < 0).any() or self._track_start[self._g_m[slots]].any():
-            return None
-        ix = last.index
-        hm, hs, hv, ht = ix.head
-        hv, ht = hv.copy(), ht.copy()
-        hv[rows] = self._g_v[slots]
-        ht[rows] = self._g_t[slots]
-        head = (hm, hs, hv, ht)
-
-        def fill() -> tuple[np.ndarray, ...]:
-            v, t = last.values.copy(), last.ts.copy()
-            v[:hv.size], t[:ht.size] = hv, ht
-            return last.metric_ids, last.series_ids, v, t
-
-        return self._publish(now, head, len(last), fill, ix.bounds, ix.counters, ix.groups)
 
     def extend(self, snaps: Iterable[Snapshot]) -> None:
         for s in snaps:
