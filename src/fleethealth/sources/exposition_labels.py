@@ -14,9 +14,10 @@ are merged the way Prometheus merges them (``_merge_extra``: its labels win, a p
 cold read: ``_merged_columns``) are cut at their quotes at once and merged as columns, without per-string
 merging: ASCII strings from the offsets of their quotes (``_quoted_columns``: separators compared as
 rows, a column of one value, one value per slot of a page or one per page made of one pair per
-distinct value), others by one ``str.split``. What such a bulk merge adds to the memos is queued and put
-into them when they are next read (``LabelCache._defer``): a source reading through page plans reads
-them only when a page changes.
+distinct value), others by one ``str.split``; a page plan hands its strings over as the one buffer it
+gathered them into (``FixedRows``: no bytes object per string). What such a bulk merge adds to the memos
+is queued and put into them when they are next read (``LabelCache._defer``): a source reading through
+page plans reads them only when a page changes.
 Both are pure memos of pure functions, bounded; no state lives in this module.
 """
 
@@ -24,7 +25,7 @@ from __future__ import annotations
 
 import re
 from bisect import bisect_left
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from functools import partial
 from itertools import chain, repeat
 from operator import itemgetter
@@ -44,6 +45,39 @@ _ESCAPES = {"\\\\": "\\", "\\n": "\n", '\\"': '"'}
 
 _LABEL_CACHE_MAX = 500_000
 Template = tuple[str, str, list[str], list[str]]  # see ``_quoted_template``  # per memo; a 100k-GPU fleet has ~100k GPU label sets
+
+
+class FixedRows:
+    """n raw label strings of one width, each followed by one space, back to back in one buffer (a page
+    plan's slot strings as gathered from the text: ``exposition_shape._build_like``). What a bulk merge
+    is given instead of n bytes objects: ``_merged_columns`` cuts them in the buffer itself, and the memo
+    queue (``LabelCache._defer``) keeps the buffer, slicing the strings only when it is settled. Iterates
+    as the list of strings would."""
+
+    __slots__ = ("buf", "width", "n")
+
+    def __init__(self, buf: bytes, width: int) -> None:
+        if len(buf) % (width + 1):
+            raise ValueError("a buffer of whole rows (each string and its space) expected")
+        self.buf, self.width, self.n = buf, width, len(buf) // (width + 1)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> bytes:
+        a = range(self.n)[i] * (self.width + 1)
+        return self.buf[a:a + self.width]
+
+    def __iter__(self) -> Iterator[bytes]:
+        step = self.width + 1
+        end = self.n * step
+        return map(self.buf.__getitem__, map(slice, range(0, end, step), range(self.width, end + self.width, step)))
+
+    def tolist(self) -> list[bytes]:
+        return list(self)
+
+
+Raws = list[bytes] | FixedRows  # raw label strings, as a bulk merge is given them
 
 
 class LabelCache:
@@ -92,7 +126,7 @@ class LabelCache:
         self._merged.clear()
         self.template = None
 
-    def merged_of(self, extras: list[LabelSet], raws: list[bytes]) -> list[LabelSet | None] | None:
+    def merged_of(self, extras: list[LabelSet], raws: Raws) -> list[LabelSet | None] | None:
         """``merged.get((extras[i], raws[i]))`` for every i, or None when the memo holds nothing (all
         unknown). Queued merges of other scraper labels (the other pages of a cold read) stay queued."""
         if self._pending_extras and not self._pending_extras.keys().isdisjoint(extras):
@@ -102,7 +136,7 @@ class LabelCache:
             return None
         return list(map(memo.get, zip(extras, raws, strict=True)))
 
-    def _defer(self, extras: list[LabelSet], raws: list[bytes], sets: list[LabelSet],
+    def _defer(self, extras: list[LabelSet], raws: Raws, sets: list[LabelSet],
                own: list[LabelSet] | tuple[list[list[tuple[str, str]]], bool], distinct: set[LabelSet]) -> None:
         """Queue a bulk merge's memo entries (``own``: the unmerged sets, or the columns they are zipped
         from; ``distinct``: the set of ``extras``). A queue past the memos' bound is settled at once (the
@@ -143,7 +177,7 @@ class LabelCache:
             parsed.update(zip(raws, own if isinstance(own, list) else _zip_sets(*own), strict=True))
 
 
-_Queued = tuple[list[LabelSet], list[bytes], list[LabelSet], list[LabelSet] | tuple[list[list[tuple[str, str]]], bool],
+_Queued = tuple[list[LabelSet], Raws, list[LabelSet], list[LabelSet] | tuple[list[list[tuple[str, str]]], bool],
                 set[LabelSet]]
 
 
@@ -382,7 +416,7 @@ def _merged_bulk(keyed: list[tuple[LabelSet, bytes]], cache: LabelCache) -> list
     return _merged_columns(list(map(itemgetter(0), keyed)), list(map(itemgetter(1), keyed)), cache)
 
 
-def _merged_columns(extra_of: list[LabelSet], raws: list[bytes], cache: LabelCache, period: int = 0
+def _merged_columns(extra_of: list[LabelSet], raws: Raws, cache: LabelCache, period: int = 0
                     ) -> list[LabelSet] | None:
     """``_merge_extra(_parse_labels(raw), extra)`` of many new (extra_of[i], raws[i]) pairs at once, when
     every raw string has one template and every extra only adds labels (no honor-labels mark, no name of
@@ -409,15 +443,24 @@ def _merged_columns(extra_of: list[LabelSet], raws: list[bytes], cache: LabelCac
     extra_keys = list(next(iter(names)))
     if extra_keys[:1] == [HONOR_LABELS_MARK] or not all(map(itemgetter(1), chain.from_iterable(extras))):
         return None
-    try:
-        text = b"\n".join(raws).decode("utf-8")
-    except UnicodeDecodeError:
-        return None
-    if "\0" in text or "\\" in text or text.count("\n") != n - 1:
-        return None
+    text: str | None = None
+    if isinstance(raws, FixedRows):  # (the buffer's checks: its strings' and the spaces between them)
+        buf = raws.buf
+        if b"\0" in buf or b"\\" in buf or b"\n" in buf or not buf.isascii():
+            raws = raws.tolist()  # (each string as below)
+    if not isinstance(raws, FixedRows):
+        try:
+            text = b"\n".join(raws).decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+        if "\0" in text or "\\" in text or text.count("\n") != n - 1:
+            return None
     found = cache.template if cache.template is not None else _quoted_template(raws[0])
-    by_quotes = _quoted_columns(raws, found, period) if found is not None and text.isascii() else None
+    by_quotes = _quoted_columns(raws, found, period) if found is not None and (text is None or text.isascii()) else None
     if by_quotes is None:
+        if text is None:  # (ASCII strings that are not cut at their quotes: split as a list's)
+            raws = raws.tolist() if isinstance(raws, FixedRows) else raws
+            text = b"\n".join(raws).decode("ascii")
         pieces = text.split('"')
         found = cache.template
         if found is None or not _fits(pieces, found, n):
@@ -445,7 +488,7 @@ def _merged_columns(extra_of: list[LabelSet], raws: list[bytes], cache: LabelCac
     return sets
 
 
-def _quoted_columns(raws: list[bytes], tpl: Template, period: int
+def _quoted_columns(raws: Raws, tpl: Template, period: int
                     ) -> tuple[list[list[tuple[str, str]]], bool] | None:
     """``_pair_columns`` of n ASCII strings that fit ``tpl`` (None when one does not), from the offsets
     of their quotes, without a Python object per piece: a string fits exactly when it has 2 * nk quotes
@@ -456,15 +499,22 @@ def _quoted_columns(raws: list[bytes], tpl: Template, period: int
     host name) make one pair per distinct value; other columns are sliced and paired as
     ``_pair_columns`` pairs them."""
     n, nk = len(raws), len(tpl[3])
-    buf = b"".join(raws)
+    if isinstance(raws, FixedRows):  # (in place: each string's start and width, and a space after it)
+        buf = raws.buf
+        st = np.arange(0, len(buf), raws.width + 1, dtype=np.int64)
+        lens = np.full(n, raws.width, np.int64)
+        if _fixed_rows(buf, 1, st + raws.width) != b" " * n:
+            return None
+    else:
+        buf = b"".join(raws)
+        st = np.zeros(n, np.int64)
+        lens = np.fromiter(map(len, raws), np.int64, n)
+        np.cumsum(lens[:-1], out=st[1:])
     arr = np.frombuffer(buf, np.uint8)
     q = np.flatnonzero(arr == 34)
     if q.shape[0] != 2 * nk * n or b"\\" in buf or b"\0" in buf:
         return None
     qq = q.reshape(n, 2 * nk)
-    st = np.zeros(n, np.int64)
-    lens = np.fromiter(map(len, raws), np.int64, n)
-    np.cumsum(lens[:-1], out=st[1:])
     # the separators: before the first quote, between a value's closing and the next one's opening
     # quote, after the last: each of the template's width and bytes
     seps = [tpl[0], *tpl[2], tpl[1]]

@@ -7,9 +7,11 @@ pages share one layout (dcgm-exporter: the same comment lines and names, 8 GPUs'
 block), so a planned page's layout is kept as a ``_Shape`` and the next pages with its line count are
 taken to be laid out like it (``_build_like``). Only each page's distinct label strings ('slots') are
 read (each likely as wide as the shape page's, searched for only where it is not) and parsed, all of
-one template in bulk (``_label_sets`` -> ``exposition_labels._merged_columns``); the arrays and the
-name/comment checks that are the same for every plan of that many such pages (``_Frame``) are made once
-per shape. Nothing else of the pages is read: the caller applies the plan to the same text at once,
+one template in bulk (``_label_sets`` -> ``exposition_labels._merged_columns``; slot strings all of one
+width are handed over as the one buffer they were gathered into, which is also the plan's check of them
+and what the label memo queue keeps: ``FixedRows``); the arrays and the name/comment checks that are the
+same for every plan of that many such pages (``_Frame``, with the value starts of plans whose slot
+strings are all of one width) are made once per shape. Nothing else of the pages is read: the caller applies the plan to the same text at once,
 which proves every byte of it, so a wrong guess costs one failed apply (the chunk is then built row by
 row). ``_Text`` is a chunk's joined pages with their newlines (a CR or NUL found on the way).
 Pure functions of their arguments; the shapes and frames live in the ``PagePlans`` the caller holds.
@@ -17,7 +19,7 @@ Pure functions of their arguments; the shapes and frames live in the ``PagePlans
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import chain, repeat
 
 import numpy as np
@@ -26,7 +28,9 @@ from fleethealth.signals.snapshot import LabelSet, SnapshotBuilder
 from fleethealth.sources.exposition_blocks import _rows
 from fleethealth.sources.exposition_labels import (
     _LABEL_CACHE_MAX,
+    FixedRows,
     LabelCache,
+    Raws,
     _merge_extra,
     _merged_bulk,
     _merged_columns,
@@ -92,6 +96,7 @@ class _Frame:
     heads: list[_RowCheck]  # the name and comment checks
     lab_lines: np.ndarray | None  # the sample lines by (k-th occurrence, page, slot), when the shape has ``occ``
     lab_shift: np.ndarray | None  # their names' widths
+    pre: dict[int, np.ndarray] = field(default_factory=dict)  # slot width -> value starts, when all are as wide
 
 
 _SHAPES_MAX = 16  # page layouts kept (one per exporter kind and GPU count, say)
@@ -166,7 +171,7 @@ def _build_like(shape: _Shape, keys: list[PageKey], tx: _Text, names: SnapshotBu
     # each page's slot strings: as ``_cut_assumed`` cuts a line, after the name the shape says it has: to
     # the first '}' of the line, which a space follows (a single space: `name value`)
     at = (fr.page_first[:, None] + shape.s_lines[shape.slot_first]).reshape(-1)
-    o = _line_starts(nls)[at] + np.tile(shape.name_w[shape.slot_first], n_pages)
+    o = nls[at - 1] + 1 + np.tile(shape.name_w[shape.slot_first], n_pages)  # (a page's line 0 is a comment)
     y = nls[at]
     if bool((o >= y).any()):
         return None
@@ -187,11 +192,16 @@ def _build_like(shape: _Shape, keys: list[PageKey], tx: _Text, names: SnapshotBu
     widths = end - o
     w0 = int(widths[0])
     same_w = w0 > 1 and bool((widths == w0).all())
-    if same_w:  # (one gather; numpy's bytes rows end at their '}', so none loses a trailing NUL)
-        raws = np.frombuffer(_rows(text, w0 - 1, o), f"S{w0 - 1}").tolist()
+    raws: Raws
+    pattern = None
+    if same_w:  # (one gather, each string with its space: the strings are cut in it, and it is the check's)
+        pattern = _rows(text, w0, o)
+        raws = FixedRows(pattern, w0 - 1)
+        closing = np.count_nonzero(np.frombuffer(pattern, np.uint8) == 125)
     else:
         raws = list(map(text.__getitem__, map(slice, o_list, (end - 1).tolist())))  # (rows less their space)
-    if np.count_nonzero(np.frombuffer(b"".join(raws), np.uint8) == 125) != len(raws) - int(np.count_nonzero(bare)):
+        closing = np.count_nonzero(np.frombuffer(b"".join(raws), np.uint8) == 125)
+    if closing != len(raws) - int(np.count_nonzero(bare)):
         # a '}' before the guessed end of some string: each is searched (the first '}' ends it)
         _find_ends(text, arr, o, y, first, end, np.arange(o.shape[0]))
         if bool((end < 0).any()):
@@ -200,10 +210,13 @@ def _build_like(shape: _Shape, keys: list[PageKey], tx: _Text, names: SnapshotBu
         widths = end - o
         w0 = int(widths[0])
         same_w = w0 > 1 and bool((widths == w0).all())
+        pattern = None
     any_bare = bool(bare.any())
     rows = list(map(text.__getitem__, map(slice, o_list, end.tolist()))) if any_bare else None
-    for i in np.flatnonzero(bare).tolist():
-        raws[i] = b"{}"  # (as ``_build`` keys a line without labels)
+    if any_bare:
+        assert isinstance(raws, list)  # (bare strings are 1 byte wide: never all of one width above 1)
+        for i in np.flatnonzero(bare).tolist():
+            raws[i] = b"{}"  # (as ``_build`` keys a line without labels)
     sets = _label_sets(list(chain.from_iterable(repeat(k[1], n_slots) for k in keys)), raws, labels, n_slots)
     if sets is None:
         return None
@@ -211,20 +224,29 @@ def _build_like(shape: _Shape, keys: list[PageKey], tx: _Text, names: SnapshotBu
     by_page = np.sort(pair_sid, axis=1)
     if bool((by_page[:, 1:] == by_page[:, :-1]).any()):
         return None  # two label strings of a page are one series: ``_build`` decides
-    lab_w = widths[fr.row_of]
-    if fr.lab_lines is not None and fr.lab_shift is not None and bool((widths == w0).all()):
+    one_w = bool((widths == w0).all())
+    if one_w:  # (every plan of the frame with slot strings of this width has these value starts)
+        s_pre = fr.pre.get(w0)
+        if s_pre is None:
+            if len(fr.pre) >= _SHAPES_MAX:
+                fr.pre.clear()
+            s_pre = fr.pre[w0] = fr.name_w + w0
+    else:
+        s_pre = fr.name_w + widths[fr.row_of]
+    if fr.lab_lines is not None and fr.lab_shift is not None and one_w:
         # every slot as often, all of one width: the lines by (k-th occurrence, page, slot) read the
         # pages' slot strings in turn, k times over (what ``_checks`` makes of such rows)
-        pattern = b"".join(rows) if rows is not None else _rows(text, w0, o) if same_w else b" ".join(raws) + b" "
+        if pattern is None:
+            pattern = b"".join(rows) if rows is not None else _rows(text, w0, o) if same_w else b" ".join(raws) + b" "
         labs = [_RowCheck(w0, fr.lab_lines, fr.lab_shift, np.frombuffer(pattern, np.dtype((np.void, w0))), None,
                           fr.lab_lines.shape[0] // len(raws), pattern)]
     else:
         if rows is None:
             rows = list(map(text.__getitem__, map(slice, o_list, end.tolist())))
-        labs = _checks(fr.s_lines, lab_w, fr.row_of, rows, fr.name_w)
+        labs = _checks(fr.s_lines, widths[fr.row_of], fr.row_of, rows, fr.name_w)
     return _ChunkPlan(
         keys=list(keys), n_lines=nls.shape[0], page_last=fr.page_last, checks=fr.heads + labs,
-        s_lines=fr.s_lines, s_pre=fr.name_w + lab_w, mids=fr.mids, sids=pair_sid.reshape(-1)[fr.row_of].astype(np.int32),
+        s_lines=fr.s_lines, s_pre=s_pre, mids=fr.mids, sids=pair_sid.reshape(-1)[fr.row_of].astype(np.int32),
         dcgm=fr.dcgm, per_page=fr.per_page, page_first=fr.page_first, shape=shape,
     )
 
@@ -265,7 +287,7 @@ def _frame(shape: _Shape, n_pages: int) -> _Frame:
     )
 
 
-def _label_sets(extras: list[LabelSet], raws: list[bytes], labels: LabelCache, period: int = 0
+def _label_sets(extras: list[LabelSet], raws: Raws, labels: LabelCache, period: int = 0
                 ) -> list[LabelSet] | None:
     """The merged label set of each (scraper labels, raw label string); None if a string is invalid.
     ``period``: the strings are page by page, that many a page (see ``_merged_columns``)."""
