@@ -9,8 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fleethealth.policy import default_policy
+from fleethealth.signals import history_pairs
 from fleethealth.signals.history import SignalHistory
-from fleethealth.signals.history_pairs import _first_layout, _first_rows, _split_layout
+from fleethealth.signals.history_pairs import _first_layout, _first_rows, _Room, _split_layout
 from fleethealth.signals.snapshot import Snapshot, SnapshotBuilder
 
 POLICY = default_policy()
@@ -42,13 +43,20 @@ def test_first_rows_is_stable_argsort(pairs: list[tuple[int, int]], dtype: type)
 
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 6), st.integers(0, 40)), max_size=60), st.lists(st.booleans(), min_size=7,
-       max_size=7), st.lists(st.booleans(), min_size=7, max_size=7), st.booleans(), st.booleans())
+       max_size=7), st.lists(st.booleans(), min_size=7, max_size=7), st.booleans(), st.booleans(), st.booleans())
 def test_first_layout_table_is_the_sorted_split(pairs: list[tuple[int, int]], is_c: list[bool], track: list[bool],
-                                               subset: bool, sparse: bool) -> None:
+                                               subset: bool, sparse: bool, room: bool) -> None:
     m: np.ndarray = np.array([p[0] for p in pairs], np.int32)
     s: np.ndarray = np.array([p[1] * (10**6 if sparse else 1) for p in pairs], np.int32)  # sparse: no table
     kept = np.arange(0, 3 * m.size, 3) if subset else None
-    a = _first_layout(m, s, np.array(is_c), np.array(track), kept)
+    # (with a room: the gauges' keys and metric ids made in its buffers; the table written in chunks of
+    # a few rows, as a cold start's millions are)
+    chunk = history_pairs._CHUNK
+    try:
+        history_pairs._CHUNK = 3 if room else chunk
+        a = _first_layout(m, s, np.array(is_c), np.array(track), kept, _Room() if room else None)
+    finally:
+        history_pairs._CHUNK = chunk
     b = _split_layout(m, s, np.array(is_c), np.array(track), kept)
     assert (a is None) == (b is None)
     if a is not None and b is not None:
@@ -71,12 +79,15 @@ def _snapshot(rows: list[tuple[int, int, float, float]], shuffle: list[int], n_n
 
 def _state(h: SignalHistory) -> list[object]:
     out: list[object] = [h._epoch, h._n_slots, h.labelsets, h.metrics]
-    for a in (h._g_m, h._g_s, h._g_v, h._g_t, h._g_since, h._c_grp, h._c_col, h._c_last, h._c_off):
+    # (a value start is defined for event-like gauges only: nothing reads the others')
+    since = h._g_since[h._track_start[h._g_m]] if h._g_m.size else h._g_since
+    for a in (h._g_m, h._g_s, h._g_v, h._g_t, since, h._c_grp, h._c_col, h._c_last, h._c_off):
         out.append((a.dtype.str, np.nan_to_num(a, nan=-7.0).tolist()))
     for table in ("gauge", "counter"):
-        idx = h._index.get(table, [np.zeros(0, np.int64)] * 2)
+        idx = h._index.get(table, (np.zeros(0, np.int64), None))
+        slots = np.arange(idx[0].size) if idx[1] is None else idx[1]  # (None: each key's slot its position)
         keys = h._slot_ms[table]
-        out.append((idx[0].tolist(), idx[1].tolist(), np.concatenate(keys).tolist() if keys else []))
+        out.append((idx[0].tolist(), slots.tolist(), idx[1] is None, np.concatenate(keys).tolist() if keys else []))
     for g in h._groups:
         out.append((g.keep, g.cm.tolist(), g.cs.tolist(), np.nan_to_num(g.T[g.r0:g.r1], nan=-7.0).tolist(),
                     np.nan_to_num(g.V[g.r0:g.r1], nan=-7.0).tolist()))

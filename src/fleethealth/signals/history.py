@@ -133,7 +133,9 @@ class SignalHistory(_HistoryViews):
         self._g_s = np.zeros(0, np.int32)
         self._g_v = np.zeros(0, np.float64)
         self._g_t = np.full(0, -np.inf)
-        self._g_since = np.full(0, -np.inf)  # when the current value started (event-like gauges)
+        # when the current value started: read and written only for event-like gauges (``_track_start``),
+        # undefined for the others (a first write leaves theirs unwritten: ``_Room.first_gauges``)
+        self._g_since = np.full(0, -np.inf)
         self._room = _Room()  # where the gauge arrays grow (``history_pairs._Room``)
         # counters: matrices per retention (``_Group``) of corrected values and times, the ingests that
         # made their rows (``_Chunk``, for retention and thinning); reset correction per slot
@@ -159,7 +161,9 @@ class SignalHistory(_HistoryViews):
         self.issues: list[InputIssue] = []
         self.source_errors: list[InputIssue] = []
         self.last_at = -np.inf
-        self._index: dict[str, list[np.ndarray]] = {}
+        # per table: its keys ascending and each key's slot; None: the slot is the key's position (slots
+        # made in key order, as a cold start's are: no arange of 2.4M slots to make or keep)
+        self._index: dict[str, tuple[np.ndarray, np.ndarray | None]] = {}
         self._n_slots: dict[str, int] = {}
         self._slot_ms: dict[str, list[np.ndarray]] = {"gauge": [], "counter": []}  # (metric << 32 | series) per slot
         # The view's set of (metric, series) pairs changes only when a gauge slot is born, revived or
@@ -173,8 +177,8 @@ class SignalHistory(_HistoryViews):
         self._last_token: Hashable | None = None
         # The last full view's gauge layout, to patch it when only gauge values of series it holds have
         # come in since at the same ``now`` (a cycle's derived signals; see ``_patched_view``):
-        # (now, epoch, chunk serial, gauge slot -> view row or -1).
-        self._view_layout: tuple[float, int, int, np.ndarray] | None = None
+        # (now, epoch, chunk serial, gauge slot -> view row or -1 (None: the slot itself), gauge slots).
+        self._view_layout: tuple[float, int, int, np.ndarray | None, int] | None = None
         # the gauge part of a view's layout (see ``_gauge_layout``)
         self._g_base: tuple[int, int, np.ndarray | None, np.ndarray, Any] | None = None
         self._dirty: list[np.ndarray | slice] = []  # gauge slots stored since the last view
@@ -228,8 +232,9 @@ class SignalHistory(_HistoryViews):
     def _intern(self, batch: list[LabelSet]) -> np.ndarray:
         """History ids of ``batch``'s label sets, interning new ones in order of first appearance. A label
         set is hashed once where it can be (a tuple of pairs: its hash is not cached): a first write
-        (100k GPUs: ~112k label sets, all new) builds the index in one C-level pass; otherwise one lookup
-        each, and only label sets not found go through the loop that interns them."""
+        (100k GPUs: ~112k label sets, all new) builds the index in one C-level pass, and a batch of only new
+        ones joins it in one; otherwise one lookup each, and only label sets not found go through the loop
+        that interns them."""
         ix = self._ls_ix
         base = len(self.labelsets)
         if not ix:
@@ -240,6 +245,12 @@ class SignalHistory(_HistoryViews):
                 return np.arange(base, base + len(batch), dtype=np.int64)
         ids = list(map(ix.get, batch))
         if None in ids:
+            if ids.count(None) == len(ids):  # all new (a cycle's derived signals on a cold start)
+                fresh = dict(zip(batch, itertools.count(base)))
+                if len(fresh) == len(batch):  # and distinct: their ids are their positions after the known
+                    ix.update(fresh)  # (a dict's entries carry their hashes: nothing is hashed again)
+                    self.labelsets.extend(batch)
+                    return np.arange(base, base + len(batch), dtype=np.int64)
             for j in [j for j, i in enumerate(ids) if i is None]:
                 ls = batch[j]
                 i = ix.get(ls)
@@ -378,15 +389,15 @@ class SignalHistory(_HistoryViews):
         g_rows, g_key, g_m, g_track, c_rows, c_key = first
         n_g, n_c = g_rows.size, c_rows.size
         for table, k in (("gauge", g_key), ("counter", c_key)):
-            idx = self._index.setdefault(table, [np.zeros(0, np.int64), np.zeros(0, np.int64)])
-            if k.size:  # (the gauges' keys and slots with room to grow: ``_first_layout``, ``_Room.arange``)
-                idx[0], idx[1] = k, self._room.arange("gauge slots", k.size) if table == "gauge" else np.arange(k.size)
+            if k.size:  # (the gauges' keys with room to grow: ``_first_layout``; slot i is key i)
+                self._index[table] = (k, None)
                 self._n_slots[table] = k.size
                 self._slot_ms[table].append(k)
         stored = True
         if n_g:
             arrays = self._room.first_gauges(snap.values, snap.ts, g_rows, g_m, g_key, g_track)
-            if np.isnan(arrays[3]).any():  # a sample with no time is not stored: the plain way
+            latest = float(arrays[3].max())  # (NaN if any time is: one pass for both)
+            if np.isnan(latest):  # a sample with no time is not stored: the plain way
                 self._room = _Room()
                 self._unplanned_slots(n_g, 0)
                 stored = False
@@ -395,7 +406,7 @@ class SignalHistory(_HistoryViews):
                 self._epoch += 1
                 if self._view_layout is not None:
                     self._dirty.append(slice(0, n_g))
-                self._max_t = max(self._max_t, float(arrays[3].max()))
+                self._max_t = max(self._max_t, latest)
         if n_c:
             self._unplanned_slots(0, n_c)
         c_slot = np.arange(n_c)
@@ -457,15 +468,13 @@ class SignalHistory(_HistoryViews):
     def _slots(self, table: str, m: np.ndarray, s: np.ndarray) -> tuple[np.ndarray, int]:
         """Slot of each (metric, series) pair, creating slots for new pairs; vectorised with a sorted key
         index (a Python dictionary per pair costs seconds per cycle at 100k GPUs)."""
-        idx = self._index.setdefault(table, [np.zeros(0, np.int64), np.zeros(0, np.int64)])
-        keys_sorted, slots_sorted = idx
+        keys_sorted, slots_sorted = self._index.get(table, (np.zeros(0, np.int64), None))
         uniq, inv = _unique_pairs(m, s)
         n_have = keys_sorted.size
         if n_have == 0 and uniq.size:  # the first write (a cold start): every pair new, the index is uniq
             # itself (np.insert into an empty index argsorts its 2.5M positions at 100k GPUs: ~0.3 s)
             base = self._n_slots.get(table, 0)
-            slots_u = np.arange(base, base + uniq.size)
-            idx[0], idx[1] = uniq, slots_u
+            self._index[table] = (uniq, None if base == 0 else np.arange(base, base + uniq.size))
             self._n_slots[table] = base + uniq.size
             self._slot_ms[table].append(uniq)
             inv += base  # = slots_u[inv], in place (inv is _unique_pairs' own)
@@ -475,18 +484,26 @@ class SignalHistory(_HistoryViews):
         if n_have:
             found = keys_sorted[np.minimum(pos, n_have - 1)] == uniq
         slots_u = np.empty(uniq.size, np.int64)
-        slots_u[found] = slots_sorted[np.minimum(pos, max(n_have - 1, 0))[found]]
+        if slots_sorted is None:  # (each key's slot is its position)
+            slots_u[found] = pos[found]
+        else:
+            slots_u[found] = slots_sorted[np.minimum(pos, max(n_have - 1, 0))[found]]
         new = ~found
         n_new = int(new.sum())
         base = self._n_slots.get(table, 0)
         slots_u[new] = np.arange(base, base + n_new)
         if n_new:
             if n_have and uniq[new][0] > keys_sorted[-1]:  # all after the last: appended (into room)
-                idx[0], idx[1] = self._room.grown(table + " keys", keys_sorted, uniq[new]), \
-                    self._room.grown(table + " slots", slots_sorted, slots_u[new])
+                # (slots base, base + 1, ... after keys at positions base, base + 1, ...: still each key's
+                # slot its position where it was)
+                same = slots_sorted is None and base == n_have
+                self._index[table] = (self._room.grown(table + " keys", keys_sorted, uniq[new]), None if same else
+                                      self._room.grown(table + " slots", np.arange(n_have) if slots_sorted is None
+                                                       else slots_sorted, slots_u[new]))
             else:
-                idx[0], idx[1] = np.insert(keys_sorted, pos[new], uniq[new]), \
-                    np.insert(slots_sorted, pos[new], slots_u[new])
+                every = np.arange(n_have) if slots_sorted is None else slots_sorted
+                self._index[table] = (np.insert(keys_sorted, pos[new], uniq[new]),
+                                      np.insert(every, pos[new], slots_u[new]))
             self._n_slots[table] = base + n_new
             self._slot_ms[table].append(uniq[new])  # in slot order (slots_u[new] is ascending)
         return slots_u[inv], n_new

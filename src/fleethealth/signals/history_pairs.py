@@ -25,6 +25,9 @@ import numpy as np
 from fleethealth.signals.history_counters import _id_runs
 from fleethealth.signals.snapshot import LabelSet
 
+# rows per chunk of a first write's table scatter (``_first_layout``): its temporaries stay in cache
+_CHUNK = 1 << 16
+
 
 @dataclass(slots=True)
 class _Plan:
@@ -134,45 +137,56 @@ def _first_layout(m: np.ndarray, s: np.ndarray, is_c: np.ndarray, track: np.ndar
     in (metric, series) order, their keys, metric ids (int32) and the positions of event-like ones
     (``track``: per metric id), then the counters' rows and keys; None when a pair occurs twice.
     ``kept``: the snapshot rows that ``m`` and ``s`` are of (None: all). As ``_first_rows``, with the
-    gauge metrics' rows of the metric x series table placed before the counters' (each part still in
-    metric id order), so that both parts come out of the table as slices: no pass to split them. With
-    ``room``, the gauges' keys are made in its buffer "gauge keys" (the slot index grows into it)."""
+    gauge metrics before the counters' (each part still in metric id order), so that both parts come out
+    as slices: no pass to split them. With ``room``, the gauges' keys and metric ids are made in its
+    buffers "gauge keys" (the slot index grows into it) and "m" (``_Room.first_gauges``).
+
+    Each row's number goes into a metric x series table (int32, in chunks of rows: no array of every
+    row's cell or number, whose 20 MB each would be new pages on a cold start, and the chunk's scatter
+    stays in cache); then each metric's row of the table, in that order, gives its series in order:
+    its rows, keys and metric ids are written in place, a block at a time."""
     n = m.size
     n_s = int(s.max()) + 1 if n else 0
     n_m = int(m.max()) + 1 if n else 0
     if n == 0 or int(m.min()) < 0 or int(s.min()) < 0 or n_m * n_s > 4 * n + 4096:
         return _split_layout(m, s, is_c, track, kept)
-    ids = np.arange(n_m)
-    rank = np.argsort(is_c[:n_m], kind="stable")  # the table's metric rows: gauges, then counters
-    place = np.empty(n_m, np.int64)
-    place[rank] = ids
-    flat = place[m]
-    flat *= n_s
-    flat += s
-    at = np.full(n_m * n_s, -1, np.int64)
-    at[flat] = np.arange(n)
-    del flat
+    at: np.ndarray = np.full(n_m * n_s, -1, np.int32 if n < 2**31 else np.int64)
+    for i in range(0, n, _CHUNK):
+        j = min(i + _CHUNK, n)
+        cell = m[i:j].astype(np.int64)
+        cell *= n_s
+        cell += s[i:j]
+        at[cell] = np.arange(i, j, dtype=at.dtype)
     taken = at >= 0
-    cell = np.flatnonzero(taken)
-    if cell.size != n:
+    count = np.count_nonzero(taken.reshape(n_m, n_s), axis=1)  # rows per metric
+    if int(count.sum()) != n:
         return None  # a pair twice: one of its rows was written over
-    rows = at[taken]
-    del at, taken
+    order = np.argsort(is_c[:n_m], kind="stable").tolist()  # gauges, then counters
+    n_gm = n_m - int(np.count_nonzero(is_c[:n_m]))
+    n_g = int(count[order[:n_gm]].sum())
+    rows = np.empty(n, np.int64)
+    g_key = room.made("gauge keys", n_g, np.int64) if room is not None else np.empty(n_g, np.int64)
+    g_m = room.made("m", n_g, np.int32) if room is not None else np.empty(n_g, np.int32)
+    c_key = np.empty(n - n_g, np.int64)
+    tracked: list[np.ndarray] = []
+    a = 0
+    for metric in order:
+        k = int(count[metric])
+        if k == 0:
+            continue
+        series = np.flatnonzero(taken[metric * n_s:(metric + 1) * n_s])
+        rows[a:a + k] = at[metric * n_s:(metric + 1) * n_s][series]
+        if a < n_g:
+            np.add(series, metric << 32, out=g_key[a:a + k])
+            g_m[a:a + k] = metric
+            if track[metric]:
+                tracked.append(np.arange(a, a + k))
+        else:
+            np.add(series, metric << 32, out=c_key[a - n_g:a - n_g + k])
+        a += k
     if kept is not None:
         rows = kept[rows]
-    count = np.diff(np.searchsorted(cell, np.arange(n_m + 1) * n_s))  # rows per table row
-    n_gm = n_m - int(np.count_nonzero(is_c[:n_m]))
-    n_g = int(count[:n_gm].sum())
-    # key = metric << 32 | series, series = cell - row * n_s: per table row one addend
-    addend, row = (rank << 32) - ids * n_s, cell // n_s
-    g_key = np.take(addend, row[:n_g], out=room.made("gauge keys", n_g, np.int64), mode="clip") \
-        if room is not None else addend[row[:n_g]]
-    g_key += cell[:n_g]
-    c_key = addend[row[n_g:]]
-    c_key += cell[n_g:]
-    gauges = rank[:n_gm]
-    g_m = np.repeat(gauges.astype(np.int32), count[:n_gm])
-    g_track = np.flatnonzero(np.repeat(track[gauges], count[:n_gm]))
+    g_track = np.concatenate(tracked) if tracked else np.zeros(0, np.int64)
     return rows[:n_g], g_key, g_m, g_track, rows[n_g:], c_key
 
 
@@ -218,16 +232,20 @@ class _Room:
                      track: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """A first write's gauge arrays, made with room: per slot its metric, series (``g_key``'s low
         half), value and time (samples ``rows`` of ``v`` and ``t``) and value start (its time for the
-        event-like slots ``track``, else none)."""
+        event-like slots ``track``; left unwritten for the others, whose value start nothing reads: a
+        cold start's 2.4M slots are a few percent event-like, and untouched memory costs no page)."""
         n = rows.size
-        m, s = self.made("m", n, np.int32), self.made("s", n, np.int32)
-        m[:] = g_m
+        if g_m.base is self.bufs.get("m") and g_m.base is not None:  # (made there: ``_first_layout``)
+            m = g_m
+        else:
+            m = self.made("m", n, np.int32)
+            m[:] = g_m
+        s = self.made("s", n, np.int32)
         np.copyto(s, g_key, casting="unsafe")  # (an int64 -> int32 cast keeps the low half)
         gv, gt = self.made("v", n, np.float64), self.made("t", n, np.float64)
         np.take(v, rows, out=gv, mode="clip")  # (rows in range: "clip" writes to ``out`` unbuffered)
         np.take(t, rows, out=gt, mode="clip")
         since = self.made("since", n, np.float64)
-        since.fill(-np.inf)
         since[track] = gt[track]
         return m, s, gv, gt, since
 
@@ -265,6 +283,8 @@ def _live_gauges(order: np.ndarray | None, g_t: np.ndarray, g_v: np.ndarray, g_m
                  track_start: np.ndarray) -> tuple[np.ndarray | None, np.ndarray]:
     """The live gauge slots in key order (``order``: the slots in key order, None when they are in it)
     - None when that is every slot in order (a cold start's) - and the live event-like ones."""
+    if order is None and _all_live(g_t, g_v):
+        return None, _metric_rows(g_m, track_start)
     live = np.isfinite(g_t) & ~np.isnan(g_v)
     if order is None:
         if bool(live.all()):
@@ -275,16 +295,38 @@ def _live_gauges(order: np.ndarray | None, g_t: np.ndarray, g_v: np.ndarray, g_m
     return rows, rows[track_start[g_m[rows]]]
 
 
+def _all_live(g_t: np.ndarray, g_v: np.ndarray) -> bool:
+    """``(np.isfinite(g_t) & ~np.isnan(g_v)).all()`` by three reductions that make no array (a minimum or
+    maximum is NaN when any item is): a cold start's 2.4M slots are all live."""
+    if g_t.size == 0:
+        return True
+    return bool(np.isfinite(g_t.min()) and np.isfinite(g_t.max()) and not np.isnan(g_v.min()))
+
+
+def _metric_rows(g_m: np.ndarray, of_metric: np.ndarray) -> np.ndarray:
+    """``np.flatnonzero(of_metric[g_m])`` for ``g_m`` ascending (slots in key order: each metric a block),
+    from the blocks' ends instead of a pass over every slot."""
+    ids = np.flatnonzero(of_metric)
+    if ids.size == 0 or g_m.size == 0:
+        return np.zeros(0, np.int64)
+    lo, hi = np.searchsorted(g_m, ids, "left"), np.searchsorted(g_m, ids, "right")
+    if ids.size == 1:
+        return np.arange(lo[0], hi[0], dtype=np.int64)
+    return np.concatenate([np.arange(a, b, dtype=np.int64) for a, b in zip(lo.tolist(), hi.tolist(), strict=True)])
+
+
 def _gauge_rows(rows: np.ndarray | None, er: np.ndarray, keys: np.ndarray, g_m: np.ndarray, g_s: np.ndarray
-                ) -> tuple[np.ndarray | slice, np.ndarray, np.ndarray, dict[int, tuple[int, int]], np.ndarray,
+                ) -> tuple[np.ndarray | slice, np.ndarray, np.ndarray | None, dict[int, tuple[int, int]], np.ndarray,
                            np.ndarray]:
     """A view's gauge rows from the live slots in key order (``rows``, None: every slot, in order) and
     the event-like slots whose value started before their latest sample (``er``): the slot of each row
-    (a value-start row just before its series' latest), the value-start rows, each slot's row (-1: none),
-    each metric's block, and the rows' metric and series ids. With every slot a row, in order, the rows
-    are the slice of all and the ids read-only views of ``g_m`` and ``g_s`` (never written in place)."""
+    (a value-start row just before its series' latest), the value-start rows, each slot's row (-1: none;
+    None: the slot itself), each metric's block, and the rows' metric and series ids. With every slot a
+    row, in order, the rows are the slice of all and the ids read-only views of ``g_m`` and ``g_s``
+    (never written in place)."""
     n = g_m.size
     src: np.ndarray | slice
+    pos: np.ndarray | None
     if er.size:
         # a value-start row goes just before its series' latest (each metric one block, its rows in
         # (series, time) order)
@@ -300,7 +342,7 @@ def _gauge_rows(rows: np.ndarray | None, er: np.ndarray, keys: np.ndarray, g_m: 
     else:
         since_rows = np.zeros(0, np.int64)
         if rows is None:
-            src, pos = slice(0, n), np.arange(n)
+            src, pos = slice(0, n), None  # (not an arange of 2.4M slots: new memory on a cold start)
             gm, gs = g_m[:n], g_s[:n]
             gm.flags.writeable = gs.flags.writeable = False
         else:

@@ -31,6 +31,40 @@ from fleethealth.signals.history_pairs import _gauge_rows, _live_gauges
 from fleethealth.signals.snapshot import CounterMatrix, HistoryView, InputIssue, LabelSet, Snapshot, ViewIndex
 
 
+def _last_stale(now: float, memory_s: float) -> float | None:
+    """The largest float ``x`` with ``now - x > memory_s`` (in float arithmetic), None where there is none
+    to find in a few steps (``now`` or ``memory_s`` not finite). ``now - x`` rounded is non-increasing in
+    ``x``, so exactly the times ``<= x`` are older than ``memory_s``: one comparison per slot instead of
+    a subtraction (a new float array) and a comparison."""
+    x = now - memory_s
+    if not (np.isfinite(now) and np.isfinite(memory_s) and np.isfinite(x)):
+        return None
+    for _ in range(64):  # (a step or two: the rounding of now - x is within an ulp or so)
+        if now - x > memory_s:
+            up = float(np.nextafter(x, np.inf))
+            if not now - up > memory_s:
+                return x
+            x = up
+        else:
+            x = float(np.nextafter(x, -np.inf))
+    return None
+
+
+def _forgotten(g_t: np.ndarray, now: float, memory_s: float) -> np.ndarray | None:
+    """``(now - g_t > memory_s) & np.isfinite(g_t)`` (the gauge slots to forget), None where no slot is.
+    Usually none: the smallest time, one pass with no new array, says so (``-inf``: a slot forgotten
+    before, which then takes the comparison)."""
+    x = _last_stale(now, memory_s)
+    if x is None:
+        dead = (now - g_t > memory_s) & np.isfinite(g_t)
+    else:
+        if g_t.min() > x:  # (NaN: not greater, so the comparison decides)
+            return None
+        dead = g_t <= x
+        dead &= np.isfinite(g_t)
+    return dead if dead.any() else None
+
+
 class _HistoryViews:
     """``SignalHistory``'s views (a mixin: the state is the history's, set in its ``__init__``)."""
 
@@ -58,12 +92,13 @@ class _HistoryViews:
     _cid: int
     _max_t: float
     _slot_ms: dict[str, list[np.ndarray]]
+    _index: dict[str, tuple[np.ndarray, np.ndarray | None]]
     _serial: int
     _epoch: int
     _g_order: tuple[int, np.ndarray | None, np.ndarray] | None
     _last_view: Snapshot | None
     _last_token: Hashable | None
-    _view_layout: tuple[float, int, int, np.ndarray] | None
+    _view_layout: tuple[float, int, int, np.ndarray | None, int] | None
     _g_base: tuple[int, int, np.ndarray | None, np.ndarray, Any] | None
     _dirty: list[np.ndarray | slice]
 
@@ -103,8 +138,8 @@ class _HistoryViews:
                         self._epoch += 1
         # forget gauges nobody has reported for memory_s
         if self._g_t.size:
-            dead = (now - self._g_t > self.memory_s) & np.isfinite(self._g_t)
-            if dead.any():
+            dead = _forgotten(self._g_t, now, self.memory_s)
+            if dead is not None:
                 self._g_t[dead] = -np.inf
                 self._g_v[dead] = np.nan
                 self._epoch += 1
@@ -120,10 +155,17 @@ class _HistoryViews:
         n = self._g_t.size
         if self._g_order is None or self._g_order[0] != n:
             parts = self._slot_ms["gauge"]
-            if len(parts) > 1:
-                parts[:] = [np.concatenate(parts)]  # joined once per growth, not once per view
-            keys = parts[0][:n] if parts else np.zeros(0, np.int64)
-            order = None if bool((keys[1:] > keys[:-1]).all()) else np.argsort(keys, kind="stable")
+            index = self._index.get("gauge")
+            if index is not None and index[1] is None and index[0].size == n:
+                # each slot its key's position in the index: the keys in slot order are the index's keys
+                # (no join of the parts, a new array, nor a pass to find them in order)
+                keys, order = index[0], None
+                parts[:] = [keys]
+            else:
+                if len(parts) > 1:
+                    parts[:] = [np.concatenate(parts)]  # joined once per growth, not once per view
+                keys = parts[0][:n] if parts else np.zeros(0, np.int64)
+                order = None if bool((keys[1:] > keys[:-1]).all()) else np.argsort(keys, kind="stable")
             self._g_order = (n, order, keys)
         return self._g_order[1]
 
@@ -190,14 +232,14 @@ class _HistoryViews:
                     out_s[a:b] = np.broadcast_to(cs, hm.shape)[hm]
             return out_m, out_s, out_v, out_t
 
-        self._view_layout = (now, self._epoch, self._cid, pos)
+        self._view_layout = (now, self._epoch, self._cid, pos, self._g_t.size)
         return self._publish(now, head, n_rows, fill, bounds, matrices, groups)
 
-    def _gauge_layout(self) -> tuple[np.ndarray | slice, np.ndarray, np.ndarray, dict[int, tuple[int, int]],
+    def _gauge_layout(self) -> tuple[np.ndarray | slice, np.ndarray, np.ndarray | None, dict[int, tuple[int, int]],
                                      np.ndarray, np.ndarray]:
         """Where a view's gauge rows come from: the slot of each row (live slots in (metric, series)
         order, an event-like gauge's value-start row just before its latest), the rows that carry a
-        value-start time, each slot's row (-1: none), each gauge metric's block, and the rows' metric
+        value-start time, each slot's row (-1: none; None: the slot itself), each gauge metric's block, and the rows' metric
         and series ids (shared by the views made with this layout: read-only). Kept while the
         set of live slots (``_epoch``) and of value-start rows are unchanged: a view then only gathers
         (``history_pairs._live_gauges`` and ``_gauge_rows``)."""
@@ -239,12 +281,12 @@ class _HistoryViews:
         lay, last = self._view_layout, self._last_view
         if lay is None or last is None or last.index is None:
             return None
-        at, epoch, cid, pos = lay
-        if at != now or epoch != self._epoch or cid != self._cid or pos.size != self._g_t.size:
+        at, epoch, cid, pos, n = lay
+        if at != now or epoch != self._epoch or cid != self._cid or n != self._g_t.size:
             return None
         slots = np.concatenate([np.arange(d.start, d.stop) if isinstance(d, slice) else d for d in self._dirty]) \
             if self._dirty else np.zeros(0, np.int64)
-        rows = pos[slots]
+        rows = slots if pos is None else pos[slots]  # (None: each slot its own row)
         if (rows < 0).any() or self._track_start[self._g_m[slots]].any():
             return None
         ix = last.index
