@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import re
 from bisect import bisect_left
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from functools import partial
 from itertools import chain, repeat
 from operator import itemgetter
@@ -137,14 +137,17 @@ class LabelCache:
         return list(map(memo.get, zip(extras, raws, strict=True)))
 
     def _defer(self, extras: list[LabelSet], raws: Raws, sets: list[LabelSet],
-               own: list[LabelSet] | tuple[list[list[tuple[str, str]]], bool], distinct: set[LabelSet]) -> None:
-        """Queue a bulk merge's memo entries (``own``: the unmerged sets, or the columns they are zipped
-        from; ``distinct``: the set of ``extras``). A queue past the memos' bound is settled at once (the
-        bound applies as it would have)."""
+               own: list[LabelSet] | Callable[[], list[LabelSet]], distinct: set[LabelSet]) -> None:
+        """Queue a bulk merge's memo entries (``own``: the unmerged sets, or what makes them when settled;
+        ``distinct``: the set of ``extras``). A queue past the memos' bound is settled at once (the bound
+        applies as it would have)."""
         self._pending.append((extras, raws, sets, own, distinct))
         held = self._pending_extras
-        for e in distinct:
-            held[e] = held.get(e, 0) + 1
+        if held.keys().isdisjoint(distinct):  # (a cold read's chunks: each of other pages)
+            held.update(dict.fromkeys(distinct, 1))
+        else:
+            for e in distinct:
+                held[e] = held.get(e, 0) + 1
         self._pending_n += len(raws)
         if self._pending_n + max(len(self._merged), len(self._parsed)) >= _LABEL_CACHE_MAX:
             self._settle(None)
@@ -174,11 +177,10 @@ class LabelCache:
                 if len(memo) + n >= _LABEL_CACHE_MAX:
                     memo.clear()
             merged.update(zip(zip(extras, raws, strict=True), sets, strict=True))
-            parsed.update(zip(raws, own if isinstance(own, list) else _zip_sets(*own), strict=True))
+            parsed.update(zip(raws, own if isinstance(own, list) else own(), strict=True))
 
 
-_Queued = tuple[list[LabelSet], Raws, list[LabelSet], list[LabelSet] | tuple[list[list[tuple[str, str]]], bool],
-                set[LabelSet]]
+_Queued = tuple[list[LabelSet], Raws, list[LabelSet], list[LabelSet] | Callable[[], list[LabelSet]], set[LabelSet]]
 
 
 def _unescape(s: str) -> str:
@@ -479,13 +481,27 @@ def _merged_columns(extra_of: list[LabelSet], raws: Raws, cache: LabelCache, per
         sets = _zip_sets(cols, empty)
         cache._defer(extra_of, raws, sets, sets, extras)
         return sets
-    own = list(cols)  # (zipped for ``parsed``, the other paths' memo, only when that is read)
+    # (the unmerged sets, for ``parsed``, the other paths' memo, made only when that is read: from the
+    # template's columns when empty values drop pairs, else the merged sets less the extra's places)
+    own = partial(_zip_sets, list(cols), empty) if empty else None
+    is_own = [True] * len(cols)
     of_key = sorted(found[3])  # the extra's pairs (non-empty values) as columns of their own, at their places
     for j, k in sorted(enumerate(extra_keys), key=itemgetter(1), reverse=True):
-        cols.insert(bisect_left(of_key, k), list(map(itemgetter(j), extra_of)))
+        at = bisect_left(of_key, k)
+        cols.insert(at, list(map(itemgetter(j), extra_of)))
+        is_own.insert(at, False)
     sets = _zip_sets(cols, empty)
-    cache._defer(extra_of, raws, sets, (own, empty), extras)
+    if own is None:
+        own = partial(_pairs_at, sets, [i for i, mine in enumerate(is_own) if mine])
+    cache._defer(extra_of, raws, sets, own, extras)
     return sets
+
+
+def _pairs_at(sets: list[LabelSet], at: list[int]) -> list[LabelSet]:
+    """Each label set's pairs at the places ``at`` (one or more), as label sets."""
+    if len(at) == 1:
+        return [(ls[at[0]],) for ls in sets]
+    return list(map(itemgetter(*at), sets))
 
 
 def _quoted_columns(raws: Raws, tpl: Template, period: int
