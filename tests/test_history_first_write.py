@@ -107,11 +107,16 @@ rows_st = st.lists(st.tuples(st.integers(0, len(METRICS) - 1), st.integers(0, 11
 
 
 @settings(max_examples=150, deadline=None)
-@given(rows_st, st.permutations(range(len(METRICS))), st.integers(0, len(METRICS)), st.booleans(), rows_st)
+@given(rows_st, st.permutations(range(len(METRICS))), st.integers(0, len(METRICS)), st.booleans(), rows_st,
+       st.booleans())
 def test_first_write_is_the_plain_path(rows: list[tuple[int, int, float, float]], shuffle: list[int], n_names: int,
-                                       view_first: bool, later: list[tuple[int, int, float, float]]) -> None:
+                                       view_first: bool, later: list[tuple[int, int, float, float]],
+                                       frozen: bool) -> None:
     first = _snapshot(rows, shuffle, n_names)
     then = _snapshot(later, shuffle, n_names)
+    if frozen:  # ids nothing can write to: the plans keep the very arrays (no copy) and know them again
+        for snap in (first, then):
+            snap.metric_ids.flags.writeable = snap.series_ids.flags.writeable = False
     fast, plain = SignalHistory(POLICY), PlainHistory(POLICY)
     for h in (fast, plain):
         if view_first:
@@ -124,3 +129,6 @@ def test_first_write_is_the_plain_path(rows: list[tuple[int, int, float, float]]
         h.add(first.with_at(1030.0))
     assert _state(fast) == _state(plain)
     assert _view(fast.view(1040.0)) == _view(plain.view(1040.0))
+    if frozen:
+        plans = [p for p in fast._plans.values() if p.labelsets is first.labelsets]
+        assert all(p.metric_ids is first.metric_ids and p.seen_ids is not None for p in plans)

@@ -22,7 +22,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fleethealth.signals.history_counters import _id_runs
 from fleethealth.signals.snapshot import LabelSet
 
 # rows per chunk of a first write's table scatter (``_first_layout``): its temporaries stay in cache
@@ -349,5 +348,15 @@ def _gauge_rows(rows: np.ndarray | None, er: np.ndarray, keys: np.ndarray, g_m: 
             src, pos = rows, np.full(n, -1, np.int64)
             pos[rows] = np.arange(rows.size)
             gm, gs = g_m[src], g_s[src]
-    bounds = {m: (a, b) for m, a, b in _id_runs(gm)}
+    bounds = _blocks(gm)
     return src, since_rows, pos, bounds, gm, gs
+
+
+def _blocks(gm: np.ndarray) -> dict[int, tuple[int, int]]:
+    """Each id's (start, end) in ``gm``, ascending (a view's gauge rows are in key order: each metric one
+    block): ``history_counters._id_runs`` by a binary search per id instead of a pass over the rows."""
+    if gm.size == 0:
+        return {}
+    ids = np.arange(int(gm[-1]) + 1)
+    lo, hi = np.searchsorted(gm, ids, "left").tolist(), np.searchsorted(gm, ids, "right").tolist()
+    return {m: (a, b) for m, a, b in zip(ids.tolist(), lo, hi, strict=True) if b > a}
