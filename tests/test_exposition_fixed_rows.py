@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fleethealth.signals.snapshot import LabelSet
-from fleethealth.sources.exposition_labels import FixedRows, LabelCache, _merged_columns
+from fleethealth.sources.exposition_labels import FixedRows, LabelCache, _merged_columns, _repeating_column
 
 # values of one byte width (2), so that every string of a template is as wide: plain ones, and ones that
 # send the cut elsewhere (a quote, an escape, a NUL, a newline, non-ASCII, braces and separators)
@@ -65,3 +65,34 @@ def test_fixed_rows_want_whole_rows() -> None:
     except ValueError:
         return
     raise AssertionError("a buffer that is not whole rows was taken")
+
+
+def _plain_repeating(k: str, vals: list[bytes], period: int) -> list[tuple[str, str]] | None:
+    """``_repeating_column`` spelled out: one value everywhere, the first page's values on every page, or
+    each page's first value on all of its strings."""
+    n = len(vals)
+    if all(v == vals[0] for v in vals):
+        return [(k, vals[0].decode())] * n
+    if not period or n % period:
+        return None
+    if all(v == vals[i % period] for i, v in enumerate(vals)):
+        return [(k, v.decode()) for v in vals]
+    if all(v == vals[i - i % period] for i, v in enumerate(vals)):
+        return [(k, v.decode()) for v in vals]
+    return None
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.integers(1, 3), st.integers(0, 5), st.integers(1, 5), st.data())
+def test_property_repeating_column_as_spelled_out(w: int, period: int, pages: int, data: st.DataObject) -> None:
+    n = max(period, 1) * pages
+    pool = data.draw(st.lists(st.binary(min_size=w, max_size=w).filter(bytes.isascii), min_size=1, max_size=3))
+    kind = data.draw(st.sampled_from(["any", "slot", "page"]))
+    if kind == "slot" and period:
+        first = [data.draw(st.sampled_from(pool)) for _ in range(period)]
+        vals = first * pages
+    elif kind == "page" and period:
+        vals = [v for v in (data.draw(st.sampled_from(pool)) for _ in range(pages)) for _ in range(period)]
+    else:
+        vals = [data.draw(st.sampled_from(pool)) for _ in range(n)]
+    assert _repeating_column("k", b"".join(vals), w, n, period) == _plain_repeating("k", vals, period)

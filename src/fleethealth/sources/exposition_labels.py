@@ -515,12 +515,19 @@ def _quoted_columns(raws: Raws, tpl: Template, period: int
     host name) make one pair per distinct value; other columns are sliced and paired as
     ``_pair_columns`` pairs them."""
     n, nk = len(raws), len(tpl[3])
+    seps = [tpl[0], *tpl[2], tpl[1]]
     if isinstance(raws, FixedRows):  # (in place: each string's start and width, and a space after it)
         buf = raws.buf
+        if b"\\" in buf or b"\0" in buf:
+            return None
+        grid = np.frombuffer(buf, np.uint8).reshape(n, raws.width + 1)
+        if not bool((grid[:, raws.width] == 32).all()):
+            return None
+        q0 = np.flatnonzero(grid[0] == 34)
+        if q0.shape[0] == 2 * nk and bool((grid[:, q0] == 34).all()) and int(np.count_nonzero(grid == 34)) == 2 * nk * n:
+            return _one_layout(grid, q0, raws.width, tpl, seps, period)
         st = np.arange(0, len(buf), raws.width + 1, dtype=np.int64)
         lens = np.full(n, raws.width, np.int64)
-        if _fixed_rows(buf, 1, st + raws.width) != b" " * n:
-            return None
     else:
         buf = b"".join(raws)
         st = np.zeros(n, np.int64)
@@ -533,7 +540,6 @@ def _quoted_columns(raws: Raws, tpl: Template, period: int
     qq = q.reshape(n, 2 * nk)
     # the separators: before the first quote, between a value's closing and the next one's opening
     # quote, after the last: each of the template's width and bytes
-    seps = [tpl[0], *tpl[2], tpl[1]]
     begin = np.concatenate((st[:, None], qq[:, 1::2] + 1), axis=1)
     stop = np.concatenate((qq[:, 0::2], (st + lens)[:, None]), axis=1)
     if not np.array_equal(stop - begin, np.fromiter(map(len, seps), np.int64, nk + 1)[None, :].repeat(n, 0)):
@@ -564,6 +570,35 @@ def _quoted_columns(raws: Raws, tpl: Template, period: int
     return cols, empty
 
 
+def _one_layout(grid: np.ndarray, q0: np.ndarray, width: int, tpl: Template, seps: list[str], period: int
+                ) -> tuple[list[list[tuple[str, str]]], bool] | None:
+    """``_quoted_columns`` of strings of one width (``grid``: one string and its space a row) that all have
+    their quotes where the first has them (``q0``) and no others: the same places for every string, so
+    the separators are one compare of those columns and each value column is one slice of the grid."""
+    n = grid.shape[0]
+    begin = np.concatenate(([0], q0[1::2] + 1)).tolist()
+    stop = np.concatenate((q0[0::2], [width])).tolist()
+    if [e - b for b, e in zip(begin, stop, strict=True)] != list(map(len, seps)):
+        return None
+    at = np.concatenate([np.arange(b, e) for b, e in zip(begin, stop, strict=True)])
+    if not bool((grid[:, at] == np.frombuffer("".join(seps).encode(), np.uint8)).all()):
+        return None
+    cols: list[list[tuple[str, str]]] = []
+    empty = False
+    for j in sorted(range(len(tpl[3])), key=tpl[3].__getitem__):
+        k = tpl[3][j]
+        s, e = int(q0[2 * j]) + 1, int(q0[2 * j + 1])
+        w = e - s
+        rows = grid[:, s:e].tobytes()
+        rep = _repeating_column(k, rows, w, n, period) if w else None
+        if rep is None:
+            one, none = _pair_columns([np.frombuffer(rows, f"S{w}").tolist() if w else [b""] * n], [k])
+            rep = one[0]
+            empty = empty or none
+        cols.append(rep)
+    return cols, empty
+
+
 def _fixed_rows(buf: bytes, width: int, at: np.ndarray) -> bytes:
     """buf[at[i] : at[i] + width] for every i, concatenated (``exposition_blocks._rows``)."""
     view = np.ndarray((len(buf) - width + 1,), np.dtype((np.void, width)), buf, 0, (1,))
@@ -573,16 +608,22 @@ def _fixed_rows(buf: bytes, width: int, at: np.ndarray) -> bytes:
 def _repeating_column(k: str, rows: bytes, w: int, n: int, period: int) -> list[tuple[str, str]] | None:
     """The (k, value) column of n values of w bytes each (``rows``), when one value is on every string,
     the first ``period`` on every page, or each page's first on all of its strings; else None."""
-    if rows == rows[:w] * n:
+    # (each test first compares the second value, or page, with the first: a column of distinct values,
+    # a UUID, builds nothing)
+    if (n < 2 or rows[w:2 * w] == rows[:w]) and rows == rows[:w] * n:
         return [(k, rows[:w].decode())] * n
     if not period or n % period:
         return None
     pages, size = n // period, w * period
-    if rows == rows[:size] * pages:
+    if (pages < 2 or rows[size:2 * size] == rows[:size]) and rows == rows[:size] * pages:
         return [(k, rows[i:i + w].decode()) for i in range(0, size, w)] * pages
-    heads = [rows[i:i + w] for i in range(0, len(rows), size)]  # (each page's first value)
-    if b"".join(h * period for h in heads) == rows:
-        return list(chain.from_iterable(map(repeat, [(k, h.decode()) for h in heads], repeat(period, pages))))
+    if period > 1 and rows[w:2 * w] != rows[:w]:
+        return None
+    grid = np.frombuffer(rows, np.uint8).reshape(pages, period, w)
+    if bool((grid == grid[:, :1]).all()):  # (every value of a page its first)
+        heads = grid[:, 0].tobytes()
+        pairs = [(k, heads[i:i + w].decode()) for i in range(0, len(heads), w)]
+        return list(chain.from_iterable(map(repeat, pairs, repeat(period, pages))))
     return None
 
 
