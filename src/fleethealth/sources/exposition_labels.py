@@ -126,11 +126,13 @@ class LabelCache:
         self._merged.clear()
         self.template = None
 
-    def merged_of(self, extras: list[LabelSet], raws: Raws) -> list[LabelSet | None] | None:
+    def merged_of(self, extras: list[LabelSet], raws: Raws, distinct: set[LabelSet] | None = None
+                  ) -> list[LabelSet | None] | None:
         """``merged.get((extras[i], raws[i]))`` for every i, or None when the memo holds nothing (all
-        unknown). Queued merges of other scraper labels (the other pages of a cold read) stay queued."""
-        if self._pending_extras and not self._pending_extras.keys().isdisjoint(extras):
-            self._settle(set(extras))
+        unknown). Queued merges of other scraper labels (the other pages of a cold read) stay queued.
+        ``distinct``: the set of ``extras``, when the caller knows it (else made here)."""
+        if self._pending_extras and not self._pending_extras.keys().isdisjoint(extras if distinct is None else distinct):
+            self._settle(set(extras) if distinct is None else distinct)
         memo = self._merged
         if not memo:
             return None
@@ -418,8 +420,8 @@ def _merged_bulk(keyed: list[tuple[LabelSet, bytes]], cache: LabelCache) -> list
     return _merged_columns(list(map(itemgetter(0), keyed)), list(map(itemgetter(1), keyed)), cache)
 
 
-def _merged_columns(extra_of: list[LabelSet], raws: Raws, cache: LabelCache, period: int = 0
-                    ) -> list[LabelSet] | None:
+def _merged_columns(extra_of: list[LabelSet], raws: Raws, cache: LabelCache, period: int = 0,
+                    distinct: set[LabelSet] | None = None) -> list[LabelSet] | None:
     """``_merge_extra(_parse_labels(raw), extra)`` of many new (extra_of[i], raws[i]) pairs at once, when
     every raw string has one template and every extra only adds labels (no honor-labels mark, no name of
     the template's, no empty value, the same names in each): then the merged label set is the sorted
@@ -436,9 +438,10 @@ def _merged_columns(extra_of: list[LabelSet], raws: Raws, cache: LabelCache, per
     fitted (``cache.template``: one exporter's strings, chunk after chunk) is tried first, then the
     first string's (``_template_of``, from its careful parse). ASCII strings are first cut without
     splitting them at all (``_quoted_columns``); ``period``: strings per page, when the caller's are
-    page by page (a value repeated on every page is then found as such)."""
+    page by page (a value repeated on every page is then found as such); ``distinct``: the set of
+    ``extra_of``, when the caller knows it."""
     n = len(raws)
-    extras = set(extra_of)
+    extras = set(extra_of) if distinct is None else distinct
     names = set(map(tuple, map(partial(map, itemgetter(0)), extras)))  # (C-level loops: 100 pages a chunk)
     if n < 8 or len(names) != 1:
         return None

@@ -217,7 +217,8 @@ def _build_like(shape: _Shape, keys: list[PageKey], tx: _Text, names: SnapshotBu
         assert isinstance(raws, list)  # (bare strings are 1 byte wide: never all of one width above 1)
         for i in np.flatnonzero(bare).tolist():
             raws[i] = b"{}"  # (as ``_build`` keys a line without labels)
-    sets = _label_sets(list(chain.from_iterable(repeat(k[1], n_slots) for k in keys)), raws, labels, n_slots)
+    sets = _label_sets(list(chain.from_iterable(repeat(k[1], n_slots) for k in keys)), raws, labels, n_slots,
+                       {k[1] for k in keys})
     if sets is None:
         return None
     pair_sid = np.asarray(names.series_ids(sets), np.int64).reshape(n_pages, n_slots)
@@ -287,18 +288,19 @@ def _frame(shape: _Shape, n_pages: int) -> _Frame:
     )
 
 
-def _label_sets(extras: list[LabelSet], raws: Raws, labels: LabelCache, period: int = 0
-                ) -> list[LabelSet] | None:
+def _label_sets(extras: list[LabelSet], raws: Raws, labels: LabelCache, period: int = 0,
+                distinct: set[LabelSet] | None = None) -> list[LabelSet] | None:
     """The merged label set of each (scraper labels, raw label string); None if a string is invalid.
-    ``period``: the strings are page by page, that many a page (see ``_merged_columns``)."""
-    sets = labels.merged_of(extras, raws)  # (None: the memo knows none of them)
+    ``period``: the strings are page by page, that many a page (see ``_merged_columns``); ``distinct``:
+    the set of ``extras``, when the caller knows it (its pages' scraper labels)."""
+    sets = labels.merged_of(extras, raws, distinct)  # (None: the memo knows none of them)
     if sets is not None and None not in sets:
         return sets  # type: ignore[return-value]
     whole = sets is None or sets.count(None) == len(sets)
     # (all new, a cold read's: each is merged, a pair twice twice over, as it would be once)
     if whole:
         miss = None
-        got = _merged_columns(extras, raws, labels, period)
+        got = _merged_columns(extras, raws, labels, period, distinct)
     else:
         assert sets is not None
         miss = list(dict.fromkeys([k for k, s in zip(zip(extras, raws, strict=True), sets, strict=True) if s is None]))
