@@ -109,13 +109,13 @@ class StructuralTracker:
         self._gpu_ix: dict[str, int] = {}
         self._insts: list[str] = []
         self._inst_ix: dict[str, int] = {}
-        self._pair_node: list[int] = []
-        self._pair_gpu: list[int] = []
+        # (each pair's name id and GPU id as arrays: a cold 100k-GPU cycle brings 100k pairs, no int object each)
+        self._pair_node_arr = np.zeros(0, np.int64)
+        self._pair_gpu_arr = np.zeros(0, np.int64)
         self._pair_keys = np.zeros(0, np.int64)
         self._pair_key_ids = np.zeros(0, np.int64)
         self._table: _SeriesTable | None = None
         self._mcache: tuple[list[str], int, _Masks] | None = None
-        self._pair_node_arr = np.zeros(0, np.int64)
         self._retained_cache: tuple[Hashable, _SeriesTable, int, np.ndarray] | None = None
         # the last history view's layout of entries, and what it says (see ``_fresh_indexed``)
         self._layout: _Layout | None = None
@@ -143,6 +143,16 @@ class StructuralTracker:
         for node, gpu in zip(self._pair_node, self._pair_gpu, strict=True):
             ids.setdefault(names[node], set()).add(gpus[gpu])
         return {nm: (int(n), sorted(ids.get(nm, ()), key=_gpu_order)) for nm, n in self.max_gpus.items()}
+
+    @property
+    def _pair_node(self) -> list[int]:
+        """Each (node, GPU) pair's node name id, in pair order."""
+        return self._pair_node_arr.tolist()  # type: ignore[no-any-return]
+
+    @property
+    def _pair_gpu(self) -> list[int]:
+        """Each (node, GPU) pair's GPU id, in pair order."""
+        return self._pair_gpu_arr.tolist()  # type: ignore[no-any-return]
 
     @property
     def _pair_ix(self) -> dict[tuple[str, str], int]:
@@ -175,13 +185,19 @@ class StructuralTracker:
                 st.n and labelsets[st.n - 1] is not st.last):
             st = self._table = _SeriesTable(labelsets)
         if len(labelsets) > st.n:
-            with gc_paused():  # (a cold 100k-GPU cycle: 100k descriptions, no reference cycles)
-                st.extend(self, labelsets)
+            st.extend(self, labelsets)  # (inside ``observe``'s pause of garbage collection)
         return st
 
     def observe(
         self, view: Snapshot, now: float, gpu_capacity: Mapping[str, int] | None = None
     ) -> StructuralReport:
+        # (no cyclic garbage collection inside: a cold 100k-GPU cycle makes ~40k sets, tuples and dicts
+        # here, none in a reference cycle; a collection inside would also walk what the stages before
+        # made with collection paused)
+        with gc_paused():
+            return self._observe(view, now, gpu_capacity)
+
+    def _observe(self, view: Snapshot, now: float, gpu_capacity: Mapping[str, int] | None) -> StructuralReport:
         b = SnapshotBuilder()
         report = StructuralReport(snapshot=Snapshot.empty(now))
         st = self._series(view.labelsets)
@@ -203,9 +219,7 @@ class StructuralTracker:
                 # distinct by their interned ids, one Python step per pair, not per series
                 sids = np.flatnonzero(todo)
                 _, first = np.unique((st.inst_id[sids] << 32) | st.name_id[sids], return_index=True)
-                inst_l, node_l = st.inst, st.node
-                for sid in sids[np.sort(first)].tolist():
-                    self.target_nodes.setdefault(inst_l[sid], set()).add(node_l[sid])  # type: ignore[arg-type]
+                self._learn_targets(st, sids[np.sort(first)])
                 st.learned |= todo
                 self._targets_version += 1
 
@@ -392,8 +406,8 @@ class StructuralTracker:
         key = st.rank[pair_nodes[pid]] * len(parts) + part
         nt = np.full(st.rank_n * len(parts), -np.inf)
         np.maximum.at(nt, key, ts)
-        seen = np.zeros(len(self._pair_node), bool)
-        current = np.zeros(len(self._pair_node), bool)
+        seen = np.zeros(self._pair_node_arr.size, bool)
+        current = np.zeros(self._pair_node_arr.size, bool)
         seen[pid] = True
         current[pid[ts >= nt[key]]] = True
         gone = np.flatnonzero(seen & ~current)
@@ -471,7 +485,7 @@ class StructuralTracker:
             pid = st.pair_id[has_gpu[: st.n]]
             pid = pid[pid >= 0]
             if pid.size:
-                hit = np.zeros(len(self._pair_node), bool)
+                hit = np.zeros(self._pair_node_arr.size, bool)
                 hit[pid] = True
                 gpus += np.bincount(st.rank[self._pair_nodes()[hit]], minlength=st.rank_n)
         return present, current, gpus
@@ -576,6 +590,20 @@ class StructuralTracker:
         return _Fresh(present, current, gpus, newest, lay.retained, lay.target_rows(0, bs, bt, bv, lo),
                       lay.target_rows(1, bs, bt, bv, lo))
 
+    def _learn_targets(self, st: _SeriesTable, sids: np.ndarray) -> None:
+        """``target_nodes`` learns the (target, node) pair of each series ``sids`` (distinct pairs, in
+        order of first appearance) as one ``setdefault(target, set()).add(node)`` after the other would:
+        by C-level passes where every target is new and carries one node (a cold fleet: 12.5k targets of
+        one node each), else one pair at a time."""
+        inst_l, node_l, tn = st.inst, st.node, self.target_nodes
+        sid_l = sids.tolist()
+        insts = list(map(inst_l.__getitem__, sid_l))
+        if np.unique(st.inst_id[sids]).size == sids.size and tn.keys().isdisjoint(insts):
+            tn.update(zip(insts, map(set, zip(map(node_l.__getitem__, sid_l))), strict=True))  # type: ignore[arg-type]
+            return
+        for inst, sid in zip(insts, sid_l, strict=True):
+            tn.setdefault(inst, set()).add(node_l[sid])  # type: ignore[arg-type]
+
     def _metric_masks(self, metrics: list[str]) -> _Masks:
         """Per metric: up, scrape duration, GPU metric, target (not a sample of the node itself)."""
         c = self._mcache
@@ -612,8 +640,6 @@ class StructuralTracker:
         return out
 
     def _pair_nodes(self) -> np.ndarray:
-        if self._pair_node_arr.size != len(self._pair_node):
-            self._pair_node_arr = np.asarray(self._pair_node, np.int64)
         return self._pair_node_arr
 
 

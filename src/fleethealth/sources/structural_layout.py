@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from itertools import filterfalse, repeat
-from operator import ne
+from operator import itemgetter, ne
 from typing import TYPE_CHECKING, cast
 
 import numpy as np
@@ -166,7 +166,7 @@ def _describe_chunk(chunk: Sequence[LabelSet], node_labels: Sequence[str], gpu_l
     if cols is not None:
         inst = cols.get("instance")
         return (_first_set(cols, node_labels, k), _first_set(cols, gpu_labels, k),
-                [None] * k if inst is None else inst)
+                [None] * k if inst is None else list(map(_VALUE, inst)))
     lens = np.fromiter(map(len, chunk), np.int64, k)
     if k < 16 or bool((lens == lens[0]).all()):
         return _describe_each(chunk, node_labels, gpu_labels)
@@ -179,26 +179,34 @@ def _describe_chunk(chunk: Sequence[LabelSet], node_labels: Sequence[str], gpu_l
     return out[0].tolist(), out[1].tolist(), out[2].tolist()
 
 
-def _transposed(chunk: Sequence[LabelSet]) -> dict[str, tuple[str, ...]] | None:
-    """Label -> every label set's value, when all of ``chunk`` have the same names at the same positions
-    (else None; a name twice in a label set: the last, as ``dict`` reads it)."""
+def _transposed(chunk: Sequence[LabelSet]) -> dict[str, tuple[tuple[str, str], ...]] | None:
+    """Label -> every label set's (name, value) pair at its position, when all of ``chunk`` have the same
+    names at the same positions (else None; a name twice in a label set: the last, as ``dict`` reads
+    it). The pairs as they are: only the names are read here (a C-level map and count per position, no
+    split of each pair into two tuples, whose ``zip`` makes an iterator per pair), and the values only of
+    the few labels the tracker reads (``_first_set``)."""
     k = len(chunk)
     if not k:
         return None
-    cols: dict[str, tuple[str, ...]] = {}
+    cols: dict[str, tuple[tuple[str, str], ...]] = {}
     try:
         for at in zip(*chunk, strict=True):  # (strict: label sets of other lengths raise)
-            keys, vals = zip(*at, strict=True)
+            keys = list(map(_NAME, at))
             key = keys[0]
             if keys.count(key) != k:
                 return None
-            cols[key] = vals
+            cols[key] = at
     except ValueError:
         return None
     return cols
 
 
-def _first_set(cols: dict[str, tuple[str, ...]], labels: Sequence[str], k: int) -> Sequence[str | None]:
+# a label pair's name and value
+_NAME, _VALUE = itemgetter(0), itemgetter(1)
+
+
+def _first_set(cols: dict[str, tuple[tuple[str, str], ...]], labels: Sequence[str], k: int
+               ) -> Sequence[str | None]:
     """Per label set (``cols``: ``_transposed``), the value of the first of ``labels`` that is non-empty
     (None: none is)."""
     out: Sequence[str | None] | None = None
@@ -206,7 +214,8 @@ def _first_set(cols: dict[str, tuple[str, ...]], labels: Sequence[str], k: int) 
         c = cols.get(lab)
         if c is None:
             continue
-        out = c if out is None else [a or b for a, b in zip(out, c, strict=True)]
+        vals: list[str] = list(map(_VALUE, c))
+        out = vals if out is None else [a or b for a, b in zip(out, vals, strict=True)]
         if all(out):  # every one set: a later label changes nothing
             return out
     return [None] * k if out is None else [x or None for x in out]
@@ -265,14 +274,17 @@ def _intern_pairs(tr: StructuralTracker, keys: np.ndarray) -> np.ndarray:
         rank = np.empty(u.size, np.int64)  # each distinct new key's place in order of first appearance
         order = np.argsort(first, kind="stable")
         rank[order] = np.arange(u.size)
-        p0 = len(tr._pair_node)
+        p0 = tr._pair_node_arr.size
         ids[new] = p0 + rank[inv.reshape(-1)]
         fresh = u[order]
-        tr._pair_node.extend((fresh >> 32).tolist())
-        tr._pair_gpu.extend((fresh & 0xFFFFFFFF).tolist())
-        all_keys, all_ids = np.concatenate((known, u)), np.concatenate((known_ids, p0 + rank))
-        by_key = np.argsort(all_keys, kind="stable")
-        tr._pair_keys, tr._pair_key_ids = all_keys[by_key], all_ids[by_key]
+        tr._pair_node_arr = np.concatenate((tr._pair_node_arr, fresh >> 32))
+        tr._pair_gpu_arr = np.concatenate((tr._pair_gpu_arr, fresh & 0xFFFFFFFF))
+        if known.size:
+            all_keys, all_ids = np.concatenate((known, u)), np.concatenate((known_ids, p0 + rank))
+            by_key = np.argsort(all_keys, kind="stable")
+            tr._pair_keys, tr._pair_key_ids = all_keys[by_key], all_ids[by_key]
+        else:  # (the first pairs: ``u`` is sorted already)
+            tr._pair_keys, tr._pair_key_ids = u, p0 + rank
         tr.memory_version += u.size  # (one bump per new pair, as one at a time)
     return ids
 
@@ -301,11 +313,17 @@ class _Layout:
     pairs and GPUs per node), the pairs in the whole view per node, and per entry the node whose newest
     time it counts for."""
 
+    # block entries' node slots, run by run: (first entry, entries per block, blocks); ``b_node`` holds
+    # each run's slots once, end to end (None: ``b_node`` is every entry's slot)
+    _b_runs: list[tuple[int, int, int]] | None = None
+
     def __init__(self, key: tuple[object, ...], blocks: _Blocks, cgroups: _CGroups, bs: np.ndarray,
                  g_series: list[np.ndarray], g_valid: list[np.ndarray | None]) -> None:
         self.key = key
         self.blocks, self.cgroups = blocks, cgroups
-        self.bs = bs.copy()
+        # the block entries' series: read by ``build``, which keeps them run by run (``_bs_heads``)
+        self.bs = bs
+        self._bs_heads, self._nb = _NO_IDS32, bs.size
         # a history never writes a counter group's series array again (new columns: a new array), so the
         # same array object holds the same series
         self.g_series_of = list(g_series)
@@ -330,7 +348,7 @@ class _Layout:
         k = self.key
         # the series table and the metric list by identity (both grow in place), the rest by value
         return (k[0] is key[0] and k[2] is key[2] and k[1:2] + k[3:] == key[1:2] + key[3:]
-                and _same(self.bs, bs)
+                and self._same_entries(bs)
                 and all(o is b or _same(a, b) for a, o, b in zip(self.g_series, self.g_series_of, g_series, strict=True))
                 and all(a is b or (a is not None and b is not None and _same(a, b))
                         for a, b in zip(self.g_valid, g_valid, strict=True)))
@@ -369,10 +387,37 @@ class _Layout:
         blocks, cgroups, bs = self.blocks, self.cgroups, self.bs
         n_series, n_metrics = max(n_labelsets, 1), max(n_metric_names, 1)
         seen = np.zeros((n_metrics, n_series), bool)
-        at = 0
+        # per entry, the node whose newest time it counts for (not a target metric's entry, nor a
+        # series without a node: the spare slot ``rank_n``), for a scatter-max each cycle
+        node_of = st.node_of()
+        slot = np.where(node_of >= 0, node_of, st.rank_n).astype(np.int32 if st.rank_n < 2**31 else np.int64)
+        # A block with the same series as the block before (one exporter's metrics: every GPU's series,
+        # in the same order) copies that block's bitmap row, and joins its run: consecutive blocks with
+        # the same node slots, kept once (``b_node``: each run's slots, end to end) and scattered once,
+        # the elementwise maximum of the run's times (``newest``). A compare per block, no scatter or
+        # gather of its entries (which would also cast its series ids to intp first).
+        runs: list[list[int]] = []  # [first entry, entries per block, blocks]
+        slots: list[np.ndarray] = []
+        at, prev = 0, (-1, -1, -1)  # (the block before: its first entry, entries, metric)
         for a, b, m in blocks:
-            seen[m][bs[at:at + b - a]] = True
-            at += b - a
+            n = b - a
+            same = prev[1] == n and _same(bs[prev[0]:prev[0] + n], bs[at:at + n])
+            if same:
+                seen[m] = seen[prev[2]]
+            else:
+                seen[m][bs[at:at + n]] = True
+            if same and not is_target[m] and not is_target[prev[2]]:
+                runs[-1][2] += 1
+            else:
+                runs.append([at, n, 1])
+                slots.append(np.full(n, st.rank_n, slot.dtype) if is_target[m] else slot[bs[at:at + n]])
+            prev = (at, n, m)
+            at += n
+        self.b_node = _cat(slots, np.zeros(0, slot.dtype))
+        self._b_runs = [(a, n, k) for a, n, k in runs]
+        # the entries' series, each run's first block only (a copy: the view's arrays are the history's):
+        # a cold 100k-GPU cycle's 2.4M entries are 3 runs of 100k
+        self._bs_heads = np.concatenate([bs[a:a + n] for a, n, _ in runs]) if runs else bs[:0].copy()
         for (_, ranges, _), s, v in zip(cgroups, self.g_series, self.g_valid, strict=True):
             for c0, c1, m in ranges:  # (a history's counter columns are its ranges, end to end)
                 seen[m][s[c0:c1] if v is None else s[c0:c1][v[c0:c1]]] = True
@@ -381,12 +426,8 @@ class _Layout:
         # steady fleet, nor in its first cycles)
         self._pairs = self._keys = None
         self.present, self.retained, self.gpus = tr._pair_facts(st, masks, self._seen)
-        # per entry, the node whose newest time it counts for (not a target metric's entry, nor a
-        # series without a node: the spare slot ``rank_n``), for a scatter-max each cycle
-        node_of = st.node_of()
-        slot = np.where(node_of >= 0, node_of, st.rank_n).astype(np.int32 if st.rank_n < 2**31 else np.int64)
         self._am, self._as = am, as_ = _columns(cgroups, self.g_series, self.g_valid)
-        self.b_node, self.a_node = slot[bs], slot[as_]
+        self.a_node = slot[as_]
         self._n_slots, self._top = st.rank_n + 1, None
         self.a_node[is_target[am]] = st.rank_n
         # per target metric (up, scrape duration): its block rows, their series, whether one row each and
@@ -395,7 +436,6 @@ class _Layout:
         at = 0
         for a, b, m in blocks:
             if is_target[m]:
-                self.b_node[at:at + b - a] = st.rank_n
                 for mask, parts in zip((is_up, is_dur), rows_of, strict=True):
                     if mask[m]:
                         parts.append(np.arange(at, at + b - a))
@@ -405,13 +445,35 @@ class _Layout:
             rows = _cat(rows_l, _NO_IDS)
             sids = bs[rows].astype(np.int64)
             self.targets.append((rows, sids, sids.size < 2 or bool((sids[1:] > sids[:-1]).all())))
+        self.bs = _NO_IDS32  # (the view's array: not kept past this call)
         self.built = True
+
+    def _same_entries(self, bs: np.ndarray) -> bool:
+        """Whether ``bs`` are the entries' series (``_bs_heads``, run by run)."""
+        if bs.size != self._nb or self._b_runs is None:
+            return False
+        at = 0
+        for a, n, k in self._b_runs:
+            if not bool((bs[a:a + n * k].reshape(k, n) == self._bs_heads[at:at + n]).all()):
+                return False
+            at += n
+        return True
+
+    def _entries(self) -> np.ndarray:
+        """The entries' series, every block's (``_bs_heads`` repeated over each run's blocks)."""
+        heads, runs = self._bs_heads, self._b_runs or []
+        parts, at = [], 0
+        for _, n, k in runs:
+            parts.append(np.tile(heads[at:at + n], k))
+            at += n
+        return _cat(parts, heads[:0])
 
     def newest(self, bt: np.ndarray, ta: np.ndarray, need: np.ndarray) -> np.ndarray:
         """Per node slot (``b_node``/``a_node``, the spare slot last), the newest time of its entries
         (block rows' times ``bt``, counter columns' ``ta``; -inf: none), exact for the nodes ``need``
         flags (the others may get the newest time of all: the caller drops them). A scatter-max over the
-        entries, unless the entries at the newest time of all are those of the last call (a steady fleet
+        entries (a run of blocks with the same slots: the elementwise maximum of their times, scattered
+        once), unless the entries at the newest time of all are those of the last call (a steady fleet
         read in one scrape; its value-start and derived rows older) and cover every node needed: then
         that time for the nodes they covered (``_top``), no scatter."""
         out = np.full(self._n_slots, -np.inf)
@@ -426,7 +488,14 @@ class _Layout:
             if c is not None and _same(c[0], at_b) and _same(c[1], at_a) and not (need & ~c[2][:-1]).any():
                 out[c[2]] = t_max
                 return out
-        np.maximum.at(out, self.b_node, bt)
+        runs = self._b_runs
+        if runs is None:  # (slots per entry)
+            np.maximum.at(out, self.b_node, bt)
+        else:
+            at = 0
+            for a, n, k in runs:  # a run's blocks: the same slots, their times' maximum scattered once
+                np.maximum.at(out, self.b_node[at:at + n], bt[a:a + n] if k == 1 else bt[a:a + n * k].reshape(k, n).max(axis=0))
+                at += n
         np.maximum.at(out, self.a_node, ta)
         if exact and t_max > -np.inf:  # the slots with an entry at the newest time of all: those whose
             self._top = (at_b, at_a, out == t_max)  # newest it is (-inf: also the slots with no entry)
@@ -437,11 +506,11 @@ class _Layout:
         of the bitmap, which is the order of their keys, metric * series count + series) and the
         entries per pair."""
         if self._pairs is None:
-            nb, n_series = self.bs.size, self._n_series
+            nb, n_series = self._nb, self._n_series
             kt = np.int32 if self._seen.size < 2**31 else np.int64
             keys: np.ndarray = np.concatenate((_block_metrics(self.blocks, nb), self._am)).astype(kt)
             keys *= kt(n_series)
-            keys += np.concatenate((self.bs, self._as))
+            keys += np.concatenate((self._entries(), self._as))
             pair = np.cumsum(self._seen, dtype=kt)[keys]
             pair -= 1
             npe = np.bincount(pair, minlength=int(pair.max()) + 1 if pair.size else 0)
