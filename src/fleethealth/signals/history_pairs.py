@@ -308,6 +308,7 @@ def _metric_rows(g_m: np.ndarray, of_metric: np.ndarray) -> np.ndarray:
     ids = np.flatnonzero(of_metric)
     if ids.size == 0 or g_m.size == 0:
         return np.zeros(0, np.int64)
+    ids = ids.astype(g_m.dtype)  # (searching int64 in int32 would cast all of ``g_m``: a new array)
     lo, hi = np.searchsorted(g_m, ids, "left"), np.searchsorted(g_m, ids, "right")
     if ids.size == 1:
         return np.arange(lo[0], hi[0], dtype=np.int64)
@@ -357,6 +358,6 @@ def _blocks(gm: np.ndarray) -> dict[int, tuple[int, int]]:
     block): ``history_counters._id_runs`` by a binary search per id instead of a pass over the rows."""
     if gm.size == 0:
         return {}
-    ids = np.arange(int(gm[-1]) + 1)
+    ids = np.arange(int(gm[-1]) + 1, dtype=gm.dtype)  # (of gm's type: else all of gm would be cast)
     lo, hi = np.searchsorted(gm, ids, "left").tolist(), np.searchsorted(gm, ids, "right").tolist()
     return {m: (a, b) for m, a, b in zip(ids.tolist(), lo, hi, strict=True) if b > a}
