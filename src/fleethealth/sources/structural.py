@@ -471,7 +471,11 @@ class StructuralTracker:
         is_gpu_metric, is_target = masks[2], masks[3]
         pairs = seen.reshape(is_target.size, -1)
         own = np.flatnonzero(~is_target)
-        per_series = np.count_nonzero(pairs if own.size == is_target.size else pairs[own], axis=0)
+        # (the metrics' rows added up in place, bytes as counts: no copy of the rows, no per-row sum;
+        # wider counts past 255 metrics)
+        per_series: np.ndarray = np.zeros(pairs.shape[1], np.uint8 if own.size < 256 else np.int64)
+        for r in own.tolist():
+            np.add(per_series, pairs[r].view(np.uint8), out=per_series)
         present = per_series > 0
         node_of = st.node_of()[: st.n]
         ok = node_of >= 0

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from itertools import filterfalse, repeat
-from operator import itemgetter, ne
+from operator import itemgetter
 from typing import TYPE_CHECKING, cast
 
 import numpy as np
@@ -84,7 +84,6 @@ class _SeriesTable:
         name_id = np.empty(k, np.int64)
         gpu_id = np.empty(k, np.int64)
         inst_id = np.empty(k, np.int64)
-        learn = np.empty(k, bool)
         # a chunk at a time: its names are interned while its strings are in the CPU's caches
         for i in range(0, k, _CHUNK):
             nodes, gpus, insts = _describe_chunk(new[i:i + _CHUNK], tr.node_labels, tr.gpu_labels)
@@ -94,13 +93,23 @@ class _SeriesTable:
             name_id[i:j] = _interned(name_ix, tr._names, nodes)
             gpu_id[i:j] = _interned(gpu_ix, tr._gpus, gpus)
             inst_id[i:j] = _interned(inst_ix, tr._insts, insts)
-            learn[i:j] = np.fromiter(map(ne, nodes, insts), bool, j - i)
         # (node, GPU) pairs: only where both are labelled (-1 elsewhere), as (name id, GPU id) int keys
         pair_id = np.full(k, -1, np.int64)
         paired = (name_id >= 0) & (gpu_id >= 0)
         if paired.any():
             pair_id[paired] = _intern_pairs(tr, (name_id[paired] << 32) | gpu_id[paired])
-        learn &= (name_id >= 0) & (inst_id >= 0)
+        # a target it can learn: an instance and a node label that differ, by ids (an instance's name id:
+        # that of the node name spelled as it is, -1 none), looked up once per distinct instance
+        has_inst = inst_id >= 0
+        learn = (name_id >= 0) & has_inst
+        if learn.any():
+            inst_seen = np.zeros(len(tr._insts), bool)
+            inst_seen[inst_id[has_inst]] = True
+            ids = np.flatnonzero(inst_seen)
+            as_name = np.full(len(tr._insts), -1, np.int64)
+            as_name[ids] = np.fromiter(map(name_ix.get, map(tr._insts.__getitem__, ids.tolist()), repeat(-1)),
+                                       np.int64, ids.size)
+            learn &= as_name[np.maximum(inst_id, 0)] != name_id
         self.name_id = np.concatenate((self.name_id, name_id))
         self.inst_id = np.concatenate((self.inst_id, inst_id))
         self.pair_id = np.concatenate((self.pair_id, pair_id))
