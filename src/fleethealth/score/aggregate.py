@@ -72,8 +72,8 @@ class KindScores:
     # for a node short of GPUs by its peers (the node roll-up): node index -> why it is expected to have more
     gpu_count_why: dict[int, str] = field(default_factory=dict)
     _stacked: dict[str, np.ndarray] = field(default_factory=dict)
-    # the matrices the results are rows of, when they are: z is stacked by them on first use (most of
-    # its rows are never written, see ``_Mats``)
+    # the matrices the results are rows of, when they are: raw, rate, z and age are stacked by them on
+    # first use (most of their rows are never written, see ``_Mats``)
     _mats: _Mats | None = field(default=None, repr=False, compare=False)
     # what its scores were made from (the kind's derived scores, this consumer's entry of them): equal
     # tokens, equal scores (the node roll-up keeps its results by them)
@@ -81,8 +81,8 @@ class KindScores:
 
     def _stack(self, attr: str) -> np.ndarray:
         m = self._stacked.get(attr)
-        if m is None and attr == "z" and self._mats is not None:
-            m = self._stacked[attr] = self._mats.z.T
+        if m is None and self._mats is not None:  # (the results are rows of these)
+            m = self._stacked[attr] = getattr(self._mats, attr).T
         if m is None:
             n = len(self.names)
             m = self._stacked[attr] = (
@@ -211,8 +211,7 @@ def _aggregate(
         expected_by=base.why_t.T if base.why_t is not None else None, expect=expect, carry=base.carry,
         fams=_spec_plan(kept, specs, categories).fams, fam_fresh=base.fam_fresh,
     )
-    if mats is not None and m:  # the results are rows of these: nothing to stack
-        ks._stacked.update(raw=mats.raw.T, rate=mats.rate.T, age=mats.age.T)
+    if mats is not None and m:  # the results are rows of these: stacked by them on first use
         ks._mats = mats
     ks._made_from = (base.by_how, hit)
     return ks

@@ -32,8 +32,8 @@ if TYPE_CHECKING:
 
 class _SignalResult:
     """Per entity of one kind, one signal: sub-score (NaN = missing), raw, rate, z, age, seen (any
-    sample), as row ``j`` of its kind's matrices (``_Mats``): each attribute is a view of that row, made
-    on access (written in place, never rebound), plus the signal's flags and notes."""
+    sample), as row ``j`` of its kind's matrices (``_Mats``): each attribute is that row, taken on access
+    (written in place, never rebound), plus the signal's flags and notes."""
 
     __slots__ = ("_m", "_j", "flags", "notes")
 
@@ -48,23 +48,55 @@ class _SignalResult:
 
     @property
     def raw(self) -> np.ndarray:
-        return self._m.raw[self._j]
+        return self._m.rows["raw"].row(self._j)
 
     @property
     def rate(self) -> np.ndarray:
-        return self._m.rate[self._j]
+        return self._m.rows["rate"].row(self._j)
 
     @property
     def z(self) -> np.ndarray:
-        return self._m.z_row(self._j)
+        return self._m.rows["z"].row(self._j)
 
     @property
     def age(self) -> np.ndarray:
-        return self._m.age[self._j]
+        return self._m.rows["age"].row(self._j)
 
     @property
     def seen(self) -> np.ndarray:
         return self._m.seen[self._j]
+
+
+class _Rows:
+    """One explanatory quantity of a kind's results (raw, rate, z, age): an m x n matrix, NaN to start,
+    kept as the rows taken (each made NaN on its first access, or handed in: the layout plan's rows of
+    its compact buffers) and stacked into the matrix only when the whole matrix is asked for
+    (``matrix``); from then on rows are views of it. Rows are written where they are taken, by the
+    evaluation, before anything asks for the matrix (aggregation reads sub-scores and seen alone; the
+    matrices are for explanations)."""
+
+    __slots__ = ("shape", "taken", "full")
+
+    def __init__(self, m: int, n: int, taken: dict[int, np.ndarray] | None = None) -> None:
+        self.shape = (m, n)
+        self.taken: dict[int, np.ndarray] = {} if taken is None else taken
+        self.full: np.ndarray | None = None
+
+    def row(self, j: int) -> np.ndarray:
+        if self.full is not None:
+            return self.full[j]
+        r = self.taken.get(j)
+        if r is None:
+            r = self.taken[j] = np.full(self.shape[1], np.nan)
+        return r
+
+    def matrix(self) -> np.ndarray:
+        if self.full is None:
+            full = np.full(self.shape, np.nan)
+            for j, r in self.taken.items():
+                full[j] = r
+            self.full, self.taken = full, {}
+        return self.full
 
 
 class _Mats:
@@ -72,42 +104,40 @@ class _Mats:
     signal's ``_SignalResult`` holds rows of them, so that several signals are evaluated and shaped by
     one numpy operation and aggregation reads the matrices without stacking.
 
-    Only peer signals write z (a few rows of a kind's list), so z is kept per row, made (NaN) on a
-    row's first access, and stacked into the m x n matrix only when the whole matrix is asked for
-    (``z``); from then on the rows are views of it. A full NaN matrix of z would be faulted in (every
-    page touched) each cycle for nothing: 23 MB at 100k GPUs. Rows are written right where they are
-    taken (``_shape_peer``), before anything reads the matrix."""
+    Sub-scores and seen are whole matrices (aggregation reads them). raw, rate, z and age are only read
+    to explain an entity, and most of their rows are never written (a policy's signals the fleet does not
+    export; rates of gauges; z of all but peer signals): they are kept per row (``_Rows``) and stacked
+    into an m x n matrix when the whole matrix is asked for. Full NaN matrices of them were faulted in
+    (every page touched) each cycle for nothing: 23 MB each at 100k GPUs."""
 
     def __init__(self, m: int, n: int) -> None:
         self.sub = np.full((m, n), np.nan)
-        self.raw = np.full((m, n), np.nan)
-        self.rate = np.full((m, n), np.nan)
-        self.age = np.full((m, n), np.nan)
         self.seen = np.zeros((m, n), bool)
-        self.lazy_z(m, n)
+        self.lazy_rows(m, n)
 
-    def lazy_z(self, m: int, n: int) -> None:
-        """Start z as no rows (all NaN) of an m x n matrix."""
-        self._zshape = (m, n)
-        self._z: np.ndarray | None = None
-        self._zrows: dict[int, np.ndarray] = {}
+    def lazy_rows(self, m: int, n: int, raw: dict[int, np.ndarray] | None = None,
+                  rate: dict[int, np.ndarray] | None = None, age: dict[int, np.ndarray] | None = None) -> None:
+        """Start raw, rate, z and age as the rows given (else none: all NaN) of m x n matrices."""
+        self.rows = {"raw": _Rows(m, n, raw), "rate": _Rows(m, n, rate), "z": _Rows(m, n), "age": _Rows(m, n, age)}
 
     def z_row(self, j: int) -> np.ndarray:
-        if self._z is not None:
-            return self._z[j]
-        row = self._zrows.get(j)
-        if row is None:
-            row = self._zrows[j] = np.full(self._zshape[1], np.nan)
-        return row
+        return self.rows["z"].row(j)
+
+    @property
+    def raw(self) -> np.ndarray:
+        return self.rows["raw"].matrix()
+
+    @property
+    def rate(self) -> np.ndarray:
+        return self.rows["rate"].matrix()
 
     @property
     def z(self) -> np.ndarray:
-        if self._z is None:
-            z = np.full(self._zshape, np.nan)
-            for j, row in self._zrows.items():
-                z[j] = row
-            self._z, self._zrows = z, {}
-        return self._z
+        return self.rows["z"].matrix()
+
+    @property
+    def age(self) -> np.ndarray:
+        return self.rows["age"].matrix()
 
     def result(self, j: int) -> _SignalResult:
         return _SignalResult(self, j)

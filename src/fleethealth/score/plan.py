@@ -3,11 +3,13 @@
 Theory of operation
 -------------------
 On a history's view the steady-state cycle is a fixed sequence of numpy operations (``_Plan``, kept in
-the scorer's memory while the view's layout is the one it was built on: ``holds``): each quantity (sub,
-raw, rate, age) is one flat buffer of which a kind's signals x entities matrix is a block (z: per row, where written); all gauges
-are one gather, each counter group's rates one window (a sustained signal's over its whole window; a
-two-window ramp's short window gathered too, then confirmed by the long one in one pass); ramps, gates and
-flags one element-wise pass, then the two-window ramps' floor flags; the SLOs of a kind one batch; peers
+the scorer's memory while the view's layout is the one it was built on: ``holds``): sub-scores and seen
+are one flat buffer each of which a kind's signals x entities matrix is a block; raw and age one compact
+buffer of the rows the plan writes, rates one of its counter rows (every other row of raw, rate, z, age
+is made per row where taken: ``_Mats``); all gauges are one gather, each counter group's rates one window
+(a sustained signal's over its whole window; a two-window ramp's short window gathered too, then
+confirmed by the long one in one pass); ramps, gates and flags one element-wise pass per kind's block of
+rows (``_ShapeBlock``), then the two-window ramps' floor flags; the SLOs of a kind one batch; peers
 shaped one by one; anything else (Xids, several series per entity) goes through ``_evaluate``. The plan is built from the same per-signal lookups as the row path and gives the
 same numbers (tests: batched == row path == scalar reference). ``_ShapePlan`` is what the batched shapes
 need from a kind's signal list alone. A snapshot without a view index is evaluated signal by signal
@@ -81,11 +83,19 @@ def _shape_plan(kept: Kept, policy: Policy, specs: list[SignalSpec]) -> _ShapePl
 _SloColumns = tuple[tuple[str, np.ndarray, np.ndarray, np.ndarray], tuple[str, np.ndarray, np.ndarray, np.ndarray]]
 
 
-def _rows_of(off: int, n: int, js: list[int]) -> np.ndarray:
-    """Flat positions of whole signal rows ``js`` of a kind's m x n block starting at ``off``."""
-    if not js:
-        return np.zeros(0, np.int64)
-    return (off + np.asarray(js, np.int64)[:, None] * n + np.arange(n)[None, :]).reshape(-1)
+@dataclass
+class _ShapeBlock:
+    """One kind's rows of one shape (ramp, gate, flag) in the layout plan: shaped as one rows x
+    entities block."""
+
+    kind: EntityKind
+    off: int  # the kind's block in the flat sub-scores: offset, signals, entities
+    m: int
+    n: int
+    js: np.ndarray  # the rows' signals
+    src: list[tuple[bool, int]]  # per row: whether it reads its rate (else its raw value), the row's offset
+    p1: np.ndarray  # per row (a column): ramp warn; gate / flag threshold
+    p2: np.ndarray  # ramp crit - warn; flag score
 
 
 class _Plan:
@@ -93,15 +103,16 @@ class _Plan:
     (``gauge_rows``, ``columns``) on a history's view, kept while the layout it read is the same (the
     checks in ``holds``), so that a steady-state cycle is a fixed sequence of numpy operations:
 
-    * every kind's results live in one flat buffer per quantity (sub, raw, rate, age, seen; z per row); a
-      kind's ``_Mats`` are m x n views of its block and a signal's result is rows of those;
+    * every kind's sub-scores and seen live in one flat buffer each (a kind's ``_Mats`` are m x n views
+      of its block); raw and age in compact buffers of the rows written here, rates of the counter rows
+      (the rows of ``_Mats``' per-row quantities), a signal's result is rows of those;
     * gauges with one row per series and one series per entity: one gather of values and times for all
       of them, one scatter into raw and age;
     * counters with one column per entity: the group's rates (once per group, window and least span,
       shared with every signal of the group), one gather per group; a two-window ramp's short-window
       rates gathered likewise into one buffer, then ``_confirmed_short`` for all of them at once;
-    * ramp, gate and flag shapes: one element-wise pass over all their rows (the same arithmetic as
-      ``shapes.ramp`` / ``shapes.gate`` with the parameters repeated per element); then the floor flags
+    * ramp, gate and flag shapes: one element-wise pass per kind over its rows of the shape (the same
+      arithmetic as ``shapes.ramp`` / ``shapes.gate``, the parameters broadcast per row); then the floor flags
       of every two-window ramp (``_floor_flags``) from one comparison;
     * peer signals shaped one by one (grouped medians), everything else (Xids, SLOs, several series
       per entity, rows without a matrix) through ``_evaluate``.
@@ -132,15 +143,38 @@ class _Plan:
         g_src: list[np.ndarray] = []
         g_dest: list[np.ndarray] = []
         g_age: list[np.ndarray] = []
-        c_sets: dict[tuple[int, float, float, float], tuple[list[np.ndarray], list[np.ndarray]]] = {}
+        # per group, window, max age and least span: the columns read, where they go in raw / age and in rate
+        c_sets: dict[tuple[int, float, float, float], tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]]] = {}
         # two-window counter ramps: their short windows' rates land in one compact buffer (a signal's n
         # entities at a time, ``tw``) read by the confirmation pass
         s_sets: dict[tuple[int, float, float], tuple[list[np.ndarray], list[np.ndarray]]] = {}
         tw: list[tuple[int, int, int, float]] = []  # (flat result index, offset of its row, n, warn)
         tw_names: list[str] = []
+        tw_rt: list[int] = []  # per two-window row: its offset in rate
         shaped: dict[int, list[tuple[EntityKind, int, int, int, bool]]] = {1: [], 2: [], 3: []}
         params: dict[int, list[tuple[float, float]]] = {1: [], 2: [], 3: []}  # per shaped entry: see shapes
         self.order: list[tuple[EntityKind, int]] = []  # flat result index -> (kind, signal)
+        # raw and age live in one compact buffer of the rows the plan writes, rates in one of the counter
+        # rows (the rest of those matrices is NaN, never written here: ``_Mats``): per (kind, signal), the
+        # offset of its row there
+        self.ra_at: dict[tuple[EntityKind, int], int] = {}
+        self.rt_at: dict[tuple[EntityKind, int], int] = {}
+        self.ra_size = self.rt_size = 0
+
+        def ra(kind: EntityKind, j: int, n: int) -> int:
+            o = self.ra_at.get((kind, j))
+            if o is None:
+                o = self.ra_at[(kind, j)] = self.ra_size
+                self.ra_size += n
+            return o
+
+        def rt(kind: EntityKind, j: int, n: int) -> int:
+            o = self.rt_at.get((kind, j))
+            if o is None:
+                o = self.rt_at[(kind, j)] = self.rt_size
+                self.rt_size += n
+            return o
+
         seen = np.zeros(self.size, bool)
         assert ctx.index is not None
         for kind, off, _, n in self.kinds:
@@ -188,14 +222,16 @@ class _Plan:
                     # a sustained signal's rate is over its whole window (``min_span``), as in
                     # ``_evaluate_counter_columns``
                     span = float(plan.window[j]) if spec.sustained else 0.0
-                    src, dst = c_sets.setdefault(
-                        (cols.mat.group, float(plan.window[j]), float(plan.max_age[j]), span), ([], []))
+                    src, dst, dst_rt = c_sets.setdefault(
+                        (cols.mat.group, float(plan.window[j]), float(plan.max_age[j]), span), ([], [], []))
                     src.append(_cols_ix(cols))
-                    dst.append(dest)
+                    dst.append(ra(kind, j, n) + cols.ent)
+                    dst_rt.append(rt(kind, j, n) + cols.ent)
                     if spec.short_window_s is not None:
                         assert spec.warn is not None
                         base = sum(t[2] for t in tw)
                         tw.append((len(self.order) - 1, off + j * n, n, float(spec.warn)))
+                        tw_rt.append(rt(kind, j, n))
                         tw_names.append(f"floor:{spec.name}")
                         src, dst = s_sets.setdefault(
                             (cols.mat.group, float(spec.short_window_s), float(plan.max_age[j])), ([], []))
@@ -212,7 +248,7 @@ class _Plan:
                     self.gbounds[mid] = (rows.a, rows.b)
                     dest = off + j * n + rows.ent
                     g_src.append(rows.a + (np.arange(rows.b - rows.a) if rows.sel is None else rows.sel))
-                    g_dest.append(dest)
+                    g_dest.append(ra(kind, j, n) + rows.ent)
                     g_age.append(np.full(rows.ent.size, plan.max_age[j]))
                     if code == 4:
                         src_series = np.full(n, -1, np.int64)
@@ -234,12 +270,13 @@ class _Plan:
                          if self.gbounds else z)
         self.g_end = max((b for _, b in self.gbounds.values()), default=0)
         self.g_block_series = ctx.row_arrays(self.g_end)[0][self.g_blocks].copy()
-        self.c_sets = [(g, w, a, span, np.concatenate(src), np.concatenate(dst))
-                       for (g, w, a, span), (src, dst) in c_sets.items()]
+        self.c_sets = [(g, w, a, span, np.concatenate(src), np.concatenate(dst), np.concatenate(dst_rt))
+                       for (g, w, a, span), (src, dst, dst_rt) in c_sets.items()]
         self.s_sets = [(g, w, a, np.concatenate(src), np.concatenate(dst)) for (g, w, a), (src, dst) in s_sets.items()]
         # the two-window rows, flat: position, warn, result index, entity, and which signal (its floor flag)
         per_tw = [n for _, _, n, _ in tw]
         self.tw_idx = np.concatenate([row + np.arange(n) for _, row, n, _ in tw]) if tw else z
+        self.tw_rt = np.concatenate([o + np.arange(n) for o, n in zip(tw_rt, per_tw, strict=True)]) if tw else z
         self.tw_warn = np.repeat([w for *_, w in tw], per_tw) if tw else np.zeros(0)
         self.tw_res = np.repeat([r for r, *_ in tw], per_tw) if tw else z
         self.tw_ent = np.concatenate([np.arange(n) for n in per_tw]) if tw else z
@@ -251,20 +288,28 @@ class _Plan:
         # which of those columns have samples (the columns read are those: they must stay so)
         self.c_keep = {g: ctx.index.groups[g].last[c] >= 0 for g, c in self.c_cols.items()}
         self.c_keep_all = {g: bool(k.all()) for g, k in self.c_keep.items()}
-        index_of = {kj: i for i, kj in enumerate(self.order)}
-        self.shapes: dict[int, tuple[np.ndarray, ...]] = {}
+        # per shape, per kind: a block of rows shaped together (rows x entities, the parameters per row,
+        # broadcast), not flat per-element index and parameter arrays (20 MB kept at 100k GPUs)
+        self.shapes: dict[int, list[_ShapeBlock]] = {}
         self.shaped = shaped
         for code, rows_ in shaped.items():
-            if not rows_:
-                continue
-            idx = np.concatenate([_rows_of(off, n, [j]) for _, j, off, n, _ in rows_])
-            per = [n for *_, n, _ in rows_]
-            rate = np.repeat([c for *_, c in rows_], per)
-            res = np.repeat([index_of[(k, j)] for k, j, *_ in rows_], per)
-            ent = np.concatenate([np.arange(n) for *_, n, _ in rows_])
-            p1 = np.repeat([a for a, _ in params[code]], per)
-            p2 = np.repeat([b for _, b in params[code]], per)
-            self.shapes[code] = (idx, np.flatnonzero(rate), res, ent, p1, p2)
+            blocks: list[_ShapeBlock] = []
+            for kind, off, m, n in self.kinds:
+                at = [i for i, r in enumerate(rows_) if r[0] == kind]
+                if not at:
+                    continue
+                # where each row's value is: its rate (compact rate buffer) or its raw value
+                reads = [(True, self.rt_at[(kind, rows_[i][1])]) if rows_[i][4] else
+                         (False, self.ra_at[(kind, rows_[i][1])]) for i in at]
+                blocks.append(_ShapeBlock(
+                    kind, off, m, n, np.array([rows_[i][1] for i in at], np.int64), reads,
+                    np.array([params[code][i][0] for i in at], np.float64)[:, None],
+                    np.array([params[code][i][1] for i in at], np.float64)[:, None]))
+            if blocks:
+                self.shapes[code] = blocks
+        # per kind, its rows of the compact buffers: (signal, offset)
+        self.ra_rows = {kind: [(j, o) for (k, j), o in self.ra_at.items() if k == kind] for kind, *_ in self.kinds}
+        self.rt_rows = {kind: [(j, o) for (k, j), o in self.rt_at.items() if k == kind] for kind, *_ in self.kinds}
 
     def _fixed_slo(self, ctx: _Ctx, spec: SignalSpec, kind: EntityKind,
                    table: _KindTable) -> _SloColumns | None | bool:
@@ -329,19 +374,24 @@ class _Plan:
     def run(self, ctx: _Ctx, specs: dict[str, list[SignalSpec]],
             ) -> tuple[dict[str, list[_SignalResult]], dict[str, _Mats]]:
         L = self.size
-        # four allocations, not one of 4 x L: each stays under malloc's mmap threshold (32 MiB, memory.py)
-        # at 100k GPUs, so a steady cycle reuses the last one's freed blocks instead of faulting in 100 MB;
-        # z is per row, made where written (only peer signals write it: ``_Mats.z_row``)
-        sub_f, raw_f, rate_f, age_f = (np.full(L, np.nan) for _ in range(4))
+        # separate allocations, not one: each stays under malloc's mmap threshold (32 MiB, memory.py) at
+        # 100k GPUs, so a steady cycle reuses the last one's freed blocks instead of faulting them in.
+        # Sub-scores are whole matrices (aggregation reads them); raw, age and rate only the rows the plan
+        # writes (a third of them at 100k GPUs on a dcgm-exporter fleet: 45 MB less), other rows and z
+        # made per row where taken (``_Mats``)
+        sub_f = np.full(L, np.nan)
+        raw_f, age_f, rate_f = np.full(self.ra_size, np.nan), np.full(self.ra_size, np.nan), np.full(
+            self.rt_size, np.nan)
         seen_f = self.seen.copy()
         mats: dict[str, _Mats] = {}
         results: dict[str, list[_SignalResult]] = {}
         flat: list[_SignalResult] = []
         for kind, off, m, n in self.kinds:
             mt = mats[kind] = _Mats.__new__(_Mats)
-            mt.sub, mt.raw, mt.rate, mt.age, mt.seen = (
-                a[off:off + m * n].reshape(m, n) for a in (sub_f, raw_f, rate_f, age_f, seen_f))
-            mt.lazy_z(m, n)
+            mt.sub, mt.seen = (a[off:off + m * n].reshape(m, n) for a in (sub_f, seen_f))
+            ra_rows = self.ra_rows[kind]
+            mt.lazy_rows(m, n, {j: raw_f[o:o + n] for j, o in ra_rows}, {j: rate_f[o:o + n] for j, o in self.rt_rows[kind]},
+                         {j: age_f[o:o + n] for j, o in ra_rows})
             results[kind] = [mt.result(j) for j in range(m)]
             flat.extend(results[kind])
         now = ctx.now
@@ -351,47 +401,47 @@ class _Plan:
             fresh = age_s <= self.g_age
             age_f[self.g_dest] = np.maximum(age_s, 0.0)
             raw_f[self.g_dest[fresh]] = values[self.g_src[fresh]]
-        for g, window, max_age, span, src, dest in self.c_sets:
+        for g, window, max_age, span, src, dest, dest_rt in self.c_sets:
             rate, last_v, age = ctx.rates(ctx.index.groups[g], window, max_age, span)  # type: ignore[union-attr]
-            rate_f[dest] = rate[src]
+            rate_f[dest_rt] = rate[src]
             raw_f[dest] = last_v[src]
             age_f[dest] = age[src]
         if self.tw_idx.size:  # the short windows, where the long window confirms them (``_confirmed_short``)
             short = np.full(self.tw_idx.size, np.nan)
             for g, window, max_age, src, dest in self.s_sets:
                 short[dest] = ctx.rates(ctx.index.groups[g], window, max_age)[0][src]  # type: ignore[union-attr]
-            long_rate = rate_f[self.tw_idx]
+            long_rate = rate_f[self.tw_rt]
             with np.errstate(invalid="ignore"):
                 confirmed = long_rate > self.tw_warn
-            rate_f[self.tw_idx] = np.where(confirmed, np.fmax(long_rate, short), long_rate)
+            rate_f[self.tw_rt] = np.where(confirmed, np.fmax(long_rate, short), long_rate)
         with np.errstate(invalid="ignore", divide="ignore"):
-            for code, (idx, rate_pos, res_ix, ent, p1, p2) in self.shapes.items():
-                x = raw_f[idx]
-                if rate_pos.size:
-                    x[rate_pos] = rate_f[idx[rate_pos]]
-                if code == 1:
-                    sub_f[idx] = np.clip(1.0 - (x - p1) / p2, 0.0, 1.0)
-                    continue
-                bad = x > p1
-                if code == 2:
-                    at = 0
-                    for kind, j, _, n, _ in self.shaped[2]:
-                        spec = specs[kind][j]
-                        for val in spec.values or ():  # np.isin's answer for a few floats: equality
-                            bad[at:at + n] |= x[at:at + n] == float(val)
-                        at += n
-                    sub = np.where(bad, 0.0, 1.0)
-                    sub[np.isnan(x)] = np.nan
-                    sub_f[idx] = sub
-                    for h in np.flatnonzero(sub == 0).tolist():
-                        kind, j = self.order[int(res_ix[h])]
-                        flat[int(res_ix[h])].notes[int(ent[h])] = f"gate fired: {specs[kind][j].metric}={x[h]:g}"
-                else:
-                    sub_f[idx] = np.where(bad, p2, np.where(np.isnan(x), np.nan, 1.0))
-                    for h in np.flatnonzero(bad).tolist():
-                        kind, j = self.order[int(res_ix[h])]
-                        if specs[kind][j].flag:
-                            flat[int(res_ix[h])].flags.append((int(ent[h]), specs[kind][j].flag))  # type: ignore[arg-type]
+            for code, blocks in self.shapes.items():
+                for blk in blocks:
+                    kind, n, js, p1, p2 = blk.kind, blk.n, blk.js, blk.p1, blk.p2
+                    x = np.empty((js.size, n))
+                    for i, (is_rate, o) in enumerate(blk.src):
+                        x[i] = (rate_f if is_rate else raw_f)[o:o + n]
+                    sub_k = sub_f[blk.off:blk.off + blk.m * n].reshape(blk.m, n)
+                    if code == 1:
+                        sub_k[js] = np.clip(1.0 - (x - p1) / p2, 0.0, 1.0)
+                        continue
+                    bad = x > p1
+                    if code == 2:
+                        for i, j in enumerate(js.tolist()):
+                            for val in specs[kind][j].values or ():  # np.isin's answer for a few floats: equality
+                                bad[i] |= x[i] == float(val)
+                        sub = np.where(bad, 0.0, 1.0)
+                        sub[np.isnan(x)] = np.nan
+                        sub_k[js] = sub
+                        for i, e in zip(*(a.tolist() for a in np.nonzero(sub == 0)), strict=True):
+                            j = int(js[i])
+                            results[kind][j].notes[e] = f"gate fired: {specs[kind][j].metric}={x[i, e]:g}"
+                    else:
+                        sub_k[js] = np.where(bad, p2, np.where(np.isnan(x), np.nan, 1.0))
+                        for i, e in zip(*(a.tolist() for a in np.nonzero(bad)), strict=True):
+                            j = int(js[i])
+                            if specs[kind][j].flag:
+                                results[kind][j].flags.append((e, specs[kind][j].flag))  # type: ignore[arg-type]
                 for kind, j, *_, counter in self.shaped[code]:
                     spec = specs[kind][j]
                     if spec.value_flags:
