@@ -218,9 +218,15 @@ class StructuralTracker:
             if todo.any():
                 # each distinct (target, node) pair once, in order of first appearance (a set's
                 # insertion order, which its iteration follows, is then the same as series by series):
-                # distinct by their interned ids, one Python step per pair, not per series
+                # distinct by their interned ids, one Python step per pair, not per series; a pair's first
+                # series heads a run of series of that pair, so the runs' heads are made distinct (a
+                # node's GPUs are a run: 12.5k heads of 100k series at 100k GPUs)
                 sids = np.flatnonzero(todo)
-                _, first = np.unique((st.inst_id[sids] << 32) | st.name_id[sids], return_index=True)
+                key = (st.inst_id[sids] << 32) | st.name_id[sids]
+                head = np.ones(key.size, bool)
+                np.not_equal(key[1:], key[:-1], out=head[1:])
+                sids, key = sids[head], key[head]
+                _, first = np.unique(key, return_index=True)
                 self._learn_targets(st, sids[np.sort(first)])
                 st.learned |= todo
                 self._targets_version += 1

@@ -205,6 +205,12 @@ def _transposed(chunk: Sequence[LabelSet]) -> dict[str, tuple[tuple[str, str], .
     cols: dict[str, tuple[tuple[str, str], ...]] = {}
     try:
         for at in zip(*chunk, strict=True):  # (strict: label sets of other lengths raise)
+            first = at[0]
+            # (one pair object at this position in every label set, as the parser shares a label that
+            # every series of a page carries: an identity count, no names read)
+            if at[-1] is first and at.count(first) == k:
+                cols[first[0]] = at
+                continue
             keys = list(map(_NAME, at))
             key = keys[0]
             if keys.count(key) != k:
