@@ -346,11 +346,14 @@ def _aggregate_base(
         for _, rows, wr in plan.multi:
             ws = (wr[:, None] * fresh_t[rows]).sum(axis=0)
             weights.append((ws > 0, np.where(ws > 0, ws, 1.0)))
-        for a in (expected_t, n_exp, n_fresh, confidence, why_t, fam_fresh):
+        # the masks as they are now: fresh_t is this call's own array (read-only from here: nothing writes
+        # it), seen_t a copy unless it is one already (a read-only signal masked out above)
+        kept_seen = seen_t if mats is None or seen_t is not mats.seen else seen_t.copy()
+        for a in (expected_t, n_exp, n_fresh, confidence, why_t, fam_fresh, fresh_t, kept_seen):
             a.setflags(write=False)  # shared by every cycle while the masks hold
         # the signals with any fresh sub-score: every other row is NaN throughout while the masks hold
         live = np.flatnonzero(fresh_t.any(axis=1))
-        fixed = plan.fixed = (seen_t.copy(), fresh_t.copy(), expected_t, n_exp, n_fresh, confidence, weights,
+        fixed = plan.fixed = (kept_seen, fresh_t, expected_t, n_exp, n_fresh, confidence, weights,
                               pending, why_t, carry, fam_fresh, live, expect)
     _, _, expected_t, n_exp, n_fresh, confidence, weights, pending, why_t, carry, fam_fresh, live, _ = fixed
 

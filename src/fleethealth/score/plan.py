@@ -142,7 +142,7 @@ class _Plan:
         self.peers: list[tuple[EntityKind, int, np.ndarray, np.ndarray]] = []  # (kind, signal, source series, has one)
         g_src: list[np.ndarray] = []
         g_dest: list[np.ndarray] = []
-        g_age: list[np.ndarray] = []
+        g_age: list[tuple[int, float]] = []  # per gauge signal: its entities, its max age
         # per group, window, max age and least span: the columns read, where they go in raw / age and in rate
         c_sets: dict[tuple[int, float, float, float], tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]]] = {}
         # two-window counter ramps: their short windows' rates land in one compact buffer (a signal's n
@@ -249,7 +249,7 @@ class _Plan:
                     dest = off + j * n + rows.ent
                     g_src.append(rows.a + (np.arange(rows.b - rows.a) if rows.sel is None else rows.sel))
                     g_dest.append(ra(kind, j, n) + rows.ent)
-                    g_age.append(np.full(rows.ent.size, plan.max_age[j]))
+                    g_age.append((int(rows.ent.size), plan.max_age[j]))
                     if code == 4:
                         src_series = np.full(n, -1, np.int64)
                         src_series[rows.ent] = rows.ser
@@ -264,12 +264,13 @@ class _Plan:
         z = np.zeros(0, np.int64)
         self.g_src = np.concatenate(g_src) if g_src else z
         self.g_dest = np.concatenate(g_dest) if g_dest else z
-        self.g_age = np.concatenate(g_age) if g_age else np.zeros(0)
-        # the gauges' whole blocks, to check that their rows still hold the same series
-        self.g_blocks = (np.concatenate([np.arange(a, b) for a, b in self.gbounds.values()])
-                         if self.gbounds else z)
+        self.g_age = g_age  # (runs of one max age each, not an array of it per element)
+        # the gauges' whole blocks (their series, one after the other), to check that their rows still
+        # hold the same series
         self.g_end = max((b for _, b in self.gbounds.values()), default=0)
-        self.g_block_series = ctx.row_arrays(self.g_end)[0][self.g_blocks].copy()
+        series = ctx.row_arrays(self.g_end)[0]
+        self.g_block_series = (np.concatenate([series[a:b] for a, b in self.gbounds.values()]) if self.gbounds
+                               else series[:0].copy())
         self.c_sets = [(g, w, a, span, np.concatenate(src), np.concatenate(dst), np.concatenate(dst_rt))
                        for (g, w, a, span), (src, dst, dst_rt) in c_sets.items()]
         self.s_sets = [(g, w, a, np.concatenate(src), np.concatenate(dst)) for (g, w, a), (src, dst) in s_sets.items()]
@@ -369,7 +370,12 @@ class _Plan:
             if not (grp.dense and grp.t.shape[0] and self.c_keep_all[g]) and not np.array_equal(
                     grp.last[self.c_cols[g]] >= 0, self.c_keep[g]):
                 return False
-        return bool(np.array_equal(ctx.row_arrays(self.g_end)[0][self.g_blocks], self.g_block_series))
+        series, at = ctx.row_arrays(self.g_end)[0], 0
+        for a, b in self.gbounds.values():
+            if not np.array_equal(series[a:b], self.g_block_series[at:at + b - a]):
+                return False
+            at += b - a
+        return True
 
     def run(self, ctx: _Ctx, specs: dict[str, list[SignalSpec]],
             ) -> tuple[dict[str, list[_SignalResult]], dict[str, _Mats]]:
@@ -398,7 +404,11 @@ class _Plan:
         if self.g_src.size:
             _, values, ts = ctx.row_arrays(self.g_end)
             age_s = now - ts[self.g_src]
-            fresh = age_s <= self.g_age
+            fresh = np.empty(age_s.size, bool)
+            at = 0
+            for k, max_age in self.g_age:
+                np.less_equal(age_s[at:at + k], max_age, out=fresh[at:at + k])
+                at += k
             age_f[self.g_dest] = np.maximum(age_s, 0.0)
             raw_f[self.g_dest[fresh]] = values[self.g_src[fresh]]
         for g, window, max_age, span, src, dest, dest_rt in self.c_sets:
