@@ -516,7 +516,8 @@ def _quoted_columns(raws: Raws, tpl: Template, period: int
     read as rows: one value on every string (a model name, a driver version), the first ``period``
     strings' values on every page (a GPU index, a bus id) or each page's first value on its strings (a
     host name) make one pair per distinct value; other columns are sliced and paired as
-    ``_pair_columns`` pairs them."""
+    ``_pair_columns`` pairs them. ``FixedRows`` whose strings all have their quotes where the first has
+    them are cut as one grid (``_one_layout``: the same places in every string)."""
     n, nk = len(raws), len(tpl[3])
     seps = [tpl[0], *tpl[2], tpl[1]]
     if isinstance(raws, FixedRows):  # (in place: each string's start and width, and a space after it)

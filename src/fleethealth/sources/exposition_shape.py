@@ -10,10 +10,10 @@ read (each likely as wide as the shape page's, searched for only where it is not
 one template in bulk (``_label_sets`` -> ``exposition_labels._merged_columns``; slot strings all of one
 width are handed over as the one buffer they were gathered into, which is also the plan's check of them
 and what the label memo queue keeps: ``FixedRows``); the arrays and the name/comment checks that are the
-same for every plan of that many such pages (``_Frame``, with the value starts of plans whose slot
-strings are all of one width) are made once per shape. Nothing else of the pages is read: the caller applies the plan to the same text at once,
-which proves every byte of it, so a wrong guess costs one failed apply (the chunk is then built row by
-row). ``_Text`` is a chunk's joined pages with their newlines (a CR or NUL found on the way).
+same for every plan of that many such pages (``_Frame``: the slots' lines and likely widths, and the
+value starts of plans whose slot strings are all of one width) are made once per shape. Nothing else of
+the pages is read: the caller applies the plan to the same text at once, which proves every byte of it,
+so a wrong guess costs one failed apply (the chunk is then built row by row). ``_Text`` is a chunk's joined pages with their newlines (a CR or NUL found on the way).
 Pure functions of their arguments; the shapes and frames live in the ``PagePlans`` the caller holds.
 """
 
@@ -96,6 +96,9 @@ class _Frame:
     heads: list[_RowCheck]  # the name and comment checks
     lab_lines: np.ndarray | None  # the sample lines by (k-th occurrence, page, slot), when the shape has ``occ``
     lab_shift: np.ndarray | None  # their names' widths
+    slot_at: np.ndarray  # per page and slot: the slot's first line
+    slot_name_w: np.ndarray  # its name's width
+    slot_w: np.ndarray  # the shape page's slot string's width (with its space)
     pre: dict[int, np.ndarray] = field(default_factory=dict)  # slot width -> value starts, when all are as wide
 
 
@@ -170,17 +173,16 @@ def _build_like(shape: _Shape, keys: list[PageKey], tx: _Text, names: SnapshotBu
         return None
     # each page's slot strings: as ``_cut_assumed`` cuts a line, after the name the shape says it has: to
     # the first '}' of the line, which a space follows (a single space: `name value`)
-    at = (fr.page_first[:, None] + shape.s_lines[shape.slot_first]).reshape(-1)
-    o = nls[at - 1] + 1 + np.tile(shape.name_w[shape.slot_first], n_pages)  # (a page's line 0 is a comment)
-    y = nls[at]
+    o = nls[fr.slot_at - 1] + 1 + fr.slot_name_w  # (a page's line 0 is a comment)
+    y = nls[fr.slot_at]
     if bool((o >= y).any()):
         return None
     arr = tx.arr
-    first, o_list = arr[o], o.tolist()
+    first = arr[o]
     # Where it likely ends: as wide as the shape page's slot string (fixed-format values: a UUID, a bus
     # id, a GPU index), taken where that reads '}' and a space (and, below, no '}' before it), searched
     # for only where it does not (a host name of another length, say).
-    end = o + np.tile(shape.slot_w, n_pages)
+    end = o + fr.slot_w
     ok = end <= y
     last = np.where(ok, end - 1, o)
     guess = ok & (arr[last] == 32) & ((end - o == 1) | ((first == 123) & (arr[np.maximum(last - 1, o)] == 125)))
@@ -199,20 +201,20 @@ def _build_like(shape: _Shape, keys: list[PageKey], tx: _Text, names: SnapshotBu
         raws = FixedRows(pattern, w0 - 1)
         closing = np.count_nonzero(np.frombuffer(pattern, np.uint8) == 125)
     else:
-        raws = list(map(text.__getitem__, map(slice, o_list, (end - 1).tolist())))  # (rows less their space)
+        raws = list(map(text.__getitem__, map(slice, o.tolist(), (end - 1).tolist())))  # (rows less their space)
         closing = np.count_nonzero(np.frombuffer(b"".join(raws), np.uint8) == 125)
     if closing != len(raws) - int(np.count_nonzero(bare)):
         # a '}' before the guessed end of some string: each is searched (the first '}' ends it)
         _find_ends(text, arr, o, y, first, end, np.arange(o.shape[0]))
         if bool((end < 0).any()):
             return None
-        raws = list(map(text.__getitem__, map(slice, o_list, (end - 1).tolist())))
+        raws = list(map(text.__getitem__, map(slice, o.tolist(), (end - 1).tolist())))
         widths = end - o
         w0 = int(widths[0])
         same_w = w0 > 1 and bool((widths == w0).all())
         pattern = None
     any_bare = bool(bare.any())
-    rows = list(map(text.__getitem__, map(slice, o_list, end.tolist()))) if any_bare else None
+    rows = list(map(text.__getitem__, map(slice, o.tolist(), end.tolist()))) if any_bare else None
     if any_bare:
         assert isinstance(raws, list)  # (bare strings are 1 byte wide: never all of one width above 1)
         for i in np.flatnonzero(bare).tolist():
@@ -243,7 +245,7 @@ def _build_like(shape: _Shape, keys: list[PageKey], tx: _Text, names: SnapshotBu
                           fr.lab_lines.shape[0] // len(raws), pattern)]
     else:
         if rows is None:
-            rows = list(map(text.__getitem__, map(slice, o_list, end.tolist())))
+            rows = list(map(text.__getitem__, map(slice, o.tolist(), end.tolist())))
         labs = _checks(fr.s_lines, widths[fr.row_of], fr.row_of, rows, fr.name_w)
     return _ChunkPlan(
         keys=list(keys), n_lines=nls.shape[0], page_last=fr.page_last, checks=fr.heads + labs,
@@ -285,6 +287,8 @@ def _frame(shape: _Shape, n_pages: int) -> _Frame:
                       np.concatenate((np.tile(shape.c_ids, n_pages), np.tile(shape.name_ids, n_pages))),
                       shape.rows, None),
         lab_lines=lab_lines, lab_shift=lab_shift,
+        slot_at=(page_first[:, None] + shape.s_lines[shape.slot_first]).reshape(-1),
+        slot_name_w=np.tile(shape.name_w[shape.slot_first], n_pages), slot_w=np.tile(shape.slot_w, n_pages),
     )
 
 
