@@ -150,6 +150,9 @@ class SignalHistory(_HistoryViews):
         # undefined for the others (a first write leaves theirs unwritten: ``_Room.first_gauges``)
         self._g_since = np.full(0, -np.inf)
         self._room = _Room()  # where the gauge arrays grow (``history_pairs._Room``)
+        # gauge slots below this: their values and times are lent to a view, never written in place
+        # (``_writable_gauges``)
+        self._g_lent = 0
         # counters: matrices per retention (``_Group``) of corrected values and times, the ingests that
         # made their rows (``_Chunk``, for retention and thinning); reset correction per slot
         self._chunks: list[_Chunk] = []
@@ -205,6 +208,7 @@ class SignalHistory(_HistoryViews):
         self._serial = next(_SERIAL)
         self._last_view, self._last_token = None, None
         self._view_layout, self._dirty, self._g_base = None, [], None
+        self._g_lent = 0  # (a copy's arrays are its own)
         _HISTORIES.add(self)
 
     def __getstate__(self) -> dict[str, Any]:
@@ -416,6 +420,7 @@ class SignalHistory(_HistoryViews):
                 stored = False
             else:  # = ``_store_gauges`` into new slots (each takes its sample; value start: its time)
                 self._g_m, self._g_s, self._g_v, self._g_t, self._g_since = arrays
+                self._g_lent = 0
                 self._epoch += 1
                 if self._view_layout is not None:
                     self._dirty.append(slice(0, n_g))
@@ -551,6 +556,8 @@ class SignalHistory(_HistoryViews):
             ts_ = sl[track] if isinstance(sl, np.ndarray) else track + sl.start
             changed = ~(self._g_v[ts_] == v[track])  # NaN (new slot) counts as a change
             self._g_since[ts_] = np.where(changed, t[track], self._g_since[ts_])
+        if self._g_lent:
+            self._writable_gauges(sl.start if isinstance(sl, slice) else int(sl.min()) if sl.size else self._g_lent)
         self._g_v[sl] = v
         self._g_t[sl] = t
         if self._view_layout is not None:

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from fleethealth.signals.history_counters import _Chunk, _Group, _thinned
-from fleethealth.signals.history_pairs import _gauge_rows, _live_gauges
+from fleethealth.signals.history_pairs import _gauge_rows, _live_gauges, _Room
 from fleethealth.signals.snapshot import CounterMatrix, HistoryView, InputIssue, LabelSet, Snapshot, ViewIndex
 
 
@@ -85,6 +85,8 @@ class _HistoryViews:
     _g_v: np.ndarray
     _g_t: np.ndarray
     _g_since: np.ndarray
+    _g_lent: int
+    _room: _Room
     _chunks: list[_Chunk]
     _chunk_arr: np.ndarray
     _chunk_new: list[tuple[float, float, float, float]]
@@ -140,9 +142,21 @@ class _HistoryViews:
         if self._g_t.size:
             dead = _forgotten(self._g_t, now, self.memory_s)
             if dead is not None:
+                self._writable_gauges(0)
                 self._g_t[dead] = -np.inf
                 self._g_v[dead] = np.nan
                 self._epoch += 1
+
+    def _writable_gauges(self, lo: int) -> None:
+        """Before gauge values or times of slots ``lo`` on are written in place: where a view holds the
+        history's own arrays (lent by a view whose rows are every slot in order: no copy of 2.4M values
+        and times per view on a cold start) over slots from ``lo`` on, the history writes copies (made with
+        room, ``history_pairs._Room``) and the views keep what they were made with."""
+        if lo < self._g_lent:
+            n, room = self._g_v.size, self._room
+            v, t = room.made("v", n, np.float64), room.made("t", n, np.float64)
+            v[:], t[:] = self._g_v, self._g_t
+            self._g_v, self._g_t, self._g_lent = v, t, 0
 
     def _gauge_keys(self) -> np.ndarray:
         """(metric << 32 | series) per gauge slot."""
@@ -180,8 +194,12 @@ class _HistoryViews:
         self._compact(now)
         src, since, pos, gauge_bounds, gm, gs = self._gauge_layout()
         bounds = dict(gauge_bounds)
-        gv, gt = (self._g_v[src], self._g_t[src]) if isinstance(src, np.ndarray) else \
-            (self._g_v[src].copy(), self._g_t[src].copy())  # (a slice reads the history's own arrays)
+        if isinstance(src, np.ndarray):
+            gv, gt = self._g_v[src], self._g_t[src]
+        else:  # every slot a row, in order: the history's own arrays, lent read-only (``_writable_gauges``)
+            gv, gt = self._g_v[src], self._g_t[src]
+            gv.flags.writeable = gt.flags.writeable = False
+            self._g_lent = max(self._g_lent, src.stop)
         if isinstance(src, np.ndarray) and since.size:  # (value-start rows: never the slice of all)
             gt[since] = self._g_since[src[since]]
         n_rows = int(gm.size)
