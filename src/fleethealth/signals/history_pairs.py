@@ -9,10 +9,12 @@ over metric x series, ids being small and dense; ``_stable_order`` is a stable a
 places distinct slots forming one run (a cold start's) at their offsets instead of sorting. Both make
 their temporaries in place where they can: on a cold start at 100k GPUs every new MB is page faults.
 A history's first write (every pair new, no slot yet) needs neither: ``_first_layout`` puts the rows in
-(metric, series) order in one scatter into the same metric x series table, and the new slots are then
-simply 0, 1, ... in that order (what the general path's unique-and-rank followed by a stable sort of the
-slots arrives at, with a third of its passes over the rows), cut into the gauges' and the counters'
-slots by metric blocks; ids too sparse for a table take a stable sort instead (``_first_rows``).
+(metric, series) order by scattering their numbers into a metric x series table (int32, a chunk of rows
+at a time, so no array the size of the rows is made for it) and reading it back a metric at a time, and
+the new slots are then simply 0, 1, ... in that order (what the general path's unique-and-rank followed
+by a stable sort of the slots arrives at), the gauges' metrics first and the counters' after; ids too
+sparse for a table take a stable sort instead (``_first_rows``). Its slot index then needs no slot array
+(each key's slot is its position), and value starts are written for event-like gauges only.
 No I/O, no state (a ``_Plan`` is state the history holds).
 """
 

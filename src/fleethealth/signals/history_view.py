@@ -15,6 +15,14 @@ also go to the engine as a ``CounterMatrix`` on the view's ``ViewIndex``. A view
 the last one, after only new samples of gauge series it holds (a cycle's derived signals), is the last
 view's rows with those samples written over (``_patched_view``).
 
+When the gauge rows are every slot in order (a cold start's first views: no value-start row yet), the
+view holds the history's own value and time arrays, read-only, instead of copies: the history then
+never writes those slots in place (``_g_lent``), but copies its arrays first (``_writable_gauges``: the
+next scrape; a cold cycle's derived signals land in new slots past the lent ones and copy nothing).
+Forgetting compares the times with the exact float bound of ``now - memory_s`` (``_last_stale``), and
+the all-live check and each metric's block come from reductions and binary searches: no pass that makes
+an array of every slot's.
+
 Pure data structure: no clock, no I/O; ``now`` is an argument.
 """
 
