@@ -84,8 +84,12 @@ def test_views_keep_their_rows_while_the_history_moves_on(steps: list[tuple[list
     h = SignalHistory(default_policy())
     now = 1000.0
     held: list[tuple[Snapshot, list[np.ndarray]]] = []
+    last: list[tuple[int, int, float]] = []
     for rows, gap, look in steps:
         now += gap
+        if not rows:  # the last scrape's layout again (its plan: gauges written as one slice)
+            rows = last
+        last = rows
         b = SnapshotBuilder()
         for mi, si, v in rows:
             b.add(METRICS[mi], {"Hostname": f"n{si}"}, v + now if mi == 3 else v, now)

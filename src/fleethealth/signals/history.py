@@ -556,8 +556,11 @@ class SignalHistory(_HistoryViews):
             ts_ = sl[track] if isinstance(sl, np.ndarray) else track + sl.start
             changed = ~(self._g_v[ts_] == v[track])  # NaN (new slot) counts as a change
             self._g_since[ts_] = np.where(changed, t[track], self._g_since[ts_])
-        if self._g_lent:
-            self._writable_gauges(sl.start if isinstance(sl, slice) else int(sl.min()) if sl.size else self._g_lent)
+        if self._g_lent:  # (a slice is written in full below: not copied)
+            if isinstance(sl, slice):
+                self._writable_gauges(sl.start, sl.stop)
+            else:
+                self._writable_gauges(int(sl.min()) if sl.size else self._g_lent)
         self._g_v[sl] = v
         self._g_t[sl] = t
         if self._view_layout is not None:

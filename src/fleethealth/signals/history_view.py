@@ -155,15 +155,18 @@ class _HistoryViews:
                 self._g_v[dead] = np.nan
                 self._epoch += 1
 
-    def _writable_gauges(self, lo: int) -> None:
+    def _writable_gauges(self, lo: int, hi: int = -1) -> None:
         """Before gauge values or times of slots ``lo`` on are written in place: where a view holds the
         history's own arrays (lent by a view whose rows are every slot in order: no copy of 2.4M values
         and times per view on a cold start) over slots from ``lo`` on, the history writes copies (made with
-        room, ``history_pairs._Room``) and the views keep what they were made with."""
+        room, ``history_pairs._Room``) and the views keep what they were made with. ``lo:hi``: slots
+        the caller writes in full right after (not copied: a scrape's write covers most slots)."""
         if lo < self._g_lent:
             n, room = self._g_v.size, self._room
+            hi = max(hi, lo)
             v, t = room.made("v", n, np.float64), room.made("t", n, np.float64)
-            v[:], t[:] = self._g_v, self._g_t
+            v[:lo], t[:lo] = self._g_v[:lo], self._g_t[:lo]
+            v[hi:], t[hi:] = self._g_v[hi:], self._g_t[hi:]
             self._g_v, self._g_t, self._g_lent = v, t, 0
 
     def _gauge_keys(self) -> np.ndarray:
