@@ -69,7 +69,10 @@ class _Resolver:
         # name is the label value itself (no string made per label set) and a GPU's is made once.
         self.kind_ix: dict[str, dict[str, int]] = {k: {} for k in KINDS}
         self.key_kind: list[int] = []  # key id -> its kind's position in ``_ORDER``
-        self.key_node: list[int] = []  # key id -> node key id (for gpu keys), else -1
+        # key id -> node key id (for gpu keys), else -1: arrays of new keys' in order (``key_node_arr``; a
+        # list of 100k Python ints was 4 MB more on a cold 100k-GPU cycle)
+        self._key_node_parts: list[np.ndarray] = []
+        self._n_key_node = 0
         self.display: list[str] = []  # key id -> entity name without the kind prefix
         self._parts: dict[str, list[np.ndarray]] = {k: [] for k in KINDS}  # key ids of chunks not in ``arr``
         self.arr: dict[str, np.ndarray] = {}
@@ -205,7 +208,8 @@ class _Resolver:
             ix = self.kind_ix[kind][display] = len(self.display)
             self.display.append(display)
             self.key_kind.append(_ORDER.index(kind))
-            self.key_node.append(node_kid)
+            self._key_node_parts.append(np.array([node_kid], np.int64))
+            self._n_key_node += 1
         return ix
 
     def update(self, labelsets: list[LabelSet]) -> None:
@@ -333,7 +337,9 @@ class _Resolver:
             ids.append(kid[first])
         if at.size:
             # a new gpu key's node: the node of the first label set naming it
-            self.key_node.extend(np.where(kinds == 1, ids[0][at >> 2], -1).tolist())
+            part = np.where(kinds == 1, ids[0][at >> 2], -1)
+            self._key_node_parts.append(part)
+            self._n_key_node += part.size
         for kind, kids in zip(_ORDER, ids, strict=True):
             self._parts[kind].append(kids)
 
@@ -345,9 +351,15 @@ class _Resolver:
     @property
     def key_node_arr(self) -> np.ndarray:
         """key id -> node key id (gpu keys), else -1; as an array, rebuilt only when keys were added."""
-        if self._key_node_arr.size != len(self.key_node):
-            self._key_node_arr = np.asarray(self.key_node, np.int64)
+        if self._key_node_arr.size != self._n_key_node:
+            self._key_node_arr = np.concatenate((self._key_node_arr, *self._key_node_parts)).astype(np.int64, copy=False)
+            self._key_node_parts = []
         return self._key_node_arr
+
+    @property
+    def key_node(self) -> list[int]:
+        """key id -> node key id (gpu keys), else -1; as a list."""
+        return self.key_node_arr.tolist()
 
 
 # The kinds in the order a label set's keys are handed out (node first: a new gpu key names its node's)
