@@ -9,7 +9,8 @@ once, samples too far in the future left out with an input issue), the resolver,
 while the series they read are the same. ``_entity_tables`` decides which entities exist this cycle
 (every entity with a sample of a signal of its kind, the GPUs' nodes, the inventory's names). A kind's
 per-signal results are rows of signals x entities matrices (``_Mats``), written in place by the
-evaluators so that aggregation reads them without stacking.
+evaluators so that aggregation reads them without stacking; the quantities only explanations read (raw,
+rate, z, age) are kept per row taken (``_Rows``) and stacked when a whole matrix is asked for.
 """
 
 from __future__ import annotations
