@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from fleethealth.signals.snapshot import LabelSet
 from fleethealth.sources.exposition_labels import FixedRows, LabelCache, _merged_columns, _repeating_column
+from test_exposition_label_queue import template_strings
 
 # values of one byte width (2), so that every string of a template is as wide: plain ones, and ones that
 # send the cut elsewhere (a quote, an escape, a NUL, a newline, non-ASCII, braces and separators)
@@ -23,20 +24,7 @@ _PLAIN = ["ab", "01", "7x", "GP", "n1", "zz"]
 def test_property_fixed_rows_merge_as_the_list(period: int, pages: int, kinds: list[str], sep: str, odd_values: bool,
                                                odd: str, known_template: bool, data: st.DataObject) -> None:
     n = period * pages
-    pick = st.sampled_from(_VALS if odd_values else _PLAIN)
-    cols: list[list[str]] = []
-    for kind in kinds:
-        if kind == "same":
-            cols.append([data.draw(pick)] * n)
-        elif kind == "slot":
-            cols.append([data.draw(pick) for _ in range(period)] * pages)
-        elif kind == "page":
-            cols.append([v for v in (data.draw(pick) for _ in range(pages)) for _ in range(period)])
-        else:
-            cols.append([data.draw(pick) for _ in range(n)])
-    keys = [f"k{j}" for j in range(len(kinds))][::-1]
-    raws = [("{" + sep.join(f'{k}="{c[i]}"' for k, c in zip(keys, cols, strict=True)) + "}").encode()
-            for i in range(n)]
+    raws = template_strings(period, pages, kinds, sep, st.sampled_from(_VALS if odd_values else _PLAIN), data)
     if len(set(map(len, raws))) != 1:
         return  # (non-ASCII values of another byte width: not rows of one width)
     i_odd = data.draw(st.integers(0, n - 1))

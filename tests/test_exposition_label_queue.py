@@ -92,6 +92,26 @@ def test_a_page_planned_again_parses_no_label_string(monkeypatch: pytest.MonkeyP
     assert 0 < len(plans.labels._pending) < queued  # (page 5's chunk settled when planned again, the rest not)
 
 
+def template_strings(period: int, pages: int, kinds: list[str], sep: str, pick: st.SearchStrategy[str],
+                     data: st.DataObject) -> list[bytes]:
+    """``period * pages`` label strings of one template (keys k0.. in reverse), page by page, each column's
+    values one for all (``same``), one per slot, one per page, or any."""
+    n = period * pages
+    cols: list[list[str]] = []
+    for kind in kinds:
+        if kind == "same":
+            cols.append([data.draw(pick)] * n)
+        elif kind == "slot":
+            cols.append([data.draw(pick) for _ in range(period)] * pages)
+        elif kind == "page":
+            cols.append([v for v in (data.draw(pick) for _ in range(pages)) for _ in range(period)])
+        else:
+            cols.append([data.draw(pick) for _ in range(n)])
+    keys = [f"k{j}" for j in range(len(kinds))][::-1]
+    return [("{" + sep.join(f'{k}="{c[i]}"' for k, c in zip(keys, cols, strict=True)) + "}").encode()
+            for i in range(n)]
+
+
 _VALS = ["0", "1", "7", "", "ab", "node-1", "a b", "x,y", "{", "}", "=", "GPU-0a1b", "n", "é"]
 
 
@@ -104,20 +124,7 @@ def test_property_columns_cut_at_quotes_equal_parse_and_merge(period: int, pages
     or any: ``_merged_columns`` (the quote cut, by rows where a column is of one width) reads each as the
     per-string parse and merge."""
     n = period * pages
-    pick = st.sampled_from(_VALS)
-    cols: list[list[str]] = []
-    for kind in kinds:
-        if kind == "same":
-            cols.append([data.draw(pick)] * n)
-        elif kind == "slot":
-            cols.append([data.draw(pick) for _ in range(period)] * pages)
-        elif kind == "page":
-            cols.append([v for v in (data.draw(pick) for _ in range(pages)) for _ in range(period)])
-        else:
-            cols.append([data.draw(pick) for _ in range(n)])
-    keys = [f"k{j}" for j in range(len(kinds))][::-1]
-    raws = [("{" + sep.join(f'{k}="{c[i]}"' for k, c in zip(keys, cols, strict=True)) + "}").encode()
-            for i in range(n)]
+    raws = template_strings(period, pages, kinds, sep, st.sampled_from(_VALS), data)
     extras = [(("instance", f"p{i // period}"),) for i in range(n)]
     odd = data.draw(st.sampled_from(["", "", "key", "spacing"]))  # one string not of the template
     if odd:

@@ -62,6 +62,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
+import numpy.ma  # noqa: F401  (np.unique imports it on its first call: at start, not in the first cycle)
 
 from fleethealth.act.failpoint import Failpoints
 from fleethealth.decide.loop import DecisionLoop

@@ -203,7 +203,13 @@ def parse_many(
     """
     b = builder if builder is not None else plans.builder() if plans is not None else SnapshotBuilder()
     parse_many_into(b, pages, default_ts=default_ts, sample_counts=sample_counts, plans=plans, labels=labels)
-    return b.build(float(default_ts))
+    snap = b.build(float(default_ts))
+    # Read-only ids (a snapshot is data flowing one way; nothing downstream writes into them): the
+    # history then keeps the very arrays in its plans instead of copying them (20 MB on a cold read of
+    # 100k GPUs).
+    snap.metric_ids.setflags(write=False)
+    snap.series_ids.setflags(write=False)
+    return snap
 
 
 def parse_many_into(
