@@ -121,9 +121,6 @@ class _Mats:
         """Start raw, rate, z and age as the rows given (else none: all NaN) of m x n matrices."""
         self.rows = {"raw": _Rows(m, n, raw), "rate": _Rows(m, n, rate), "z": _Rows(m, n), "age": _Rows(m, n, age)}
 
-    def z_row(self, j: int) -> np.ndarray:
-        return self.rows["z"].row(j)
-
     @property
     def raw(self) -> np.ndarray:
         return self.rows["raw"].matrix()

@@ -83,6 +83,26 @@ def _shape_plan(kept: Kept, policy: Policy, specs: list[SignalSpec]) -> _ShapePl
 _SloColumns = tuple[tuple[str, np.ndarray, np.ndarray, np.ndarray], tuple[str, np.ndarray, np.ndarray, np.ndarray]]
 
 
+class _RowOffsets:
+    """A compact buffer's layout: per (kind, signal), the offset of its row (of the kind's entity count),
+    handed out in order of first asking."""
+
+    def __init__(self) -> None:
+        self.at: dict[tuple[EntityKind, int], int] = {}
+        self.size = 0
+
+    def of(self, kind: EntityKind, j: int, n: int) -> int:
+        o = self.at.get((kind, j))
+        if o is None:
+            o = self.at[(kind, j)] = self.size
+            self.size += n
+        return o
+
+    def rows_of(self, kind: EntityKind) -> list[tuple[int, int]]:
+        """``kind``'s rows: (signal, offset)."""
+        return [(j, o) for (k, j), o in self.at.items() if k == kind]
+
+
 @dataclass
 class _ShapeBlock:
     """One kind's rows of one shape (ramp, gate, flag) in the layout plan: shaped as one rows x
@@ -157,23 +177,8 @@ class _Plan:
         # raw and age live in one compact buffer of the rows the plan writes, rates in one of the counter
         # rows (the rest of those matrices is NaN, never written here: ``_Mats``): per (kind, signal), the
         # offset of its row there
-        self.ra_at: dict[tuple[EntityKind, int], int] = {}
-        self.rt_at: dict[tuple[EntityKind, int], int] = {}
-        self.ra_size = self.rt_size = 0
-
-        def ra(kind: EntityKind, j: int, n: int) -> int:
-            o = self.ra_at.get((kind, j))
-            if o is None:
-                o = self.ra_at[(kind, j)] = self.ra_size
-                self.ra_size += n
-            return o
-
-        def rt(kind: EntityKind, j: int, n: int) -> int:
-            o = self.rt_at.get((kind, j))
-            if o is None:
-                o = self.rt_at[(kind, j)] = self.rt_size
-                self.rt_size += n
-            return o
+        self.ra, self.rt = _RowOffsets(), _RowOffsets()
+        ra, rt = self.ra.of, self.rt.of
 
         seen = np.zeros(self.size, bool)
         assert ctx.index is not None
@@ -300,8 +305,8 @@ class _Plan:
                 if not at:
                     continue
                 # where each row's value is: its rate (compact rate buffer) or its raw value
-                reads = [(True, self.rt_at[(kind, rows_[i][1])]) if rows_[i][4] else
-                         (False, self.ra_at[(kind, rows_[i][1])]) for i in at]
+                reads = [(True, self.rt.at[(kind, rows_[i][1])]) if rows_[i][4] else
+                         (False, self.ra.at[(kind, rows_[i][1])]) for i in at]
                 blocks.append(_ShapeBlock(
                     kind, off, m, n, np.array([rows_[i][1] for i in at], np.int64), reads,
                     np.array([params[code][i][0] for i in at], np.float64)[:, None],
@@ -309,8 +314,8 @@ class _Plan:
             if blocks:
                 self.shapes[code] = blocks
         # per kind, its rows of the compact buffers: (signal, offset)
-        self.ra_rows = {kind: [(j, o) for (k, j), o in self.ra_at.items() if k == kind] for kind, *_ in self.kinds}
-        self.rt_rows = {kind: [(j, o) for (k, j), o in self.rt_at.items() if k == kind] for kind, *_ in self.kinds}
+        self.ra_rows = {kind: self.ra.rows_of(kind) for kind, *_ in self.kinds}
+        self.rt_rows = {kind: self.rt.rows_of(kind) for kind, *_ in self.kinds}
 
     def _fixed_slo(self, ctx: _Ctx, spec: SignalSpec, kind: EntityKind,
                    table: _KindTable) -> _SloColumns | None | bool:
@@ -386,8 +391,8 @@ class _Plan:
         # writes (a third of them at 100k GPUs on a dcgm-exporter fleet: 45 MB less), other rows and z
         # made per row where taken (``_Mats``)
         sub_f = np.full(L, np.nan)
-        raw_f, age_f, rate_f = np.full(self.ra_size, np.nan), np.full(self.ra_size, np.nan), np.full(
-            self.rt_size, np.nan)
+        raw_f, age_f, rate_f = np.full(self.ra.size, np.nan), np.full(self.ra.size, np.nan), np.full(
+            self.rt.size, np.nan)
         seen_f = self.seen.copy()
         mats: dict[str, _Mats] = {}
         results: dict[str, list[_SignalResult]] = {}

@@ -205,10 +205,9 @@ class _HistoryViews:
         self._compact(now)
         src, since, pos, gauge_bounds, gm, gs = self._gauge_layout()
         bounds = dict(gauge_bounds)
-        if isinstance(src, np.ndarray):
-            gv, gt = self._g_v[src], self._g_t[src]
-        else:  # every slot a row, in order: the history's own arrays, lent read-only (``_writable_gauges``)
-            gv, gt = self._g_v[src], self._g_t[src]
+        gv, gt = self._g_v[src], self._g_t[src]
+        if not isinstance(src, np.ndarray):
+            # every slot a row, in order: views of the history's own arrays, lent read-only (``_writable_gauges``)
             gv.flags.writeable = gt.flags.writeable = False
             self._g_lent = max(self._g_lent, src.stop)
         if isinstance(src, np.ndarray) and since.size:  # (value-start rows: never the slice of all)
