@@ -558,19 +558,13 @@ def _quoted_columns(raws: Raws, tpl: Template, period: int
         s, e = qq[:, 2 * j] + 1, qq[:, 2 * j + 1]
         w = e - s
         w0 = int(w[0])
-        rep = None
         if w0 and bool((w == w0).all()):
-            rows = _fixed_rows(buf, w0, s)
-            rep = _repeating_column(k, rows, w0, n, period)
-            values = None if rep is not None else np.frombuffer(rows, f"S{w0}").tolist()
+            col, none = _value_column(k, _fixed_rows(buf, w0, s), w0, n, period)
         else:
-            values = list(map(buf.__getitem__, map(slice, s.tolist(), e.tolist())))
-        if rep is None:
-            assert values is not None
-            one, none = _pair_columns([values], [k])
-            rep = one[0]
-            empty = empty or none
-        cols.append(rep)
+            one, none = _pair_columns([list(map(buf.__getitem__, map(slice, s.tolist(), e.tolist())))], [k])
+            col = one[0]
+        empty = empty or none
+        cols.append(col)
     return cols, empty
 
 
@@ -592,15 +586,21 @@ def _one_layout(grid: np.ndarray, q0: np.ndarray, width: int, tpl: Template, sep
     for j in sorted(range(len(tpl[3])), key=tpl[3].__getitem__):
         k = tpl[3][j]
         s, e = int(q0[2 * j]) + 1, int(q0[2 * j + 1])
-        w = e - s
-        rows = grid[:, s:e].tobytes()
-        rep = _repeating_column(k, rows, w, n, period) if w else None
-        if rep is None:
-            one, none = _pair_columns([np.frombuffer(rows, f"S{w}").tolist() if w else [b""] * n], [k])
-            rep = one[0]
-            empty = empty or none
-        cols.append(rep)
+        col, none = _value_column(k, grid[:, s:e].tobytes(), e - s, n, period)
+        empty = empty or none
+        cols.append(col)
     return cols, empty
+
+
+def _value_column(k: str, rows: bytes, w: int, n: int, period: int) -> tuple[list[tuple[str, str]], bool]:
+    """The (k, value) column of n values of w bytes each (``rows``; no escape or NUL in them), and whether
+    a value is empty: one pair per distinct value where values repeat (``_repeating_column``), else
+    paired as ``_pair_columns`` pairs them."""
+    rep = _repeating_column(k, rows, w, n, period) if w else None
+    if rep is not None:
+        return rep, False
+    one, none = _pair_columns([np.frombuffer(rows, f"S{w}").tolist() if w else [b""] * n], [k])
+    return one[0], none
 
 
 def _fixed_rows(buf: bytes, width: int, at: np.ndarray) -> bytes:

@@ -410,7 +410,7 @@ class StructuralTracker:
         pid, ts, part = pid[ok], ts[ok], part[ok]
         if pid.size < 2 or ts.min() == ts.max():  # one read time for every GPU: none absent
             return None
-        pair_nodes = self._pair_nodes()
+        pair_nodes = self._pair_node_arr
         key = st.rank[pair_nodes[pid]] * len(parts) + part
         nt = np.full(st.rank_n * len(parts), -np.inf)
         np.maximum.at(nt, key, ts)
@@ -499,7 +499,7 @@ class StructuralTracker:
             if pid.size:
                 hit = np.zeros(self._pair_node_arr.size, bool)
                 hit[pid] = True
-                gpus += np.bincount(st.rank[self._pair_nodes()[hit]], minlength=st.rank_n)
+                gpus += np.bincount(st.rank[self._pair_node_arr[hit]], minlength=st.rank_n)
         return present, current, gpus
 
     def _pairs_per_node(self, st: _SeriesTable, n_metrics: int, n_series: int, sids: np.ndarray,
@@ -651,8 +651,6 @@ class StructuralTracker:
         self._retained_cache = (token, st, st.n, out) if token is not None else None
         return out
 
-    def _pair_nodes(self) -> np.ndarray:
-        return self._pair_node_arr
 
 
 def _rows_of(fm: np.ndarray, is_metric: np.ndarray) -> np.ndarray:
